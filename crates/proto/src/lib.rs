@@ -6,9 +6,21 @@
 //! ([`sim`]) that every `cargo test` uses.
 //!
 //! # Layout
+//! - [`wire`]: frames and their encoding; every length checked before use.
+//! - [`auth`]: the session secret, the mutual handshake, chunk and end authentication.
+//! - [`manifest`]: what is sent (file, directory, stream) and how its bytes map to files.
+//! - [`chunkmap`]: which chunks a node holds, verified (the store's index).
+//! - [`tree`]: distribution trees, the seam between planning and moving bytes.
+//! - [`node`]: the push-relay state machine, one per node per session.
 //! - [`hosts`]: the hosts file shared by `send`, the planner and the lab.
-//! - [`tree`]: distribution trees over session nodes, the seam between planning and moving bytes.
+//! - [`sim`]: an in-memory network on a simulated clock for tests.
 #![warn(missing_docs)]
 
+pub mod auth;
+pub mod chunkmap;
 pub mod hosts;
+pub mod manifest;
+pub mod node;
+pub mod sim;
 pub mod tree;
+pub mod wire;

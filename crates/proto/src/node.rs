@@ -1,0 +1,1175 @@
+//! The push-relay state machine: one per node per session, the source included.
+//!
+//! A [`Node`] has one upstream (the local input at the source, the parent link at a relay)
+//! and any number of child links. It never touches a socket, a file or a clock:
+//!
+//! - inputs: [`Node::handle_frame`], [`Node::handle_input`] / [`Node::handle_input_end`]
+//!   (source), [`Node::handle_stored`] / [`Node::handle_store_failed`] /
+//!   [`Node::handle_finalized`] (the local copy), [`Node::handle_link_closed`] and
+//!   [`Node::handle_timeout`], each with `now`;
+//! - outputs: [`Node::poll_transmit`] per link (called when that link can take a frame, which is
+//!   how a slow socket back-pressures the node), [`Node::poll_event`], [`Node::wants_input`]
+//!   (whether the driver may read more from upstream) and [`Node::poll_timeout`].
+//!
+//! # Flow control and the slow-receiver policy
+//! A node keeps each chunk in memory until every live child has acknowledged it and it is
+//! stored locally; it reads upstream only while that buffer is under its byte budget. A slow
+//! child therefore slows its parent, and through it the source: the session moves at the pace
+//! of its slowest live receiver, with at most one budget of slack per relay. A child whose
+//! acknowledgements do not advance for the session's stall timeout while it has chunks
+//! outstanding is cut off: it and every node below it are reported failed, and the rest of
+//! the session goes on at full speed. Because a stalled node's ancestors notice only after their
+//! own buffers fill, the deepest culprit is always the one cut.
+//!
+//! # Repair
+//! A chunk that fails verification is dropped and requested again from the parent with
+//! `Request`, which also serves any later pull strategy. Requests are repeated if unanswered.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::auth::Keys;
+use crate::chunkmap::ChunkMap;
+use crate::manifest::{Manifest, ManifestError};
+use crate::tree::{NodeId, Tree};
+use crate::wire::{Chunk, End, Frame, Member, Open, SessionId};
+
+/// Local settings of a node (session-wide settings arrive in [`Open`]).
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// Most bytes of chunk data held in memory.
+    pub buffer_budget: usize,
+    /// A relay that hears nothing from its parent for this long while it still needs data
+    /// gives up.
+    pub idle_timeout: Duration,
+    /// An unanswered repair request is repeated after this long.
+    pub request_timeout: Duration,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        Self {
+            buffer_budget: 64 << 20,
+            idle_timeout: Duration::from_secs(60),
+            request_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Session-wide settings chosen by the source.
+#[derive(Debug, Clone)]
+pub struct SessionParams {
+    /// Session identifier.
+    pub session: SessionId,
+    /// Chunk size in bytes.
+    pub chunk_size: u32,
+    /// A child without progress for this long is cut off.
+    pub stall_timeout: Duration,
+    /// What is sent.
+    pub manifest: Manifest,
+}
+
+/// Smallest and largest chunk sizes accepted.
+pub const CHUNK_SIZE_RANGE: std::ops::RangeInclusive<u32> = 4096..=(16 << 20);
+
+/// Which link of a node a frame came from or goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Link {
+    /// Towards the source.
+    Parent,
+    /// The k-th child, in [`Node::children`] order.
+    Child(usize),
+}
+
+/// Something the driver must act on or may report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// Store these verified bytes at `offset` of the local copy, then call
+    /// [`Node::handle_stored`]. Emitted in index order.
+    Deliver {
+        /// Chunk index.
+        index: u64,
+        /// Byte offset in the object.
+        offset: u64,
+        /// The bytes.
+        data: Bytes,
+    },
+    /// Every chunk is stored and the end is known: move the copy into place, then call
+    /// [`Node::handle_finalized`].
+    Complete {
+        /// Length of the object.
+        total_len: u64,
+    },
+    /// A node's verified, stored prefix grew (reported at the source for every node).
+    Progress {
+        /// The node.
+        node: NodeId,
+        /// Chunks stored.
+        upto: u64,
+    },
+    /// A node has the whole object in place.
+    NodeDone {
+        /// The node.
+        node: NodeId,
+    },
+    /// A node failed and will not finish.
+    NodeFailed {
+        /// The node.
+        node: NodeId,
+        /// Why.
+        reason: String,
+    },
+    /// A chunk failed verification and was requested again.
+    Corrupt {
+        /// Chunk index.
+        index: u64,
+        /// What was wrong with it.
+        reason: String,
+    },
+    /// The driver must close this link (its peer was cut off).
+    CloseLink(Link),
+    /// This node cannot go on; the driver closes everything.
+    Aborted {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A protocol violation by a peer: the driver closes that link with an `Error` frame.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum NodeError {
+    /// A frame that this link may not carry in this state.
+    #[error("unexpected {frame} frame from {link:?}")]
+    Unexpected {
+        /// The frame's kind.
+        frame: &'static str,
+        /// Where it came from.
+        link: Link,
+    },
+    /// A child reported about a node outside its subtree.
+    #[error("{link:?} reported on node {node}, which is not below it")]
+    NotInSubtree {
+        /// Where it came from.
+        link: Link,
+        /// The node it named.
+        node: u32,
+    },
+    /// A chunk or end that contradicts the session's geometry.
+    #[error("{0}")]
+    Geometry(String),
+    /// The `End` frame did not authenticate.
+    #[error("end of object failed authentication")]
+    BadEnd,
+    /// The session set-up is not acceptable.
+    #[error("invalid session set-up: {0}")]
+    BadOpen(String),
+    /// The manifest is not acceptable.
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
+}
+
+/// A child link's state.
+#[derive(Debug)]
+pub struct Child {
+    /// The child's node id.
+    pub node: NodeId,
+    /// The child's display name.
+    pub name: String,
+    /// The child's agent address.
+    pub addr: String,
+    /// The child's subtree, child first (what its `Open` carries).
+    members: Vec<Member>,
+    /// Next chunk to send in order.
+    next: u64,
+    /// The child's own acknowledged prefix.
+    acked: u64,
+    /// Chunks it asked for again.
+    requests: VecDeque<u64>,
+    end_sent: bool,
+    /// Last time its acknowledgements advanced (or it was created).
+    last_progress: Instant,
+    alive: bool,
+    /// Nodes of its subtree that have neither finished nor failed.
+    unresolved: BTreeSet<NodeId>,
+}
+
+/// The local copy's lifecycle at a relay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Local {
+    /// Chunks are being stored.
+    Storing,
+    /// Complete was emitted; waiting for the driver to finalize.
+    Finalizing,
+    /// In place.
+    Done,
+    /// Given up (disk full, ...); the node still relays.
+    Failed,
+}
+
+/// Where a node's chunks come from.
+#[derive(Debug)]
+enum Upstream {
+    /// The source reads local input.
+    Input { next: u64, len: u64, done: bool },
+    /// A relay's parent link.
+    Parent {
+        last_heard: Instant,
+        /// Chunk index -> when it was last requested.
+        requested: BTreeMap<u64, Instant>,
+        /// Chunks dropped for lack of memory, to be requested once there is room.
+        dropped: BTreeSet<u64>,
+        /// Frames waiting to go up: requests, reports, acks (coalesced per node).
+        up_requests: VecDeque<u64>,
+        up_reports: VecDeque<Frame>,
+        up_acks: BTreeMap<u32, u64>,
+        local: Local,
+        stored: ChunkMap,
+        stored_bytes: u64,
+    },
+}
+
+/// One node of a push session.
+#[derive(Debug)]
+pub struct Node {
+    id: NodeId,
+    params: SessionParams,
+    keys: Keys,
+    cfg: NodeConfig,
+    upstream: Upstream,
+    /// Verified chunks received (source: produced).
+    have: ChunkMap,
+    /// Chunks held in memory for children or the local copy.
+    buffer: BTreeMap<u64, Chunk>,
+    buffered_bytes: usize,
+    /// Highest `buffered_bytes` seen (for reports and tests).
+    peak_buffered: usize,
+    /// Next chunk index to hand to the local copy.
+    deliver_next: u64,
+    end: Option<End>,
+    children: Vec<Child>,
+    events: VecDeque<Event>,
+}
+
+impl Node {
+    /// The source of a session over `tree`. `members[i]` names node `i + 1`.
+    pub fn source(
+        params: SessionParams,
+        keys: Keys,
+        cfg: NodeConfig,
+        tree: &Tree,
+        names: &[(String, String)],
+        now: Instant,
+    ) -> Result<Self, NodeError> {
+        params.manifest.validate()?;
+        check_chunk_size(params.chunk_size)?;
+        if names.len() + 1 != tree.len() {
+            return Err(NodeError::BadOpen(format!(
+                "tree has {} receivers but {} hosts were named",
+                tree.len() - 1,
+                names.len()
+            )));
+        }
+        let all: Vec<Member> = (1..tree.len())
+            .map(|i| Member {
+                node: i as u32,
+                parent: tree.parent(i).unwrap_or(0) as u32,
+                name: names[i - 1].0.clone(),
+                addr: names[i - 1].1.clone(),
+            })
+            .collect();
+        let mut node = Self::new(
+            0,
+            params,
+            keys,
+            cfg,
+            Upstream::Input {
+                next: 0,
+                len: 0,
+                done: false,
+            },
+        );
+        node.children = children_of(0, &all, now);
+        Ok(node)
+    }
+
+    /// A relay (every receiver is one, with or without children) set up by its parent's `Open`.
+    pub fn relay(
+        open: &Open,
+        keys: Keys,
+        cfg: NodeConfig,
+        now: Instant,
+    ) -> Result<Self, NodeError> {
+        open.manifest.validate()?;
+        check_chunk_size(open.chunk_size)?;
+        let me = open.node;
+        match open.members.first() {
+            Some(m) if m.node == me && me != 0 => {}
+            _ => {
+                return Err(NodeError::BadOpen(
+                    "first member must be the recipient".into(),
+                ))
+            }
+        }
+        let ids: BTreeSet<u32> = open.members.iter().map(|m| m.node).collect();
+        if ids.len() != open.members.len() {
+            return Err(NodeError::BadOpen("a node appears twice".into()));
+        }
+        for m in &open.members[1..] {
+            if !ids.contains(&m.parent) {
+                return Err(NodeError::BadOpen(format!(
+                    "node {} has parent {} outside the subtree",
+                    m.node, m.parent
+                )));
+            }
+        }
+        let params = SessionParams {
+            session: open.session,
+            chunk_size: open.chunk_size,
+            stall_timeout: Duration::from_millis(open.stall_timeout_ms as u64),
+            manifest: open.manifest.clone(),
+        };
+        let mut node = Self::new(
+            me as NodeId,
+            params,
+            keys,
+            cfg,
+            Upstream::Parent {
+                last_heard: now,
+                requested: BTreeMap::new(),
+                dropped: BTreeSet::new(),
+                up_requests: VecDeque::new(),
+                up_reports: VecDeque::new(),
+                up_acks: BTreeMap::new(),
+                local: Local::Storing,
+                stored: ChunkMap::new(),
+                stored_bytes: 0,
+            },
+        );
+        node.children = children_of(me, &open.members[1..], now);
+        // Reject a subtree with nodes not reachable from the recipient (a cycle in the Open).
+        let reachable: usize = node.children.iter().map(|c| c.members.len()).sum();
+        if reachable + 1 != open.members.len() {
+            return Err(NodeError::BadOpen(
+                "subtree is not a tree below the recipient".into(),
+            ));
+        }
+        Ok(node)
+    }
+
+    fn new(id: NodeId, params: SessionParams, keys: Keys, cfg: NodeConfig, up: Upstream) -> Self {
+        Self {
+            id,
+            params,
+            keys,
+            cfg,
+            upstream: up,
+            have: ChunkMap::new(),
+            buffer: BTreeMap::new(),
+            buffered_bytes: 0,
+            peak_buffered: 0,
+            deliver_next: 0,
+            end: None,
+            children: Vec::new(),
+            events: VecDeque::new(),
+        }
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    /// Session settings.
+    pub fn params(&self) -> &SessionParams {
+        &self.params
+    }
+
+    /// The child links, in link order.
+    pub fn children(&self) -> &[Child] {
+        &self.children
+    }
+
+    /// The `Open` to send to child `k` once connected.
+    pub fn open_for(&self, k: usize) -> Open {
+        let c = &self.children[k];
+        Open {
+            session: self.params.session,
+            node: c.node as u32,
+            chunk_size: self.params.chunk_size,
+            stall_timeout_ms: self.params.stall_timeout.as_millis().min(u32::MAX as u128) as u32,
+            manifest: self.params.manifest.clone(),
+            members: c.members.clone(),
+        }
+    }
+
+    /// Chunks verified so far.
+    pub fn have(&self) -> &ChunkMap {
+        &self.have
+    }
+
+    /// The end of the object, once known.
+    pub fn end(&self) -> Option<End> {
+        self.end
+    }
+
+    /// Highest number of chunk bytes held in memory at once.
+    pub fn peak_buffered(&self) -> usize {
+        self.peak_buffered
+    }
+
+    /// Chunk bytes held in memory now.
+    pub fn buffered(&self) -> usize {
+        self.buffered_bytes
+    }
+
+    // ----- inputs -------------------------------------------------------------------------
+
+    /// Source only: the next piece of input, at most one chunk long (exactly one chunk unless
+    /// it is the last).
+    pub fn handle_input(&mut self, data: Bytes, _now: Instant) {
+        let Upstream::Input { next, len, done } = &mut self.upstream else {
+            return;
+        };
+        debug_assert!(!*done && data.len() <= self.params.chunk_size as usize);
+        let index = *next;
+        *next += 1;
+        *len += data.len() as u64;
+        let chunk = self.keys.seal(self.params.session, index, data);
+        self.have.insert(index);
+        self.hold(chunk);
+    }
+
+    /// Source only: the input ended.
+    pub fn handle_input_end(&mut self, _now: Instant) {
+        if let Upstream::Input { next, len, done } = &mut self.upstream {
+            *done = true;
+            self.end = Some(self.keys.seal_end(self.params.session, *next, *len));
+        }
+    }
+
+    /// A frame arrived on `link`. An error is a protocol violation by that peer: the driver
+    /// sends it an `Error` frame and closes the link (a child's subtree is then failed via
+    /// [`Node::handle_link_closed`]).
+    pub fn handle_frame(
+        &mut self,
+        link: Link,
+        frame: Frame,
+        now: Instant,
+    ) -> Result<(), NodeError> {
+        match link {
+            Link::Parent => self.handle_parent_frame(frame, now),
+            Link::Child(k) => self.handle_child_frame(k, frame, now),
+        }
+    }
+
+    fn handle_parent_frame(&mut self, frame: Frame, now: Instant) -> Result<(), NodeError> {
+        let Upstream::Parent { last_heard, .. } = &mut self.upstream else {
+            return Err(NodeError::Unexpected {
+                frame: frame.kind(),
+                link: Link::Parent,
+            });
+        };
+        *last_heard = now;
+        match frame {
+            Frame::Chunk(c) => self.handle_chunk(c, now),
+            Frame::End(e) => {
+                if !self.keys.verify_end(self.params.session, &e) {
+                    return Err(NodeError::BadEnd);
+                }
+                self.check_end(&e)?;
+                self.end = Some(e);
+                self.request_missing(now);
+                self.maybe_complete();
+                Ok(())
+            }
+            Frame::Error { reason } => {
+                self.events.push_back(Event::Aborted {
+                    reason: format!("parent reported an error: {reason}"),
+                });
+                Ok(())
+            }
+            other => Err(NodeError::Unexpected {
+                frame: other.kind(),
+                link: Link::Parent,
+            }),
+        }
+    }
+
+    fn handle_chunk(&mut self, c: Chunk, now: Instant) -> Result<(), NodeError> {
+        let cs = self.params.chunk_size as usize;
+        if c.data.len() > cs || c.data.is_empty() {
+            return Err(NodeError::Geometry(format!(
+                "chunk {} has {} bytes; chunk size is {cs}",
+                c.index,
+                c.data.len()
+            )));
+        }
+        if let Some(n) = self.known_chunks() {
+            if c.index >= n {
+                return Err(NodeError::Geometry(format!(
+                    "chunk {} is past the end ({n} chunks)",
+                    c.index
+                )));
+            }
+        }
+        if self.have.contains(c.index) {
+            return Ok(()); // a duplicate (a repair that crossed the original)
+        }
+        if let Err(e) = self.keys.verify(self.params.session, &c) {
+            self.events.push_back(Event::Corrupt {
+                index: c.index,
+                reason: e.to_string(),
+            });
+            self.request(c.index, now);
+            return Ok(());
+        }
+        let over_budget = self.buffered_bytes + cs > self.cfg.buffer_budget;
+        let over_cap = self.buffered_bytes + cs > self.hard_cap();
+        let Upstream::Parent {
+            requested, dropped, ..
+        } = &mut self.upstream
+        else {
+            unreachable!("chunks come only from a parent")
+        };
+        let was_requested = requested.remove(&c.index).is_some();
+        // Memory: new chunks fit in the budget; repairs may use the half above it; the lowest
+        // missing chunk is always taken, since it is what lets the buffer drain. Anything else
+        // is dropped and pulled again once there is room, so the peak is the hard cap plus one
+        // chunk whatever the peers do.
+        let take = !over_budget || (was_requested && (!over_cap || c.index == self.have.prefix()));
+        if !take {
+            if was_requested {
+                requested.insert(c.index, now);
+            } else {
+                dropped.insert(c.index);
+            }
+            return Ok(());
+        }
+        dropped.remove(&c.index);
+        self.have.insert(c.index);
+        self.hold(c);
+        self.deliver_ready();
+        Ok(())
+    }
+
+    fn handle_child_frame(
+        &mut self,
+        k: usize,
+        frame: Frame,
+        now: Instant,
+    ) -> Result<(), NodeError> {
+        let link = Link::Child(k);
+        let child = self.children.get_mut(k).ok_or(NodeError::Unexpected {
+            frame: frame.kind(),
+            link,
+        })?;
+        if !child.alive {
+            return Ok(()); // already cut off; late frames are ignored
+        }
+        match frame {
+            Frame::Ack { node, upto } => {
+                check_below(child, node, link)?;
+                if node as NodeId == child.node && upto > child.acked {
+                    child.acked = upto.min(child.next);
+                    child.last_progress = now;
+                    self.evict();
+                }
+                self.report(Frame::Ack { node, upto });
+            }
+            Frame::Done { node } => {
+                check_below(child, node, link)?;
+                child.unresolved.remove(&(node as NodeId));
+                self.report(Frame::Done { node });
+            }
+            Frame::Failed { node, reason } => {
+                check_below(child, node, link)?;
+                child.unresolved.remove(&(node as NodeId));
+                self.report(Frame::Failed { node, reason });
+            }
+            Frame::Request { index } => {
+                if !child.requests.contains(&index) && child.requests.len() < 1024 {
+                    child.requests.push_back(index);
+                }
+            }
+            Frame::Error { reason } => {
+                let name = child.name.clone();
+                self.fail_child(k, format!("{name} reported an error: {reason}"));
+            }
+            other => {
+                return Err(NodeError::Unexpected {
+                    frame: other.kind(),
+                    link,
+                })
+            }
+        }
+        Ok(())
+    }
+
+    /// The driver stored chunk `index` of the local copy.
+    pub fn handle_stored(&mut self, index: u64, now: Instant) {
+        let len = self.buffer.get(&index).map_or(0, |c| c.data.len() as u64);
+        let Upstream::Parent {
+            stored,
+            stored_bytes,
+            local,
+            ..
+        } = &mut self.upstream
+        else {
+            return;
+        };
+        if *local != Local::Storing || !stored.insert(index) {
+            return;
+        }
+        *stored_bytes += len;
+        self.ack_self();
+        self.evict();
+        self.request_dropped(now);
+        self.maybe_complete();
+    }
+
+    /// The driver could not store the local copy (disk full, permission, ...). The node keeps
+    /// relaying to its children; the source is told this node failed.
+    pub fn handle_store_failed(&mut self, reason: String, _now: Instant) {
+        if let Upstream::Parent { local, .. } = &mut self.upstream {
+            if matches!(local, Local::Storing | Local::Finalizing) {
+                *local = Local::Failed;
+                self.report(Frame::Failed {
+                    node: self.id as u32,
+                    reason,
+                });
+                self.ack_self();
+                self.evict();
+            }
+        }
+    }
+
+    /// The driver moved the complete copy into place (or failed to).
+    pub fn handle_finalized(&mut self, result: Result<(), String>, _now: Instant) {
+        let Upstream::Parent { local, .. } = &mut self.upstream else {
+            return;
+        };
+        if *local != Local::Finalizing {
+            return;
+        }
+        let frame = match result {
+            Ok(()) => {
+                *local = Local::Done;
+                Frame::Done {
+                    node: self.id as u32,
+                }
+            }
+            Err(reason) => {
+                *local = Local::Failed;
+                Frame::Failed {
+                    node: self.id as u32,
+                    reason,
+                }
+            }
+        };
+        self.report(frame);
+    }
+
+    /// A link closed (reset, EOF, timeout, or a protocol error the driver acted on).
+    pub fn handle_link_closed(&mut self, link: Link, reason: String, _now: Instant) {
+        match link {
+            Link::Child(k) => {
+                if self.children.get(k).is_some_and(|c| c.alive) {
+                    self.fail_child(k, reason);
+                }
+            }
+            Link::Parent => {
+                if !self.is_finished() && !self.local_resolved_and_fed() {
+                    self.events.push_back(Event::Aborted {
+                        reason: format!("lost the parent: {reason}"),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Timers: stalled children, a silent parent, unanswered repair requests.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let stall = self.params.stall_timeout;
+        let stalled: Vec<usize> = (0..self.children.len())
+            .filter(|&k| {
+                let c = &self.children[k];
+                c.alive && c.acked < c.next && now.duration_since(c.last_progress) >= stall
+            })
+            .collect();
+        for k in stalled {
+            let c = &self.children[k];
+            let reason = format!(
+                "stalled: {} made no progress for {:.0?} (at chunk {})",
+                c.name, stall, c.acked
+            );
+            self.fail_child(k, reason);
+        }
+        let wants = self.wants_input();
+        let needs = self.needs_parent();
+        let idle = self.cfg.idle_timeout;
+        let rto = self.cfg.request_timeout;
+        let mut abort = None;
+        if let Upstream::Parent {
+            last_heard,
+            requested,
+            up_requests,
+            ..
+        } = &mut self.upstream
+        {
+            if !wants && !needs {
+                *last_heard = now; // we are not reading, so silence is our own doing
+            } else if now.duration_since(*last_heard) >= idle {
+                abort = Some(format!("parent silent for {idle:.0?}"));
+            }
+            for (i, at) in requested.iter_mut() {
+                if now.duration_since(*at) >= rto {
+                    *at = now;
+                    up_requests.push_back(*i);
+                }
+            }
+        }
+        self.request_dropped(now);
+        if let Some(reason) = abort {
+            self.events.push_back(Event::Aborted { reason });
+        }
+    }
+
+    // ----- outputs ------------------------------------------------------------------------
+
+    /// Whether the driver may read more from upstream (input at the source, the parent link
+    /// at a relay).
+    pub fn wants_input(&self) -> bool {
+        let room = self.buffered_bytes + self.params.chunk_size as usize <= self.cfg.buffer_budget;
+        match &self.upstream {
+            Upstream::Input { done, .. } => !done && room && self.any_consumer(),
+            // A missing chunk may sit behind new ones: keep reading (dropping what does not
+            // fit, see `handle_chunk`) until it arrives, or the buffer could never drain.
+            Upstream::Parent { requested, .. } => room || !requested.is_empty(),
+        }
+    }
+
+    /// The next frame for `link`, if any. The driver calls this whenever the link can take
+    /// one more frame; returning `None` means nothing is ready for it now.
+    pub fn poll_transmit(&mut self, link: Link) -> Option<Frame> {
+        match link {
+            Link::Parent => {
+                let Upstream::Parent {
+                    up_requests,
+                    up_reports,
+                    up_acks,
+                    ..
+                } = &mut self.upstream
+                else {
+                    return None;
+                };
+                if let Some(index) = up_requests.pop_front() {
+                    return Some(Frame::Request { index });
+                }
+                // Acks before reports, so a node's final ack precedes its Done.
+                if let Some((node, upto)) = up_acks.pop_first() {
+                    return Some(Frame::Ack { node, upto });
+                }
+                up_reports.pop_front()
+            }
+            Link::Child(k) => {
+                let end = self.end;
+                let c = self.children.get_mut(k)?;
+                if !c.alive {
+                    return None;
+                }
+                while let Some(i) = c.requests.pop_front() {
+                    if let Some(chunk) = self.buffer.get(&i) {
+                        return Some(Frame::Chunk(chunk.clone()));
+                    }
+                }
+                if let Some(chunk) = self.buffer.get(&c.next) {
+                    c.next += 1;
+                    return Some(Frame::Chunk(chunk.clone()));
+                }
+                match end {
+                    Some(e) if c.next == e.chunks && !c.end_sent => {
+                        c.end_sent = true;
+                        Some(Frame::End(e))
+                    }
+                    _ => None,
+                }
+            }
+        }
+    }
+
+    /// The next event for the driver.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// When [`Node::handle_timeout`] should next be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let stall = self.params.stall_timeout;
+        let mut t = self
+            .children
+            .iter()
+            .filter(|c| c.alive && c.acked < c.next)
+            .map(|c| c.last_progress + stall)
+            .min();
+        if let Upstream::Parent {
+            last_heard,
+            requested,
+            dropped,
+            ..
+        } = &self.upstream
+        {
+            let mut at = *last_heard + self.cfg.idle_timeout;
+            if let Some(r) = requested.values().min() {
+                at = at.min(*r + self.cfg.request_timeout);
+            }
+            if !dropped.is_empty() {
+                at = at.min(*last_heard + self.cfg.request_timeout);
+            }
+            t = Some(t.map_or(at, |t| t.min(at)));
+        }
+        t
+    }
+
+    /// True when this node has nothing more to do: its own copy is resolved, every child's
+    /// subtree is resolved, and nothing is left to send upstream.
+    pub fn is_finished(&self) -> bool {
+        let children_done = self
+            .children
+            .iter()
+            .all(|c| !c.alive || c.unresolved.is_empty());
+        let self_done = match &self.upstream {
+            Upstream::Input { done, .. } => *done || !self.any_consumer(),
+            Upstream::Parent {
+                local,
+                up_reports,
+                up_acks,
+                up_requests,
+                ..
+            } => {
+                matches!(local, Local::Done | Local::Failed)
+                    && up_reports.is_empty()
+                    && up_acks.is_empty()
+                    && up_requests.is_empty()
+            }
+        };
+        self_done && children_done
+    }
+
+    // ----- internals ----------------------------------------------------------------------
+
+    fn hold(&mut self, chunk: Chunk) {
+        self.buffered_bytes += chunk.data.len();
+        self.peak_buffered = self.peak_buffered.max(self.buffered_bytes);
+        self.buffer.insert(chunk.index, chunk);
+    }
+
+    fn deliver_ready(&mut self) {
+        let Upstream::Parent { local, .. } = &self.upstream else {
+            return;
+        };
+        match local {
+            Local::Storing => {}
+            // No local copy any more: what is verified is acknowledged, to keep relaying.
+            Local::Failed => return self.ack_self(),
+            Local::Finalizing | Local::Done => return,
+        }
+        while let Some(c) = self.buffer.get(&self.deliver_next) {
+            self.events.push_back(Event::Deliver {
+                index: c.index,
+                offset: c.index * self.params.chunk_size as u64,
+                data: c.data.clone(),
+            });
+            self.deliver_next += 1;
+        }
+    }
+
+    fn request(&mut self, index: u64, now: Instant) {
+        if let Upstream::Parent {
+            requested,
+            up_requests,
+            ..
+        } = &mut self.upstream
+        {
+            if requested.insert(index, now).is_none() {
+                up_requests.push_back(index);
+            }
+        }
+    }
+
+    /// After `End`, anything below the end that never arrived is requested.
+    fn request_missing(&mut self, now: Instant) {
+        let Some(n) = self.known_chunks() else { return };
+        let missing: Vec<u64> = self.have.missing_below(n).collect();
+        let Upstream::Parent {
+            requested, dropped, ..
+        } = &self.upstream
+        else {
+            return;
+        };
+        let missing: Vec<u64> = missing
+            .into_iter()
+            .filter(|i| !requested.contains_key(i) && !dropped.contains(i))
+            .take(1024)
+            .collect();
+        for i in missing {
+            self.request(i, now);
+        }
+    }
+
+    /// Dropped chunks are requested again, lowest first, as memory frees up.
+    fn request_dropped(&mut self, now: Instant) {
+        let cs = self.params.chunk_size as usize;
+        loop {
+            let Upstream::Parent {
+                dropped, requested, ..
+            } = &mut self.upstream
+            else {
+                return;
+            };
+            let in_flight = requested.len() * cs;
+            if self.buffered_bytes + in_flight + cs > self.cfg.buffer_budget {
+                return;
+            }
+            let Some(i) = dropped.pop_first() else { return };
+            self.request(i, now);
+        }
+    }
+
+    fn hard_cap(&self) -> usize {
+        self.cfg.buffer_budget + self.cfg.buffer_budget / 2
+    }
+
+    fn known_chunks(&self) -> Option<u64> {
+        self.end
+            .map(|e| e.chunks)
+            .or_else(|| self.params.manifest.chunks(self.params.chunk_size))
+    }
+
+    fn check_end(&self, e: &End) -> Result<(), NodeError> {
+        let cs = self.params.chunk_size as u64;
+        let expect = crate::manifest::chunk_count(e.total_len, self.params.chunk_size);
+        if e.chunks != expect {
+            return Err(NodeError::Geometry(format!(
+                "end says {} chunks for {} bytes at {cs} bytes a chunk",
+                e.chunks, e.total_len
+            )));
+        }
+        if let Some(n) = self.params.manifest.total_len {
+            if n != e.total_len {
+                return Err(NodeError::Geometry(format!(
+                    "end says {} bytes, the manifest {n}",
+                    e.total_len
+                )));
+            }
+        }
+        if let Some((&last, _)) = self.buffer.last_key_value() {
+            if last >= e.chunks {
+                return Err(NodeError::Geometry("chunks past the end".into()));
+            }
+        }
+        Ok(())
+    }
+
+    fn maybe_complete(&mut self) {
+        let Some(end) = self.end else { return };
+        let Upstream::Parent {
+            local,
+            stored,
+            stored_bytes,
+            up_reports,
+            ..
+        } = &mut self.upstream
+        else {
+            return;
+        };
+        if *local != Local::Storing || stored.prefix() < end.chunks {
+            return;
+        }
+        if *stored_bytes != end.total_len {
+            *local = Local::Failed;
+            up_reports.push_back(Frame::Failed {
+                node: self.id as u32,
+                reason: format!(
+                    "stored {stored_bytes} bytes but the object has {}",
+                    end.total_len
+                ),
+            });
+            return;
+        }
+        *local = Local::Finalizing;
+        self.events.push_back(Event::Complete {
+            total_len: end.total_len,
+        });
+    }
+
+    /// Queues this node's own acknowledgement. Once its copy has failed it acknowledges what it
+    /// verified, so it keeps relaying without holding its parent back.
+    fn ack_self(&mut self) {
+        let verified = self.have.prefix();
+        if let Upstream::Parent {
+            up_acks,
+            stored,
+            local,
+            ..
+        } = &mut self.upstream
+        {
+            let upto = if *local == Local::Failed {
+                verified
+            } else {
+                stored.prefix()
+            };
+            up_acks.insert(self.id as u32, upto);
+        }
+    }
+
+    /// Passes a report from below towards the source, or surfaces it at the source.
+    fn report(&mut self, frame: Frame) {
+        match &mut self.upstream {
+            Upstream::Parent {
+                up_acks,
+                up_reports,
+                ..
+            } => match frame {
+                Frame::Ack { node, upto } => {
+                    let e = up_acks.entry(node).or_insert(0);
+                    *e = (*e).max(upto);
+                }
+                other => up_reports.push_back(other),
+            },
+            Upstream::Input { .. } => self.events.push_back(match frame {
+                Frame::Ack { node, upto } => Event::Progress {
+                    node: node as NodeId,
+                    upto,
+                },
+                Frame::Done { node } => Event::NodeDone {
+                    node: node as NodeId,
+                },
+                Frame::Failed { node, reason } => Event::NodeFailed {
+                    node: node as NodeId,
+                    reason,
+                },
+                _ => return,
+            }),
+        }
+    }
+
+    fn fail_child(&mut self, k: usize, reason: String) {
+        let c = &mut self.children[k];
+        c.alive = false;
+        c.requests.clear();
+        let lost: Vec<NodeId> = std::mem::take(&mut c.unresolved).into_iter().collect();
+        for node in lost {
+            self.report(Frame::Failed {
+                node: node as u32,
+                reason: reason.clone(),
+            });
+        }
+        self.events.push_back(Event::CloseLink(Link::Child(k)));
+        self.evict();
+    }
+
+    /// Drops chunks that every live consumer has.
+    fn evict(&mut self) {
+        let mut low = self
+            .children
+            .iter()
+            .filter(|c| c.alive)
+            .map(|c| c.acked)
+            .min()
+            .unwrap_or(u64::MAX);
+        if let Upstream::Parent { local, stored, .. } = &self.upstream {
+            if matches!(local, Local::Storing | Local::Finalizing) {
+                low = low.min(stored.prefix());
+            }
+        }
+        while let Some(entry) = self.buffer.first_entry() {
+            if *entry.key() >= low {
+                break;
+            }
+            self.buffered_bytes -= entry.get().data.len();
+            entry.remove();
+        }
+    }
+
+    fn any_consumer(&self) -> bool {
+        self.children.iter().any(|c| c.alive)
+    }
+
+    /// True while this relay still needs something from its parent.
+    fn needs_parent(&self) -> bool {
+        match self.end {
+            None => true,
+            Some(e) => self.have.prefix() < e.chunks,
+        }
+    }
+
+    /// A relay whose own copy is resolved and that has everything its children need can
+    /// outlive its parent.
+    fn local_resolved_and_fed(&self) -> bool {
+        let fed = self.end.is_some_and(|e| self.have.prefix() >= e.chunks);
+        match &self.upstream {
+            Upstream::Parent { local, .. } => {
+                fed && matches!(local, Local::Done | Local::Failed | Local::Finalizing)
+            }
+            Upstream::Input { .. } => true,
+        }
+    }
+}
+
+fn check_chunk_size(cs: u32) -> Result<(), NodeError> {
+    if CHUNK_SIZE_RANGE.contains(&cs) {
+        Ok(())
+    } else {
+        Err(NodeError::BadOpen(format!(
+            "chunk size {cs} outside {CHUNK_SIZE_RANGE:?}"
+        )))
+    }
+}
+
+fn check_below(child: &Child, node: u32, link: Link) -> Result<(), NodeError> {
+    if child.members.iter().any(|m| m.node == node) {
+        Ok(())
+    } else {
+        Err(NodeError::NotInSubtree { link, node })
+    }
+}
+
+/// The children of `me` among `members`, each with its own subtree (child first).
+fn children_of(me: u32, members: &[Member], now: Instant) -> Vec<Child> {
+    members
+        .iter()
+        .filter(|m| m.parent == me && m.node != me)
+        .map(|m| {
+            let mut sub = vec![m.clone()];
+            let mut i = 0;
+            while i < sub.len() {
+                let p = sub[i].node;
+                sub.extend(
+                    members
+                        .iter()
+                        .filter(|x| x.parent == p && x.node != p)
+                        .cloned(),
+                );
+                i += 1;
+                if sub.len() > members.len() {
+                    break; // a cycle; rejected by the caller's count check
+                }
+            }
+            Child {
+                node: m.node as NodeId,
+                name: m.name.clone(),
+                addr: m.addr.clone(),
+                unresolved: sub.iter().map(|x| x.node as NodeId).collect(),
+                members: sub,
+                next: 0,
+                acked: 0,
+                requests: VecDeque::new(),
+                end_sent: false,
+                last_progress: now,
+                alive: true,
+            }
+        })
+        .collect()
+}

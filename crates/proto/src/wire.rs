@@ -1,0 +1,775 @@
+//! The wire format: length-prefixed frames, the same on every transport.
+//!
+//! ```text
+//! frame  = len:u32 (big endian, counts type + body) | type:u8 | body
+//! ```
+//!
+//! Integers are big endian; strings are `len:u32 | utf-8`; lists are `count:u32 | items`. A
+//! decoder never trusts a length: every one is checked against the bytes actually present and
+//! against [`MAX_FRAME`] before anything is allocated, so a malformed or hostile peer gets an
+//! error, never a crash or an allocation it chose.
+//!
+//! Message kinds are grouped by exchange: the handshake (`Hello`, `Challenge`, `Auth`,
+//! `Refused`), joining by ticket (`Join`), session set-up (`Open`), data (`Chunk`, `End`),
+//! feedback that flows up a tree (`Ack`, `Done`, `Failed`), pulls (`Request`, used for repair
+//! today and by receiver-driven strategies later) and `Error` for a fatal protocol error.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+use crate::manifest::{Entry, EntryKind, Manifest, ObjectKind};
+
+/// Largest frame accepted: a chunk of the largest chunk size plus headers, or a manifest.
+pub const MAX_FRAME: usize = 16 * 1024 * 1024 + 4096;
+
+/// Length of the frame header (`len` and `type`).
+pub const HEADER_LEN: usize = 5;
+
+/// The protocol version spoken; a peer with another version is refused at the handshake.
+pub const VERSION: u16 = 1;
+
+/// Magic bytes at the start of every connection's first frame, so a stray client (an HTTP
+/// probe, a port scanner) is told apart from a peer with the wrong secret.
+pub const MAGIC: [u8; 4] = *b"BCST";
+
+/// A session identifier, chosen at random by the source.
+pub type SessionId = u64;
+
+/// One protocol message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame {
+    /// Connector's opening: protocol version and its nonce.
+    Hello {
+        /// Protocol version of the connector.
+        version: u16,
+        /// Connector's random nonce.
+        nonce: [u8; 16],
+    },
+    /// Acceptor's answer: its nonce and a MAC proving it holds the secret.
+    Challenge {
+        /// Acceptor's random nonce.
+        nonce: [u8; 16],
+        /// `MAC(handshake key, "acceptor", nonces)`.
+        mac: [u8; 32],
+    },
+    /// Connector's proof that it holds the secret.
+    Auth {
+        /// `MAC(handshake key, "connector", nonces)`.
+        mac: [u8; 32],
+    },
+    /// The acceptor refuses the connection (wrong secret, wrong version, busy).
+    Refused {
+        /// Human-readable reason.
+        reason: String,
+    },
+    /// Ticket mode: a receiver asks the source to be included, and says where it listens.
+    Join {
+        /// The receiver's display name.
+        name: String,
+        /// `host:port` where the receiver accepts its parent's connection.
+        listen: String,
+    },
+    /// Session set-up sent by a parent to a child.
+    Open(Open),
+    /// One chunk of the object.
+    Chunk(Chunk),
+    /// The object ends: sent after the last chunk.
+    End(End),
+    /// Node `node` has verified and stored every chunk below `upto`.
+    Ack {
+        /// Node that made the progress.
+        node: u32,
+        /// Exclusive end of the node's verified, stored prefix.
+        upto: u64,
+    },
+    /// Node `node` has the whole object in place.
+    Done {
+        /// Node that finished.
+        node: u32,
+    },
+    /// Node `node` failed and will not finish.
+    Failed {
+        /// Node that failed.
+        node: u32,
+        /// What went wrong, for the sender's report.
+        reason: String,
+    },
+    /// Ask the peer for chunk `index` (repair, and later receiver-driven pulls).
+    Request {
+        /// Chunk index.
+        index: u64,
+    },
+    /// A fatal error; the sender of this frame closes the connection after it.
+    Error {
+        /// Human-readable reason.
+        reason: String,
+    },
+}
+
+/// Session set-up: what is sent, how it is cut, and the part of the tree below the recipient.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Open {
+    /// Session identifier.
+    pub session: SessionId,
+    /// The recipient's node id.
+    pub node: u32,
+    /// Chunk size in bytes (the last chunk may be shorter).
+    pub chunk_size: u32,
+    /// A child that makes no progress for this long is cut off (milliseconds).
+    pub stall_timeout_ms: u32,
+    /// What is being sent.
+    pub manifest: Manifest,
+    /// The recipient's subtree: the recipient first, then every descendant.
+    pub members: Vec<Member>,
+}
+
+/// One node of a subtree in an [`Open`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// Node id.
+    pub node: u32,
+    /// Parent's node id.
+    pub parent: u32,
+    /// Display name.
+    pub name: String,
+    /// Agent address (`host:port`).
+    pub addr: String,
+}
+
+/// One chunk: its position, content hash, authentication tag and bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chunk {
+    /// Chunk index; the chunk starts at `index * chunk_size`.
+    pub index: u64,
+    /// BLAKE3 hash of `data`.
+    pub hash: [u8; 32],
+    /// MAC over the session, index, length and hash (see [`crate::auth`]).
+    pub tag: [u8; 32],
+    /// The bytes.
+    pub data: Bytes,
+}
+
+/// End of the object, authenticated so that a truncated stream is never taken as complete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct End {
+    /// Number of chunks.
+    pub chunks: u64,
+    /// Total length in bytes.
+    pub total_len: u64,
+    /// MAC over the session, chunk count and length.
+    pub tag: [u8; 32],
+}
+
+/// Why bytes did not decode into a frame.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum WireError {
+    /// The length prefix is larger than [`MAX_FRAME`] (or than the receiver's own limit).
+    #[error("frame of {len} bytes exceeds the limit of {max}")]
+    TooLarge {
+        /// Announced length.
+        len: usize,
+        /// Limit in force.
+        max: usize,
+    },
+    /// The length prefix is zero (no type byte).
+    #[error("empty frame")]
+    Empty,
+    /// Unknown message type.
+    #[error("unknown frame type {0:#04x}")]
+    UnknownType(u8),
+    /// The body is shorter than its fields say.
+    #[error("truncated {0} frame")]
+    Truncated(&'static str),
+    /// The body is longer than its fields say.
+    #[error("{0} frame has {1} trailing bytes")]
+    Trailing(&'static str, usize),
+    /// A string is not UTF-8.
+    #[error("{0} frame holds a string that is not UTF-8")]
+    BadUtf8(&'static str),
+    /// A field has a value outside its domain.
+    #[error("{0} frame: {1}")]
+    BadValue(&'static str, &'static str),
+    /// The first frame does not start with the protocol magic.
+    #[error("peer does not speak the bulkcast protocol (bad magic)")]
+    BadMagic,
+}
+
+const T_HELLO: u8 = 0x01;
+const T_CHALLENGE: u8 = 0x02;
+const T_AUTH: u8 = 0x03;
+const T_REFUSED: u8 = 0x04;
+const T_JOIN: u8 = 0x05;
+const T_OPEN: u8 = 0x10;
+const T_CHUNK: u8 = 0x11;
+const T_END: u8 = 0x12;
+const T_ACK: u8 = 0x20;
+const T_DONE: u8 = 0x21;
+const T_FAILED: u8 = 0x22;
+const T_REQUEST: u8 = 0x30;
+const T_ERROR: u8 = 0x7f;
+
+/// A frame ready to write: a small head (header and fixed fields) and, for chunks, the data
+/// itself, so the bytes of a chunk are never copied on the way out.
+#[derive(Debug, Clone)]
+pub struct Encoded {
+    /// Header and every field but a chunk's data.
+    pub head: Bytes,
+    /// A chunk's data; empty for other frames.
+    pub data: Bytes,
+}
+
+impl Encoded {
+    /// Total bytes on the wire.
+    pub fn len(&self) -> usize {
+        self.head.len() + self.data.len()
+    }
+
+    /// True for a zero-length frame (never produced by [`Frame::encode`]).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Both parts in one buffer (tests and the simulator).
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(self.len());
+        v.extend_from_slice(&self.head);
+        v.extend_from_slice(&self.data);
+        v
+    }
+}
+
+impl Frame {
+    /// A short name for logs and errors.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Frame::Hello { .. } => "Hello",
+            Frame::Challenge { .. } => "Challenge",
+            Frame::Auth { .. } => "Auth",
+            Frame::Refused { .. } => "Refused",
+            Frame::Join { .. } => "Join",
+            Frame::Open(_) => "Open",
+            Frame::Chunk(_) => "Chunk",
+            Frame::End(_) => "End",
+            Frame::Ack { .. } => "Ack",
+            Frame::Done { .. } => "Done",
+            Frame::Failed { .. } => "Failed",
+            Frame::Request { .. } => "Request",
+            Frame::Error { .. } => "Error",
+        }
+    }
+
+    /// Encodes the frame.
+    pub fn encode(&self) -> Encoded {
+        let mut b = BytesMut::with_capacity(64);
+        b.put_u32(0); // length, patched below
+        let mut data = Bytes::new();
+        match self {
+            Frame::Hello { version, nonce } => {
+                b.put_u8(T_HELLO);
+                b.put_slice(&MAGIC);
+                b.put_u16(*version);
+                b.put_slice(nonce);
+            }
+            Frame::Challenge { nonce, mac } => {
+                b.put_u8(T_CHALLENGE);
+                b.put_slice(nonce);
+                b.put_slice(mac);
+            }
+            Frame::Auth { mac } => {
+                b.put_u8(T_AUTH);
+                b.put_slice(mac);
+            }
+            Frame::Refused { reason } => {
+                b.put_u8(T_REFUSED);
+                put_str(&mut b, reason);
+            }
+            Frame::Join { name, listen } => {
+                b.put_u8(T_JOIN);
+                put_str(&mut b, name);
+                put_str(&mut b, listen);
+            }
+            Frame::Open(o) => {
+                b.put_u8(T_OPEN);
+                put_open(&mut b, o);
+            }
+            Frame::Chunk(c) => {
+                b.put_u8(T_CHUNK);
+                b.put_u64(c.index);
+                b.put_slice(&c.hash);
+                b.put_slice(&c.tag);
+                data = c.data.clone();
+            }
+            Frame::End(e) => {
+                b.put_u8(T_END);
+                b.put_u64(e.chunks);
+                b.put_u64(e.total_len);
+                b.put_slice(&e.tag);
+            }
+            Frame::Ack { node, upto } => {
+                b.put_u8(T_ACK);
+                b.put_u32(*node);
+                b.put_u64(*upto);
+            }
+            Frame::Done { node } => {
+                b.put_u8(T_DONE);
+                b.put_u32(*node);
+            }
+            Frame::Failed { node, reason } => {
+                b.put_u8(T_FAILED);
+                b.put_u32(*node);
+                put_str(&mut b, reason);
+            }
+            Frame::Request { index } => {
+                b.put_u8(T_REQUEST);
+                b.put_u64(*index);
+            }
+            Frame::Error { reason } => {
+                b.put_u8(T_ERROR);
+                put_str(&mut b, reason);
+            }
+        }
+        let len = (b.len() - 4 + data.len()) as u32;
+        b[..4].copy_from_slice(&len.to_be_bytes());
+        Encoded {
+            head: b.freeze(),
+            data,
+        }
+    }
+
+    /// Decodes one frame's type and body (the bytes after the length prefix).
+    pub fn decode(mut body: Bytes) -> Result<Frame, WireError> {
+        if body.is_empty() {
+            return Err(WireError::Empty);
+        }
+        let ty = body.get_u8();
+        let mut r = Reader { b: body, what: "" };
+        let frame = match ty {
+            T_HELLO => {
+                r.what = "Hello";
+                if r.array::<4>()? != MAGIC {
+                    return Err(WireError::BadMagic);
+                }
+                Frame::Hello {
+                    version: r.u16()?,
+                    nonce: r.array()?,
+                }
+            }
+            T_CHALLENGE => {
+                r.what = "Challenge";
+                Frame::Challenge {
+                    nonce: r.array()?,
+                    mac: r.array()?,
+                }
+            }
+            T_AUTH => {
+                r.what = "Auth";
+                Frame::Auth { mac: r.array()? }
+            }
+            T_REFUSED => {
+                r.what = "Refused";
+                Frame::Refused {
+                    reason: r.string()?,
+                }
+            }
+            T_JOIN => {
+                r.what = "Join";
+                Frame::Join {
+                    name: r.string()?,
+                    listen: r.string()?,
+                }
+            }
+            T_OPEN => {
+                r.what = "Open";
+                Frame::Open(r.open()?)
+            }
+            T_CHUNK => {
+                r.what = "Chunk";
+                let index = r.u64()?;
+                let hash = r.array()?;
+                let tag = r.array()?;
+                let data = std::mem::take(&mut r.b);
+                return Ok(Frame::Chunk(Chunk {
+                    index,
+                    hash,
+                    tag,
+                    data,
+                }));
+            }
+            T_END => {
+                r.what = "End";
+                Frame::End(End {
+                    chunks: r.u64()?,
+                    total_len: r.u64()?,
+                    tag: r.array()?,
+                })
+            }
+            T_ACK => {
+                r.what = "Ack";
+                Frame::Ack {
+                    node: r.u32()?,
+                    upto: r.u64()?,
+                }
+            }
+            T_DONE => {
+                r.what = "Done";
+                Frame::Done { node: r.u32()? }
+            }
+            T_FAILED => {
+                r.what = "Failed";
+                Frame::Failed {
+                    node: r.u32()?,
+                    reason: r.string()?,
+                }
+            }
+            T_REQUEST => {
+                r.what = "Request";
+                Frame::Request { index: r.u64()? }
+            }
+            T_ERROR => {
+                r.what = "Error";
+                Frame::Error {
+                    reason: r.string()?,
+                }
+            }
+            other => return Err(WireError::UnknownType(other)),
+        };
+        if !r.b.is_empty() {
+            return Err(WireError::Trailing(r.what, r.b.len()));
+        }
+        Ok(frame)
+    }
+}
+
+/// Reads a frame header and returns the body length, checked against `max`.
+pub fn body_len(header: [u8; 4], max: usize) -> Result<usize, WireError> {
+    let len = u32::from_be_bytes(header) as usize;
+    if len == 0 {
+        return Err(WireError::Empty);
+    }
+    if len > max {
+        return Err(WireError::TooLarge { len, max });
+    }
+    Ok(len)
+}
+
+/// Incremental decoder over a byte buffer, for transports that deliver arbitrary slices (the
+/// simulator, fuzzing). Returns `Ok(None)` until a whole frame is buffered.
+pub fn decode_from(buf: &mut BytesMut, max: usize) -> Result<Option<Frame>, WireError> {
+    if buf.len() < 4 {
+        return Ok(None);
+    }
+    let len = body_len([buf[0], buf[1], buf[2], buf[3]], max)?;
+    if buf.len() < 4 + len {
+        return Ok(None);
+    }
+    buf.advance(4);
+    Frame::decode(buf.split_to(len).freeze()).map(Some)
+}
+
+fn put_str(b: &mut BytesMut, s: &str) {
+    b.put_u32(s.len() as u32);
+    b.put_slice(s.as_bytes());
+}
+
+fn put_open(b: &mut BytesMut, o: &Open) {
+    b.put_u64(o.session);
+    b.put_u32(o.node);
+    b.put_u32(o.chunk_size);
+    b.put_u32(o.stall_timeout_ms);
+    let m = &o.manifest;
+    put_str(b, &m.name);
+    b.put_u8(match m.kind {
+        ObjectKind::File => 0,
+        ObjectKind::Dir => 1,
+        ObjectKind::Stream => 2,
+    });
+    match m.total_len {
+        Some(n) => {
+            b.put_u8(1);
+            b.put_u64(n);
+        }
+        None => b.put_u8(0),
+    }
+    b.put_u32(m.entries.len() as u32);
+    for e in &m.entries {
+        put_str(b, &e.path);
+        b.put_u8(match e.kind {
+            EntryKind::File => 0,
+            EntryKind::Dir => 1,
+        });
+        b.put_u64(e.len);
+        b.put_u32(e.mode);
+    }
+    b.put_u32(o.members.len() as u32);
+    for mb in &o.members {
+        b.put_u32(mb.node);
+        b.put_u32(mb.parent);
+        put_str(b, &mb.name);
+        put_str(b, &mb.addr);
+    }
+}
+
+/// A bounds-checked cursor over a frame body.
+struct Reader {
+    b: Bytes,
+    what: &'static str,
+}
+
+impl Reader {
+    fn need(&self, n: usize) -> Result<(), WireError> {
+        if self.b.remaining() < n {
+            Err(WireError::Truncated(self.what))
+        } else {
+            Ok(())
+        }
+    }
+    fn u8(&mut self) -> Result<u8, WireError> {
+        self.need(1)?;
+        Ok(self.b.get_u8())
+    }
+    fn u16(&mut self) -> Result<u16, WireError> {
+        self.need(2)?;
+        Ok(self.b.get_u16())
+    }
+    fn u32(&mut self) -> Result<u32, WireError> {
+        self.need(4)?;
+        Ok(self.b.get_u32())
+    }
+    fn u64(&mut self) -> Result<u64, WireError> {
+        self.need(8)?;
+        Ok(self.b.get_u64())
+    }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], WireError> {
+        self.need(N)?;
+        let mut a = [0u8; N];
+        self.b.copy_to_slice(&mut a);
+        Ok(a)
+    }
+    fn string(&mut self) -> Result<String, WireError> {
+        let n = self.u32()? as usize;
+        self.need(n)?;
+        let bytes = self.b.split_to(n);
+        String::from_utf8(bytes.to_vec()).map_err(|_| WireError::BadUtf8(self.what))
+    }
+    /// A list count, checked against the bytes left so a forged count cannot drive allocation.
+    fn count(&mut self, min_item: usize) -> Result<usize, WireError> {
+        let n = self.u32()? as usize;
+        if n.saturating_mul(min_item) > self.b.remaining() {
+            return Err(WireError::Truncated(self.what));
+        }
+        Ok(n)
+    }
+    fn open(&mut self) -> Result<Open, WireError> {
+        let session = self.u64()?;
+        let node = self.u32()?;
+        let chunk_size = self.u32()?;
+        let stall_timeout_ms = self.u32()?;
+        let name = self.string()?;
+        let kind = match self.u8()? {
+            0 => ObjectKind::File,
+            1 => ObjectKind::Dir,
+            2 => ObjectKind::Stream,
+            _ => return Err(WireError::BadValue("Open", "unknown object kind")),
+        };
+        let total_len = match self.u8()? {
+            0 => None,
+            1 => Some(self.u64()?),
+            _ => return Err(WireError::BadValue("Open", "bad length flag")),
+        };
+        let n = self.count(4 + 1 + 8 + 4)?;
+        let mut entries = Vec::with_capacity(n);
+        for _ in 0..n {
+            let path = self.string()?;
+            let kind = match self.u8()? {
+                0 => EntryKind::File,
+                1 => EntryKind::Dir,
+                _ => return Err(WireError::BadValue("Open", "unknown entry kind")),
+            };
+            entries.push(Entry {
+                path,
+                kind,
+                len: self.u64()?,
+                mode: self.u32()?,
+            });
+        }
+        let n = self.count(4 + 4 + 4 + 4)?;
+        let mut members = Vec::with_capacity(n);
+        for _ in 0..n {
+            members.push(Member {
+                node: self.u32()?,
+                parent: self.u32()?,
+                name: self.string()?,
+                addr: self.string()?,
+            });
+        }
+        Ok(Open {
+            session,
+            node,
+            chunk_size,
+            stall_timeout_ms,
+            manifest: Manifest {
+                name,
+                kind,
+                total_len,
+                entries,
+            },
+            members,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn samples() -> Vec<Frame> {
+        vec![
+            Frame::Hello {
+                version: VERSION,
+                nonce: [7; 16],
+            },
+            Frame::Challenge {
+                nonce: [1; 16],
+                mac: [2; 32],
+            },
+            Frame::Auth { mac: [3; 32] },
+            Frame::Refused {
+                reason: "wrong secret".into(),
+            },
+            Frame::Join {
+                name: "gpu-7".into(),
+                listen: "127.0.0.1:9".into(),
+            },
+            Frame::Open(Open {
+                session: 42,
+                node: 3,
+                chunk_size: 1 << 20,
+                stall_timeout_ms: 30_000,
+                manifest: Manifest {
+                    name: "data".into(),
+                    kind: ObjectKind::Dir,
+                    total_len: Some(10),
+                    entries: vec![
+                        Entry {
+                            path: "a".into(),
+                            kind: EntryKind::Dir,
+                            len: 0,
+                            mode: 0o755,
+                        },
+                        Entry {
+                            path: "a/b.bin".into(),
+                            kind: EntryKind::File,
+                            len: 10,
+                            mode: 0o644,
+                        },
+                    ],
+                },
+                members: vec![Member {
+                    node: 3,
+                    parent: 1,
+                    name: "h3".into(),
+                    addr: "127.0.0.1:7003".into(),
+                }],
+            }),
+            Frame::Chunk(Chunk {
+                index: 9,
+                hash: [4; 32],
+                tag: [5; 32],
+                data: Bytes::from_static(b"hello chunk"),
+            }),
+            Frame::End(End {
+                chunks: 3,
+                total_len: 2_000_000,
+                tag: [6; 32],
+            }),
+            Frame::Ack { node: 4, upto: 17 },
+            Frame::Done { node: 4 },
+            Frame::Failed {
+                node: 5,
+                reason: "disk full".into(),
+            },
+            Frame::Request { index: 11 },
+            Frame::Error {
+                reason: "bad".into(),
+            },
+        ]
+    }
+
+    #[test]
+    fn every_frame_round_trips() {
+        for f in samples() {
+            let wire = f.encode().to_vec();
+            let mut buf = BytesMut::from(&wire[..]);
+            let back = decode_from(&mut buf, MAX_FRAME).unwrap().unwrap();
+            assert_eq!(back, f);
+            assert!(buf.is_empty());
+        }
+    }
+
+    #[test]
+    fn partial_input_waits_for_more() {
+        let wire = samples()[5].encode().to_vec();
+        for cut in 0..wire.len() {
+            let mut buf = BytesMut::from(&wire[..cut]);
+            assert_eq!(decode_from(&mut buf, MAX_FRAME), Ok(None), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn every_truncation_of_a_body_is_an_error_not_a_panic() {
+        for f in samples() {
+            let wire = f.encode().to_vec();
+            let body = &wire[4..];
+            for cut in 0..body.len() {
+                let res = Frame::decode(Bytes::copy_from_slice(&body[..cut]));
+                // A chunk's data is open-ended, so a cut inside it is a shorter chunk.
+                if matches!(f, Frame::Chunk(_)) && cut >= 1 + 8 + 64 {
+                    continue;
+                }
+                assert!(res.is_err(), "{} cut at {cut} decoded", f.kind());
+            }
+        }
+    }
+
+    #[test]
+    fn hostile_lengths_are_refused() {
+        let mut buf = BytesMut::from(&u32::MAX.to_be_bytes()[..]);
+        assert!(matches!(
+            decode_from(&mut buf, MAX_FRAME),
+            Err(WireError::TooLarge { .. })
+        ));
+        let mut buf = BytesMut::from(&[0u8, 0, 0, 0][..]);
+        assert_eq!(decode_from(&mut buf, MAX_FRAME), Err(WireError::Empty));
+        // An Open whose entry count claims 2^32-1 entries in a few bytes.
+        let mut body = vec![T_OPEN];
+        body.extend_from_slice(&[0; 8 + 4 + 4 + 4]);
+        body.extend_from_slice(&0u32.to_be_bytes()); // empty name
+        body.extend_from_slice(&[0, 0]);
+        body.extend_from_slice(&u32::MAX.to_be_bytes());
+        assert_eq!(
+            Frame::decode(Bytes::from(body)),
+            Err(WireError::Truncated("Open"))
+        );
+        assert_eq!(
+            Frame::decode(Bytes::from_static(&[0x66])),
+            Err(WireError::UnknownType(0x66))
+        );
+        assert_eq!(
+            Frame::decode(Bytes::from_static(b"\x01GET / HTTP/1.1")),
+            Err(WireError::BadMagic)
+        );
+    }
+
+    #[test]
+    fn random_garbage_never_panics() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
+        for _ in 0..20_000 {
+            let n = rng.gen_range(0..64);
+            let mut v: Vec<u8> = (0..n).map(|_| rng.gen()).collect();
+            if !v.is_empty() && rng.gen_bool(0.7) {
+                v[0] = [T_HELLO, T_OPEN, T_CHUNK, T_FAILED, T_JOIN][rng.gen_range(0..5)];
+            }
+            let _ = Frame::decode(Bytes::from(v));
+        }
+    }
+}

@@ -1,0 +1,195 @@
+//! The push relay on the simulated network: delivery, pipelining, flow control, the
+//! slow-receiver policy, repair and local failures.
+
+use std::time::Duration;
+
+use bulkcast_proto::sim::{LinkSpec, Sim, SimSpec};
+use bulkcast_proto::tree::Tree;
+use rand::{Rng, SeedableRng};
+
+const MIB: u64 = 1 << 20;
+
+fn assert_all_complete(r: &bulkcast_proto::sim::SimReport) {
+    assert!(r.finished, "source did not finish: {:#?}", r.nodes);
+    assert_eq!(r.incomplete(), Vec::<usize>::new(), "{:#?}", r.nodes);
+    for (i, n) in r.nodes.iter().enumerate() {
+        assert_eq!(n.out_of_order, 0, "node {i} delivered out of order");
+    }
+}
+
+#[test]
+fn tree_of_30_on_mixed_links_delivers_every_byte_in_order_with_bounded_buffers() {
+    let tree = Tree::kary(30, 3);
+    let mut spec = SimSpec::new(tree, LinkSpec::LAN, 8 * MIB + 12345);
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(30);
+    for l in spec.links.iter_mut().skip(1) {
+        *l = LinkSpec::wan(rng.gen_range(1..100), rng.gen_range(10.0..1000.0));
+    }
+    let budget = spec.node.buffer_budget;
+    let r = Sim::new(spec).run();
+    assert_all_complete(&r);
+    for (i, n) in r.nodes.iter().enumerate() {
+        assert!(
+            n.peak_buffered <= budget,
+            "node {i} held {} bytes, budget {budget}",
+            n.peak_buffered
+        );
+        if i > 0 {
+            assert_eq!(n.stored, 8 * MIB + 12345, "node {i}");
+        }
+    }
+    // Every link carried the object exactly once: no chunk was sent twice.
+    for (i, b) in r.link_bytes.iter().enumerate().skip(1) {
+        assert_eq!(*b, 8 * MIB + 12345, "link into {i}");
+    }
+}
+
+#[test]
+fn relaying_is_pipelined_not_store_and_forward() {
+    // A chain of 6 hops at 100 Mbit/s: store-and-forward would take 6 serialization times.
+    let len = 16 * MIB;
+    let spec = SimSpec::new(Tree::kary(6, 1), LinkSpec::wan(5, 100.0), len);
+    let one_hop = len as f64 * 8.0 / 100e6;
+    let r = Sim::new(spec).run();
+    assert_all_complete(&r);
+    let last = r.nodes[6].done_at.unwrap().as_secs_f64();
+    assert!(
+        last < one_hop * 1.3,
+        "last node done at {last:.2}s; one hop takes {one_hop:.2}s"
+    );
+    // And the first node had data long before the end.
+    let first_progress = r.nodes[6].progress.first().unwrap().0.as_secs_f64();
+    assert!(first_progress < one_hop / 10.0);
+}
+
+#[test]
+fn stream_of_unknown_length_arrives_whole() {
+    let mut spec = SimSpec::new(Tree::kary(9, 2), LinkSpec::wan(10, 200.0), 3 * MIB + 7);
+    spec.stream = true;
+    let r = Sim::new(spec).run();
+    assert_all_complete(&r);
+}
+
+#[test]
+fn empty_object_completes() {
+    let r = Sim::new(SimSpec::new(Tree::kary(3, 2), LinkSpec::LAN, 0)).run();
+    assert_all_complete(&r);
+}
+
+#[test]
+fn stalled_leaf_holds_the_session_back_until_cut_off_then_the_rest_finish() {
+    let mut spec = SimSpec::new(Tree::kary(6, 2), LinkSpec::wan(5, 100.0), 32 * MIB);
+    spec.stall_timeout = Duration::from_secs(5);
+    spec.stalls = vec![(5, Duration::from_millis(500))];
+    let budget_chunks = spec.node.buffer_budget as u64 / spec.chunk_size as u64;
+    let r = Sim::new(spec).run();
+    assert!(r.finished);
+    let failed = r.nodes[5].failed.as_deref().unwrap_or_default();
+    assert!(failed.contains("stalled"), "node 5: {failed:?}");
+    for i in [1, 2, 3, 4, 6] {
+        assert!(
+            r.nodes[i].data_ok && r.nodes[i].done_at.is_some(),
+            "node {i}"
+        );
+    }
+    // Policy: until the cut, nobody gets further ahead of the stalled node than the buffers
+    // of the path between them allow (one budget per relay on the way: source and node 2).
+    let stalled_at = r.nodes[5].acked;
+    let during = Duration::from_millis(4500);
+    for i in [1, 2, 3, 4, 6] {
+        let ahead = r.nodes[i].acked_at(during).saturating_sub(stalled_at);
+        assert!(
+            ahead <= 2 * budget_chunks + 2,
+            "node {i} got {ahead} chunks ahead while node 5 was stalled"
+        );
+    }
+    // After the cut (about 5.5 s) the rest runs at link speed: 32 MiB at 100 Mbit/s is 2.7 s.
+    let last = (1..=6)
+        .filter(|&i| i != 5)
+        .map(|i| r.nodes[i].done_at.unwrap())
+        .max()
+        .unwrap();
+    assert!(
+        last > Duration::from_secs(5),
+        "finished before the cut: {last:?}"
+    );
+    assert!(
+        last < Duration::from_secs(10),
+        "slow after the cut: {last:?}"
+    );
+}
+
+#[test]
+fn stalled_relay_takes_only_its_subtree_down() {
+    let mut spec = SimSpec::new(Tree::kary(6, 2), LinkSpec::wan(2, 200.0), 8 * MIB);
+    spec.stall_timeout = Duration::from_secs(3);
+    spec.stalls = vec![(1, Duration::from_millis(100))];
+    let r = Sim::new(spec).run();
+    assert!(r.finished);
+    for i in [1, 3, 4] {
+        assert!(r.nodes[i].failed.is_some(), "node {i} should have failed");
+    }
+    for i in [2, 5, 6] {
+        assert!(
+            r.nodes[i].data_ok && r.nodes[i].done_at.is_some(),
+            "node {i}"
+        );
+    }
+}
+
+#[test]
+fn corrupt_chunks_are_detected_and_repaired() {
+    let mut spec = SimSpec::new(Tree::kary(10, 3), LinkSpec::wan(10, 100.0), 6 * MIB);
+    spec.corrupt_chunks = vec![(1, 3), (4, 0), (10, 95), (1, 40)];
+    let r = Sim::new(spec).run();
+    assert_all_complete(&r);
+    assert_eq!(r.nodes[1].corrupt_detected, 2);
+    assert_eq!(r.nodes[4].corrupt_detected, 1);
+    assert_eq!(r.nodes[10].corrupt_detected, 1);
+}
+
+#[test]
+fn random_corruption_on_every_link_with_a_tight_budget_still_completes() {
+    let mut spec = SimSpec::new(Tree::kary(12, 2), LinkSpec::wan(20, 100.0), 8 * MIB);
+    for l in spec.links.iter_mut() {
+        l.corrupt = 0.02;
+    }
+    spec.node.buffer_budget = 256 << 10; // 4 chunks: repairs must get through full buffers
+    let cap = spec.node.buffer_budget * 3 / 2 + spec.chunk_size as usize;
+    let r = Sim::new(spec).run();
+    assert_all_complete(&r);
+    let detected: usize = r.nodes.iter().map(|n| n.corrupt_detected).sum();
+    assert!(detected > 10, "only {detected} corruptions injected");
+    for (i, n) in r.nodes.iter().enumerate() {
+        assert!(n.peak_buffered <= cap, "node {i} held {}", n.peak_buffered);
+    }
+}
+
+#[test]
+fn full_disk_on_a_relay_fails_it_but_its_subtree_still_gets_everything() {
+    let mut spec = SimSpec::new(Tree::kary(6, 2), LinkSpec::wan(2, 200.0), 4 * MIB);
+    spec.disk_full = vec![(1, MIB)];
+    let r = Sim::new(spec).run();
+    assert!(r.finished);
+    assert_eq!(r.nodes[1].failed.as_deref(), Some("disk full"));
+    assert!(!r.nodes[1].data_ok);
+    for i in 2..=6 {
+        assert!(
+            r.nodes[i].data_ok && r.nodes[i].done_at.is_some(),
+            "node {i}"
+        );
+    }
+}
+
+#[test]
+fn slow_disk_paces_the_session_without_exceeding_the_budget() {
+    let mut spec = SimSpec::new(Tree::kary(4, 2), LinkSpec::wan(1, 1000.0), 8 * MIB);
+    spec.store_rate[3] = Some(4e6); // 4 MB/s
+    let budget = spec.node.buffer_budget;
+    let r = Sim::new(spec).run();
+    assert_all_complete(&r);
+    assert!(r.nodes[3].done_at.unwrap() >= Duration::from_secs(2));
+    for n in &r.nodes {
+        assert!(n.peak_buffered <= budget);
+    }
+}
