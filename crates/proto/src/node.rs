@@ -67,6 +67,8 @@ pub struct SessionParams {
     pub chunk_size: u32,
     /// A child without progress for this long is cut off.
     pub stall_timeout: Duration,
+    /// TCP congestion control for every hop (empty: the system default).
+    pub cc: String,
     /// What is sent.
     pub manifest: Manifest,
 }
@@ -328,6 +330,7 @@ impl Node {
             session: open.session,
             chunk_size: open.chunk_size,
             stall_timeout: Duration::from_millis(open.stall_timeout_ms as u64),
+            cc: open.cc.clone(),
             manifest: open.manifest.clone(),
         };
         let mut node = Self::new(
@@ -399,6 +402,7 @@ impl Node {
             node: c.node as u32,
             chunk_size: self.params.chunk_size,
             stall_timeout_ms: self.params.stall_timeout.as_millis().min(u32::MAX as u128) as u32,
+            cc: self.params.cc.clone(),
             manifest: self.params.manifest.clone(),
             members: c.members.clone(),
         }

@@ -274,6 +274,7 @@ impl Sim {
             session: 77,
             chunk_size: spec.chunk_size,
             stall_timeout: spec.stall_timeout,
+            cc: String::new(),
             manifest,
         };
         let names: Vec<(String, String)> = (1..n)

@@ -116,6 +116,8 @@ pub struct Open {
     pub chunk_size: u32,
     /// A child that makes no progress for this long is cut off (milliseconds).
     pub stall_timeout_ms: u32,
+    /// TCP congestion control every hop should use (`bbr`, `cubic`; empty: system default).
+    pub cc: String,
     /// What is being sent.
     pub manifest: Manifest,
     /// The recipient's subtree: the recipient first, then every descendant.
@@ -475,6 +477,7 @@ fn put_open(b: &mut BytesMut, o: &Open) {
     b.put_u32(o.node);
     b.put_u32(o.chunk_size);
     b.put_u32(o.stall_timeout_ms);
+    put_str(b, &o.cc);
     let m = &o.manifest;
     put_str(b, &m.name);
     b.put_u8(match m.kind {
@@ -563,6 +566,7 @@ impl Reader {
         let node = self.u32()?;
         let chunk_size = self.u32()?;
         let stall_timeout_ms = self.u32()?;
+        let cc = self.string()?;
         let name = self.string()?;
         let kind = match self.u8()? {
             0 => ObjectKind::File,
@@ -606,6 +610,7 @@ impl Reader {
             node,
             chunk_size,
             stall_timeout_ms,
+            cc,
             manifest: Manifest {
                 name,
                 kind,
@@ -644,6 +649,7 @@ mod tests {
                 node: 3,
                 chunk_size: 1 << 20,
                 stall_timeout_ms: 30_000,
+                cc: "bbr".into(),
                 manifest: Manifest {
                     name: "data".into(),
                     kind: ObjectKind::Dir,
@@ -742,6 +748,7 @@ mod tests {
         // An Open whose entry count claims 2^32-1 entries in a few bytes.
         let mut body = vec![T_OPEN];
         body.extend_from_slice(&[0; 8 + 4 + 4 + 4]);
+        body.extend_from_slice(&0u32.to_be_bytes()); // empty cc
         body.extend_from_slice(&0u32.to_be_bytes()); // empty name
         body.extend_from_slice(&[0, 0]);
         body.extend_from_slice(&u32::MAX.to_be_bytes());

@@ -1,0 +1,173 @@
+//! The receiving daemon: accepts admitted parents, stores what they push, relays to children.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bulkcast_proto::auth::Keys;
+use bulkcast_proto::node::{Node, NodeConfig};
+use bulkcast_proto::wire::{Frame, SessionId};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+use crate::driver::{Driver, Upstream};
+use crate::store::{Store, Target};
+use crate::transport::{self, ConnError, TcpTuning};
+
+/// An agent's settings.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// Where received objects go.
+    pub dir: PathBuf,
+    /// Keys from the shared secret.
+    pub keys: Keys,
+    /// Memory and timers per session.
+    pub node: NodeConfig,
+    /// TCP options for connections to children.
+    pub tuning: TcpTuning,
+}
+
+/// Serves until `shutdown` completes. Each admitted connection runs its session on its own
+/// task; a bad peer is logged and dropped without affecting the others.
+pub async fn serve(
+    listener: TcpListener,
+    cfg: Arc<AgentConfig>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return,
+            acc = listener.accept() => match acc {
+                Ok((stream, peer)) => {
+                    let cfg = cfg.clone();
+                    tokio::spawn(async move {
+                        match session(stream, &cfg, None).await {
+                            Ok(s) => tracing::info!("session {s:016x} from {peer}: done"),
+                            Err(e) => tracing::warn!("connection from {peer}: {e}"),
+                        }
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+}
+
+/// Why an incoming session failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// Admission or framing failed before the session began.
+    #[error("{0}")]
+    Conn(#[from] ConnError),
+    /// The set-up was refused.
+    #[error("refused session set-up: {0}")]
+    Refused(String),
+    /// The session started but this node gave up.
+    #[error("session {0:016x} aborted: {1}")]
+    Aborted(SessionId, String),
+}
+
+/// Runs one incoming session on an accepted connection: admission, `Open`, then relaying and
+/// storing into `target` (default: the agent's directory). `expect` restricts it to one session
+/// id (ticket receivers).
+pub async fn session(
+    mut stream: TcpStream,
+    cfg: &AgentConfig,
+    expect: Option<(SessionId, Target)>,
+) -> Result<SessionId, SessionError> {
+    transport::handshake_accept(&mut stream, &cfg.keys).await?;
+    let open = match transport::expect_frame(&mut stream, "waiting for the session set-up").await? {
+        Frame::Open(o) => o,
+        other => return Err(ConnError::Unexpected(other.kind()).into()),
+    };
+    let target = match &expect {
+        Some((id, _)) if *id != open.session => {
+            let reason = format!(
+                "this receiver joined session {id:016x}, not {:016x}",
+                open.session
+            );
+            let _ = transport::write_frame(
+                &mut stream,
+                &Frame::Error {
+                    reason: reason.clone(),
+                },
+            )
+            .await;
+            return Err(SessionError::Refused(reason));
+        }
+        Some((_, t)) => t.clone(),
+        None => Target::Dir(cfg.dir.clone()),
+    };
+    let node = match Node::relay(&open, cfg.keys.clone(), cfg.node.clone(), Instant::now()) {
+        Ok(n) => n,
+        Err(e) => {
+            let _ = transport::write_frame(
+                &mut stream,
+                &Frame::Error {
+                    reason: e.to_string(),
+                },
+            )
+            .await;
+            return Err(SessionError::Refused(e.to_string()));
+        }
+    };
+    let (tx, rx) = mpsc::unbounded_channel();
+    let store = match Store::open(target, &open.manifest, open.session, tx) {
+        Ok(s) => s,
+        Err(e) => {
+            // The node still relays to its children; it reports its own copy as failed.
+            tracing::error!("cannot store session {:016x}: {e}", open.session);
+            return run_without_copy(stream, node, cfg, e.to_string()).await;
+        }
+    };
+    let session = open.session;
+    tracing::info!(
+        "session {session:016x}: receiving {:?} as node {}",
+        open.manifest.name,
+        open.node
+    );
+    let mut driver = Driver::new(
+        node,
+        cfg.keys.clone(),
+        cfg.tuning.clone(),
+        Upstream::Parent(stream),
+        Some((store, rx)),
+    );
+    driver
+        .run(|ev| {
+            if let bulkcast_proto::node::Event::Corrupt { index, reason } = ev {
+                tracing::warn!(
+                    "session {session:016x}: chunk {index} rejected ({reason}); requested again"
+                );
+            }
+        })
+        .await
+        .map_err(|e| SessionError::Aborted(session, e))?;
+    Ok(session)
+}
+
+async fn run_without_copy(
+    stream: TcpStream,
+    mut node: Node,
+    cfg: &AgentConfig,
+    reason: String,
+) -> Result<SessionId, SessionError> {
+    let session = node.params().session;
+    node.handle_store_failed(reason, Instant::now());
+    let mut driver = Driver::new(
+        node,
+        cfg.keys.clone(),
+        cfg.tuning.clone(),
+        Upstream::Parent(stream),
+        None,
+    );
+    driver
+        .run(|_| {})
+        .await
+        .map_err(|e| SessionError::Aborted(session, e))?;
+    Ok(session)
+}

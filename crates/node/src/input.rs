@@ -1,0 +1,254 @@
+//! The source's input: a file, a directory tree or standard input, read on its own thread and
+//! cut into chunks.
+
+use std::fs::{self, File};
+use std::io::{self, Read};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use bulkcast_proto::manifest::{Entry, EntryKind, Manifest, ObjectKind};
+use bytes::{Bytes, BytesMut};
+use tokio::sync::mpsc;
+
+/// What the input thread produces.
+#[derive(Debug)]
+pub enum InputEvent {
+    /// The next chunk (exactly one chunk long unless it is the last).
+    Data(Bytes),
+    /// The input ended.
+    End,
+    /// Reading failed.
+    Failed(String),
+}
+
+/// An input and its manifest, ready to be read.
+#[derive(Debug)]
+pub struct Input {
+    /// What the receivers are told.
+    pub manifest: Manifest,
+    files: Vec<PathBuf>,
+    stdin: bool,
+}
+
+impl Input {
+    /// Describes `path` (a file or a directory) or, for `-`, standard input named `name`.
+    pub fn open(path: &Path, name: Option<&str>) -> io::Result<Input> {
+        if path == Path::new("-") {
+            let name = name.unwrap_or("stdin").to_string();
+            return Ok(Input {
+                manifest: Manifest {
+                    name,
+                    kind: ObjectKind::Stream,
+                    total_len: None,
+                    entries: vec![],
+                },
+                files: vec![],
+                stdin: true,
+            });
+        }
+        let meta = fs::metadata(path).map_err(|e| with_path(e, path))?;
+        let name = match name {
+            Some(n) => n.to_string(),
+            None => path
+                .canonicalize()
+                .ok()
+                .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!(
+                            "{}: cannot tell the name to send it under; give --name",
+                            path.display()
+                        ),
+                    )
+                })?,
+        };
+        if meta.is_file() {
+            return Ok(Input {
+                manifest: Manifest {
+                    name,
+                    kind: ObjectKind::File,
+                    total_len: Some(meta.len()),
+                    entries: vec![],
+                },
+                files: vec![path.to_path_buf()],
+                stdin: false,
+            });
+        }
+        if !meta.is_dir() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} is neither a file nor a directory", path.display()),
+            ));
+        }
+        let mut entries = Vec::new();
+        let mut files = Vec::new();
+        walk(path, "", &mut entries, &mut files)?;
+        let total = entries.iter().map(|e| e.len).sum();
+        Ok(Input {
+            manifest: Manifest {
+                name,
+                kind: ObjectKind::Dir,
+                total_len: Some(total),
+                entries,
+            },
+            files,
+            stdin: false,
+        })
+    }
+
+    /// Starts reading on a thread; chunks arrive on the returned channel (two in flight, so
+    /// the reader runs ahead of the network only a little).
+    pub fn spawn(self, chunk_size: usize) -> mpsc::Receiver<InputEvent> {
+        let (tx, rx) = mpsc::channel(2);
+        std::thread::Builder::new()
+            .name("bulkcast-input".into())
+            .spawn(move || {
+                let expected = self.manifest.total_len;
+                let r: Box<dyn Read> = if self.stdin {
+                    Box::new(io::stdin())
+                } else {
+                    Box::new(Concat {
+                        files: self.files.into_iter(),
+                        cur: None,
+                    })
+                };
+                let ev = match pump(r, chunk_size, expected, &tx) {
+                    Ok(()) => InputEvent::End,
+                    Err(e) => InputEvent::Failed(e),
+                };
+                let _ = tx.blocking_send(ev);
+            })
+            .expect("spawning the input thread");
+        rx
+    }
+}
+
+fn pump(
+    mut r: Box<dyn Read>,
+    cs: usize,
+    expected: Option<u64>,
+    tx: &mpsc::Sender<InputEvent>,
+) -> Result<(), String> {
+    let mut total = 0u64;
+    loop {
+        let mut buf = BytesMut::zeroed(cs);
+        let mut filled = 0;
+        while filled < cs {
+            match r.read(&mut buf[filled..]) {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(format!("reading the input: {e}")),
+            }
+        }
+        total += filled as u64;
+        if let Some(n) = expected {
+            if total > n {
+                return Err(format!(
+                    "the input grew while being sent (more than {n} bytes)"
+                ));
+            }
+        }
+        if filled > 0 {
+            buf.truncate(filled);
+            if tx.blocking_send(InputEvent::Data(buf.freeze())).is_err() {
+                return Ok(()); // the session ended first
+            }
+        }
+        if filled < cs {
+            if let Some(n) = expected {
+                if total != n {
+                    return Err(format!(
+                        "the input shrank while being sent ({total} of {n} bytes)"
+                    ));
+                }
+            }
+            return Ok(());
+        }
+    }
+}
+
+/// Files read one after another as one stream.
+struct Concat {
+    files: std::vec::IntoIter<PathBuf>,
+    cur: Option<(PathBuf, File)>,
+}
+
+impl Read for Concat {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            if self.cur.is_none() {
+                match self.files.next() {
+                    None => return Ok(0),
+                    Some(p) => {
+                        let f = File::open(&p).map_err(|e| with_path(e, &p))?;
+                        self.cur = Some((p, f));
+                    }
+                }
+            }
+            let (p, f) = self.cur.as_mut().expect("set above");
+            match f.read(buf) {
+                Ok(0) => self.cur = None,
+                Ok(n) => return Ok(n),
+                Err(e) => return Err(with_path(e, p)),
+            }
+        }
+    }
+}
+
+fn walk(
+    dir: &Path,
+    prefix: &str,
+    entries: &mut Vec<Entry>,
+    files: &mut Vec<PathBuf>,
+) -> io::Result<()> {
+    let mut list: Vec<_> = fs::read_dir(dir)
+        .map_err(|e| with_path(e, dir))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| with_path(e, dir))?;
+    list.sort_by_key(|e| e.file_name());
+    for e in list {
+        let name = e.file_name().into_string().map_err(|n| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: name {n:?} is not UTF-8", dir.display()),
+            )
+        })?;
+        let path = e.path();
+        let rel = if prefix.is_empty() {
+            name
+        } else {
+            format!("{prefix}/{name}")
+        };
+        let meta = fs::symlink_metadata(&path).map_err(|er| with_path(er, &path))?;
+        let mode = meta.permissions().mode() & 0o7777;
+        if meta.is_dir() {
+            entries.push(Entry {
+                path: rel.clone(),
+                kind: EntryKind::Dir,
+                len: 0,
+                mode,
+            });
+            walk(&path, &rel, entries, files)?;
+        } else if meta.is_file() {
+            entries.push(Entry {
+                path: rel,
+                kind: EntryKind::File,
+                len: meta.len(),
+                mode,
+            });
+            files.push(path);
+        } else {
+            tracing::warn!(
+                "skipping {} (not a regular file or directory)",
+                path.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+fn with_path(e: io::Error, p: &Path) -> io::Error {
+    io::Error::new(e.kind(), format!("{}: {e}", p.display()))
+}

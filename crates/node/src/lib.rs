@@ -1,0 +1,23 @@
+//! bulkcast's tokio shell: the thin layer that gives the sans-IO core ([`bulkcast_proto`])
+//! sockets, files, threads and a clock.
+//!
+//! # Layout
+//! - [`transport`]: TCP set up for long fat pipes (congestion control, buffers), framing over
+//!   any `AsyncRead`/`AsyncWrite`, the handshake with deadlines.
+//! - [`driver`]: the event loop around one [`bulkcast_proto::node::Node`].
+//! - [`input`]: the source's file, directory or stdin reader.
+//! - [`store`]: a receiver's local copy (temporary name, moved into place when verified).
+//! - [`source`]: a send from start to report.
+//! - [`agent`]: the receiving daemon.
+//! - [`ticket`]: ad-hoc sessions that receivers join with a ticket.
+//! - [`report`]: live status and the final report.
+#![warn(missing_docs)]
+
+pub mod agent;
+pub mod driver;
+pub mod input;
+pub mod report;
+pub mod source;
+pub mod store;
+pub mod ticket;
+pub mod transport;

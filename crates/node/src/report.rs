@@ -1,0 +1,218 @@
+//! What the source knows about every receiver while a session runs, and the report at its end.
+
+use std::time::{Duration, Instant};
+
+use bulkcast_proto::node::Event;
+use serde::Serialize;
+
+/// Live state of a session at the source, updated from node events and read by progress
+/// displays.
+#[derive(Debug, Clone)]
+pub struct Status {
+    /// When the session started.
+    pub started: Instant,
+    /// Chunk size.
+    pub chunk_size: u32,
+    /// Object length, when known (always at the end).
+    pub total_len: Option<u64>,
+    /// Bytes read from the input so far.
+    pub read: u64,
+    /// One entry per receiver (node `i` is `receivers[i - 1]`).
+    pub receivers: Vec<ReceiverStatus>,
+}
+
+/// One receiver, as the source sees it.
+#[derive(Debug, Clone)]
+pub struct ReceiverStatus {
+    /// Display name.
+    pub name: String,
+    /// Agent address.
+    pub addr: String,
+    /// Parent node (0: the source).
+    pub parent: usize,
+    /// Chunks verified and stored.
+    pub chunks: u64,
+    /// When its copy was in place.
+    pub done: Option<Duration>,
+    /// Why it failed.
+    pub failed: Option<String>,
+}
+
+impl Status {
+    /// Applies a source-side node event.
+    pub fn apply(&mut self, ev: &Event) {
+        let t = self.started.elapsed();
+        match ev {
+            Event::Progress { node, upto } => {
+                if let Some(r) = self.receivers.get_mut(node.wrapping_sub(1)) {
+                    r.chunks = r.chunks.max(*upto);
+                }
+            }
+            Event::NodeDone { node } => {
+                if let Some(r) = self.receivers.get_mut(node.wrapping_sub(1)) {
+                    r.done.get_or_insert(t);
+                }
+            }
+            Event::NodeFailed { node, reason } => {
+                if let Some(r) = self.receivers.get_mut(node.wrapping_sub(1)) {
+                    r.failed.get_or_insert_with(|| reason.clone());
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Bytes a receiver has verified and stored.
+    pub fn bytes_of(&self, r: &ReceiverStatus) -> u64 {
+        let b = r.chunks * self.chunk_size as u64;
+        self.total_len.map_or(b, |n| b.min(n))
+    }
+}
+
+/// The end-of-session report (`--json`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// Session id (hex).
+    pub session: String,
+    /// What was sent.
+    pub object: ObjectReport,
+    /// How the tree was built.
+    pub strategy: String,
+    /// Chunk size in bytes.
+    pub chunk_size: u32,
+    /// Seconds from start until the last receiver finished or failed.
+    pub seconds: f64,
+    /// Every receiver has a verified copy in place.
+    pub ok: bool,
+    /// Object bytes delivered per second to all receivers together, in Mbit/s.
+    pub aggregate_mbps: f64,
+    /// Per receiver.
+    pub receivers: Vec<ReceiverReport>,
+    /// Per tree edge.
+    pub edges: Vec<EdgeReport>,
+}
+
+/// The object in a report.
+#[derive(Debug, Clone, Serialize)]
+pub struct ObjectReport {
+    /// Name at the receivers.
+    pub name: String,
+    /// `file`, `dir` or `stream`.
+    pub kind: String,
+    /// Length in bytes.
+    pub bytes: u64,
+}
+
+/// One receiver in a report.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReceiverReport {
+    /// Display name.
+    pub name: String,
+    /// Agent address.
+    pub addr: String,
+    /// Parent's name.
+    pub parent: String,
+    /// Bytes verified and stored.
+    pub bytes: u64,
+    /// Seconds until done (or until the end of the session).
+    pub seconds: f64,
+    /// `bytes / seconds` in Mbit/s.
+    pub rate_mbps: f64,
+    /// Has a complete, verified copy in place.
+    pub verified: bool,
+    /// What went wrong, if anything.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// One edge of the tree in a report.
+#[derive(Debug, Clone, Serialize)]
+pub struct EdgeReport {
+    /// Parent's name.
+    pub from: String,
+    /// Child's name.
+    pub to: String,
+    /// Bytes carried (each edge carries the object once).
+    pub bytes: u64,
+    /// Seconds the edge was busy (until the child finished).
+    pub seconds: f64,
+    /// `bytes / seconds` in Mbit/s.
+    pub rate_mbps: f64,
+}
+
+impl Report {
+    /// Builds the report from the final status.
+    pub fn build(status: &Status, session: u64, name: &str, kind: &str, strategy: &str) -> Report {
+        let end = status.started.elapsed();
+        let name_of = |i: usize| {
+            if i == 0 {
+                "source".to_string()
+            } else {
+                status.receivers[i - 1].name.clone()
+            }
+        };
+        let receivers: Vec<ReceiverReport> = status
+            .receivers
+            .iter()
+            .map(|r| {
+                let secs = r.done.unwrap_or(end).as_secs_f64();
+                let bytes = status.bytes_of(r);
+                ReceiverReport {
+                    name: r.name.clone(),
+                    addr: r.addr.clone(),
+                    parent: name_of(r.parent),
+                    bytes,
+                    seconds: secs,
+                    rate_mbps: mbps(bytes, secs),
+                    verified: r.done.is_some() && r.failed.is_none(),
+                    error: r
+                        .failed
+                        .clone()
+                        .or_else(|| r.done.is_none().then(|| "did not finish".to_string())),
+                }
+            })
+            .collect();
+        let edges = receivers
+            .iter()
+            .map(|r| EdgeReport {
+                from: r.parent.clone(),
+                to: r.name.clone(),
+                bytes: r.bytes,
+                seconds: r.seconds,
+                rate_mbps: r.rate_mbps,
+            })
+            .collect();
+        let seconds = status
+            .receivers
+            .iter()
+            .map(|r| r.done.unwrap_or(end))
+            .max()
+            .unwrap_or(end)
+            .as_secs_f64();
+        let total = status.total_len.unwrap_or(status.read);
+        let delivered: u64 = receivers.iter().map(|r| r.bytes).sum();
+        Report {
+            session: format!("{session:016x}"),
+            object: ObjectReport {
+                name: name.into(),
+                kind: kind.into(),
+                bytes: total,
+            },
+            strategy: strategy.into(),
+            chunk_size: status.chunk_size,
+            seconds,
+            ok: receivers.iter().all(|r| r.verified),
+            aggregate_mbps: mbps(delivered, seconds),
+            receivers,
+            edges,
+        }
+    }
+}
+
+fn mbps(bytes: u64, secs: f64) -> f64 {
+    if secs > 0.0 {
+        bytes as f64 * 8.0 / secs / 1e6
+    } else {
+        0.0
+    }
+}

@@ -1,0 +1,395 @@
+//! The local copy: verified chunks written to a temporary name, moved into place only when
+//! complete; or written in order to stdout.
+//!
+//! Writing runs on its own thread (file I/O blocks) fed by a channel; the node keeps a chunk
+//! in memory until the thread reports it stored, so memory stays bounded by the node's budget.
+//! Any write error removes the temporary copy: a receiver never leaves a partial or corrupt
+//! file under the final name.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc as std_mpsc;
+
+use bulkcast_proto::manifest::{EntryKind, Manifest, ObjectKind};
+use bulkcast_proto::wire::SessionId;
+use bytes::Bytes;
+use tokio::sync::mpsc;
+
+/// Where the copy goes.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// Into this directory, under the object's name (agents).
+    Dir(PathBuf),
+    /// At exactly this path (`recv --out`).
+    Path(PathBuf),
+    /// In order to standard output (`recv --stdout`).
+    Stdout,
+}
+
+/// What the store thread reports.
+#[derive(Debug)]
+pub enum StoreEvent {
+    /// Chunk stored.
+    Stored(u64),
+    /// The copy failed; the temporary copy is gone.
+    Failed(String),
+    /// The copy is in place at this path (or flushed to stdout).
+    Finalized(Result<PathBuf, String>),
+}
+
+enum Cmd {
+    Write {
+        index: u64,
+        offset: u64,
+        data: Bytes,
+    },
+    Finalize,
+}
+
+/// Handle to the store thread. Dropping it before `finalize` removes the temporary copy.
+pub struct Store {
+    tx: Option<std_mpsc::Sender<Cmd>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Store {
+    /// Prepares the copy (creating the temporary file or tree) and starts the thread.
+    pub fn open(
+        target: Target,
+        manifest: &Manifest,
+        session: SessionId,
+        events: mpsc::UnboundedSender<StoreEvent>,
+    ) -> io::Result<Store> {
+        let mut sink = Sink::open(&target, manifest, session)?;
+        let (tx, rx) = std_mpsc::channel::<Cmd>();
+        let thread = std::thread::Builder::new()
+            .name("bulkcast-store".into())
+            .spawn(move || {
+                let mut failed = false;
+                for cmd in rx {
+                    match cmd {
+                        Cmd::Write {
+                            index,
+                            offset,
+                            data,
+                        } if !failed => match sink.write(offset, &data) {
+                            Ok(()) => {
+                                let _ = events.send(StoreEvent::Stored(index));
+                            }
+                            Err(e) => {
+                                failed = true;
+                                sink.discard();
+                                let _ = events.send(StoreEvent::Failed(e));
+                            }
+                        },
+                        Cmd::Write { .. } => {}
+                        Cmd::Finalize if !failed => {
+                            let r = sink.finalize();
+                            if r.is_err() {
+                                sink.discard();
+                            }
+                            let _ = events.send(StoreEvent::Finalized(r));
+                            return;
+                        }
+                        Cmd::Finalize => return,
+                    }
+                }
+                // The session ended without completing: no partial copy stays behind.
+                sink.discard();
+            })?;
+        Ok(Store {
+            tx: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    /// Queues a verified chunk for writing.
+    pub fn write(&self, index: u64, offset: u64, data: Bytes) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(Cmd::Write {
+                index,
+                offset,
+                data,
+            });
+        }
+    }
+
+    /// Queues the move into place (after every write).
+    pub fn finalize(&self) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(Cmd::Finalize);
+        }
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        self.tx.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The blocking side.
+enum Sink {
+    File {
+        tmp: PathBuf,
+        dest: PathBuf,
+        file: File,
+    },
+    Tree {
+        tmp: PathBuf,
+        dest: PathBuf,
+        manifest: Manifest,
+        /// The most recently written file, kept open (writes are mostly sequential).
+        open: Option<(usize, File)>,
+    },
+    Stdout(io::Stdout),
+    Done,
+}
+
+impl Sink {
+    fn open(target: &Target, m: &Manifest, session: SessionId) -> io::Result<Sink> {
+        let dest = match target {
+            Target::Stdout => return Ok(Sink::Stdout(io::stdout())),
+            Target::Dir(d) => d.join(&m.name),
+            Target::Path(p) => p.clone(),
+        };
+        let parent = dest
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        fs::create_dir_all(parent).map_err(|e| ctx(e, "creating", parent))?;
+        let base = dest
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| m.name.clone());
+        let tmp = parent.join(format!(".{base}.bulkcast-{session:016x}.part"));
+        match m.kind {
+            ObjectKind::File | ObjectKind::Stream => {
+                let file = OpenOptions::new()
+                    .create(true)
+                    .truncate(true)
+                    .write(true)
+                    .open(&tmp)
+                    .map_err(|e| ctx(e, "creating", &tmp))?;
+                Ok(Sink::File { tmp, dest, file })
+            }
+            ObjectKind::Dir => {
+                let _ = fs::remove_dir_all(&tmp);
+                fs::create_dir_all(&tmp).map_err(|e| ctx(e, "creating", &tmp))?;
+                for e in &m.entries {
+                    let p = tmp.join(&e.path);
+                    match e.kind {
+                        EntryKind::Dir => {
+                            fs::create_dir_all(&p).map_err(|er| ctx(er, "creating", &p))?
+                        }
+                        EntryKind::File => {
+                            if let Some(d) = p.parent() {
+                                fs::create_dir_all(d).map_err(|er| ctx(er, "creating", d))?;
+                            }
+                            File::create(&p).map_err(|er| ctx(er, "creating", &p))?;
+                        }
+                    }
+                }
+                Ok(Sink::Tree {
+                    tmp,
+                    dest,
+                    manifest: m.clone(),
+                    open: None,
+                })
+            }
+        }
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), String> {
+        match self {
+            Sink::File { tmp, file, .. } => file
+                .write_all_at(data, offset)
+                .map_err(|e| describe(e, "writing", tmp)),
+            Sink::Tree {
+                tmp,
+                manifest,
+                open,
+                ..
+            } => {
+                for (entry, at, from, len) in manifest.locate(offset, data.len() as u64) {
+                    let path = tmp.join(&manifest.entries[entry].path);
+                    if open.as_ref().map(|o| o.0) != Some(entry) {
+                        let f = OpenOptions::new()
+                            .write(true)
+                            .open(&path)
+                            .map_err(|e| describe(e, "opening", &path))?;
+                        *open = Some((entry, f));
+                    }
+                    let f = &open.as_ref().expect("just opened").1;
+                    f.write_all_at(&data[from as usize..(from + len) as usize], at)
+                        .map_err(|e| describe(e, "writing", &path))?;
+                }
+                Ok(())
+            }
+            Sink::Stdout(out) => out
+                .lock()
+                .write_all(data)
+                .map_err(|e| format!("writing to standard output: {e}")),
+            Sink::Done => Ok(()),
+        }
+    }
+
+    fn finalize(&mut self) -> Result<PathBuf, String> {
+        match std::mem::replace(self, Sink::Done) {
+            Sink::File { tmp, dest, file } => {
+                file.sync_data().map_err(|e| describe(e, "syncing", &tmp))?;
+                drop(file);
+                fs::rename(&tmp, &dest).map_err(|e| {
+                    let _ = fs::remove_file(&tmp);
+                    describe(e, "moving into place", &dest)
+                })?;
+                Ok(dest)
+            }
+            Sink::Tree {
+                tmp,
+                dest,
+                manifest,
+                open,
+            } => {
+                drop(open);
+                for e in &manifest.entries {
+                    let p = tmp.join(&e.path);
+                    if e.kind == EntryKind::File {
+                        if let Ok(f) = File::open(&p) {
+                            f.sync_data().map_err(|er| describe(er, "syncing", &p))?;
+                        }
+                    }
+                    let _ = fs::set_permissions(&p, fs::Permissions::from_mode(e.mode & 0o7777));
+                }
+                if dest.is_dir() {
+                    // A previous copy is replaced whole, as a re-sent file would be.
+                    fs::remove_dir_all(&dest).map_err(|e| describe(e, "replacing", &dest))?;
+                }
+                fs::rename(&tmp, &dest).map_err(|e| {
+                    let _ = fs::remove_dir_all(&tmp);
+                    describe(e, "moving into place", &dest)
+                })?;
+                Ok(dest)
+            }
+            Sink::Stdout(out) => {
+                out.lock()
+                    .flush()
+                    .map_err(|e| format!("flushing standard output: {e}"))?;
+                Ok(PathBuf::from("-"))
+            }
+            Sink::Done => Err("finalized twice".into()),
+        }
+    }
+
+    /// Removes the temporary copy.
+    fn discard(&mut self) {
+        match std::mem::replace(self, Sink::Done) {
+            Sink::File { tmp, .. } => {
+                let _ = fs::remove_file(tmp);
+            }
+            Sink::Tree { tmp, .. } => {
+                let _ = fs::remove_dir_all(tmp);
+            }
+            Sink::Stdout(_) | Sink::Done => {}
+        }
+    }
+}
+
+fn ctx(e: io::Error, what: &str, p: &Path) -> io::Error {
+    io::Error::new(e.kind(), describe(e, what, p))
+}
+
+fn describe(e: io::Error, what: &str, p: &Path) -> String {
+    let hint = match e.raw_os_error() {
+        Some(libc::ENOSPC) => " (disk full: free space on the receiver and send again)",
+        Some(libc::EDQUOT) => " (quota exceeded)",
+        Some(libc::EACCES) | Some(libc::EPERM) => " (permission denied: check the agent's --dir)",
+        _ => "",
+    };
+    format!("{what} {}: {e}{hint}", p.display())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bulkcast_proto::manifest::Entry;
+
+    fn manifest_dir() -> Manifest {
+        Manifest {
+            name: "tree".into(),
+            kind: ObjectKind::Dir,
+            total_len: Some(7),
+            entries: vec![
+                Entry {
+                    path: "a".into(),
+                    kind: EntryKind::Dir,
+                    len: 0,
+                    mode: 0o755,
+                },
+                Entry {
+                    path: "a/x".into(),
+                    kind: EntryKind::File,
+                    len: 3,
+                    mode: 0o600,
+                },
+                Entry {
+                    path: "y".into(),
+                    kind: EntryKind::File,
+                    len: 4,
+                    mode: 0o644,
+                },
+            ],
+        }
+    }
+
+    fn tmpdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("bulkcast-store-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[tokio::test]
+    async fn tree_is_written_across_files_and_moved_into_place() {
+        let d = tmpdir("tree");
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let s = Store::open(Target::Dir(d.clone()), &manifest_dir(), 1, tx).unwrap();
+        s.write(0, 0, Bytes::from_static(b"abcdefg"));
+        s.finalize();
+        assert!(matches!(rx.recv().await, Some(StoreEvent::Stored(0))));
+        let Some(StoreEvent::Finalized(Ok(p))) = rx.recv().await else {
+            panic!()
+        };
+        assert_eq!(p, d.join("tree"));
+        assert_eq!(fs::read(d.join("tree/a/x")).unwrap(), b"abc");
+        assert_eq!(fs::read(d.join("tree/y")).unwrap(), b"defg");
+        assert_eq!(
+            fs::read_dir(&d).unwrap().count(),
+            1,
+            "temporary copy left behind"
+        );
+        fs::remove_dir_all(d).unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_unfinished_copy_leaves_nothing_behind() {
+        let d = tmpdir("drop");
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let m = Manifest {
+            name: "f".into(),
+            kind: ObjectKind::File,
+            total_len: Some(3),
+            entries: vec![],
+        };
+        let s = Store::open(Target::Dir(d.clone()), &m, 2, tx).unwrap();
+        s.write(0, 0, Bytes::from_static(b"ab"));
+        drop(s);
+        assert_eq!(fs::read_dir(&d).unwrap().count(), 0);
+        fs::remove_dir_all(d).unwrap();
+    }
+}

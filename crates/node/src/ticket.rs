@@ -1,0 +1,194 @@
+//! Ticket mode: the sender prints a ticket, receivers join with it, the send starts when enough
+//! have joined. A ticket carries the session secret, so it is shared like a password.
+//!
+//! ```text
+//! bc1/<secret: 64 hex>/<session: 16 hex>/<sender host:port>
+//! ```
+//!
+//! A joining receiver listens on an ephemeral port and says where in its `Join`; once the
+//! sender has its receivers it plans the tree and every parent connects to its children, as
+//! with agents, so the relay path is the same code.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bulkcast_proto::auth::{Keys, Secret};
+use bulkcast_proto::hosts::HostSpec;
+use bulkcast_proto::wire::{Frame, SessionId};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+use crate::agent::{self, AgentConfig, SessionError};
+use crate::store::Target;
+use crate::transport::{self, ConnError};
+
+/// A parsed ticket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ticket {
+    /// The session secret.
+    pub secret: Secret,
+    /// The session id.
+    pub session: SessionId,
+    /// Where the sender takes joins.
+    pub addr: String,
+}
+
+/// Why a ticket did not parse.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("not a bulkcast ticket (expected bc1/<secret>/<session>/<host:port>)")]
+pub struct BadTicket;
+
+impl Ticket {
+    /// Parses the printed form.
+    pub fn parse(s: &str) -> Result<Ticket, BadTicket> {
+        let mut it = s.trim().splitn(4, '/');
+        let (Some("bc1"), Some(secret), Some(session), Some(addr)) =
+            (it.next(), it.next(), it.next(), it.next())
+        else {
+            return Err(BadTicket);
+        };
+        Ok(Ticket {
+            secret: Secret::from_hex(secret).map_err(|_| BadTicket)?,
+            session: u64::from_str_radix(session, 16).map_err(|_| BadTicket)?,
+            addr: addr.to_string(),
+        })
+    }
+}
+
+impl std::fmt::Display for Ticket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "bc1/{}/{:016x}/{}",
+            self.secret.to_hex(),
+            self.session,
+            self.addr
+        )
+    }
+}
+
+/// Sender side: accepts joins until `expect` receivers joined or `deadline` passed, and returns
+/// them in the order they joined. Connections that fail admission are refused and logged.
+pub async fn gather(
+    listener: &TcpListener,
+    keys: &Keys,
+    expect: usize,
+    deadline: Duration,
+) -> Vec<HostSpec> {
+    let (tx, mut rx) = mpsc::channel::<HostSpec>(64);
+    let end = tokio::time::Instant::now() + deadline;
+    let mut joined: Vec<HostSpec> = Vec::new();
+    let mut pending = Vec::new();
+    while joined.len() < expect {
+        tokio::select! {
+            _ = tokio::time::sleep_until(end) => break,
+            Some(h) = rx.recv() => {
+                if joined.iter().any(|j| j.addr == h.addr) {
+                    continue;
+                }
+                let mut h = h;
+                if joined.iter().any(|j| j.name == h.name) {
+                    h.name = format!("{}#{}", h.name, joined.len() + 1);
+                }
+                tracing::info!("{} joined ({} of {expect})", h.name, joined.len() + 1);
+                joined.push(h);
+            }
+            acc = listener.accept() => {
+                let Ok((stream, peer)) = acc else { continue };
+                let keys = keys.clone();
+                let tx = tx.clone();
+                pending.push(tokio::spawn(async move {
+                    match accept_join(stream, peer, &keys).await {
+                        Ok(h) => { let _ = tx.send(h).await; }
+                        Err(e) => tracing::warn!("join from {peer} refused: {e}"),
+                    }
+                }));
+            }
+        }
+    }
+    for p in pending {
+        p.abort();
+    }
+    joined
+}
+
+async fn accept_join(
+    mut s: TcpStream,
+    peer: SocketAddr,
+    keys: &Keys,
+) -> Result<HostSpec, ConnError> {
+    transport::handshake_accept(&mut s, keys).await?;
+    match transport::expect_frame(&mut s, "waiting for Join").await? {
+        Frame::Join { name, listen } => {
+            // The receiver may listen on a wildcard address; use the address it joined from.
+            let listen = match listen.parse::<SocketAddr>() {
+                Ok(a) if a.ip().is_unspecified() => {
+                    SocketAddr::new(peer.ip(), a.port()).to_string()
+                }
+                _ => listen,
+            };
+            let mut h = HostSpec::from_addr(&listen);
+            if !name.is_empty() {
+                h.name = name;
+            }
+            Ok(h)
+        }
+        other => Err(ConnError::Unexpected(other.kind())),
+    }
+}
+
+/// Receiver side: joins the session of `ticket` and receives it into `target`. Waits at most
+/// `wait` for the sender to start.
+pub async fn join(
+    ticket: &Ticket,
+    name: &str,
+    target: Target,
+    cfg: &AgentConfig,
+    wait: Duration,
+) -> Result<SessionId, SessionError> {
+    let mut s = transport::connect(&ticket.addr, &cfg.tuning).await?;
+    // Listen where the sender can reach us: on the address our connection to it came from.
+    let local = s.local_addr().map_err(ConnError::Io)?;
+    let listener = transport::listen(&SocketAddr::new(local.ip(), 0).to_string(), &cfg.tuning)
+        .await
+        .map_err(ConnError::Io)?;
+    let listen = listener.local_addr().map_err(ConnError::Io)?.to_string();
+    transport::handshake_connect(&mut s, &cfg.keys).await?;
+    transport::write_frame(
+        &mut s,
+        &Frame::Join {
+            name: name.to_string(),
+            listen,
+        },
+    )
+    .await
+    .map_err(ConnError::Io)?;
+    tracing::info!(
+        "joined session {:016x}; waiting for the sender to start",
+        ticket.session
+    );
+    let stream = tokio::time::timeout(wait, listener.accept())
+        .await
+        .map_err(|_| ConnError::Timeout("waiting for the sender to start the session"))?
+        .map_err(ConnError::Io)?
+        .0;
+    drop(s);
+    agent::session(stream, cfg, Some((ticket.session, target))).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ticket_round_trip_and_rejects() {
+        let t = Ticket {
+            secret: Secret::from_bytes([7; 32]),
+            session: 0xabc,
+            addr: "127.0.0.1:9000".into(),
+        };
+        assert_eq!(Ticket::parse(&t.to_string()).unwrap(), t);
+        assert_eq!(Ticket::parse("bc1/xyz/1/a:1"), Err(BadTicket));
+        assert_eq!(Ticket::parse("hello"), Err(BadTicket));
+    }
+}

@@ -1,0 +1,320 @@
+//! Connections: TCP set up for long fat pipes, frames read and written over any byte stream.
+//!
+//! Framing is generic over `AsyncRead`/`AsyncWrite`, so the same code runs over TCP, a QUIC
+//! stream or an in-memory pipe. Every read checks the length prefix against the limit before
+//! it allocates; every connect and handshake has a deadline.
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use bulkcast_proto::auth::{Accepting, AuthError, Connecting, Keys};
+use bulkcast_proto::wire::{self, Frame, WireError};
+use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+
+/// Deadline for a TCP connect.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Deadline for each handshake step.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What went wrong on a connection.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnError {
+    /// Socket-level failure.
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    /// The peer sent bytes that are not a valid frame.
+    #[error("malformed frame: {0}")]
+    Wire(#[from] WireError),
+    /// Admission failed.
+    #[error("{0}")]
+    Auth(#[from] AuthError),
+    /// A deadline passed.
+    #[error("timed out {0}")]
+    Timeout(&'static str),
+    /// The peer closed the connection.
+    #[error("connection closed by peer")]
+    Closed,
+    /// The peer sent a frame that makes no sense here.
+    #[error("unexpected {0} frame")]
+    Unexpected(&'static str),
+}
+
+/// TCP options for every connection bulkcast makes or accepts.
+#[derive(Debug, Clone, Default)]
+pub struct TcpTuning {
+    /// Congestion control (`bbr`, `cubic`); empty keeps the system default.
+    pub cc: String,
+    /// Socket buffer size in bytes; `None` leaves the kernel's autotuning in charge, which is
+    /// right unless `net.ipv4.tcp_rmem`/`tcp_wmem` caps are below the path's BDP.
+    pub sockbuf: Option<u32>,
+}
+
+/// The congestion control to use by default: `bbr` where the kernel offers it (it keeps its
+/// rate under random loss, where loss-based algorithms collapse on long paths), else the
+/// system default.
+pub fn default_cc() -> String {
+    let avail = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
+        .unwrap_or_default();
+    if avail.split_whitespace().any(|c| c == "bbr") {
+        "bbr".into()
+    } else {
+        String::new()
+    }
+}
+
+/// Sets the congestion control algorithm of a socket.
+pub fn set_cc(stream: &impl AsRawFd, cc: &str) -> io::Result<()> {
+    if cc.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: the fd is a valid socket for the duration of the call and the buffer is valid
+    // for the given length.
+    let rc = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_CONGESTION,
+            cc.as_ptr().cast(),
+            cc.len() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        let e = io::Error::last_os_error();
+        Err(io::Error::new(
+            e.kind(),
+            format!("congestion control {cc:?} unavailable: {e}"),
+        ))
+    }
+}
+
+/// Connects with a deadline and the tuning applied.
+pub async fn connect(addr: &str, tuning: &TcpTuning) -> Result<TcpStream, ConnError> {
+    let addrs: Vec<SocketAddr> =
+        tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::lookup_host(addr))
+            .await
+            .map_err(|_| ConnError::Timeout("resolving the address"))??
+            .collect();
+    let mut last = io::Error::new(
+        io::ErrorKind::NotFound,
+        format!("{addr} resolves to nothing"),
+    );
+    for a in addrs {
+        let sock = if a.is_ipv4() {
+            TcpSocket::new_v4()?
+        } else {
+            TcpSocket::new_v6()?
+        };
+        if let Some(n) = tuning.sockbuf {
+            sock.set_send_buffer_size(n)?;
+            sock.set_recv_buffer_size(n)?;
+        }
+        match tokio::time::timeout(CONNECT_TIMEOUT, sock.connect(a)).await {
+            Ok(Ok(s)) => {
+                s.set_nodelay(true)?;
+                set_cc(&s, &tuning.cc)?;
+                return Ok(s);
+            }
+            Ok(Err(e)) => last = e,
+            Err(_) => return Err(ConnError::Timeout("connecting")),
+        }
+    }
+    Err(ConnError::Io(last))
+}
+
+/// Binds a listener with the tuning applied (accepted sockets inherit it).
+pub async fn listen(addr: &str, tuning: &TcpTuning) -> io::Result<TcpListener> {
+    let a: SocketAddr = match tokio::net::lookup_host(addr).await?.next() {
+        Some(a) => a,
+        None => {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{addr} resolves to nothing"),
+            ))
+        }
+    };
+    let sock = if a.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    sock.set_reuseaddr(true)?;
+    if let Some(n) = tuning.sockbuf {
+        sock.set_send_buffer_size(n)?;
+        sock.set_recv_buffer_size(n)?;
+    }
+    sock.bind(a)?;
+    sock.listen(1024)
+}
+
+/// Reads one frame; `Ok(None)` on a clean end of stream between frames.
+pub async fn read_frame<R: AsyncRead + Unpin>(
+    r: &mut R,
+    max: usize,
+) -> Result<Option<Frame>, ConnError> {
+    let mut header = [0u8; 4];
+    match r.read_exact(&mut header).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    let len = wire::body_len(header, max)?;
+    let mut body = BytesMut::zeroed(len);
+    r.read_exact(&mut body).await.map_err(|e| {
+        if e.kind() == io::ErrorKind::UnexpectedEof {
+            ConnError::Wire(WireError::Truncated("incoming"))
+        } else {
+            e.into()
+        }
+    })?;
+    Ok(Some(Frame::decode(body.freeze())?))
+}
+
+/// Reads one frame, treating end of stream as an error, within a deadline.
+pub async fn expect_frame<R: AsyncRead + Unpin>(
+    r: &mut R,
+    what: &'static str,
+) -> Result<Frame, ConnError> {
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, read_frame(r, wire::MAX_FRAME)).await {
+        Err(_) => Err(ConnError::Timeout(what)),
+        Ok(Ok(None)) => Err(ConnError::Closed),
+        Ok(Ok(Some(f))) => Ok(f),
+        Ok(Err(e)) => Err(e),
+    }
+}
+
+/// Writes one frame (without copying a chunk's data).
+pub async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, f: &Frame) -> io::Result<()> {
+    let e = f.encode();
+    w.write_all(&e.head).await?;
+    if !e.data.is_empty() {
+        w.write_all(&e.data).await?;
+    }
+    Ok(())
+}
+
+/// The connecting side's handshake.
+pub async fn handshake_connect<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    keys: &Keys,
+) -> Result<(), ConnError> {
+    let (state, hello) = Connecting::start(keys.clone(), rand::random());
+    write_frame(s, &hello).await?;
+    let challenge = expect_frame(s, "waiting for the peer's challenge").await?;
+    let auth = match state.handle(challenge) {
+        Ok(a) => a,
+        Err(e) => {
+            // Tell the acceptor why, so its log is as clear as ours.
+            let _ = write_frame(
+                s,
+                &Frame::Refused {
+                    reason: e.to_string(),
+                },
+            )
+            .await;
+            return Err(e.into());
+        }
+    };
+    write_frame(s, &auth).await?;
+    Ok(())
+}
+
+/// The accepting side's handshake. A peer that fails is told why and never gets session data.
+pub async fn handshake_accept<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    keys: &Keys,
+) -> Result<(), ConnError> {
+    let hello = expect_frame(s, "waiting for Hello").await?;
+    let (state, challenge) = match Accepting::start(keys.clone(), hello, rand::random()) {
+        Ok(x) => x,
+        Err(e) => {
+            let _ = write_frame(
+                s,
+                &Frame::Refused {
+                    reason: e.to_string(),
+                },
+            )
+            .await;
+            return Err(e.into());
+        }
+    };
+    write_frame(s, &challenge).await?;
+    let auth = expect_frame(s, "waiting for the peer's proof").await?;
+    if let Err(e) = state.handle(auth) {
+        let _ = write_frame(
+            s,
+            &Frame::Refused {
+                reason: e.to_string(),
+            },
+        )
+        .await;
+        return Err(e.into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bulkcast_proto::auth::Secret;
+
+    fn keys(b: u8) -> Keys {
+        Keys::derive(&Secret::from_bytes([b; 32]))
+    }
+
+    #[tokio::test]
+    async fn handshake_over_an_in_memory_pipe() {
+        let (mut a, mut b) = tokio::io::duplex(4096);
+        let (k1, k2) = (keys(1), keys(1));
+        let (ra, rb) = tokio::join!(
+            handshake_connect(&mut a, &k1),
+            handshake_accept(&mut b, &k2)
+        );
+        ra.unwrap();
+        rb.unwrap();
+    }
+
+    #[tokio::test]
+    async fn wrong_secret_is_refused_on_both_sides() {
+        let (mut a, mut b) = tokio::io::duplex(4096);
+        let (k1, k2) = (keys(1), keys(2));
+        let (ra, rb) = tokio::join!(
+            handshake_connect(&mut a, &k1),
+            handshake_accept(&mut b, &k2)
+        );
+        assert!(
+            matches!(ra, Err(ConnError::Auth(AuthError::WrongSecret))),
+            "{ra:?}"
+        );
+        assert!(
+            matches!(rb, Err(ConnError::Auth(AuthError::Refused(_)))),
+            "{rb:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn garbage_and_truncation_are_errors() {
+        let (mut a, mut b) = tokio::io::duplex(4096);
+        a.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+        drop(a);
+        let r = read_frame(&mut b, wire::MAX_FRAME).await;
+        assert!(
+            matches!(r, Err(ConnError::Wire(WireError::TooLarge { .. }))),
+            "{r:?}"
+        );
+
+        let (mut a, mut b) = tokio::io::duplex(4096);
+        a.write_all(&[0, 0, 0, 50, 0x11, 1, 2]).await.unwrap();
+        drop(a);
+        let r = read_frame(&mut b, wire::MAX_FRAME).await;
+        assert!(
+            matches!(r, Err(ConnError::Wire(WireError::Truncated(_)))),
+            "{r:?}"
+        );
+    }
+}
