@@ -1,0 +1,248 @@
+//! The `bulkcast` command.
+
+mod demo;
+mod progress;
+mod send;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use bulkcast_node::agent::{self, AgentConfig};
+use bulkcast_node::store::Target;
+use bulkcast_node::ticket::{self, Ticket};
+use bulkcast_node::transport::{self, TcpTuning};
+use bulkcast_proto::auth::{Keys, Secret};
+use bulkcast_proto::node::NodeConfig;
+use clap::{Args, Parser, Subcommand};
+
+/// Move large data from one source to many hosts, fast, through pipelined relay trees.
+#[derive(Parser)]
+#[command(version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a local demo: a source and several receivers on loopback, a generated file pushed
+    /// through a relay tree, every copy verified.
+    Demo(demo::DemoArgs),
+    /// Push a file, a directory or stdin (`-`) to agents (`--to`) or to receivers that join with
+    /// a ticket (`--expect`).
+    Send(send::SendArgs),
+    /// Receive a session by ticket.
+    Recv(RecvArgs),
+    /// Run the receiving daemon on a host.
+    Agent(AgentArgs),
+    /// Print a new random session secret (64 hex digits) for agents and senders to share.
+    Secret,
+}
+
+/// Options shared by every command that takes part in a session.
+#[derive(Args, Clone)]
+pub struct Common {
+    /// File holding the session secret (64 hex digits). Default: $BULKCAST_SECRET.
+    #[arg(long)]
+    secret_file: Option<PathBuf>,
+    /// Memory for chunk buffers per session, in MiB.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(4..=65536))]
+    budget_mib: u64,
+    /// TCP congestion control for data this process sends: bbr, cubic, or system.
+    #[arg(long, default_value = "auto")]
+    cc: String,
+    /// Socket buffer size in bytes (default: kernel autotuning).
+    #[arg(long)]
+    sockbuf: Option<u32>,
+}
+
+impl Common {
+    fn secret(&self) -> Result<Option<Secret>> {
+        let text = match &self.secret_file {
+            Some(p) => std::fs::read_to_string(p)
+                .with_context(|| format!("reading secret file {}", p.display()))?,
+            None => match std::env::var("BULKCAST_SECRET") {
+                Ok(s) => s,
+                Err(_) => return Ok(None),
+            },
+        };
+        Ok(Some(
+            Secret::from_hex(&text).context("invalid session secret")?,
+        ))
+    }
+
+    fn require_secret(&self) -> Result<Secret> {
+        self.secret()?.context(
+            "no session secret: set BULKCAST_SECRET or pass --secret-file (make one with `bulkcast secret`)",
+        )
+    }
+
+    fn tuning(&self) -> Result<TcpTuning> {
+        let cc = match self.cc.as_str() {
+            "auto" => transport::default_cc(),
+            "system" => String::new(),
+            "bbr" | "cubic" | "reno" => self.cc.clone(),
+            other => bail!("unknown congestion control {other:?} (bbr, cubic, reno, system, auto)"),
+        };
+        Ok(TcpTuning {
+            cc,
+            sockbuf: self.sockbuf,
+        })
+    }
+
+    fn node(&self) -> NodeConfig {
+        NodeConfig {
+            buffer_budget: (self.budget_mib << 20) as usize,
+            ..NodeConfig::default()
+        }
+    }
+}
+
+#[derive(Args)]
+struct AgentArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "0.0.0.0:7400")]
+    listen: String,
+    /// Directory where received objects are stored.
+    #[arg(long)]
+    dir: PathBuf,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Args)]
+struct RecvArgs {
+    /// The ticket printed by `bulkcast send --expect`.
+    ticket: String,
+    /// Store the object at this path.
+    #[arg(long, conflicts_with = "stdout")]
+    out: Option<PathBuf>,
+    /// Write the object to stdout, in order, as it is verified.
+    #[arg(long)]
+    stdout: bool,
+    /// Name to show in the sender's report (default: this host's name).
+    #[arg(long)]
+    name: Option<String>,
+    /// Seconds to wait for the sender to start.
+    #[arg(long, default_value_t = 600)]
+    wait: u64,
+    /// No progress display.
+    #[arg(long, short)]
+    quiet: bool,
+    #[command(flatten)]
+    common: Common,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let default_level = match cli.cmd {
+        Cmd::Agent(_) => "info",
+        _ => "warn",
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("BULKCAST_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
+        )
+        .init();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let code = rt.block_on(async {
+        match run(cli).await {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                2
+            }
+        }
+    });
+    std::process::exit(code);
+}
+
+async fn run(cli: Cli) -> Result<i32> {
+    match cli.cmd {
+        Cmd::Demo(a) => demo::run(a).await,
+        Cmd::Send(a) => send::run(a).await,
+        Cmd::Recv(a) => recv(a).await,
+        Cmd::Agent(a) => run_agent(a).await,
+        Cmd::Secret => {
+            println!("{}", Secret::from_bytes(rand::random()).to_hex());
+            Ok(0)
+        }
+    }
+}
+
+async fn run_agent(a: AgentArgs) -> Result<i32> {
+    let secret = a.common.require_secret()?;
+    std::fs::create_dir_all(&a.dir).with_context(|| format!("creating {}", a.dir.display()))?;
+    let tuning = a.common.tuning()?;
+    let listener = transport::listen(&a.listen, &tuning)
+        .await
+        .with_context(|| format!("listening on {}", a.listen))?;
+    let addr = listener.local_addr()?;
+    // The first line of stdout says where we listen (scripts and the demo read it).
+    println!(
+        "bulkcast agent listening on {addr}, storing into {}",
+        a.dir.display()
+    );
+    let cfg = Arc::new(AgentConfig {
+        dir: a.dir,
+        keys: Keys::derive(&secret),
+        node: a.common.node(),
+        tuning,
+    });
+    agent::serve(listener, cfg, shutdown_signal()).await;
+    Ok(0)
+}
+
+async fn recv(a: RecvArgs) -> Result<i32> {
+    let t = Ticket::parse(&a.ticket)?;
+    let target = match (&a.out, a.stdout) {
+        (_, true) => Target::Stdout,
+        (Some(p), false) => Target::Path(p.clone()),
+        (None, false) => Target::Dir(std::env::current_dir()?),
+    };
+    let cfg = AgentConfig {
+        dir: PathBuf::from("."),
+        keys: Keys::derive(&t.secret),
+        node: a.common.node(),
+        tuning: a.common.tuning()?,
+    };
+    let name = a.name.clone().unwrap_or_else(progress::hostname);
+    let bar =
+        (!a.quiet).then(|| progress::spinner(&format!("joined as {name}, waiting for the sender")));
+    let r = tokio::select! {
+        r = ticket::join(&t, &name, target, &cfg, Duration::from_secs(a.wait)) => r,
+        _ = shutdown_signal() => bail!("interrupted"),
+    };
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    match r {
+        Ok(_) => {
+            if !a.quiet {
+                eprintln!("received and verified");
+            }
+            Ok(0)
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            Ok(1)
+        }
+    }
+}
+
+/// Completes on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("signal handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

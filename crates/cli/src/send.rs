@@ -1,0 +1,228 @@
+//! `bulkcast send`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use bulkcast_node::input::Input;
+use bulkcast_node::report::Report;
+use bulkcast_node::source::{self, SendConfig};
+use bulkcast_node::ticket::{self, Ticket};
+use bulkcast_node::transport;
+use bulkcast_proto::auth::{Keys, Secret};
+use bulkcast_proto::hosts::HostsFile;
+use bulkcast_proto::node::CHUNK_SIZE_RANGE;
+use bulkcast_proto::tree::Tree;
+use clap::{Args, ValueEnum};
+
+use crate::{progress, shutdown_signal, Common};
+
+#[derive(Args)]
+pub struct SendArgs {
+    /// File or directory to send, or `-` for stdin.
+    path: PathBuf,
+    /// Receivers: `host:port,host:port` or a hosts file (TOML).
+    #[arg(long, required_unless_present = "expect", conflicts_with = "expect")]
+    to: Option<String>,
+    /// Ticket mode: print a ticket and start when this many receivers have joined.
+    #[arg(long)]
+    expect: Option<usize>,
+    /// Ticket mode: address to take joins on.
+    #[arg(long, default_value = "0.0.0.0:0")]
+    listen: String,
+    /// Ticket mode: address to put in the ticket (default: this host's name and the port).
+    #[arg(long)]
+    advertise: Option<String>,
+    /// Ticket mode: seconds to wait for receivers before starting with those that joined.
+    #[arg(long, default_value_t = 120)]
+    join_timeout: u64,
+    /// Name to store the object under at the receivers (required for stdin streams to be named).
+    #[arg(long)]
+    name: Option<String>,
+    /// How to spread the data.
+    #[arg(long, value_enum, default_value_t = Strategy::Tree)]
+    strategy: Strategy,
+    /// Children per node in a tree (1 is a chain).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    fanout: u16,
+    /// Chunk size in KiB.
+    #[arg(long, default_value_t = 1024)]
+    chunk_kib: u32,
+    /// Seconds without progress after which a receiver is cut off (with its subtree).
+    #[arg(long, default_value_t = 30)]
+    stall_timeout: u64,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+    /// No progress display.
+    #[arg(long, short)]
+    quiet: bool,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Strategy {
+    /// The source sends to every receiver itself (the baseline).
+    Flat,
+    /// Receivers relay down a tree of `--fanout` children per node, in the given host order.
+    Tree,
+}
+
+pub async fn run(a: SendArgs) -> Result<i32> {
+    let chunk_size = a
+        .chunk_kib
+        .checked_mul(1024)
+        .filter(|c| CHUNK_SIZE_RANGE.contains(c))
+        .with_context(|| {
+            format!(
+                "--chunk-kib must be between {} and {}",
+                CHUNK_SIZE_RANGE.start() / 1024,
+                CHUNK_SIZE_RANGE.end() / 1024
+            )
+        })?;
+    let input = Input::open(&a.path, a.name.as_deref())?;
+    let tuning = a.common.tuning()?;
+    let session: u64 = rand::random();
+    let (hosts, secret) = match (&a.to, a.expect) {
+        (Some(to), _) => (load_hosts(to)?.hosts, a.common.require_secret()?),
+        (None, Some(n)) => {
+            if n == 0 {
+                bail!("--expect must be at least 1");
+            }
+            let secret = a
+                .common
+                .secret()?
+                .unwrap_or_else(|| Secret::from_bytes(rand::random()));
+            let keys = Keys::derive(&secret);
+            let listener = transport::listen(&a.listen, &tuning)
+                .await
+                .with_context(|| format!("listening on {}", a.listen))?;
+            let port = listener.local_addr()?.port();
+            let addr = a.advertise.clone().unwrap_or_else(|| {
+                let ip = listener
+                    .local_addr()
+                    .map(|l| l.ip())
+                    .ok()
+                    .filter(|ip| !ip.is_unspecified());
+                match ip {
+                    Some(ip) => format!("{ip}:{port}"),
+                    None => format!("{}:{port}", progress::hostname()),
+                }
+            });
+            let t = Ticket {
+                secret: secret.clone(),
+                session,
+                addr,
+            };
+            // The ticket goes to stdout alone on its line so scripts can capture it.
+            println!("{t}");
+            eprintln!("waiting for {n} receivers: bulkcast recv {t}");
+            let hosts = tokio::select! {
+                h = ticket::gather(&listener, &keys, n, Duration::from_secs(a.join_timeout)) => h,
+                _ = shutdown_signal() => bail!("interrupted"),
+            };
+            if hosts.is_empty() {
+                bail!("nobody joined within {} s", a.join_timeout);
+            }
+            if hosts.len() < n {
+                eprintln!(
+                    "warning: only {} of {n} receivers joined; sending to them",
+                    hosts.len()
+                );
+            }
+            (hosts, secret)
+        }
+        (None, None) => bail!("give --to HOSTS or --expect N"),
+    };
+    let n = hosts.len();
+    let (tree, strategy) = match a.strategy {
+        Strategy::Flat => (Tree::flat(n), "flat".to_string()),
+        Strategy::Tree => (
+            Tree::kary(n, a.fanout as usize),
+            format!("tree (fan-out {})", a.fanout),
+        ),
+    };
+    let cfg = SendConfig {
+        chunk_size,
+        stall_timeout: Duration::from_secs(a.stall_timeout.max(1)),
+        node: a.common.node(),
+        tuning,
+        strategy,
+    };
+    let status = source::new_status(&hosts, &tree, chunk_size, input.manifest.total_len);
+    let display = (!a.quiet).then(|| progress::sender(status.clone()));
+    let result = tokio::select! {
+        r = source::send(input, &hosts, &tree, Keys::derive(&secret), session, &cfg, status.clone()) => r,
+        _ = shutdown_signal() => {
+            if let Some(d) = display { d.abort(); }
+            bail!("interrupted: receivers discard their partial copies");
+        }
+    };
+    if let Some(d) = display {
+        d.abort();
+        progress::clear();
+    }
+    let report = result?;
+    print_report(&report, a.json)?;
+    Ok(if report.ok { 0 } else { 1 })
+}
+
+/// A comma-separated list or a hosts file.
+pub fn load_hosts(to: &str) -> Result<HostsFile> {
+    let p = std::path::Path::new(to);
+    if p.extension().is_some_and(|e| e == "toml") || (p.is_file() && !to.contains(',')) {
+        let text =
+            std::fs::read_to_string(p).with_context(|| format!("reading hosts file {to}"))?;
+        Ok(HostsFile::parse_toml(&text).with_context(|| format!("hosts file {to}"))?)
+    } else {
+        Ok(HostsFile::parse_list(to)?)
+    }
+}
+
+pub fn print_report(r: &Report, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(r)?);
+    }
+    eprintln!(
+        "{} {} ({}) to {} receivers by {} in {:.2} s: {:.1} Mbit/s per receiver (slowest), {:.1} Mbit/s aggregate",
+        r.object.kind,
+        r.object.name,
+        progress::human_bytes(r.object.bytes),
+        r.receivers.len(),
+        r.strategy,
+        r.seconds,
+        r.receivers.iter().map(|x| x.rate_mbps).fold(f64::INFINITY, f64::min),
+        r.aggregate_mbps
+    );
+    let failed: Vec<_> = r.receivers.iter().filter(|x| !x.verified).collect();
+    if !failed.is_empty() || !json {
+        eprintln!(
+            "  {:<24} {:<16} {:>12} {:>8} {:>10}  status",
+            "receiver", "parent", "bytes", "seconds", "Mbit/s"
+        );
+        for x in &r.receivers {
+            eprintln!(
+                "  {:<24} {:<16} {:>12} {:>8.2} {:>10.1}  {}",
+                x.name,
+                x.parent,
+                x.bytes,
+                x.seconds,
+                x.rate_mbps,
+                if x.verified {
+                    "verified".to_string()
+                } else {
+                    format!("FAILED: {}", x.error.as_deref().unwrap_or("?"))
+                }
+            );
+        }
+    }
+    if !failed.is_empty() {
+        eprintln!(
+            "{} of {} receivers did not get a verified copy",
+            failed.len(),
+            r.receivers.len()
+        );
+    }
+    Ok(())
+}
