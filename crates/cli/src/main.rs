@@ -143,6 +143,7 @@ fn main() {
     };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("BULKCAST_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),

@@ -229,7 +229,17 @@ pub async fn handshake_accept<S: AsyncRead + AsyncWrite + Unpin>(
     s: &mut S,
     keys: &Keys,
 ) -> Result<(), ConnError> {
-    let hello = expect_frame(s, "waiting for Hello").await?;
+    // A Hello is tiny: a first frame that claims to be large is some other protocol (an HTTP
+    // probe, a port scanner), which deserves that name rather than a size complaint.
+    let hello = match tokio::time::timeout(HANDSHAKE_TIMEOUT, read_frame(s, 1024)).await {
+        Err(_) => return Err(ConnError::Timeout("waiting for Hello")),
+        Ok(Ok(None)) => return Err(ConnError::Closed),
+        Ok(Ok(Some(f))) => f,
+        Ok(Err(ConnError::Wire(WireError::TooLarge { .. } | WireError::UnknownType(_)))) => {
+            return Err(ConnError::Wire(WireError::BadMagic))
+        }
+        Ok(Err(e)) => return Err(e),
+    };
     let (state, challenge) = match Accepting::start(keys.clone(), hello, rand::random()) {
         Ok(x) => x,
         Err(e) => {

@@ -1,0 +1,493 @@
+//! Real processes on loopback: agents, senders and ticket receivers, as users run them.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_bulkcast");
+const MIB: u64 = 1 << 20;
+
+/// A scratch directory removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Scratch {
+        let p = std::env::temp_dir().join(format!("bulkcast-it-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        Scratch(p)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// An agent process, killed on drop.
+struct Agent {
+    child: Child,
+    addr: String,
+    dir: PathBuf,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn secret(b: u8) -> String {
+    format!("{b:02x}").repeat(32)
+}
+
+fn agent(dir: &Path, secret: &str) -> Agent {
+    let mut child = Command::new(BIN)
+        .args(["agent", "--listen", "127.0.0.1:0", "--dir"])
+        .arg(dir)
+        .env("BULKCAST_SECRET", secret)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let mut line = Vec::new();
+    let mut b = [0u8; 1];
+    while out.read(&mut b).unwrap() == 1 && b[0] != b'\n' {
+        line.push(b[0]);
+    }
+    let line = String::from_utf8(line).unwrap();
+    let addr = line
+        .split_whitespace()
+        .nth(4)
+        .unwrap()
+        .trim_end_matches(',')
+        .to_string();
+    Agent {
+        child,
+        addr,
+        dir: dir.to_path_buf(),
+    }
+}
+
+fn agents(root: &Path, n: usize, secret: &str) -> Vec<Agent> {
+    (0..n)
+        .map(|i| agent(&root.join(format!("r{i}")), secret))
+        .collect()
+}
+
+fn to_list(agents: &[Agent]) -> String {
+    agents
+        .iter()
+        .map(|a| a.addr.as_str())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Writes `len` pseudo-random bytes.
+fn make_file(path: &Path, len: u64, seed: &[u8]) {
+    let mut xof = blake3::Hasher::new().update(seed).finalize_xof();
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    let mut buf = vec![0u8; MIB as usize];
+    let mut left = len;
+    while left > 0 {
+        let n = left.min(MIB) as usize;
+        xof.fill(&mut buf[..n]);
+        f.write_all(&buf[..n]).unwrap();
+        left -= n as u64;
+    }
+}
+
+fn hash(path: &Path) -> Option<blake3::Hash> {
+    let mut h = blake3::Hasher::new();
+    h.update_reader(std::fs::File::open(path).ok()?).ok()?;
+    Some(h.finalize())
+}
+
+fn send(args: &[&str], secret: &str, stdin: Option<&Path>) -> Output {
+    let mut c = Command::new(BIN);
+    c.arg("send")
+        .args(args)
+        .args(["--json", "--quiet"])
+        .env("BULKCAST_SECRET", secret);
+    if let Some(p) = stdin {
+        c.stdin(std::fs::File::open(p).unwrap());
+    }
+    c.output().unwrap()
+}
+
+fn report(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "no JSON report ({e}); stderr:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+fn leftovers(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn file_of_256_mib_to_8_agents_flat_and_tree() {
+    let s = Scratch::new("big");
+    let src = s.0.join("weights.bin");
+    make_file(&src, 256 * MIB, b"big");
+    let want = hash(&src).unwrap();
+    let key = secret(1);
+    for (strategy, extra) in [("flat", vec![]), ("tree", vec!["--fanout", "2"])] {
+        let root = s.0.join(strategy);
+        let ags = agents(&root, 8, &key);
+        let list = to_list(&ags);
+        let mut args = vec![src.to_str().unwrap(), "--to", &list, "--strategy", strategy];
+        args.extend(extra);
+        let out = send(&args, &key, None);
+        let r = report(&out);
+        assert!(
+            out.status.success(),
+            "{strategy}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(r["ok"], true);
+        assert_eq!(r["object"]["bytes"], 256 * MIB);
+        assert_eq!(r["receivers"].as_array().unwrap().len(), 8);
+        for a in &ags {
+            assert_eq!(
+                hash(&a.dir.join("weights.bin")),
+                Some(want),
+                "{strategy}: copy at {}",
+                a.addr
+            );
+            assert_eq!(
+                leftovers(&a.dir),
+                vec!["weights.bin".to_string()],
+                "temporary files left"
+            );
+        }
+        if strategy == "tree" {
+            // Fan-out 2: two receivers hang off the source, the rest off receivers.
+            let from_source = r["edges"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|e| e["from"] == "source")
+                .count();
+            assert_eq!(from_source, 2);
+        }
+    }
+}
+
+#[test]
+fn stdin_stream_of_unknown_size_through_a_tree_of_8() {
+    let s = Scratch::new("stream");
+    let src = s.0.join("input");
+    make_file(&src, 40 * MIB + 12_345, b"stream");
+    let key = secret(2);
+    let ags = agents(&s.0, 8, &key);
+    let list = to_list(&ags);
+    let out = send(
+        &[
+            "-",
+            "--name",
+            "feed.bin",
+            "--to",
+            &list,
+            "--fanout",
+            "3",
+            "--chunk-kib",
+            "256",
+        ],
+        &key,
+        Some(&src),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = report(&out);
+    assert_eq!(r["object"]["kind"], "stream");
+    assert_eq!(r["object"]["bytes"], 40 * MIB + 12_345);
+    let want = hash(&src);
+    for a in &ags {
+        assert_eq!(hash(&a.dir.join("feed.bin")), want);
+    }
+}
+
+#[test]
+fn directory_keeps_its_tree() {
+    let s = Scratch::new("dir");
+    let src = s.0.join("dataset");
+    std::fs::create_dir_all(src.join("a/b")).unwrap();
+    std::fs::create_dir_all(src.join("empty")).unwrap();
+    make_file(&src.join("a/b/one.bin"), 3 * MIB + 1, b"1");
+    make_file(&src.join("a/two.bin"), 10, b"2");
+    make_file(&src.join("zero.bin"), 0, b"3");
+    make_file(&src.join("three.bin"), 2 * MIB, b"4");
+    let key = secret(3);
+    let ags = agents(&s.0.join("rx"), 3, &key);
+    let out = send(
+        &[
+            src.to_str().unwrap(),
+            "--to",
+            &to_list(&ags),
+            "--chunk-kib",
+            "64",
+        ],
+        &key,
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for a in &ags {
+        for f in ["a/b/one.bin", "a/two.bin", "zero.bin", "three.bin"] {
+            assert_eq!(
+                hash(&a.dir.join("dataset").join(f)),
+                hash(&src.join(f)),
+                "{f}"
+            );
+        }
+        assert!(a.dir.join("dataset/empty").is_dir());
+    }
+}
+
+#[test]
+fn ticket_mode_with_file_and_stdout_receivers() {
+    let s = Scratch::new("ticket");
+    let src = s.0.join("image.img");
+    make_file(&src, 12 * MIB + 77, b"ticket");
+    let mut sender = Command::new(BIN)
+        .args([
+            "send",
+            src.to_str().unwrap(),
+            "--expect",
+            "3",
+            "--listen",
+            "127.0.0.1:0",
+            "--json",
+            "--quiet",
+            "--fanout",
+            "2",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = sender.stdout.take().unwrap();
+    let mut line = Vec::new();
+    let mut b = [0u8; 1];
+    while out.read(&mut b).unwrap() == 1 && b[0] != b'\n' {
+        line.push(b[0]);
+    }
+    let ticket = String::from_utf8(line).unwrap();
+    assert!(ticket.starts_with("bc1/"), "{ticket}");
+
+    // A receiver with a forged ticket (wrong secret) is refused and never counted.
+    let forged = format!(
+        "bc1/{}/{}",
+        secret(9),
+        ticket.splitn(3, '/').nth(2).unwrap()
+    );
+    let bad = Command::new(BIN)
+        .args(["recv", &forged, "--quiet", "--wait", "5", "--out"])
+        .arg(s.0.join("bad"))
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("secret"), "{err}");
+    assert!(!s.0.join("bad").exists());
+
+    let recv = |args: Vec<String>, stdout: Stdio| {
+        Command::new(BIN)
+            .arg("recv")
+            .arg(&ticket)
+            .args(args)
+            .arg("--quiet")
+            .stdout(stdout)
+            .spawn()
+            .unwrap()
+    };
+    let r1 = recv(
+        vec!["--out".into(), s.0.join("one.img").display().to_string()],
+        Stdio::null(),
+    );
+    let r2 = recv(
+        vec!["--out".into(), s.0.join("two.img").display().to_string()],
+        Stdio::null(),
+    );
+    let piped = std::fs::File::create(s.0.join("three.img")).unwrap();
+    let r3 = recv(vec!["--stdout".into()], Stdio::from(piped));
+    for mut r in [r1, r2, r3] {
+        assert!(r.wait().unwrap().success());
+    }
+    let mut json = String::new();
+    out.read_to_string(&mut json).unwrap();
+    assert!(sender.wait().unwrap().success());
+    let r: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(r["ok"], true);
+    assert_eq!(r["receivers"].as_array().unwrap().len(), 3);
+    for f in ["one.img", "two.img", "three.img"] {
+        assert_eq!(hash(&s.0.join(f)), hash(&src), "{f}");
+    }
+}
+
+#[test]
+fn wrong_secret_is_refused_and_gets_no_data() {
+    let s = Scratch::new("secret");
+    let src = s.0.join("f.bin");
+    make_file(&src, MIB, b"s");
+    let good = agent(&s.0.join("good"), &secret(4));
+    let other = agent(&s.0.join("other"), &secret(5));
+    let list = format!("{},{}", good.addr, other.addr);
+    let out = send(
+        &[src.to_str().unwrap(), "--to", &list, "--strategy", "flat"],
+        &secret(4),
+        None,
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = report(&out);
+    let rx = r["receivers"].as_array().unwrap();
+    assert_eq!(rx[0]["verified"], true);
+    assert_eq!(rx[1]["verified"], false);
+    let e = rx[1]["error"].as_str().unwrap();
+    assert!(e.contains("secret"), "{e}");
+    assert!(
+        leftovers(&other.dir).is_empty(),
+        "the refused agent stored something"
+    );
+    assert_eq!(hash(&good.dir.join("f.bin")), hash(&src));
+}
+
+#[test]
+fn garbage_and_truncated_frames_are_errors_not_crashes() {
+    let s = Scratch::new("garbage");
+    let key = secret(6);
+    let mut a = agent(&s.0.join("a"), &key);
+    let mut probes: Vec<&[u8]> = vec![
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        &[0, 0, 0, 40, 1, b'B', b'C'],
+    ];
+    let long = [0xffu8; 4096];
+    probes.push(&long);
+    for p in probes {
+        let mut c = TcpStream::connect(&a.addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+        c.write_all(p).unwrap();
+        let _ = c.shutdown(std::net::Shutdown::Write);
+        let mut sink = Vec::new();
+        let _ = c.read_to_end(&mut sink); // the agent answers or closes; it must not hang
+    }
+    // Still serving.
+    let src = s.0.join("f.bin");
+    make_file(&src, 2 * MIB, b"g");
+    let out = send(&[src.to_str().unwrap(), "--to", &a.addr], &key, None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(hash(&a.dir.join("f.bin")), hash(&src));
+    assert!(a.child.try_wait().unwrap().is_none(), "agent exited");
+    let _ = a.child.kill();
+    let _ = a.child.wait();
+    let mut log = String::new();
+    a.child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut log)
+        .unwrap();
+    // The HTTP probe and the 0xff flood are named for what they are; the cut frame is truncated.
+    assert_eq!(
+        log.matches("does not speak the bulkcast protocol").count(),
+        2,
+        "{log}"
+    );
+    assert!(log.contains("truncated"), "{log}");
+}
+
+#[test]
+fn full_disk_is_reported_and_leaves_no_file() {
+    if !is_root() {
+        eprintln!(
+            "SKIPPED full_disk_is_reported_and_leaves_no_file: needs root to mount a small tmpfs"
+        );
+        return;
+    }
+    let s = Scratch::new("full");
+    let small = s.0.join("small");
+    std::fs::create_dir_all(&small).unwrap();
+    let st = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
+        .arg(&small)
+        .status()
+        .unwrap();
+    assert!(st.success(), "mount tmpfs");
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _guard = Unmount(small.clone());
+    let src = s.0.join("big.bin");
+    make_file(&src, 24 * MIB, b"full");
+    let key = secret(7);
+    // The full receiver relays to a healthy one: that one must still get everything.
+    let full = agent(&small.join("dir"), &key);
+    let ok = agent(&s.0.join("ok"), &key);
+    let list = format!("{},{}", full.addr, ok.addr);
+    let started = Instant::now();
+    let out = send(
+        &[src.to_str().unwrap(), "--to", &list, "--fanout", "1"],
+        &key,
+        None,
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(started.elapsed() < Duration::from_secs(60));
+    let r = report(&out);
+    let rx = r["receivers"].as_array().unwrap();
+    let e = rx[0]["error"].as_str().unwrap();
+    assert!(e.contains("disk full") || e.contains("No space"), "{e}");
+    assert_eq!(rx[1]["verified"], true, "{r}");
+    assert!(
+        leftovers(&full.dir).is_empty(),
+        "left behind: {:?}",
+        leftovers(&full.dir)
+    );
+    assert_eq!(hash(&ok.dir.join("big.bin")), hash(&src));
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false)
+}
