@@ -196,6 +196,7 @@ async fn run_agent(a: AgentArgs) -> Result<i32> {
         keys: Keys::derive(&secret),
         node: a.common.node(),
         tuning,
+        stored: None,
     });
     agent::serve(listener, cfg, shutdown_signal()).await;
     Ok(0)
@@ -208,15 +209,16 @@ async fn recv(a: RecvArgs) -> Result<i32> {
         (Some(p), false) => Target::Path(p.clone()),
         (None, false) => Target::Dir(std::env::current_dir()?),
     };
+    let stored = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let cfg = AgentConfig {
         dir: PathBuf::from("."),
         keys: Keys::derive(&t.secret),
         node: a.common.node(),
         tuning: a.common.tuning()?,
+        stored: Some(stored.clone()),
     };
     let name = a.name.clone().unwrap_or_else(progress::hostname);
-    let bar =
-        (!a.quiet).then(|| progress::spinner(&format!("joined as {name}, waiting for the sender")));
+    let bar = (!a.quiet).then(|| progress::receiver(&name, stored));
     let r = tokio::select! {
         r = ticket::join(&t, &name, target, &cfg, Duration::from_secs(a.wait)) => r,
         _ = shutdown_signal() => bail!("interrupted"),

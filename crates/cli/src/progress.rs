@@ -1,5 +1,7 @@
 //! Progress displays (stderr, only on a terminal) and formatting helpers.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bulkcast_node::source::SharedStatus;
@@ -48,14 +50,23 @@ pub fn sender(status: SharedStatus) -> JoinHandle<()> {
     })
 }
 
-/// A spinner with a message (stderr, terminal only).
-pub fn spinner(msg: &str) -> ProgressBar {
+/// A receiver's display: bytes verified and stored, and the rate (stderr, terminal only).
+pub fn receiver(name: &str, stored: Arc<AtomicU64>) -> ProgressBar {
     let b = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
     b.set_style(
-        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {msg}").expect("template"),
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bytes} verified ({binary_bytes_per_sec}) {msg}",
+        )
+        .expect("template"),
     );
-    b.set_message(msg.to_string());
-    b.enable_steady_tick(Duration::from_millis(200));
+    b.set_message(format!("as {name}"));
+    let bar = b.clone();
+    tokio::spawn(async move {
+        while !bar.is_finished() {
+            bar.set_position(stored.load(Ordering::Relaxed));
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
     b
 }
 

@@ -1,6 +1,7 @@
 //! The receiving daemon: accepts admitted parents, stores what they push, relays to children.
 
 use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -25,6 +26,8 @@ pub struct AgentConfig {
     pub node: NodeConfig,
     /// TCP options for connections to children.
     pub tuning: TcpTuning,
+    /// Bytes stored so far, for a progress display (ticket receivers).
+    pub stored: Option<Arc<AtomicU64>>,
 }
 
 /// Serves until `shutdown` completes. Each admitted connection runs its session on its own
@@ -116,7 +119,7 @@ pub async fn session(
         }
     };
     let (tx, rx) = mpsc::unbounded_channel();
-    let store = match Store::open(target, &open.manifest, open.session, tx) {
+    let store = match Store::open(target, &open.manifest, open.session, tx, cfg.stored.clone()) {
         Ok(s) => s,
         Err(e) => {
             // The node still relays to its children; it reports its own copy as failed.

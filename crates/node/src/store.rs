@@ -10,7 +10,9 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
+use std::sync::Arc;
 
 use bulkcast_proto::manifest::{EntryKind, Manifest, ObjectKind};
 use bulkcast_proto::wire::SessionId;
@@ -61,6 +63,7 @@ impl Store {
         manifest: &Manifest,
         session: SessionId,
         events: mpsc::UnboundedSender<StoreEvent>,
+        stored: Option<Arc<AtomicU64>>,
     ) -> io::Result<Store> {
         let mut sink = Sink::open(&target, manifest, session)?;
         let (tx, rx) = std_mpsc::channel::<Cmd>();
@@ -76,6 +79,9 @@ impl Store {
                             data,
                         } if !failed => match sink.write(offset, &data) {
                             Ok(()) => {
+                                if let Some(c) = &stored {
+                                    c.fetch_add(data.len() as u64, Ordering::Relaxed);
+                                }
                                 let _ = events.send(StoreEvent::Stored(index));
                             }
                             Err(e) => {
@@ -358,7 +364,7 @@ mod tests {
     async fn tree_is_written_across_files_and_moved_into_place() {
         let d = tmpdir("tree");
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let s = Store::open(Target::Dir(d.clone()), &manifest_dir(), 1, tx).unwrap();
+        let s = Store::open(Target::Dir(d.clone()), &manifest_dir(), 1, tx, None).unwrap();
         s.write(0, 0, Bytes::from_static(b"abcdefg"));
         s.finalize();
         assert!(matches!(rx.recv().await, Some(StoreEvent::Stored(0))));
@@ -386,7 +392,7 @@ mod tests {
             total_len: Some(3),
             entries: vec![],
         };
-        let s = Store::open(Target::Dir(d.clone()), &m, 2, tx).unwrap();
+        let s = Store::open(Target::Dir(d.clone()), &m, 2, tx, None).unwrap();
         s.write(0, 0, Bytes::from_static(b"ab"));
         drop(s);
         assert_eq!(fs::read_dir(&d).unwrap().count(), 0);
