@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Loopback benchmark for the foundation (issue 2). Prints one table, every figure measured in
+# this run on this machine:
+#   (a) 1-to-1 bulkcast throughput (chunks hashed, authenticated and verified) against iperf3
+#       single-stream on the same path (127.0.0.1);
+#   (b) 1-to-8 relay tree against 1-to-8 flat, completion time of the last receiver;
+#   (c) peak RSS of the sender, a relay and a leaf for a 4 GiB stream of unknown size.
+# Usage: bench/loopback.sh [--quick]   (--quick: smaller sizes, for a smoke run)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+QUICK=0; [[ ${1:-} == --quick ]] && QUICK=1
+ONE_MIB=$((QUICK ? 256 : 2048))      # (a) object size, MiB
+TREE_MIB=$((QUICK ? 64 : 512))       # (b)
+RSS_GIB=$((QUICK ? 1 : 4))           # (c)
+
+need() { command -v "$1" >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq "$2" >/dev/null; }; }
+need iperf3 iperf3; need jq jq; [[ -x /usr/bin/time ]] || need /usr/bin/time time
+
+cargo build --release -q -p bulkcast
+BC=$PWD/target/release/bulkcast
+W=$(mktemp -d /tmp/bulkcast-bench.XXXXXX)
+PIDS=()
+kill_agents() { [[ -f $W/pids ]] && xargs -r kill <"$W/pids" 2>/dev/null; rm -f "$W/pids"; sleep 0.2; }
+cleanup() { kill_agents || true; for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$W"; }
+trap cleanup EXIT
+export BULKCAST_SECRET=$($BC secret)
+
+start_agent() { # dir -> prints address
+  local out=$W/agent.$RANDOM
+  "$BC" agent --listen 127.0.0.1:0 --dir "$1" >"$out" 2>/dev/null &
+  echo $! >>"$W/pids"   # runs in a subshell: remember the pid in a file
+  for _ in $(seq 100); do [[ -s $out ]] && break; sleep 0.05; done
+  awk '{print $5}' "$out" | tr -d ,
+}
+
+gen() { head -c "$(($2 * 1048576))" /dev/urandom >"$1"; }
+
+# (a) iperf3 single stream vs bulkcast 1-to-1 -----------------------------------------------
+iperf3 -s -1 -B 127.0.0.1 -p 5299 >/dev/null 2>&1 & PIDS+=($!)
+sleep 0.5
+IPERF=$(iperf3 -c 127.0.0.1 -p 5299 -t 8 -J | jq '.end.sum_received.bits_per_second / 1e6')
+
+gen "$W/one.bin" "$ONE_MIB"
+cat "$W/one.bin" >/dev/null   # page cache, as iperf3's memory source
+# to /dev/null: the like-for-like with iperf3 (memory to memory, but every chunk verified)
+T=$( { "$BC" send "$W/one.bin" --expect 1 --listen 127.0.0.1:0 --json --quiet >"$W/a1.json" 2>/dev/null & echo $! >"$W/spid"; } ; sleep 0.3
+     TICKET=$(head -1 "$W/a1.json"); "$BC" recv "$TICKET" --stdout --quiet >/dev/null; wait "$(cat "$W/spid")" 2>/dev/null || true )
+A1=$(tail -n +2 "$W/a1.json" | jq '.receivers[0].rate_mbps')
+# to disk through an agent
+mkdir -p "$W/a2"; ADDR=$(start_agent "$W/a2")
+A2=$("$BC" send "$W/one.bin" --to "$ADDR" --json --quiet 2>/dev/null | jq '.receivers[0].rate_mbps')
+kill_agents; rm -rf "$W/a2"
+
+# (b) tree vs flat, 8 receivers ---------------------------------------------------------------
+gen "$W/tree.bin" "$TREE_MIB"
+declare -A SECS
+for strat in flat "tree --fanout 1" "tree --fanout 2"; do
+  LIST=""
+  for i in $(seq 8); do mkdir -p "$W/rx$i"; LIST+="$(start_agent "$W/rx$i"),"; done
+  SECS[$strat]=$("$BC" send "$W/tree.bin" --to "${LIST%,}" --strategy $strat --json --quiet 2>/dev/null | jq '.seconds')
+  kill_agents
+  rm -rf "$W"/rx*
+done
+
+# (c) peak RSS for a stream of unknown size: sender -> relay -> leaf, both receivers to /dev/null
+rss() { grep 'Maximum resident set size' "$1" | awk '{printf "%.1f", $6/1024}'; }
+( head -c "$((RSS_GIB * 1073741824))" /dev/zero | /usr/bin/time -v -o "$W/rss.send" \
+    "$BC" send - --name stream --expect 2 --fanout 1 --listen 127.0.0.1:0 --quiet >"$W/ticket" 2>/dev/null ) &
+SENDER=$!
+for _ in $(seq 100); do [[ -s $W/ticket ]] && break; sleep 0.05; done
+TICKET=$(head -1 "$W/ticket")
+/usr/bin/time -v -o "$W/rss.r1" "$BC" recv "$TICKET" --stdout --quiet --name relay >/dev/null &
+R1=$!
+/usr/bin/time -v -o "$W/rss.r2" "$BC" recv "$TICKET" --stdout --quiet --name leaf >/dev/null &
+R2=$!
+wait $SENDER $R1 $R2
+S_RSS=$(rss "$W/rss.send"); R1_RSS=$(rss "$W/rss.r1"); R2_RSS=$(rss "$W/rss.r2")
+
+printf '\n%-58s %12s %12s %8s\n' "loopback benchmark ($(nproc) cores)" "measured" "baseline" "ratio"
+printf '%-58s %12s %12s %8s\n' "(a) iperf3 single stream, Mbit/s" "$IPERF" "" ""
+printf '%-58s %12.0f %12.0f %8.2f\n' "(a) bulkcast 1-to-1, ${ONE_MIB} MiB, verified, to /dev/null, Mbit/s" "$A1" "$IPERF" "$(echo "$A1 / $IPERF" | bc -l)"
+printf '%-58s %12.0f %12.0f %8.2f\n' "(a) bulkcast 1-to-1, ${ONE_MIB} MiB, verified, to disk, Mbit/s" "$A2" "$IPERF" "$(echo "$A2 / $IPERF" | bc -l)"
+printf '%-58s %12.2f %12.2f %8.2f\n' "(b) 1-to-8 chain (fan-out 1) vs flat, ${TREE_MIB} MiB, s" "${SECS[tree --fanout 1]}" "${SECS[flat]}" "$(echo "${SECS[tree --fanout 1]} / ${SECS[flat]}" | bc -l)"
+printf '%-58s %12.2f %12.2f %8.2f\n' "(b) 1-to-8 tree (fan-out 2) vs flat, ${TREE_MIB} MiB, s" "${SECS[tree --fanout 2]}" "${SECS[flat]}" "$(echo "${SECS[tree --fanout 2]} / ${SECS[flat]}" | bc -l)"
+printf '%-58s %12s %12s %8.2f\n' "(c) peak RSS, sender, ${RSS_GIB} GiB stream, MiB" "$S_RSS" "128" "$(echo "$S_RSS / 128" | bc -l)"
+printf '%-58s %12s %12s %8.2f\n' "(c) peak RSS, relay, ${RSS_GIB} GiB stream, MiB" "$R1_RSS" "128" "$(echo "$R1_RSS / 128" | bc -l)"
+printf '%-58s %12s %12s %8.2f\n' "(c) peak RSS, leaf, ${RSS_GIB} GiB stream, MiB" "$R2_RSS" "128" "$(echo "$R2_RSS / 128" | bc -l)"
