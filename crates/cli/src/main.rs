@@ -136,6 +136,7 @@ struct RecvArgs {
 }
 
 fn main() {
+    tune_allocator();
     let cli = Cli::parse();
     let default_level = match cli.cmd {
         Cmd::Agent(_) => "info",
@@ -247,5 +248,17 @@ pub async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
+    }
+}
+
+/// Chunks are megabyte-sized and short-lived. glibc would serve each from a fresh `mmap` (and
+/// fault in and zero every page) then unmap it on free; keeping them on the heap lets freed
+/// chunk memory be reused at once. Memory stays bounded by the per-session buffer budget.
+fn tune_allocator() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only adjusts allocator thresholds; called before any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 64 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 128 << 20);
     }
 }

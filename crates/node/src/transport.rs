@@ -164,14 +164,14 @@ pub async fn read_frame<R: AsyncRead + Unpin>(
         Err(e) => return Err(e.into()),
     }
     let len = wire::body_len(header, max)?;
-    let mut body = BytesMut::zeroed(len);
-    r.read_exact(&mut body).await.map_err(|e| {
-        if e.kind() == io::ErrorKind::UnexpectedEof {
-            ConnError::Wire(WireError::Truncated("incoming"))
-        } else {
-            e.into()
+    // Read straight into uninitialised capacity: no zeroing pass over every chunk.
+    let mut body = BytesMut::with_capacity(len);
+    while body.len() < len {
+        let want = (len - body.len()) as u64;
+        if (&mut *r).take(want).read_buf(&mut body).await? == 0 {
+            return Err(ConnError::Wire(WireError::Truncated("incoming")));
         }
-    })?;
+    }
     Ok(Some(Frame::decode(body.freeze())?))
 }
 
