@@ -237,17 +237,31 @@ fn directory_keeps_its_tree() {
     make_file(&src.join("three.bin"), 2 * MIB, b"4");
     let key = secret(3);
     let ags = agents(&s.0.join("rx"), 3, &key);
+    // Receivers given by a hosts file: the report uses its names.
+    let hosts = s.0.join("hosts.toml");
+    let mut toml = String::from("[source]\nname = \"origin\"\n");
+    for (i, a) in ags.iter().enumerate() {
+        toml += &format!(
+            "[[host]]\nname = \"site-{i}\"\naddr = \"{}\"\nsite = \"lab\"\n",
+            a.addr
+        );
+    }
+    std::fs::write(&hosts, toml).unwrap();
     let out = send(
         &[
             src.to_str().unwrap(),
             "--to",
-            &to_list(&ags),
+            hosts.to_str().unwrap(),
             "--chunk-kib",
             "64",
         ],
         &key,
         None,
     );
+    let r = report(&out);
+    assert_eq!(r["object"]["kind"], "dir");
+    assert_eq!(r["receivers"][2]["name"], "site-2");
+    assert_eq!(r["receivers"][2]["parent"], "site-1");
     assert!(
         out.status.success(),
         "{}",

@@ -193,3 +193,127 @@ fn slow_disk_paces_the_session_without_exceeding_the_budget() {
         assert!(n.peak_buffered <= budget);
     }
 }
+
+mod protocol_errors {
+    use std::time::Instant;
+
+    use bulkcast_proto::auth::{Keys, Secret};
+    use bulkcast_proto::manifest::{Manifest, ObjectKind};
+    use bulkcast_proto::node::{Link, Node, NodeConfig, NodeError, SessionParams};
+    use bulkcast_proto::tree::Tree;
+    use bulkcast_proto::wire::{Frame, Member};
+
+    fn keys() -> Keys {
+        Keys::derive(&Secret::from_bytes([1; 32]))
+    }
+
+    fn source() -> Node {
+        let params = SessionParams {
+            session: 5,
+            chunk_size: 65536,
+            stall_timeout: std::time::Duration::from_secs(5),
+            cc: String::new(),
+            manifest: Manifest {
+                name: "x".into(),
+                kind: ObjectKind::File,
+                total_len: Some(10),
+                entries: vec![],
+            },
+        };
+        let names: Vec<(String, String)> = (1..=4)
+            .map(|i| (format!("h{i}"), format!("a:{i}")))
+            .collect();
+        Node::source(
+            params,
+            keys(),
+            NodeConfig::default(),
+            &Tree::kary(4, 2),
+            &names,
+            Instant::now(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_child_cannot_report_for_nodes_outside_its_subtree() {
+        let mut s = source();
+        // Child 0 is node 1 with subtree {1, 3, 4}; node 2 is not below it.
+        let e = s.handle_frame(Link::Child(0), Frame::Done { node: 2 }, Instant::now());
+        assert_eq!(
+            e,
+            Err(NodeError::NotInSubtree {
+                link: Link::Child(0),
+                node: 2
+            })
+        );
+        assert!(s
+            .handle_frame(
+                Link::Child(0),
+                Frame::Ack { node: 3, upto: 0 },
+                Instant::now()
+            )
+            .is_ok());
+        // Data never flows up.
+        let chunk = keys().seal(5, 0, bytes::Bytes::from_static(b"0123456789"));
+        assert!(s
+            .handle_frame(Link::Child(0), Frame::Chunk(chunk), Instant::now())
+            .is_err());
+    }
+
+    #[test]
+    fn an_open_with_a_cycle_or_a_foreign_first_member_is_refused() {
+        let mut open = source().open_for(0);
+        assert!(Node::relay(&open, keys(), NodeConfig::default(), Instant::now()).is_ok());
+        // 3 and 4 point at each other: not reachable from the recipient.
+        open.members[1].parent = 4;
+        open.members[2].parent = 3;
+        assert!(matches!(
+            Node::relay(&open, keys(), NodeConfig::default(), Instant::now()),
+            Err(NodeError::BadOpen(_))
+        ));
+        let mut open = source().open_for(0);
+        open.members.insert(
+            0,
+            Member {
+                node: 9,
+                parent: 0,
+                name: "x".into(),
+                addr: "x:1".into(),
+            },
+        );
+        assert!(Node::relay(&open, keys(), NodeConfig::default(), Instant::now()).is_err());
+        let mut open = source().open_for(0);
+        open.manifest.name = "../escape".into();
+        assert!(matches!(
+            Node::relay(&open, keys(), NodeConfig::default(), Instant::now()),
+            Err(NodeError::Manifest(_))
+        ));
+    }
+
+    #[test]
+    fn a_forged_end_is_a_protocol_error() {
+        let open = source().open_for(0);
+        let mut relay = Node::relay(&open, keys(), NodeConfig::default(), Instant::now()).unwrap();
+        let mut end = keys().seal_end(5, 1, 10);
+        end.total_len = 9;
+        assert_eq!(
+            relay.handle_frame(Link::Parent, Frame::End(end), Instant::now()),
+            Err(NodeError::BadEnd)
+        );
+        // A chunk from another secret is rejected as corrupt and requested again, never delivered.
+        let other = Keys::derive(&Secret::from_bytes([2; 32]));
+        let forged = other.seal(5, 0, bytes::Bytes::from_static(b"0123456789"));
+        relay
+            .handle_frame(Link::Parent, Frame::Chunk(forged), Instant::now())
+            .unwrap();
+        assert!(matches!(
+            relay.poll_event(),
+            Some(bulkcast_proto::node::Event::Corrupt { index: 0, .. })
+        ));
+        assert_eq!(relay.poll_event(), None);
+        assert_eq!(
+            relay.poll_transmit(Link::Parent),
+            Some(Frame::Request { index: 0 })
+        );
+    }
+}
