@@ -180,7 +180,9 @@ impl Driver {
                 Some(ie) = recv_opt(&mut self.input_rx), if want => {
                     let now = Instant::now();
                     match ie {
-                        InputEvent::Data(b) => self.node.handle_input(b, now),
+                        InputEvent::Data(c) => {
+                            self.node.handle_sealed_input(c, now).map_err(|e| e.to_string())?
+                        }
                         InputEvent::End => {
                             self.input_rx = None;
                             self.node.handle_input_end(now);

@@ -6,15 +6,17 @@ use std::io::{self, Read};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
+use bulkcast_proto::auth::Keys;
 use bulkcast_proto::manifest::{Entry, EntryKind, Manifest, ObjectKind};
-use bytes::{Bytes, BytesMut};
+use bulkcast_proto::wire::{Chunk, SessionId};
+use bytes::BytesMut;
 use tokio::sync::mpsc;
 
 /// What the input thread produces.
 #[derive(Debug)]
 pub enum InputEvent {
-    /// The next chunk (exactly one chunk long unless it is the last).
-    Data(Bytes),
+    /// The next chunk, hashed and authenticated (exactly one chunk long unless it is the last).
+    Data(Chunk),
     /// The input ended.
     End,
     /// Reading failed.
@@ -97,9 +99,15 @@ impl Input {
         })
     }
 
-    /// Starts reading on a thread; chunks arrive on the returned channel (two in flight, so
-    /// the reader runs ahead of the network only a little).
-    pub fn spawn(self, chunk_size: usize) -> mpsc::Receiver<InputEvent> {
+    /// Starts reading on a thread that also hashes and authenticates each chunk (off the event
+    /// loop); chunks arrive on the returned channel (two in flight, so the reader runs ahead of
+    /// the network only a little).
+    pub fn spawn(
+        self,
+        chunk_size: usize,
+        keys: Keys,
+        session: SessionId,
+    ) -> mpsc::Receiver<InputEvent> {
         let (tx, rx) = mpsc::channel(2);
         std::thread::Builder::new()
             .name("bulkcast-input".into())
@@ -113,7 +121,8 @@ impl Input {
                         cur: None,
                     })
                 };
-                let ev = match pump(r, chunk_size, expected, &tx) {
+                let seal = |index, data| keys.seal(session, index, data);
+                let ev = match pump(r, chunk_size, expected, &tx, seal) {
                     Ok(()) => InputEvent::End,
                     Err(e) => InputEvent::Failed(e),
                 };
@@ -129,8 +138,10 @@ fn pump(
     cs: usize,
     expected: Option<u64>,
     tx: &mpsc::Sender<InputEvent>,
+    seal: impl Fn(u64, bytes::Bytes) -> Chunk,
 ) -> Result<(), String> {
     let mut total = 0u64;
+    let mut index = 0u64;
     loop {
         let mut buf = BytesMut::zeroed(cs);
         let mut filled = 0;
@@ -152,7 +163,9 @@ fn pump(
         }
         if filled > 0 {
             buf.truncate(filled);
-            if tx.blocking_send(InputEvent::Data(buf.freeze())).is_err() {
+            let chunk = seal(index, buf.freeze());
+            index += 1;
+            if tx.blocking_send(InputEvent::Data(chunk)).is_err() {
                 return Ok(()); // the session ended first
             }
         }

@@ -119,7 +119,7 @@ pub async fn send(
         st.started = Instant::now();
         st.total_len = manifest.total_len;
     }
-    let rx = input.spawn(cfg.chunk_size as usize);
+    let rx = input.spawn(cfg.chunk_size as usize, keys.clone(), session);
     let mut driver = Driver::new(node, keys, cfg.tuning.clone(), Upstream::Input(rx), None);
     let st = status.clone();
     let result = driver

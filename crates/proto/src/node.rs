@@ -431,18 +431,36 @@ impl Node {
     // ----- inputs -------------------------------------------------------------------------
 
     /// Source only: the next piece of input, at most one chunk long (exactly one chunk unless
-    /// it is the last).
-    pub fn handle_input(&mut self, data: Bytes, _now: Instant) {
-        let Upstream::Input { next, len, done } = &mut self.upstream else {
+    /// it is the last). Hashes and authenticates it here.
+    pub fn handle_input(&mut self, data: Bytes, now: Instant) {
+        let Upstream::Input { next, .. } = &self.upstream else {
             return;
         };
-        debug_assert!(!*done && data.len() <= self.params.chunk_size as usize);
-        let index = *next;
+        let chunk = self.keys.seal(self.params.session, *next, data);
+        self.handle_sealed_input(chunk, now)
+            .expect("a chunk sealed here has the next index and a valid size");
+    }
+
+    /// Source only: the next chunk, already sealed with [`Keys::seal`] (so a driver can hash
+    /// on its reading thread, off the event loop). It must carry the next index.
+    pub fn handle_sealed_input(&mut self, chunk: Chunk, _now: Instant) -> Result<(), NodeError> {
+        let cs = self.params.chunk_size as usize;
+        let Upstream::Input { next, len, done } = &mut self.upstream else {
+            return Err(NodeError::Geometry("input given to a relay".into()));
+        };
+        if *done || chunk.index != *next || chunk.data.len() > cs || chunk.data.is_empty() {
+            return Err(NodeError::Geometry(format!(
+                "input chunk {} of {} bytes; expected chunk {} of at most {cs} bytes",
+                chunk.index,
+                chunk.data.len(),
+                next
+            )));
+        }
         *next += 1;
-        *len += data.len() as u64;
-        let chunk = self.keys.seal(self.params.session, index, data);
-        self.have.insert(index);
+        *len += chunk.data.len() as u64;
+        self.have.insert(chunk.index);
         self.hold(chunk);
+        Ok(())
     }
 
     /// Source only: the input ended.
