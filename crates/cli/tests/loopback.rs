@@ -54,13 +54,7 @@ fn agent(dir: &Path, secret: &str) -> Agent {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut out = child.stdout.take().unwrap();
-    let mut line = Vec::new();
-    let mut b = [0u8; 1];
-    while out.read(&mut b).unwrap() == 1 && b[0] != b'\n' {
-        line.push(b[0]);
-    }
-    let line = String::from_utf8(line).unwrap();
+    let line = first_line(child.stdout.as_mut().unwrap());
     let addr = line
         .split_whitespace()
         .nth(4)
@@ -72,6 +66,16 @@ fn agent(dir: &Path, secret: &str) -> Agent {
         addr,
         dir: dir.to_path_buf(),
     }
+}
+
+/// Reads one line byte by byte, leaving the rest of the stream unread.
+fn first_line(r: &mut impl Read) -> String {
+    let mut line = Vec::new();
+    let mut b = [0u8; 1];
+    while r.read(&mut b).unwrap() == 1 && b[0] != b'\n' {
+        line.push(b[0]);
+    }
+    String::from_utf8(line).unwrap()
 }
 
 fn agents(root: &Path, n: usize, secret: &str) -> Vec<Agent> {
@@ -302,12 +306,7 @@ fn ticket_mode_with_file_and_stdout_receivers() {
         .spawn()
         .unwrap();
     let mut out = sender.stdout.take().unwrap();
-    let mut line = Vec::new();
-    let mut b = [0u8; 1];
-    while out.read(&mut b).unwrap() == 1 && b[0] != b'\n' {
-        line.push(b[0]);
-    }
-    let ticket = String::from_utf8(line).unwrap();
+    let ticket = first_line(&mut out);
     assert!(ticket.starts_with("bc1/"), "{ticket}");
 
     // A receiver with a forged ticket (wrong secret) is refused and never counted.

@@ -209,19 +209,19 @@ pub async fn handshake_connect<S: AsyncRead + AsyncWrite + Unpin>(
     let auth = match state.handle(challenge) {
         Ok(a) => a,
         Err(e) => {
-            // Tell the acceptor why, so its log is as clear as ours.
-            let _ = write_frame(
-                s,
-                &Frame::Refused {
-                    reason: e.to_string(),
-                },
-            )
-            .await;
-            return Err(e.into());
+            return Err(refuse(s, e).await);
         }
     };
     write_frame(s, &auth).await?;
     Ok(())
+}
+
+/// Tells the peer why the handshake failed (so its log is as clear as ours) and returns the
+/// error for our side.
+async fn refuse<S: AsyncWrite + Unpin>(s: &mut S, e: AuthError) -> ConnError {
+    let reason = e.to_string();
+    let _ = write_frame(s, &Frame::Refused { reason }).await;
+    e.into()
 }
 
 /// The accepting side's handshake. A peer that fails is told why and never gets session data.
@@ -243,27 +243,13 @@ pub async fn handshake_accept<S: AsyncRead + AsyncWrite + Unpin>(
     let (state, challenge) = match Accepting::start(keys.clone(), hello, rand::random()) {
         Ok(x) => x,
         Err(e) => {
-            let _ = write_frame(
-                s,
-                &Frame::Refused {
-                    reason: e.to_string(),
-                },
-            )
-            .await;
-            return Err(e.into());
+            return Err(refuse(s, e).await);
         }
     };
     write_frame(s, &challenge).await?;
     let auth = expect_frame(s, "waiting for the peer's proof").await?;
     if let Err(e) = state.handle(auth) {
-        let _ = write_frame(
-            s,
-            &Frame::Refused {
-                reason: e.to_string(),
-            },
-        )
-        .await;
-        return Err(e.into());
+        return Err(refuse(s, e).await);
     }
     Ok(())
 }
