@@ -222,6 +222,8 @@ enum Upstream {
         requested: BTreeMap<u64, Instant>,
         /// Chunks dropped for lack of memory, to be requested once there is room.
         dropped: BTreeSet<u64>,
+        /// When to look at `dropped` again if memory does not free up first.
+        dropped_retry: Option<Instant>,
         /// Frames waiting to go up: requests, reports, acks (coalesced per node).
         up_requests: VecDeque<u64>,
         up_reports: VecDeque<Frame>,
@@ -342,6 +344,7 @@ impl Node {
                 last_heard: now,
                 requested: BTreeMap::new(),
                 dropped: BTreeSet::new(),
+                dropped_retry: None,
                 up_requests: VecDeque::new(),
                 up_reports: VecDeque::new(),
                 up_acks: BTreeMap::new(),
@@ -550,7 +553,10 @@ impl Node {
         let over_budget = self.buffered_bytes + cs > self.cfg.buffer_budget;
         let over_cap = self.buffered_bytes + cs > self.hard_cap();
         let Upstream::Parent {
-            requested, dropped, ..
+            requested,
+            dropped,
+            dropped_retry,
+            ..
         } = &mut self.upstream
         else {
             unreachable!("chunks come only from a parent")
@@ -566,6 +572,7 @@ impl Node {
                 requested.insert(c.index, now);
             } else {
                 dropped.insert(c.index);
+                dropped_retry.get_or_insert(now + self.cfg.request_timeout);
             }
             return Ok(());
         }
@@ -838,7 +845,7 @@ impl Node {
         if let Upstream::Parent {
             last_heard,
             requested,
-            dropped,
+            dropped_retry,
             ..
         } = &self.upstream
         {
@@ -846,8 +853,8 @@ impl Node {
             if let Some(r) = requested.values().min() {
                 at = at.min(*r + self.cfg.request_timeout);
             }
-            if !dropped.is_empty() {
-                at = at.min(*last_heard + self.cfg.request_timeout);
+            if let Some(r) = dropped_retry {
+                at = at.min(*r);
             }
             t = Some(t.map_or(at, |t| t.min(at)));
         }
@@ -943,15 +950,21 @@ impl Node {
     /// Dropped chunks are requested again, lowest first, as memory frees up.
     fn request_dropped(&mut self, now: Instant) {
         let cs = self.params.chunk_size as usize;
+        let rto = self.cfg.request_timeout;
         loop {
             let Upstream::Parent {
-                dropped, requested, ..
+                dropped,
+                requested,
+                dropped_retry,
+                ..
             } = &mut self.upstream
             else {
                 return;
             };
             let in_flight = requested.len() * cs;
-            if self.buffered_bytes + in_flight + cs > self.cfg.buffer_budget {
+            if dropped.is_empty() || self.buffered_bytes + in_flight + cs > self.cfg.buffer_budget {
+                // Look again later (or when a store frees memory), not in a tight loop.
+                *dropped_retry = (!dropped.is_empty()).then(|| now + rto);
                 return;
             }
             let Some(i) = dropped.pop_first() else { return };

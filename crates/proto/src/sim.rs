@@ -404,12 +404,14 @@ impl Sim {
     fn step(&mut self, i: NodeId) -> bool {
         let now = self.now;
         let mut busy = false;
+        let mut timer_fired = false;
         if self.nodes[i].stalled || self.nodes[i].ended {
             return false;
         }
         // Timers.
         if self.nodes[i].node.poll_timeout().is_some_and(|t| t <= now) {
             self.nodes[i].node.handle_timeout(now);
+            timer_fired = true;
             busy = true;
         }
         // Source input.
@@ -481,6 +483,12 @@ impl Sim {
             busy = true;
             self.handle_event(i, ev);
         }
+        // A timer still due after being handled would spin a real driver at full CPU.
+        let sn = &self.nodes[i];
+        assert!(
+            !timer_fired || sn.ended || sn.node.poll_timeout().is_none_or(|t| t > now),
+            "node {i}: timer still due after handle_timeout"
+        );
         busy
     }
 
