@@ -120,7 +120,10 @@ impl Driver {
             d.other_tasks.push(tokio::spawn(async move {
                 let ev = match connect_child(&addr, &keys, &tuning, &open).await {
                     Ok(s) => Ev::Connected(k, s),
-                    Err(e) => Ev::ConnectFailed(k, format!("cannot reach {name} at {addr}: {e}")),
+                    Err(e) => Ev::ConnectFailed(
+                        k,
+                        format!("cannot reach {name} at {addr}: {e}{}", hint(&e)),
+                    ),
                 };
                 let _ = tx.send(ev).await;
             }));
@@ -379,5 +382,16 @@ async fn recv_opt_unbounded<T>(rx: &mut Option<mpsc::UnboundedReceiver<T>>) -> O
     match rx {
         Some(r) => r.recv().await,
         None => std::future::pending().await,
+    }
+}
+
+/// What to do about a failed connection to a child.
+fn hint(e: &transport::ConnError) -> &'static str {
+    match e {
+        transport::ConnError::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+            " (is `bulkcast agent` running there, on that port?)"
+        }
+        transport::ConnError::Timeout(_) => " (host down, or a firewall drops the port?)",
+        _ => "",
     }
 }

@@ -74,7 +74,7 @@ impl std::fmt::Debug for Keys {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum AuthError {
     /// The peer's proof does not match: it does not hold this secret.
-    #[error("peer does not hold the session secret (authentication failed)")]
+    #[error("peer does not hold the session secret (authentication failed: both sides must use the same secret)")]
     WrongSecret,
     /// The peer speaks another protocol version.
     #[error("peer speaks protocol version {0}, this build speaks {VERSION}")]
