@@ -12,6 +12,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
 use crate::driver::{Driver, Upstream};
+use crate::probe;
 use crate::store::{Store, Target};
 use crate::transport::{self, ConnError, TcpTuning};
 
@@ -46,7 +47,8 @@ pub async fn serve(
                     let cfg = cfg.clone();
                     tokio::spawn(async move {
                         match session(stream, &cfg, None).await {
-                            Ok(s) => tracing::info!("session {s:016x} from {peer}: done"),
+                            Ok(Served::Probe) => tracing::debug!("probe from {peer} answered"),
+                            Ok(Served::Session(s)) => tracing::info!("session {s:016x} from {peer}: done"),
                             Err(e) => tracing::warn!("connection from {peer}: {e}"),
                         }
                     });
@@ -58,6 +60,15 @@ pub async fn serve(
             }
         }
     }
+}
+
+/// What an incoming connection was for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Served {
+    /// A session, received (and relayed) to the end.
+    Session(SessionId),
+    /// A probe from a planning source, answered.
+    Probe,
 }
 
 /// Why an incoming session failed.
@@ -81,10 +92,31 @@ pub async fn session(
     mut stream: TcpStream,
     cfg: &AgentConfig,
     expect: Option<(SessionId, Target)>,
-) -> Result<SessionId, SessionError> {
+) -> Result<Served, SessionError> {
     transport::handshake_accept(&mut stream, &cfg.keys).await?;
     let open = match transport::expect_frame(&mut stream, "waiting for the session set-up").await? {
         Frame::Open(o) => o,
+        // Probing for the planner: echoes, then possibly a request to measure others.
+        Frame::Ping { nonce } if expect.is_none() => {
+            probe::serve_echo(&mut stream, nonce, &cfg.keys, &cfg.tuning).await?;
+            return Ok(Served::Probe);
+        }
+        Frame::Probe {
+            samples,
+            timeout_ms,
+            targets,
+        } if expect.is_none() => {
+            probe::serve_probe(
+                &mut stream,
+                samples,
+                timeout_ms,
+                targets,
+                &cfg.keys,
+                &cfg.tuning,
+            )
+            .await?;
+            return Ok(Served::Probe);
+        }
         other => return Err(ConnError::Unexpected(other.kind()).into()),
     };
     let target = match &expect {
@@ -150,7 +182,7 @@ pub async fn session(
         })
         .await
         .map_err(|e| SessionError::Aborted(session, e))?;
-    Ok(session)
+    Ok(Served::Session(session))
 }
 
 async fn run_without_copy(
@@ -158,7 +190,7 @@ async fn run_without_copy(
     mut node: Node,
     cfg: &AgentConfig,
     reason: String,
-) -> Result<SessionId, SessionError> {
+) -> Result<Served, SessionError> {
     let session = node.params().session;
     node.handle_store_failed(reason, Instant::now());
     let mut driver = Driver::new(
@@ -172,5 +204,5 @@ async fn run_without_copy(
         .run(|_| {})
         .await
         .map_err(|e| SessionError::Aborted(session, e))?;
-    Ok(session)
+    Ok(Served::Session(session))
 }

@@ -6,6 +6,7 @@
 //!   any `AsyncRead`/`AsyncWrite`, the handshake with deadlines.
 //! - [`driver`]: the event loop around one [`bulkcast_proto::node::Node`].
 //! - [`input`]: the source's file, directory or stdin reader.
+//! - [`probe`]: RTT measurement between all session hosts, for the planner.
 //! - [`store`]: a receiver's local copy (temporary name, moved into place when verified).
 //! - [`source`]: a send from start to report.
 //! - [`agent`]: the receiving daemon.
@@ -16,6 +17,7 @@
 pub mod agent;
 pub mod driver;
 pub mod input;
+pub mod probe;
 pub mod report;
 pub mod source;
 pub mod store;

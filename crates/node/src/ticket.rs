@@ -145,7 +145,7 @@ pub async fn join(
     target: Target,
     cfg: &AgentConfig,
     wait: Duration,
-) -> Result<SessionId, SessionError> {
+) -> Result<agent::Served, SessionError> {
     let mut s = transport::connect(&ticket.addr, &cfg.tuning).await?;
     // Listen where the sender can reach us: on the address our connection to it came from.
     let local = s.local_addr().map_err(ConnError::Io)?;

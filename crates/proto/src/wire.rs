@@ -12,7 +12,8 @@
 //! Message kinds are grouped by exchange: the handshake (`Hello`, `Challenge`, `Auth`,
 //! `Refused`), joining by ticket (`Join`), session set-up (`Open`), data (`Chunk`, `End`),
 //! feedback that flows up a tree (`Ack`, `Done`, `Failed`), pulls (`Request`, used for repair
-//! today and by receiver-driven strategies later) and `Error` for a fatal protocol error.
+//! today and by receiver-driven strategies later), network probing for the planner (`Ping`,
+//! `Pong`, `Probe`, `Probed`) and `Error` for a fatal protocol error.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
@@ -97,6 +98,31 @@ pub enum Frame {
     Request {
         /// Chunk index.
         index: u64,
+    },
+    /// Probing: a timestamped echo request, answered by `Pong` with the same nonce.
+    Ping {
+        /// Echoed back.
+        nonce: u64,
+    },
+    /// Probing: the answer to `Ping`.
+    Pong {
+        /// The ping's nonce.
+        nonce: u64,
+    },
+    /// Probing: the source asks an agent to measure its round-trip time to each target.
+    Probe {
+        /// Echoes per target (the median is reported).
+        samples: u16,
+        /// Deadline for the whole measurement, in milliseconds.
+        timeout_ms: u32,
+        /// Agent addresses (`host:port`).
+        targets: Vec<String>,
+    },
+    /// Probing: round-trip times in microseconds, one per target of the `Probe`, in order;
+    /// [`UNREACHABLE`] where a target could not be measured.
+    Probed {
+        /// Median RTT per target.
+        rtt_us: Vec<u32>,
     },
     /// A fatal error; the sender of this frame closes the connection after it.
     Error {
@@ -207,7 +233,14 @@ const T_ACK: u8 = 0x20;
 const T_DONE: u8 = 0x21;
 const T_FAILED: u8 = 0x22;
 const T_REQUEST: u8 = 0x30;
+const T_PING: u8 = 0x40;
+const T_PONG: u8 = 0x41;
+const T_PROBE: u8 = 0x42;
+const T_PROBED: u8 = 0x43;
 const T_ERROR: u8 = 0x7f;
+
+/// An RTT that could not be measured, in a `Probed` frame.
+pub const UNREACHABLE: u32 = u32::MAX;
 
 /// A frame ready to write: a small head (header and fixed fields) and, for chunks, the data
 /// itself, so the bytes of a chunk are never copied on the way out.
@@ -255,6 +288,10 @@ impl Frame {
             Frame::Done { .. } => "Done",
             Frame::Failed { .. } => "Failed",
             Frame::Request { .. } => "Request",
+            Frame::Ping { .. } => "Ping",
+            Frame::Pong { .. } => "Pong",
+            Frame::Probe { .. } => "Probe",
+            Frame::Probed { .. } => "Probed",
             Frame::Error { .. } => "Error",
         }
     }
@@ -323,6 +360,34 @@ impl Frame {
             Frame::Request { index } => {
                 b.put_u8(T_REQUEST);
                 b.put_u64(*index);
+            }
+            Frame::Ping { nonce } => {
+                b.put_u8(T_PING);
+                b.put_u64(*nonce);
+            }
+            Frame::Pong { nonce } => {
+                b.put_u8(T_PONG);
+                b.put_u64(*nonce);
+            }
+            Frame::Probe {
+                samples,
+                timeout_ms,
+                targets,
+            } => {
+                b.put_u8(T_PROBE);
+                b.put_u16(*samples);
+                b.put_u32(*timeout_ms);
+                b.put_u32(targets.len() as u32);
+                for t in targets {
+                    put_str(&mut b, t);
+                }
+            }
+            Frame::Probed { rtt_us } => {
+                b.put_u8(T_PROBED);
+                b.put_u32(rtt_us.len() as u32);
+                for r in rtt_us {
+                    b.put_u32(*r);
+                }
             }
             Frame::Error { reason } => {
                 b.put_u8(T_ERROR);
@@ -425,6 +490,38 @@ impl Frame {
             T_REQUEST => {
                 r.what = "Request";
                 Frame::Request { index: r.u64()? }
+            }
+            T_PING => {
+                r.what = "Ping";
+                Frame::Ping { nonce: r.u64()? }
+            }
+            T_PONG => {
+                r.what = "Pong";
+                Frame::Pong { nonce: r.u64()? }
+            }
+            T_PROBE => {
+                r.what = "Probe";
+                let samples = r.u16()?;
+                let timeout_ms = r.u32()?;
+                let n = r.count(4)?;
+                let mut targets = Vec::with_capacity(n);
+                for _ in 0..n {
+                    targets.push(r.string()?);
+                }
+                Frame::Probe {
+                    samples,
+                    timeout_ms,
+                    targets,
+                }
+            }
+            T_PROBED => {
+                r.what = "Probed";
+                let n = r.count(4)?;
+                let mut rtt_us = Vec::with_capacity(n);
+                for _ in 0..n {
+                    rtt_us.push(r.u32()?);
+                }
+                Frame::Probed { rtt_us }
             }
             T_ERROR => {
                 r.what = "Error";
@@ -694,6 +791,16 @@ mod tests {
                 reason: "disk full".into(),
             },
             Frame::Request { index: 11 },
+            Frame::Ping { nonce: 3 },
+            Frame::Pong { nonce: 3 },
+            Frame::Probe {
+                samples: 5,
+                timeout_ms: 2000,
+                targets: vec!["a:1".into(), "b:2".into()],
+            },
+            Frame::Probed {
+                rtt_us: vec![120, UNREACHABLE],
+            },
             Frame::Error {
                 reason: "bad".into(),
             },

@@ -1,0 +1,214 @@
+//! Measuring the network for the planner: round-trip times between every pair of session
+//! hosts, taken by the hosts themselves.
+//!
+//! The source opens an admitted connection to every agent. On it, the source first measures its
+//! own RTT to that agent (`Ping`/`Pong` echoes). Then it sends `Probe`, and the agent measures
+//! its RTT to every other agent the same way, in parallel, and answers with `Probed`. Each RTT
+//! is the median of several echoes on an established TCP connection, with `TCP_NODELAY`, so
+//! connection set-up and Nagle do not inflate it. Every step has a deadline; a pair that cannot
+//! be measured is reported as such, never waited on.
+
+use std::time::{Duration, Instant};
+
+use bulkcast_proto::auth::Keys;
+use bulkcast_proto::hosts::HostSpec;
+use bulkcast_proto::wire::{Frame, UNREACHABLE};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+
+use crate::transport::{self, ConnError, TcpTuning};
+
+/// Most echoes one connection may ask for (bounds the work a peer can request).
+pub const MAX_SAMPLES: u16 = 64;
+
+/// A measured RTT matrix over the session's nodes (0: the source, `i`: `hosts[i - 1]`).
+#[derive(Debug, Clone)]
+pub struct RttMatrix {
+    /// `rtt_ms[i][j]`: median RTT measured from node i to node j, if it could be measured.
+    pub rtt_ms: Vec<Vec<Option<f64>>>,
+    /// Why a row could not be measured (agent unreachable, refused, timed out).
+    pub errors: Vec<(usize, String)>,
+}
+
+/// Measures RTTs between the source and every host and between every pair of hosts.
+pub async fn matrix(
+    hosts: &[HostSpec],
+    keys: &Keys,
+    tuning: &TcpTuning,
+    samples: u16,
+    deadline: Duration,
+) -> RttMatrix {
+    let n = hosts.len() + 1;
+    let mut rtt_ms = vec![vec![None; n]; n];
+    for (i, row) in rtt_ms.iter_mut().enumerate() {
+        row[i] = Some(0.0);
+    }
+    let addrs: Vec<String> = hosts.iter().map(|h| h.addr.clone()).collect();
+    let tasks: Vec<_> = (0..hosts.len())
+        .map(|i| {
+            let targets: Vec<String> = addrs.clone();
+            let addr = addrs[i].clone();
+            let keys = keys.clone();
+            let tuning = tuning.clone();
+            tokio::spawn(async move {
+                tokio::time::timeout(
+                    deadline + Duration::from_secs(5),
+                    probe_one(&addr, &keys, &tuning, samples, deadline, targets),
+                )
+                .await
+                .unwrap_or(Err(ConnError::Timeout("probing")))
+            })
+        })
+        .collect();
+    let mut errors = Vec::new();
+    for (i, t) in tasks.into_iter().enumerate() {
+        match t.await {
+            Ok(Ok((own, row))) => {
+                rtt_ms[0][i + 1] = Some(own);
+                rtt_ms[i + 1][0] = Some(own);
+                for (j, us) in row.into_iter().enumerate() {
+                    if j != i && us != UNREACHABLE {
+                        rtt_ms[i + 1][j + 1] = Some(us as f64 / 1000.0);
+                    }
+                }
+            }
+            Ok(Err(e)) => errors.push((i + 1, format!("{}: {e}", hosts[i].name))),
+            Err(e) => errors.push((i + 1, format!("{}: {e}", hosts[i].name))),
+        }
+    }
+    RttMatrix { rtt_ms, errors }
+}
+
+async fn probe_one(
+    addr: &str,
+    keys: &Keys,
+    tuning: &TcpTuning,
+    samples: u16,
+    deadline: Duration,
+    targets: Vec<String>,
+) -> Result<(f64, Vec<u32>), ConnError> {
+    let mut s = transport::connect(addr, tuning).await?;
+    transport::handshake_connect(&mut s, keys).await?;
+    let own = echo(&mut s, samples).await?;
+    let timeout_ms = deadline.as_millis().min(u32::MAX as u128) as u32;
+    transport::write_frame(
+        &mut s,
+        &Frame::Probe {
+            samples,
+            timeout_ms,
+            targets,
+        },
+    )
+    .await?;
+    match tokio::time::timeout(
+        deadline + Duration::from_secs(2),
+        transport::read_frame(&mut s, bulkcast_proto::wire::MAX_FRAME),
+    )
+    .await
+    {
+        Err(_) => Err(ConnError::Timeout("waiting for probe results")),
+        Ok(Ok(Some(Frame::Probed { rtt_us }))) => Ok((own.as_secs_f64() * 1e3, rtt_us)),
+        Ok(Ok(Some(other))) => Err(ConnError::Unexpected(other.kind())),
+        Ok(Ok(None)) => Err(ConnError::Closed),
+        Ok(Err(e)) => Err(e),
+    }
+}
+
+/// Median RTT of `samples` echoes on an admitted connection.
+pub async fn echo<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    samples: u16,
+) -> Result<Duration, ConnError> {
+    let mut rtts = Vec::with_capacity(samples as usize);
+    for nonce in 0..samples.clamp(1, MAX_SAMPLES) as u64 {
+        let t = Instant::now();
+        transport::write_frame(s, &Frame::Ping { nonce }).await?;
+        match transport::expect_frame(s, "waiting for Pong").await? {
+            Frame::Pong { nonce: n } if n == nonce => rtts.push(t.elapsed()),
+            other => return Err(ConnError::Unexpected(other.kind())),
+        }
+    }
+    Ok(median(&mut rtts))
+}
+
+fn median(v: &mut [Duration]) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// Agent side: answers echoes until the peer stops (at most [`MAX_SAMPLES`], each within the
+/// handshake deadline).
+pub async fn serve_echo(
+    s: &mut TcpStream,
+    first: u64,
+    keys: &Keys,
+    tuning: &TcpTuning,
+) -> Result<(), ConnError> {
+    transport::write_frame(s, &Frame::Pong { nonce: first }).await?;
+    for _ in 1..MAX_SAMPLES {
+        let next = tokio::time::timeout(
+            transport::HANDSHAKE_TIMEOUT,
+            transport::read_frame(s, bulkcast_proto::wire::MAX_FRAME),
+        )
+        .await
+        .map_err(|_| ConnError::Timeout("waiting for the next probe"))??;
+        match next {
+            None => return Ok(()),
+            Some(Frame::Ping { nonce }) => {
+                transport::write_frame(s, &Frame::Pong { nonce }).await?
+            }
+            Some(Frame::Probe {
+                samples,
+                timeout_ms,
+                targets,
+            }) => {
+                return serve_probe(s, samples, timeout_ms, targets, keys, tuning).await;
+            }
+            Some(other) => return Err(ConnError::Unexpected(other.kind())),
+        }
+    }
+    Ok(())
+}
+
+/// Agent side: measures the RTT to every target in parallel and answers `Probed`.
+pub async fn serve_probe(
+    s: &mut TcpStream,
+    samples: u16,
+    timeout_ms: u32,
+    targets: Vec<String>,
+    keys: &Keys,
+    tuning: &TcpTuning,
+) -> Result<(), ConnError> {
+    let me = s.local_addr().ok();
+    let deadline = Duration::from_millis(timeout_ms.min(120_000) as u64);
+    let tasks: Vec<_> = targets
+        .into_iter()
+        .take(4096)
+        .map(|t| {
+            let keys = keys.clone();
+            let tuning = tuning.clone();
+            let is_me = me.is_some_and(|m| t == m.to_string());
+            tokio::spawn(async move {
+                if is_me {
+                    return Some(0u32);
+                }
+                let r = tokio::time::timeout(deadline, async {
+                    let mut c = transport::connect(&t, &tuning).await?;
+                    transport::handshake_connect(&mut c, &keys).await?;
+                    echo(&mut c, samples).await
+                })
+                .await;
+                match r {
+                    Ok(Ok(d)) => Some(d.as_micros().min(UNREACHABLE as u128 - 1) as u32),
+                    _ => None,
+                }
+            })
+        })
+        .collect();
+    let mut rtt_us = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        rtt_us.push(t.await.ok().flatten().unwrap_or(UNREACHABLE));
+    }
+    transport::write_frame(s, &Frame::Probed { rtt_us }).await?;
+    Ok(())
+}
