@@ -116,10 +116,75 @@ pub(crate) fn dcmst_on(
         return Err(PlanError::FanoutInfeasible { slots, needed });
     }
     let mut parent = prim_limited(nodes, w, lim);
-    if lim.iter().any(|&l| l < needed) {
-        improve(nodes, w, lim, &mut parent);
+    if lim.iter().all(|&l| l >= needed) {
+        return Ok(parent);
+    }
+    improve(nodes, w, lim, &mut parent);
+    // Restarts from Prim on randomly perturbed weights (each polished on the true weights)
+    // escape the greedy's worst traps; fewer restarts for big inputs keep it O(n^2)-ish.
+    let weight = |p: &[usize]| (1..m).map(|v| w(nodes[p[v]], nodes[v])).sum::<f64>();
+    let mut best = weight(&parent);
+    let consider = |p: Vec<usize>, best: &mut f64, parent: &mut Vec<usize>| {
+        let wp = weight(&p);
+        if wp < *best - 1e-12 {
+            *best = wp;
+            *parent = p;
+        }
+    };
+    let restarts = (4000 / m.max(1)).min(32);
+    for r in 0..restarts {
+        let noisy = |a: NodeId, b: NodeId| w(a, b) * (1.0 + 0.4 * jitter(a.min(b), a.max(b), r));
+        let mut p = prim_limited(nodes, &noisy, lim);
+        improve(nodes, w, lim, &mut p);
+        consider(p, &mut best, &mut parent);
+    }
+    // Lagrangian guidance: penalise nodes the unconstrained MST over-uses, then build with
+    // limits on the penalised weights and polish on the true ones.
+    let mut pos = vec![usize::MAX; nodes.iter().max().map_or(0, |&x| x + 1)];
+    for (i, &v) in nodes.iter().enumerate() {
+        pos[v] = i;
+    }
+    let cap: Vec<f64> = (0..m)
+        .map(|i| if i == 0 { lim[0] } else { lim[i].saturating_add(1) } as f64)
+        .collect();
+    let unlimited = vec![usize::MAX; m];
+    let mut pi = vec![0.0f64; m];
+    let iters = (6000 / m.max(1)).clamp(4, 40);
+    let step0 = best / (m as f64 - 1.0).max(1.0);
+    for it in 0..iters {
+        let penalised = |a: NodeId, b: NodeId| w(a, b) + pi[pos[a]] + pi[pos[b]];
+        let free = prim_limited(nodes, &penalised, &unlimited);
+        let mut deg = vec![0.0f64; m];
+        for v in 1..m {
+            deg[v] += 1.0;
+            deg[free[v]] += 1.0;
+        }
+        let mut p = prim_limited(nodes, &penalised, lim);
+        improve(nodes, w, lim, &mut p);
+        consider(p, &mut best, &mut parent);
+        let step = step0 * (1.0 - it as f64 / iters as f64);
+        let mut violated = false;
+        for i in 0..m {
+            violated |= deg[i] > cap[i];
+            pi[i] = (pi[i] + step * (deg[i] - cap[i]).min(1.0)).max(0.0);
+        }
+        if !violated {
+            break;
+        }
     }
     Ok(parent)
+}
+
+/// Deterministic pseudo-random number in [-1, 1) for (a, b, round) (splitmix64).
+fn jitter(a: usize, b: usize, round: usize) -> f64 {
+    let mut z = (a as u64)
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add((b as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9))
+        .wrapping_add((round as u64 + 1).wrapping_mul(0x94D0_49BB_1331_11EB));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 52) as f64 - 1.0
 }
 
 /// Prim with fan-out limits; see [`dcmst`]. Keys whose parent filled up are recomputed lazily
