@@ -85,8 +85,14 @@ pub fn lp_bound(net: &Network) -> Result<f64, PlanError> {
     if res.len() == 0 {
         return Ok(f64::INFINITY);
     }
-    // Capacities in units of the largest one keep the simplex well conditioned.
-    let scale = res.caps.iter().copied().fold(0.0, f64::max);
+    // Measure rates in units of a simple upper bound on the answer (else the largest
+    // capacity): λ is then at most about 1 and the solver's absolute tolerance is relative.
+    let cut = cut_bound(net);
+    let scale = if cut.is_finite() {
+        cut
+    } else {
+        res.caps.iter().copied().fold(0.0, f64::max)
+    };
     let mut lp = Problem::new(OptimizationDirection::Maximize);
     let lambda = lp.add_var(1.0, (0.0, f64::INFINITY));
     let edges: Vec<(usize, usize)> = (0..n)
@@ -127,7 +133,12 @@ pub fn lp_bound(net: &Network) -> Result<f64, PlanError> {
             lp.add_constraint(terms.as_slice(), ComparisonOp::Eq, 0.0);
         }
     }
-    let outcome = lp.solve().map_err(|e| PlanError::Solver(e.to_string()))?;
+    let outcome = match lp.solve() {
+        Ok(o) => o,
+        // Some tree uses no finite resource: nothing limits the rate.
+        Err(microlp::Error::Unbounded) => return Ok(f64::INFINITY),
+        Err(e) => return Err(PlanError::Solver(e.to_string())),
+    };
     let solution = outcome
         .solution()
         .ok_or_else(|| PlanError::Solver("interrupted before a solution".into()))?;
