@@ -33,7 +33,7 @@ impl PackingLimits {
         let per_round = (nodes * nodes).max(1);
         Self {
             epsilon: 0.1,
-            max_rounds: (50_000_000 / per_round).clamp(30, 3000),
+            max_rounds: (200_000_000 / per_round).clamp(100, 5000),
         }
     }
 }
@@ -78,7 +78,10 @@ pub fn balanced_with(
     let mut cands: Vec<(Tree, f64)> = seeds.iter().map(|t| (t.clone(), f64::INFINITY)).collect();
     let mut found = packing.trees;
     found.sort_by(|a, b| b.1.total_cmp(&a.1));
-    cands.extend(found.into_iter().take(400));
+    // The rating LP has one column per candidate and a row per resource; fewer candidates
+    // for big networks keep it quick.
+    let keep = (40_000 / net.len()).clamp(30, 400);
+    cands.extend(found.into_iter().take(keep));
     dedup(&mut cands);
     let rate_of = |trees: &[Tree]| -> Result<Vec<f64>, PlanError> {
         let u: Vec<Vec<u32>> = trees.iter().map(|t| usage(&res, t)).collect();
@@ -95,9 +98,22 @@ pub fn balanced_with(
         let r = crate::rate::tree_rate(net, &t);
         return Ok(vec![(t, r)]);
     }
-    let kept: Vec<Tree> = ranked.into_iter().map(|c| c.0).collect();
-    let rates = rate_of(&kept)?;
-    let mut out: Vec<(Tree, f64)> = kept.into_iter().zip(rates).filter(|t| t.1 > 1e-9).collect();
+    // Re-rate the kept trees; then drop trees carrying under 2% of the total (a slow tree adds
+    // its slow per-hop chunk time to the completion time for little rate) and re-rate again.
+    let mut kept: Vec<Tree> = ranked.into_iter().map(|c| c.0).collect();
+    let mut out: Vec<(Tree, f64)> = Vec::new();
+    for _ in 0..2 {
+        let rates = rate_of(&kept)?;
+        let total: f64 = rates.iter().sum();
+        out = kept.iter().cloned().zip(rates).collect();
+        let before = out.len();
+        out.retain(|t| t.1 > 0.02 * total);
+        if out.len() == before || out.is_empty() {
+            break;
+        }
+        kept = out.iter().map(|t| t.0.clone()).collect();
+    }
+    out.retain(|t| t.1 > 1e-9);
     out.sort_by(|a, b| b.1.total_cmp(&a.1));
     Ok(out)
 }
@@ -122,11 +138,17 @@ pub(crate) fn pack(net: &Network, seeds: &[Tree], limits: PackingLimits) -> Pack
     let delta = (1.0 + eps) / ((1.0 + eps) * m as f64).powf(1.0 / eps);
     let mut price: Vec<f64> = res.caps.iter().map(|c| delta / c).collect();
     // Resource ids of every edge, computed once.
-    let mut edge_res: Vec<Vec<u32>> = vec![Vec::new(); n * n];
+    // An edge uses at most four resources (uplink, downlink, path, WAN); NONE pads.
+    const NONE: u32 = u32::MAX;
+    let mut edge_res: Vec<[u32; 4]> = vec![[NONE; 4]; n * n];
     for i in 0..n {
         for j in 1..n {
             if i != j {
-                res.for_edge(i, j, |r| edge_res[i * n + j].push(r as u32));
+                let mut k = 0;
+                res.for_edge(i, j, |r| {
+                    edge_res[i * n + j][k] = r as u32;
+                    k += 1;
+                });
             }
         }
     }
@@ -135,7 +157,11 @@ pub(crate) fn pack(net: &Network, seeds: &[Tree], limits: PackingLimits) -> Pack
     let mut upper = f64::INFINITY;
     for _ in 0..limits.max_rounds {
         for (c, rs) in cost.iter_mut().zip(&edge_res) {
-            *c = rs.iter().map(|&r| price[r as usize]).sum();
+            *c = rs
+                .iter()
+                .filter(|&&r| r != NONE)
+                .map(|&r| price[r as usize])
+                .sum();
         }
         for v in 0..n {
             cost[v * n + v] = f64::INFINITY;
@@ -146,7 +172,7 @@ pub(crate) fn pack(net: &Network, seeds: &[Tree], limits: PackingLimits) -> Pack
         let mut alpha = 0.0;
         for v in 1..n {
             alpha += cost[parent[v] * n + v];
-            for &r in &edge_res[parent[v] * n + v] {
+            for &r in edge_res[parent[v] * n + v].iter().filter(|&&r| r != NONE) {
                 use_count[r as usize] += 1;
             }
         }

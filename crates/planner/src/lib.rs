@@ -7,10 +7,10 @@
 //! - [`matrix`]: [`Matrix`], the TOML matrix file ([`MatrixFile`]) and the matrix printer.
 //! - [`network`]: [`Network`], the planner's input, and the capacity model.
 //! - [`trees`]: single-tree algorithms: [`mst`], [`dcmst`], [`bottleneck`], [`cluster`].
-//! - [`balanced`]: balanced multi-trees by fractional tree packing.
-//! - [`bound`]: the LP bound on the broadcast rate.
+//! - [`balanced`](mod@balanced): balanced multi-trees by fractional tree packing.
+//! - [`bound`](mod@bound): the LP bound on the broadcast rate.
 //! - [`rate`]: predicted rates and completion times.
-//! - [`plan`]: [`Algorithm`], [`plan()`](plan::plan), `auto` and the [`Plan`] they return.
+//! - [`plan`](mod@plan): [`Algorithm`], [`plan()`](plan::plan), `auto` and the [`Plan`] they return.
 //! - `render`: [`Plan::render_text`], [`Plan::to_dot`], [`Plan::to_svg`].
 //! - [`vivaldi`]: which pairs to probe, and coordinates that estimate the rest.
 //! - `arbor`: minimum-cost arborescences (the packing's pricing step).

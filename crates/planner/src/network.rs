@@ -429,8 +429,10 @@ impl Resources {
         let down = (0..n)
             .map(|i| add(net.downlink[i], ResourceKind::Downlink(i)))
             .collect();
-        let mut pair = vec![None; n * n];
+        // Only allocated when path capacities exist (n^2 entries).
+        let mut pair = Vec::new();
         if let Some(bw) = &net.bandwidth {
+            pair = vec![None; n * n];
             for i in 0..n {
                 for j in 0..n {
                     if i != j && j != 0 {
@@ -481,8 +483,8 @@ impl Resources {
         if let Some(r) = self.down[j] {
             f(r);
         }
-        if let Some(r) = self.pair[i * self.n + j] {
-            f(r);
+        if let Some(Some(r)) = self.pair.get(i * self.n + j) {
+            f(*r);
         }
         if let Some(r) = self.wan[self.site[i] * self.sites + self.site[j]] {
             f(r);

@@ -71,8 +71,9 @@ impl FromStr for Algorithm {
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlanOptions {
     /// Rate each child should get, used to derive fan-out limits from uplinks (dcmst, cluster).
-    /// `None`: try the hosts file's limits alone and the median uplink divided by 1..=4, and
-    /// keep the tree with the best predicted completion time.
+    /// `None`: try the hosts file's limits alone, the median uplink divided by 1..=4, and the
+    /// simple cut bound ([`crate::cut_bound`]), and keep the tree with the best predicted
+    /// completion time.
     pub target_rate_mbps: Option<f64>,
     /// Most trees a balanced plan may use (each needs its own shaped stream).
     pub max_trees: usize,
@@ -175,27 +176,42 @@ pub fn plan(net: &Network, algo: Algorithm, opts: &PlanOptions) -> Result<Plan, 
             }
         }
         Algorithm::Balanced => {
-            let seeds = seed_trees(net, opts);
-            let trees = balanced::balanced(net, &seeds, opts.max_trees)?;
-            let rate: f64 = trees.iter().map(|t| t.1).sum();
-            let secs = completion_secs(net, &trees, opts.objective);
-            Ok(Plan {
-                algorithm: Algorithm::Balanced,
-                reason: format!("{} trees with shaped rates", trees.len()),
-                trees,
-                rate_mbps: rate,
-                completion_secs: secs,
-            })
+            let singles = single_plans(net, opts)?;
+            balanced_plan(net, opts, &singles)
         }
     }
 }
 
 /// Every concrete algorithm's plan, in [`Algorithm::CONCRETE`] order.
 pub fn all_plans(net: &Network, opts: &PlanOptions) -> Result<Vec<Plan>, PlanError> {
+    let mut plans = single_plans(net, opts)?;
+    let b = balanced_plan(net, opts, &plans)?;
+    plans.push(b);
+    Ok(plans)
+}
+
+/// The single-tree plans (every concrete algorithm but balanced).
+fn single_plans(net: &Network, opts: &PlanOptions) -> Result<Vec<Plan>, PlanError> {
     Algorithm::CONCRETE
         .iter()
+        .filter(|&&a| a != Algorithm::Balanced)
         .map(|&a| plan(net, a, opts))
         .collect()
+}
+
+/// Balanced multi-trees, seeded with the single-tree plans' trees.
+fn balanced_plan(net: &Network, opts: &PlanOptions, singles: &[Plan]) -> Result<Plan, PlanError> {
+    let seeds: Vec<Tree> = singles.iter().map(|p| p.tree().clone()).collect();
+    let trees = balanced::balanced(net, &seeds, opts.max_trees)?;
+    let rate: f64 = trees.iter().map(|t| t.1).sum();
+    let secs = completion_secs(net, &trees, opts.objective);
+    Ok(Plan {
+        algorithm: Algorithm::Balanced,
+        reason: format!("{} trees with shaped rates", trees.len()),
+        trees,
+        rate_mbps: rate,
+        completion_secs: secs,
+    })
 }
 
 fn auto(net: &Network, opts: &PlanOptions) -> Result<Plan, PlanError> {
@@ -255,23 +271,17 @@ fn limit_choices(net: &Network, opts: &PlanOptions) -> Vec<(Option<f64>, Vec<Opt
     }
     ups.sort_by(f64::total_cmp);
     let median = ups[ups.len() / 2];
-    for k in 1..=4 {
-        let t = median / k as f64;
+    let mut targets: Vec<f64> = (1..=4).map(|k| median / k as f64).collect();
+    // Aim straight at the simple cut bound too: a tree where every node feeds only as many
+    // children as its uplink carries at that rate.
+    let cut = crate::bound::cut_bound(net);
+    if cut.is_finite() && targets.iter().all(|t| (t - cut).abs() > 1e-9 * cut) {
+        targets.push(cut);
+    }
+    for t in targets {
         out.push((Some(t), fanout_limits(net, Some(t))));
     }
     out
-}
-
-/// Single-tree plans the balanced packing starts from.
-fn seed_trees(net: &Network, opts: &PlanOptions) -> Vec<Tree> {
-    let mut seeds = vec![mst(net), bottleneck(net)];
-    for (_, limits) in limit_choices(net, opts) {
-        if let Ok(t) = dcmst(net, &limits) {
-            seeds.push(t);
-        }
-        seeds.push(cluster(net, &limits));
-    }
-    seeds
 }
 
 /// "12.3 Mbit/s", "1.25 Gbit/s" or "unlimited".

@@ -37,8 +37,8 @@ fn dcmst_respects_limits_and_is_near_optimal() {
             lim[v] = lim[v].map(|l| l + 1);
         }
         let tree = dcmst(&net, &lim).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
-        for v in 0..n {
-            if let Some(l) = lim[v] {
+        for (v, l) in lim.iter().enumerate() {
+            if let Some(l) = *l {
                 assert!(
                     tree.children(v).len() <= l,
                     "seed {seed}: node {v} has {} children, limit {l}",

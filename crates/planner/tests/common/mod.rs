@@ -176,9 +176,9 @@ pub fn brute_bottleneck(width: &dyn Fn(usize, usize) -> f64, n: usize) -> f64 {
         seen[0] = true;
         let mut stack = vec![0];
         while let Some(u) = stack.pop() {
-            for v in 0..n {
-                if !seen[v] && width(u, v) > above {
-                    seen[v] = true;
+            for (v, s) in seen.iter_mut().enumerate() {
+                if !*s && width(u, v) > above {
+                    *s = true;
                     stack.push(v);
                 }
             }
