@@ -49,6 +49,7 @@ pub(crate) struct Packing {
 /// Balanced multi-trees with at most `max_trees` trees (>= 1); `seeds` are candidate trees to
 /// consider besides those the packing finds. Returns `(tree, rate Mbit/s)` pairs, the best
 /// first; with no capacities known, the first seed (or the RTT MST) at an infinite rate.
+/// Every tree respects the hosts file's `max_fanout` (packed trees that do not are dropped).
 pub fn balanced(
     net: &Network,
     seeds: &[Tree],
@@ -83,6 +84,8 @@ pub fn balanced_with(
     let keep = (40_000 / net.len()).clamp(30, 400);
     cands.extend(found.into_iter().take(keep));
     dedup(&mut cands);
+    // The hosts file's fan-out limits hold per tree; packed trees that break them are dropped.
+    cands.retain(|(t, _)| respects_fanout(net, t));
     let rate_of = |trees: &[Tree]| -> Result<Vec<f64>, PlanError> {
         let u: Vec<Vec<u32>> = trees.iter().map(|t| usage(&res, t)).collect();
         best_rates(&res.caps, &u)
@@ -94,7 +97,8 @@ pub fn balanced_with(
     ranked.truncate(max_trees);
     ranked.retain(|t| t.1 > 0.0);
     if ranked.is_empty() {
-        let t = crate::trees::mst(net);
+        let limits = crate::trees::fanout_limits(net, None);
+        let t = crate::trees::dcmst(net, &limits).unwrap_or_else(|_| crate::trees::mst(net));
         let r = crate::rate::tree_rate(net, &t);
         return Ok(vec![(t, r)]);
     }
@@ -116,6 +120,16 @@ pub fn balanced_with(
     out.retain(|t| t.1 > 1e-9);
     out.sort_by(|a, b| b.1.total_cmp(&a.1));
     Ok(out)
+}
+
+fn respects_fanout(net: &Network, t: &Tree) -> bool {
+    let mut kids = vec![0usize; t.len()];
+    for p in t.parents().iter().flatten() {
+        kids[*p] += 1;
+    }
+    kids.iter()
+        .enumerate()
+        .all(|(v, &k)| net.max_fanout(v).map_or(true, |l| k <= l))
 }
 
 fn dedup(trees: &mut Vec<(Tree, f64)>) {

@@ -177,6 +177,16 @@ impl Network {
         self.bandwidth.as_ref()
     }
 
+    /// The RTT matrix (and the path capacities, when known) as printable tables.
+    pub fn render_matrices(&self) -> String {
+        let mut out = self.rtt.render(&self.names, "rtt ms");
+        if let Some(bw) = &self.bandwidth {
+            out.push('\n');
+            out.push_str(&bw.render(&self.names, "Mbit/s"));
+        }
+        out
+    }
+
     /// RTT from i to j in ms.
     pub fn rtt(&self, i: NodeId, j: NodeId) -> f64 {
         self.rtt.at(i, j)

@@ -372,7 +372,8 @@ fn candidate_pairs(nodes: &[NodeId], w: &dyn Fn(NodeId, NodeId) -> f64) -> Vec<(
 /// for its own site; elsewhere the member with the largest uplink, ties to the lowest mean RTT
 /// to other sites), a degree-constrained MST on RTT between the gateways, and inside every site
 /// a degree-constrained MST rooted at its gateway. Limits as for [`dcmst`]; a gateway keeps one
-/// slot for its own site. Falls back to unlimited trees where the limits cannot be met.
+/// slot for its own site. Where the limits leave no two-level tree it returns the plain
+/// [`dcmst`] (and the [`mst`] when the limits are infeasible altogether).
 pub fn cluster(net: &Network, limits: &[Option<usize>]) -> Tree {
     let n = net.len();
     let (site, count) = net.site_ids();
@@ -411,8 +412,9 @@ pub fn cluster(net: &Network, limits: &[Option<usize>]) -> Tree {
         .map(|(&g, ms)| lim(g).saturating_sub(usize::from(ms.len() > 1)))
         .collect();
     let w = |a: NodeId, b: NodeId| net.rtt_sym(a, b);
-    let wan = dcmst_on(&gateways, &w, &wan_lim)
-        .unwrap_or_else(|_| prim_limited(&gateways, &w, &vec![usize::MAX; gateways.len()]));
+    let Ok(wan) = dcmst_on(&gateways, &w, &wan_lim) else {
+        return flat_fallback(net, limits);
+    };
     let mut wan_kids = vec![0usize; n];
     for (pos, &g) in gateways.iter().enumerate().skip(1) {
         let p = gateways[wan[pos]];
@@ -427,13 +429,20 @@ pub fn cluster(net: &Network, limits: &[Option<usize>]) -> Tree {
             .iter()
             .map(|&v| lim(v).saturating_sub(wan_kids[v]))
             .collect();
-        let inner = dcmst_on(&order, &w, &l)
-            .unwrap_or_else(|_| prim_limited(&order, &w, &vec![usize::MAX; order.len()]));
+        let Ok(inner) = dcmst_on(&order, &w, &l) else {
+            return flat_fallback(net, limits);
+        };
         for (pos, &v) in order.iter().enumerate().skip(1) {
             parent[v] = Some(order[inner[pos]]);
         }
     }
     Tree::from_parents(parent).expect("gateway tree plus site trees span every node")
+}
+
+/// When the limits leave no two-level tree (gateways without free fan-out, a site of leaves),
+/// the one-level DCMST; and the MST when even that is infeasible.
+fn flat_fallback(net: &Network, limits: &[Option<usize>]) -> Tree {
+    dcmst(net, limits).unwrap_or_else(|_| mst(net))
 }
 
 fn to_tree(nodes: &[NodeId], parent_pos: &[usize], n: usize) -> Tree {
