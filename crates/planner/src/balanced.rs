@@ -129,7 +129,7 @@ fn respects_fanout(net: &Network, t: &Tree) -> bool {
     }
     kids.iter()
         .enumerate()
-        .all(|(v, &k)| net.max_fanout(v).map_or(true, |l| k <= l))
+        .all(|(v, &k)| net.max_fanout(v).is_none_or(|l| k <= l))
 }
 
 fn dedup(trees: &mut Vec<(Tree, f64)>) {
