@@ -96,8 +96,9 @@
 //!   share an uplink, as the seed notes.
 //! - [`cluster`]: one gateway per site, a DCMST between gateways, DCMSTs inside sites.
 //! - [`balanced()`](balanced::balanced): Garg-Könemann packing priced by minimum arborescences
-//!   (Chu-Liu/Edmonds), then an LP over the trees found to pick the `max_trees` best and
-//!   their shaped rates.
+//!   (Chu-Liu/Edmonds in Tarjan's path-growing form, O(n^2) on dense costs), seeded with the
+//!   single-tree plans, then an LP over the trees found to pick the `max_trees` best and their
+//!   shaped rates; trees under 2% of the total are dropped (they cost latency, not rate).
 //! - `auto`: all of the above, the best predicted completion time wins, with the reason.
 //! - [`vivaldi`]: above [`PROBE_ALL_MAX`] nodes, probe a random sample and fit coordinates.
 //!
@@ -108,8 +109,11 @@
 //!   capacities.
 //! - The DCMST is a heuristic (random tests report its worst ratio to the optimum); the
 //!   cluster tree is built on RTT only and ignores WAN capacities when choosing WAN edges.
-//! - The bound is exact up to [`LP_MAX_NODES`] nodes; beyond, it is the packing's dual bound,
-//!   which can be loose when the packing runs few rounds (large n).
+//! - The bound is exact up to [`LP_MAX_NODES`] nodes; beyond, it is the packing's dual bound
+//!   capped by [`cut_bound`], which can be loose for large n (the packing runs fewer rounds).
+//! - The bound knows capacities, not `max_fanout`: with fan-out limits it may be unreachable.
+//!   Balanced plans keep the limits by dropping packed trees that break them.
+//! - A balanced plan with several trees needs sender-side shaping per tree to reach its rate.
 //! - Predictions ignore protocol overhead, congestion-control ramp-up and CPU limits.
 #![warn(missing_docs)]
 
