@@ -119,6 +119,11 @@ pub fn balanced_with(
     }
     out.retain(|t| t.1 > 1e-9);
     out.sort_by(|a, b| b.1.total_cmp(&a.1));
+    if out.is_empty() {
+        let t = crate::trees::mst(net);
+        let r = crate::rate::tree_rate(net, &t);
+        out.push((t, r));
+    }
     Ok(out)
 }
 

@@ -219,7 +219,8 @@ pub fn median_relative_error(coords: &Coordinates, samples: &[Sample]) -> f64 {
 
 /// A synthetic geometry for tests and benchmarks: `n` hosts in `regions` clusters on a plane
 /// (region centres up to 150 ms apart, hosts spread 5 ms around them) with 0.5-5 ms access
-/// delays and +-5% noise. Returns the full RTT matrix.
+/// delays, +-5% noise, and routing detours (one pair in ten 0-50% longer, which no metric
+/// space reproduces). Returns the full RTT matrix.
 pub fn synthetic_rtt(n: usize, regions: usize, seed: u64) -> Matrix {
     let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
     let centres: Vec<[f64; 2]> = (0..regions.max(1))
@@ -243,7 +244,12 @@ pub fn synthetic_rtt(n: usize, regions: usize, seed: u64) -> Matrix {
             let d = ((hosts[a].0[0] - hosts[b].0[0]).powi(2)
                 + (hosts[a].0[1] - hosts[b].0[1]).powi(2))
             .sqrt();
-            let rtt = (d + hosts[a].1 + hosts[b].1) * rng.gen_range(0.95..1.05);
+            let detour = if rng.gen_bool(0.1) {
+                rng.gen_range(1.0..1.5)
+            } else {
+                1.0
+            };
+            let rtt = (d + hosts[a].1 + hosts[b].1) * rng.gen_range(0.95..1.05) * detour;
             m.set(a, b, rtt);
             m.set(b, a, rtt);
         }
