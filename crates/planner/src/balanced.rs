@@ -78,7 +78,11 @@ pub fn balanced_with(
     // Keep the most promising candidates for the LP (seeds first, then by packed rate).
     let mut cands: Vec<(Tree, f64)> = seeds.iter().map(|t| (t.clone(), f64::INFINITY)).collect();
     let mut found = packing.trees;
-    found.sort_by(|a, b| b.1.total_cmp(&a.1));
+    // Ties broken by the parent vector so the plan does not depend on hash order.
+    found.sort_by(|a, b| {
+        b.1.total_cmp(&a.1)
+            .then_with(|| a.0.parents().cmp(b.0.parents()))
+    });
     // The rating LP has one column per candidate and a row per resource; fewer candidates
     // for big networks keep it quick.
     let keep = (40_000 / net.len()).clamp(30, 400);

@@ -115,7 +115,8 @@ impl Plan {
             .iter()
             .map(|(_, d)| (*d.iter().max().unwrap_or(&0) as f64 + 1.0) * DY + MARGIN)
             .collect();
-        let height: f64 = heights.iter().sum::<f64>() + MARGIN;
+        const LEGEND: f64 = 24.0;
+        let height: f64 = heights.iter().sum::<f64>() + MARGIN + LEGEND;
         let mut out = String::new();
         let _ = writeln!(
             out,
@@ -123,7 +124,29 @@ impl Plan {
              font-family=\"sans-serif\" font-size=\"11\">"
         );
         let _ = writeln!(out, "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>");
-        let mut top = MARGIN;
+        // Legend: one swatch per site, in site-id order.
+        let mut first_of_site: Vec<Option<NodeId>> =
+            vec![None; site.iter().max().map_or(0, |m| m + 1)];
+        for (v, &s) in site.iter().enumerate() {
+            first_of_site[s].get_or_insert(v);
+        }
+        let mut x = MARGIN;
+        for (s, v) in first_of_site.iter().enumerate() {
+            let label = v.and_then(|v| net.site(v)).unwrap_or("(no site)");
+            let _ = writeln!(
+                out,
+                "<circle cx=\"{:.0}\" cy=\"{:.0}\" r=\"6\" fill=\"{}\" stroke=\"#333\"/>\
+                 <text x=\"{:.0}\" y=\"{:.0}\">{}</text>",
+                x + 6.0,
+                MARGIN - 4.0,
+                PALETTE[s % PALETTE.len()],
+                x + 16.0,
+                MARGIN,
+                xml_escape(label)
+            );
+            x += 30.0 + 7.0 * label.chars().count() as f64;
+        }
+        let mut top = MARGIN + LEGEND;
         for (k, ((tree, rate), (xs, depth))) in self.trees.iter().zip(&layouts).enumerate() {
             let pos = |v: NodeId| {
                 (
@@ -308,7 +331,9 @@ mod tests {
         assert!(dot.contains(PALETTE[1]));
         let svg = p.to_svg(&net);
         assert_eq!(svg.matches("<line").count(), 3);
-        assert_eq!(svg.matches("<circle").count(), 4);
+        // Four nodes plus one legend swatch per site.
+        assert_eq!(svg.matches("<circle").count(), 4 + 2);
+        assert!(svg.contains(">b</text>"));
         assert!(svg.contains("x&lt;&amp;&quot;y"));
         assert!(svg.trim_end().ends_with("</svg>"));
     }
