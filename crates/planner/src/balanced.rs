@@ -96,30 +96,46 @@ pub fn balanced_with(
     };
     let trees: Vec<Tree> = cands.into_iter().map(|c| c.0).collect();
     let rates = rate_of(&trees)?;
-    let mut ranked: Vec<(Tree, f64)> = trees.into_iter().zip(rates).collect();
-    ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
-    ranked.truncate(max_trees);
-    ranked.retain(|t| t.1 > 0.0);
-    if ranked.is_empty() {
+    let mut order: Vec<usize> = (0..trees.len()).filter(|&i| rates[i] > 0.0).collect();
+    order.sort_by(|&a, &b| rates[b].total_cmp(&rates[a]));
+    if order.is_empty() {
         let limits = crate::trees::fanout_limits(net, None);
         let t = crate::trees::dcmst(net, &limits).unwrap_or_else(|_| crate::trees::mst(net));
         let r = crate::rate::tree_rate(net, &t);
         return Ok(vec![(t, r)]);
     }
-    // Re-rate the kept trees; then drop trees carrying under 2% of the total (a slow tree adds
-    // its slow per-hop chunk time to the completion time for little rate) and re-rate again.
-    let mut kept: Vec<Tree> = ranked.into_iter().map(|c| c.0).collect();
-    let mut out: Vec<(Tree, f64)> = Vec::new();
-    for _ in 0..2 {
-        let rates = rate_of(&kept)?;
-        let total: f64 = rates.iter().sum();
-        out = kept.iter().cloned().zip(rates).collect();
-        let before = out.len();
-        out.retain(|t| t.1 > 0.02 * total);
-        if out.len() == before || out.is_empty() {
-            break;
+    // The LP's largest max_trees trees, re-rated alone; then swaps: the next candidates in
+    // turn replace the slowest kept tree while that raises the total.
+    let split = order.len().min(max_trees);
+    let mut kept: Vec<Tree> = order[..split].iter().map(|&i| trees[i].clone()).collect();
+    let mut kept_rates = rate_of(&kept)?;
+    let swaps = if net.len() <= 200 { 30 } else { 8 };
+    for &i in order[split..].iter().take(swaps) {
+        let slowest = (0..kept.len())
+            .min_by(|&a, &b| kept_rates[a].total_cmp(&kept_rates[b]))
+            .unwrap_or(0);
+        let mut trial = kept.clone();
+        trial[slowest] = trees[i].clone();
+        let trial_rates = rate_of(&trial)?;
+        if trial_rates.iter().sum::<f64>() > kept_rates.iter().sum::<f64>() * (1.0 + 1e-9) {
+            kept = trial;
+            kept_rates = trial_rates;
         }
-        kept = out.iter().map(|t| t.0.clone()).collect();
+    }
+    let mut out: Vec<(Tree, f64)> = kept.into_iter().zip(kept_rates).collect();
+    // Trees under 2% of the total add their slow per-hop chunk time to the completion time for
+    // little rate: drop them when the others, re-rated, keep at least 97% of the total.
+    let total: f64 = out.iter().map(|t| t.1).sum();
+    if out.iter().any(|t| t.1 < 0.02 * total) {
+        let big: Vec<Tree> = out
+            .iter()
+            .filter(|t| t.1 >= 0.02 * total)
+            .map(|t| t.0.clone())
+            .collect();
+        let big_rates = rate_of(&big)?;
+        if big_rates.iter().sum::<f64>() >= 0.97 * total {
+            out = big.into_iter().zip(big_rates).collect();
+        }
     }
     out.retain(|t| t.1 > 1e-9);
     out.sort_by(|a, b| b.1.total_cmp(&a.1));

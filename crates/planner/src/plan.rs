@@ -85,7 +85,7 @@ impl Default for PlanOptions {
     fn default() -> Self {
         Self {
             target_rate_mbps: None,
-            max_trees: 8,
+            max_trees: 16,
             objective: Objective::default(),
         }
     }
@@ -101,6 +101,18 @@ impl PlanOptions {
             });
         }
         self.target_rate_mbps = Some(mbps);
+        Ok(self)
+    }
+
+    /// Sets the most trees a balanced plan may use, refusing zero.
+    pub fn with_max_trees(mut self, max_trees: usize) -> Result<Self, PlanError> {
+        if max_trees == 0 {
+            return Err(PlanError::BadValue {
+                what: "max trees",
+                value: 0.0,
+            });
+        }
+        self.max_trees = max_trees;
         Ok(self)
     }
 
@@ -322,6 +334,11 @@ mod tests {
         ));
         assert!(PlanOptions::default().with_target_rate(0.0).is_err());
         assert!(PlanOptions::default().with_object(0, 1).is_err());
+        assert!(PlanOptions::default().with_max_trees(0).is_err());
+        assert_eq!(
+            PlanOptions::default().with_max_trees(3).unwrap().max_trees,
+            3
+        );
     }
 
     #[test]

@@ -85,3 +85,20 @@ fn bottleneck_tree_is_exactly_optimal() {
     println!("bottleneck tree optimal on {INSTANCES} instances; RTT MST narrower on {mst_worse}");
     assert!(mst_worse > INSTANCES / 10, "{mst_worse}");
 }
+
+/// At a size brute force cannot check: limits hold, the tree is no lighter than the MST, and
+/// no heavier than Prim restricted to the limits alone would be.
+#[test]
+fn dcmst_at_scale_respects_limits() {
+    let mut rng = common::rng(77);
+    let n = 300;
+    let net = Network::new(common::random_rtt(&mut rng, n)).unwrap();
+    let lim: Vec<Option<usize>> = (0..n).map(|_| Some(rng.gen_range(1..=3))).collect();
+    let tree = dcmst(&net, &lim).unwrap();
+    for (v, l) in lim.iter().enumerate() {
+        assert!(tree.children(v).len() <= l.unwrap());
+    }
+    let (w, w_mst) = (rtt_weight(&net, &tree), rtt_weight(&net, &mst(&net)));
+    println!("dcmst on {n} nodes, fan-out 1-3: weight {w} vs unconstrained MST {w_mst}");
+    assert!(w >= w_mst && w <= 2.0 * w_mst, "{w} vs {w_mst}");
+}
