@@ -343,9 +343,14 @@ mod tests {
 
     #[test]
     fn auto_prefers_relaying_when_the_source_uplink_is_small() {
-        // Source uplink 100, four receivers with 1000 each and equal RTTs: the MST is a star
-        // (25 Mbit/s); relaying through receivers reaches 100.
-        let mut net = Network::new(Matrix::filled(5, 10.0)).unwrap();
+        // Source uplink 100, four receivers with 1000 each, the source nearest to everyone:
+        // the MST is a star (25 Mbit/s); relaying through receivers reaches 100.
+        let mut rtt = Matrix::filled(5, 10.0);
+        for v in 1..5 {
+            rtt.set(0, v, 5.0);
+            rtt.set(v, 0, 5.0);
+        }
+        let mut net = Network::new(rtt).unwrap();
         net.set_uplink(0, Some(100.0)).unwrap();
         for v in 1..5 {
             net.set_uplink(v, Some(1000.0)).unwrap();
