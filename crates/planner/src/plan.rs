@@ -342,6 +342,21 @@ mod tests {
     }
 
     #[test]
+    fn degenerate_networks_plan_without_panicking() {
+        // The source alone, and the source with one host and capacities.
+        let alone = Network::new(Matrix::filled(1, 0.0)).unwrap();
+        for p in all_plans(&alone, &PlanOptions::default()).unwrap() {
+            assert_eq!(p.tree().len(), 1);
+            assert!(p.rate_mbps.is_infinite());
+        }
+        let mut two = Network::new(Matrix::filled(2, 3.0)).unwrap();
+        two.set_uplink(0, Some(10.0)).unwrap();
+        let p = plan(&two, Algorithm::Auto, &PlanOptions::default()).unwrap();
+        assert_eq!(p.tree().parent(1), Some(0));
+        assert!((p.rate_mbps - 10.0).abs() < 1e-9);
+    }
+
+    #[test]
     fn auto_prefers_relaying_when_the_source_uplink_is_small() {
         // Source uplink 100, four receivers with 1000 each, the source nearest to everyone:
         // the MST is a star (25 Mbit/s); relaying through receivers reaches 100.
