@@ -29,8 +29,9 @@ pub struct Network {
     max_fanout: Vec<Option<usize>>,
     rtt: Matrix,
     bandwidth: Option<Matrix>,
-    /// Shared WAN capacity by (from site, to site) label.
-    wan: HashMap<(String, String), f64>,
+    /// Shared WAN capacity by from-site then to-site label (nested so lookups by `&str` do not
+    /// allocate: tree algorithms ask for every pair).
+    wan: HashMap<String, HashMap<String, f64>>,
 }
 
 impl Network {
@@ -206,7 +207,7 @@ impl Network {
     /// differ, and a capacity is set.
     pub fn wan_capacity(&self, i: NodeId, j: NodeId) -> Option<f64> {
         match (&self.sites[i], &self.sites[j]) {
-            (Some(a), Some(b)) if a != b => self.wan.get(&(a.clone(), b.clone())).copied(),
+            (Some(a), Some(b)) if a != b => self.wan.get(a).and_then(|m| m.get(b)).copied(),
             _ => None,
         }
     }
@@ -299,7 +300,10 @@ impl Network {
             }
         }
         let c = capacity("wan mbps", Some(mbps))?;
-        self.wan.insert((from.to_string(), to.to_string()), c);
+        self.wan
+            .entry(from.to_string())
+            .or_default()
+            .insert(to.to_string(), c);
         Ok(())
     }
 
@@ -458,8 +462,12 @@ impl Resources {
                 label_id.insert(s.as_str(), site[i]);
             }
         }
-        let mut wan_keys: Vec<_> = net.wan.iter().collect();
-        wan_keys.sort_by(|a, b| a.0.cmp(b.0));
+        let mut wan_keys: Vec<((&String, &String), &f64)> = net
+            .wan
+            .iter()
+            .flat_map(|(a, m)| m.iter().map(move |(b, c)| ((a, b), c)))
+            .collect();
+        wan_keys.sort_by(|x, y| x.0.cmp(&y.0));
         let mut wan = vec![None; sites * sites];
         for ((a, b), &c) in wan_keys {
             if let (Some(&x), Some(&y)) = (label_id.get(a.as_str()), label_id.get(b.as_str())) {

@@ -4,23 +4,34 @@
 
 use bulkcast_proto::tree::{NodeId, Tree};
 
-use crate::{Network, PlanError};
+use crate::{Matrix, Network, PlanError};
 
 /// Minimum spanning tree on RTT (Prim, O(n^2)), rooted at the source. RTT is symmetrised as the
 /// mean of both directions; ties go to the wider edge, then to the lower node id.
 pub fn mst(net: &Network) -> Tree {
     let nodes: Vec<NodeId> = (0..net.len()).collect();
     let lim = vec![usize::MAX; nodes.len()];
-    let parent = prim_limited(&nodes, &|a, b| weight(net, a, b), &lim);
+    let wm = weights(net);
+    let parent = prim_limited(&nodes, &|a, b| wm.at(a, b), &lim);
     to_tree(&nodes, &parent, net.len())
 }
 
 /// The RTT-tree edge weight: symmetrised RTT, plus under a microsecond that grows as the
 /// edge narrows, so equal RTTs (common in emulated labs) go to the wider edge without changing
 /// which RTT totals are optimal.
-fn weight(net: &Network, a: NodeId, b: NodeId) -> f64 {
-    let cap = net.edge_capacity(a, b).min(net.edge_capacity(b, a));
-    net.rtt_sym(a, b) + 1e-4 / (1.0 + cap)
+/// Computed once per tree as a dense matrix: the searches evaluate it many times per pair.
+fn weights(net: &Network) -> Matrix {
+    let n = net.len();
+    let mut m = Matrix::filled(n, 0.0);
+    for a in 0..n {
+        for b in a + 1..n {
+            let cap = net.edge_capacity(a, b).min(net.edge_capacity(b, a));
+            let w = net.rtt_sym(a, b) + 1e-4 / (1.0 + cap);
+            m.set(a, b, w);
+            m.set(b, a, w);
+        }
+    }
+    m
 }
 
 /// Maximum-bottleneck (widest) spanning arborescence: maximises the smallest
@@ -106,7 +117,8 @@ pub fn dcmst(net: &Network, limits: &[Option<usize>]) -> Result<Tree, PlanError>
     let lim: Vec<usize> = (0..net.len())
         .map(|i| limits.get(i).copied().flatten().unwrap_or(usize::MAX))
         .collect();
-    let parent = dcmst_on(&nodes, &|a, b| weight(net, a, b), &lim)?;
+    let wm = weights(net);
+    let parent = dcmst_on(&nodes, &|a, b| wm.at(a, b), &lim)?;
     Ok(to_tree(&nodes, &parent, net.len()))
 }
 
@@ -419,7 +431,8 @@ pub fn cluster(net: &Network, limits: &[Option<usize>]) -> Tree {
         .zip(&members)
         .map(|(&g, ms)| lim(g).saturating_sub(usize::from(ms.len() > 1)))
         .collect();
-    let w = |a: NodeId, b: NodeId| weight(net, a, b);
+    let wm = weights(net);
+    let w = |a: NodeId, b: NodeId| wm.at(a, b);
     let Ok(wan) = dcmst_on(&gateways, &w, &wan_lim) else {
         return flat_fallback(net, limits);
     };
