@@ -86,19 +86,22 @@
 //! bound (marked not exact).
 //!
 //! # Algorithm notes
-//! - [`mst`]: Prim on RTT (mean of both directions), O(n^2).
+//! - [`mst`]: Prim on RTT (mean of both directions), O(n^2). Equal RTTs (common in emulated
+//!   labs) go to the wider edge.
 //! - [`dcmst`]: Prim that only attaches to nodes with free fan-out and never strands the
-//!   rest, then edge-exchange local search under the limits. Limits come from `max_fanout` and,
-//!   given a target rate, `floor(uplink / target)`; [`plan()`](plan::plan) without a target
-//!   tries the median uplink over 1..=4 and keeps the best prediction.
+//!   rest, then edge-exchange local search under the limits, repeated from randomly perturbed
+//!   and Lagrangian-penalised weights (fewer restarts as n grows). Limits come from `max_fanout`
+//!   and, given a target rate, `floor(uplink / target)`; [`plan()`](plan::plan) without a
+//!   target tries the median uplink over 1..=4 and the cut bound and keeps the best prediction.
 //! - [`bottleneck`]: Prim keeping the widest edge into the tree; exactly optimal for the
 //!   smallest edge capacity (seed 004's maximum-bottleneck tree). It ignores that children
 //!   share an uplink, as the seed notes.
 //! - [`cluster`]: one gateway per site, a DCMST between gateways, DCMSTs inside sites.
 //! - [`balanced()`](balanced::balanced): Garg-Könemann packing priced by minimum arborescences
 //!   (Chu-Liu/Edmonds in Tarjan's path-growing form, O(n^2) on dense costs), seeded with the
-//!   single-tree plans, then an LP over the trees found to pick the `max_trees` best and their
-//!   shaped rates; trees under 2% of the total are dropped (they cost latency, not rate).
+//!   single-tree plans, then an LP over the trees found to pick the `max_trees` best (16 by
+//!   default) and their shaped rates, a few swaps with the next candidates, and trees under 2%
+//!   of the total dropped when that keeps 97% of the rate (they cost latency, not rate).
 //! - `auto`: all of the above, the best predicted completion time wins, with the reason.
 //! - [`vivaldi`]: above [`PROBE_ALL_MAX`] nodes, probe a random sample and fit coordinates.
 //!
