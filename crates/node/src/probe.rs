@@ -30,9 +30,11 @@ pub struct RttMatrix {
     pub errors: Vec<(usize, String)>,
 }
 
-/// Measures RTTs between the source and every host and between every pair of hosts.
+/// Measures RTTs from the source to every host, and from each host `i` to the hosts listed in
+/// `targets[i]` (indices into `hosts`; all of them for a full matrix, a sample for Vivaldi).
 pub async fn matrix(
     hosts: &[HostSpec],
+    targets: &[Vec<usize>],
     keys: &Keys,
     tuning: &TcpTuning,
     samples: u16,
@@ -43,30 +45,33 @@ pub async fn matrix(
     for (i, row) in rtt_ms.iter_mut().enumerate() {
         row[i] = Some(0.0);
     }
-    let addrs: Vec<String> = hosts.iter().map(|h| h.addr.clone()).collect();
     let tasks: Vec<_> = (0..hosts.len())
         .map(|i| {
-            let targets: Vec<String> = addrs.clone();
-            let addr = addrs[i].clone();
+            let list: Vec<usize> = targets.get(i).cloned().unwrap_or_default();
+            let addrs: Vec<String> = list
+                .iter()
+                .filter_map(|&j| hosts.get(j))
+                .map(|h| h.addr.clone())
+                .collect();
+            let addr = hosts[i].addr.clone();
             let keys = keys.clone();
             let tuning = tuning.clone();
-            tokio::spawn(async move {
-                tokio::time::timeout(
-                    deadline + Duration::from_secs(5),
-                    probe_one(&addr, &keys, &tuning, samples, deadline, targets),
-                )
-                .await
-                .unwrap_or(Err(ConnError::Timeout("probing")))
-            })
+            let task = tokio::spawn(async move {
+                let probe = probe_one(&addr, &keys, &tuning, samples, deadline, addrs);
+                tokio::time::timeout(deadline + Duration::from_secs(5), probe)
+                    .await
+                    .unwrap_or(Err(ConnError::Timeout("probing")))
+            });
+            (list, task)
         })
         .collect();
     let mut errors = Vec::new();
-    for (i, t) in tasks.into_iter().enumerate() {
+    for (i, (list, t)) in tasks.into_iter().enumerate() {
         match t.await {
             Ok(Ok((own, row))) => {
                 rtt_ms[0][i + 1] = Some(own);
                 rtt_ms[i + 1][0] = Some(own);
-                for (j, us) in row.into_iter().enumerate() {
+                for (&j, us) in list.iter().zip(row) {
                     if j != i && us != UNREACHABLE {
                         rtt_ms[i + 1][j + 1] = Some(us as f64 / 1000.0);
                     }

@@ -38,7 +38,10 @@ async fn matrix_of_three_agents_and_one_dead_host() {
     hosts.push(HostSpec::from_addr(&dead_addr));
 
     let t = Instant::now();
-    let m = probe::matrix(&hosts, &keys, &tuning, 5, Duration::from_secs(3)).await;
+    let all: Vec<Vec<usize>> = (0..hosts.len())
+        .map(|_| (0..hosts.len()).collect())
+        .collect();
+    let m = probe::matrix(&hosts, &all, &keys, &tuning, 5, Duration::from_secs(3)).await;
     assert!(t.elapsed() < Duration::from_secs(10));
     for i in 0..=3 {
         for j in 0..=3 {
@@ -54,7 +57,15 @@ async fn matrix_of_three_agents_and_one_dead_host() {
 
     // An agent with another secret never answers a probe.
     let other = Keys::derive(&Secret::from_bytes([4; 32]));
-    let m = probe::matrix(&hosts[..1], &other, &tuning, 3, Duration::from_secs(2)).await;
+    let m = probe::matrix(
+        &hosts[..1],
+        &[vec![0]],
+        &other,
+        &tuning,
+        3,
+        Duration::from_secs(2),
+    )
+    .await;
     assert!(m.rtt_ms[0][1].is_none());
     assert!(m.errors[0].1.contains("secret"), "{:?}", m.errors);
     let _ = stop_tx.send(());
