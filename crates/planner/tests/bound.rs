@@ -251,3 +251,47 @@ fn four_cluster_lp_solves_in_seconds() {
         }
     }
 }
+
+/// Above LP_MAX_NODES the bound is the packing's dual bound (capped by cut bounds): still an
+/// upper bound, so still above every plan.
+#[test]
+fn dual_bound_stays_above_every_plan() {
+    for seed in 0..6 {
+        let mut rng = common::rng(40_000 + seed);
+        let n = rng.gen_range(LP_MAX_NODES + 1..=LP_MAX_NODES + 15);
+        // Uplinks and WAN links only, so the smallest downlink does not decide it trivially.
+        let mut net = Network::new(common::random_rtt(&mut rng, n)).unwrap();
+        let sites = ["a", "b", "c"];
+        for v in 0..n {
+            net.set_uplink(v, Some(rng.gen_range(1..=10) as f64 * 100.0))
+                .unwrap();
+            net.set_site(v, Some(sites[v % 3])).unwrap();
+        }
+        for a in sites {
+            for b in sites {
+                if a != b {
+                    net.set_wan(a, b, rng.gen_range(2..=20) as f64 * 100.0)
+                        .unwrap();
+                }
+            }
+        }
+        let b = bound(&net).unwrap();
+        assert!(!b.exact);
+        let plans = all_plans(&net, &PlanOptions::default()).unwrap();
+        let best = plans.iter().map(|p| p.rate_mbps).fold(0.0, f64::max);
+        println!(
+            "{n} nodes: dual bound {:.1}, best plan {best:.1} ({:.1}%)",
+            b.rate_mbps,
+            100.0 * b.fraction(best)
+        );
+        for p in plans {
+            assert!(
+                p.rate_mbps <= b.rate_mbps * (1.0 + 1e-6),
+                "seed {seed}: {} predicts {} > bound {}",
+                p.algorithm,
+                p.rate_mbps,
+                b.rate_mbps
+            );
+        }
+    }
+}
