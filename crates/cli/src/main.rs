@@ -1,6 +1,7 @@
 //! The `bulkcast` command.
 
 mod demo;
+mod plan;
 mod progress;
 mod send;
 
@@ -37,6 +38,9 @@ enum Cmd {
     Recv(RecvArgs),
     /// Run the receiving daemon on a host.
     Agent(AgentArgs),
+    /// Measure the network (or read a matrix) and print the overlay plan, its predicted rate
+    /// and the best possible rate; write it as DOT and SVG.
+    Plan(plan::PlanArgs),
     /// Print a new random session secret (64 hex digits) for agents and senders to share.
     Secret,
 }
@@ -172,6 +176,7 @@ async fn run(cli: Cli) -> Result<i32> {
         Cmd::Send(a) => send::run(a).await,
         Cmd::Recv(a) => recv(a).await,
         Cmd::Agent(a) => run_agent(a).await,
+        Cmd::Plan(a) => plan::run(a).await,
         Cmd::Secret => {
             println!("{}", Secret::from_bytes(rand::random()).to_hex());
             Ok(0)

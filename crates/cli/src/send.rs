@@ -15,7 +15,7 @@ use bulkcast_proto::node::CHUNK_SIZE_RANGE;
 use bulkcast_proto::tree::Tree;
 use clap::{Args, ValueEnum};
 
-use crate::{progress, shutdown_signal, Common};
+use crate::{plan, progress, shutdown_signal, Common};
 
 #[derive(Args)]
 pub struct SendArgs {
@@ -42,9 +42,10 @@ pub struct SendArgs {
     /// How to spread the data.
     #[arg(long, value_enum, default_value_t = Strategy::Tree)]
     strategy: Strategy,
-    /// Children per node in a tree (1 is a chain).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
-    fanout: u16,
+    /// Children per node in a fixed tree over the hosts in the given order (1 is a chain).
+    /// Without it, `tree` probes the agents and uses the planner's tree.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    fanout: Option<u16>,
     /// Chunk size in KiB.
     #[arg(long, default_value_t = 1024)]
     chunk_kib: u32,
@@ -84,8 +85,13 @@ pub async fn run(a: SendArgs) -> Result<i32> {
     let input = Input::open(&a.path, a.name.as_deref())?;
     let tuning = a.common.tuning()?;
     let session: u64 = rand::random();
+    let mut source_spec = None;
     let (hosts, secret) = match (&a.to, a.expect) {
-        (Some(to), _) => (load_hosts(to)?.hosts, a.common.require_secret()?),
+        (Some(to), _) => {
+            let file = load_hosts(to)?;
+            source_spec = file.source;
+            (file.hosts, a.common.require_secret()?)
+        }
         (None, Some(n)) => {
             if n == 0 {
                 bail!("--expect must be at least 1");
@@ -136,12 +142,31 @@ pub async fn run(a: SendArgs) -> Result<i32> {
         (None, None) => bail!("give --to HOSTS or --expect N"),
     };
     let n = hosts.len();
-    let (tree, strategy) = match a.strategy {
-        Strategy::Flat => (Tree::flat(n), "flat".to_string()),
-        Strategy::Tree => (
-            Tree::kary(n, a.fanout as usize),
-            format!("tree (fan-out {})", a.fanout),
-        ),
+    let (tree, strategy) = match (a.strategy, a.fanout) {
+        (Strategy::Flat, _) => (Tree::flat(n), "flat".to_string()),
+        (Strategy::Tree, Some(k)) => (Tree::kary(n, k as usize), format!("tree (fan-out {k})")),
+        // Ticket receivers take only their parent's connection, so they cannot be probed.
+        (Strategy::Tree, None) if a.expect.is_some() => {
+            (Tree::kary(n, 1), "tree (chain)".to_string())
+        }
+        (Strategy::Tree, None) => {
+            let file = HostsFile {
+                source: source_spec.clone(),
+                hosts: hosts.clone(),
+            };
+            let (p, note) = plan::auto_tree(
+                &file,
+                &Keys::derive(&secret),
+                &tuning,
+                input.manifest.total_len,
+                chunk_size,
+            )
+            .await?;
+            if !a.quiet {
+                eprintln!("{note}\nplan: {} ({})", p.algorithm, p.reason);
+            }
+            (p.tree().clone(), format!("tree (planned: {})", p.algorithm))
+        }
     };
     let cfg = SendConfig {
         chunk_size,

@@ -258,6 +258,8 @@ fn directory_keeps_its_tree() {
             hosts.to_str().unwrap(),
             "--chunk-kib",
             "64",
+            "--fanout",
+            "1",
         ],
         &key,
         None,
@@ -503,4 +505,54 @@ fn is_root() -> bool {
                 .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
         })
         .unwrap_or(false)
+}
+
+#[test]
+fn plan_probes_agents_and_send_uses_the_planned_tree() {
+    let s = Scratch::new("plan");
+    let key = secret(8);
+    let ags = agents(&s.0, 4, &key);
+    let list = to_list(&ags);
+    let out = Command::new(BIN)
+        .args(["plan", "--hosts", &list, "--out"])
+        .arg(s.0.join("p"))
+        .env("BULKCAST_SECRET", &key)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("probed all 10 pairs of 5 nodes"), "{err}");
+    assert!(text.contains("rtt ms") && text.contains("bound:"), "{text}");
+    assert!(std::fs::read_to_string(s.0.join("p.dot"))
+        .unwrap()
+        .starts_with("digraph"));
+    assert!(std::fs::read_to_string(s.0.join("p.svg"))
+        .unwrap()
+        .contains("<svg"));
+
+    // send --strategy tree without --fanout: probe, plan (a chain, as no capacities are known).
+    let src = s.0.join("f.bin");
+    make_file(&src, 3 * MIB, b"plan");
+    let out = send(&[src.to_str().unwrap(), "--to", &list], &key, None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = report(&out);
+    assert_eq!(r["strategy"], "tree (planned: dcmst)");
+    let from_source = r["edges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["from"] == "source")
+        .count();
+    assert_eq!(
+        from_source, 1,
+        "a chain has one edge out of the source: {r}"
+    );
+    for a in &ags {
+        assert_eq!(hash(&a.dir.join("f.bin")), hash(&src));
+    }
 }
