@@ -167,6 +167,9 @@ fn main() {
             }
         }
     });
+    // Drop what is still running (an agent's sessions after Ctrl-C) so every unfinished local
+    // copy removes its temporary file before we exit.
+    rt.shutdown_timeout(Duration::from_secs(5));
     std::process::exit(code);
 }
 
