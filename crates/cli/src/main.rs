@@ -112,6 +112,10 @@ struct AgentArgs {
     /// Directory where received objects are stored.
     #[arg(long)]
     dir: PathBuf,
+    /// Exit after the first session: 0 if its copy is complete and verified, 1 if not
+    /// (batch jobs, benchmarks).
+    #[arg(long)]
+    once: bool,
     #[command(flatten)]
     common: Common,
 }
@@ -207,8 +211,13 @@ async fn run_agent(a: AgentArgs) -> Result<i32> {
         tuning,
         stored: None,
     });
-    agent::serve(listener, cfg, shutdown_signal()).await;
-    Ok(0)
+    match agent::serve(listener, cfg, a.once, shutdown_signal()).await {
+        Some(Err(e)) => {
+            eprintln!("error: {e}");
+            Ok(1)
+        }
+        _ => Ok(0),
+    }
 }
 
 async fn recv(a: RecvArgs) -> Result<i32> {

@@ -556,3 +556,49 @@ fn plan_probes_agents_and_send_uses_the_planned_tree() {
         assert_eq!(hash(&a.dir.join("f.bin")), hash(&src));
     }
 }
+
+#[test]
+fn agent_once_exits_with_the_outcome_of_its_session() {
+    let s = Scratch::new("once");
+    let key = secret(10);
+    let dir = s.0.join("a");
+    let mut child = Command::new(BIN)
+        .args(["agent", "--once", "--listen", "127.0.0.1:0", "--dir"])
+        .arg(&dir)
+        .env("BULKCAST_SECRET", &key)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let line = first_line(child.stdout.as_mut().unwrap());
+    let addr = line
+        .split_whitespace()
+        .nth(4)
+        .unwrap()
+        .trim_end_matches(',')
+        .to_string();
+    // A probe is not a session: the agent stays up through `plan`.
+    let plan = Command::new(BIN)
+        .args(["plan", "--hosts", &addr, "--out"])
+        .arg(s.0.join("p"))
+        .env("BULKCAST_SECRET", &key)
+        .output()
+        .unwrap();
+    assert!(plan.status.success());
+    assert!(child.try_wait().unwrap().is_none());
+    let src = s.0.join("f.bin");
+    make_file(&src, MIB + 3, b"once");
+    assert!(send(&[src.to_str().unwrap(), "--to", &addr], &key, None)
+        .status
+        .success());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "agent --once did not exit");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success());
+    assert_eq!(hash(&dir.join("f.bin")), hash(&src));
+}

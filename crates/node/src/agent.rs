@@ -31,26 +31,46 @@ pub struct AgentConfig {
     pub stored: Option<Arc<AtomicU64>>,
 }
 
-/// Serves until `shutdown` completes. Each admitted connection runs its session on its own
-/// task; a bad peer is logged and dropped without affecting the others.
+/// Serves until `shutdown` completes, or with `once` until the first session ends (returning
+/// its outcome). Each admitted connection runs its session on its own task; a bad peer is
+/// logged and dropped without affecting the others.
 pub async fn serve(
     listener: TcpListener,
     cfg: Arc<AgentConfig>,
+    once: bool,
     shutdown: impl std::future::Future<Output = ()>,
-) {
+) -> Option<Result<SessionId, String>> {
     tokio::pin!(shutdown);
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::channel::<Result<SessionId, String>>(16);
     loop {
         tokio::select! {
-            _ = &mut shutdown => return,
+            _ = &mut shutdown => return None,
+            Some(r) = done_rx.recv(), if once => return Some(r),
             acc = listener.accept() => match acc {
                 Ok((stream, peer)) => {
                     let cfg = cfg.clone();
+                    let done = done_tx.clone();
                     tokio::spawn(async move {
-                        match session(stream, &cfg, None).await {
-                            Ok(Served::Probe) => tracing::debug!("probe from {peer} answered"),
-                            Ok(Served::Session(s)) => tracing::info!("session {s:016x} from {peer}: done"),
-                            Err(e) => tracing::warn!("connection from {peer}: {e}"),
-                        }
+                        let outcome = match session(stream, &cfg, None).await {
+                            Ok(Served::Probe) => {
+                                tracing::debug!("probe from {peer} answered");
+                                return;
+                            }
+                            Ok(Served::Session(s)) => {
+                                tracing::info!("session {s:016x} from {peer}: done");
+                                Ok(s)
+                            }
+                            // Admission and set-up failures are not sessions.
+                            Err(e @ (SessionError::Conn(_) | SessionError::Refused(_))) => {
+                                tracing::warn!("connection from {peer}: {e}");
+                                return;
+                            }
+                            Err(e) => {
+                                tracing::warn!("connection from {peer}: {e}");
+                                Err(e.to_string())
+                            }
+                        };
+                        let _ = done.send(outcome).await;
                     });
                 }
                 Err(e) => {
@@ -83,6 +103,9 @@ pub enum SessionError {
     /// The session started but this node gave up.
     #[error("session {0:016x} aborted: {1}")]
     Aborted(SessionId, String),
+    /// The session ran to its end (children served) but this node's own copy failed.
+    #[error("session {0:016x}: the local copy failed (see the log for why)")]
+    CopyFailed(SessionId),
 }
 
 /// Runs one incoming session on an accepted connection: admission, `Open`, then relaying and
@@ -182,6 +205,9 @@ pub async fn session(
         })
         .await
         .map_err(|e| SessionError::Aborted(session, e))?;
+    if !driver.node().local_done() {
+        return Err(SessionError::CopyFailed(session));
+    }
     Ok(Served::Session(session))
 }
 
@@ -204,5 +230,5 @@ async fn run_without_copy(
         .run(|_| {})
         .await
         .map_err(|e| SessionError::Aborted(session, e))?;
-    Ok(Served::Session(session))
+    Err(SessionError::CopyFailed(session))
 }

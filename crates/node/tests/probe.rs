@@ -27,7 +27,7 @@ async fn matrix_of_three_agents_and_one_dead_host() {
             stored: None,
         });
         let mut stop = stop_tx.subscribe();
-        tokio::spawn(agent::serve(l, cfg, async move {
+        tokio::spawn(agent::serve(l, cfg, false, async move {
             let _ = stop.recv().await;
         }));
     }

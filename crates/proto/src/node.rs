@@ -861,6 +861,17 @@ impl Node {
         t
     }
 
+    /// For a relay: whether its own copy is complete and in place.
+    pub fn local_done(&self) -> bool {
+        matches!(
+            self.upstream,
+            Upstream::Parent {
+                local: Local::Done,
+                ..
+            }
+        )
+    }
+
     /// True when this node has nothing more to do: its own copy is resolved, every child's
     /// subtree is resolved, and nothing is left to send upstream.
     pub fn is_finished(&self) -> bool {
