@@ -49,6 +49,10 @@ pub struct EmuStats {
     pub max_lateness_ns: u64,
     /// Events processed more than 1 ms after their due time.
     pub late_events: u64,
+    /// Longest stretch the forwarder loop spent without sleeping, in ns.
+    pub max_busy_ns: u64,
+    /// Longest time the forwarder woke up after its timer was due, in ns.
+    pub max_oversleep_ns: u64,
     /// Per-link counters.
     pub links: Vec<LinkStats>,
 }
@@ -399,6 +403,11 @@ impl Emulator {
     /// Counters so far.
     pub fn stats(&self) -> &EmuStats {
         &self.stats
+    }
+
+    /// Counters, for the I/O loop's own figures.
+    pub fn stats_mut(&mut self) -> &mut EmuStats {
+        &mut self.stats
     }
 
     /// Current rate of a link in bit/s (None: unlimited).

@@ -229,6 +229,7 @@ pub fn run_loop(plan: &Plan, tuns: &[OwnedFd], control: &Control) -> Result<(), 
     let mut emu = Emulator::new(plan, mono_ns());
     let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 64];
     let mut armed: u64 = 0;
+    let mut woke_at = mono_ns();
     let mut last_publish = 0u64;
     let mut scratch = [0u8; 16];
     let fds: Vec<RawFd> = tuns.iter().map(|t| t.as_raw_fd()).collect();
@@ -279,6 +280,11 @@ pub fn run_loop(plan: &Plan, tuns: &[OwnedFd], control: &Control) -> Result<(), 
             };
             armed = deadline;
         }
+        let slept_at = mono_ns();
+        let busy = slept_at - woke_at;
+        if busy > emu.stats().max_busy_ns {
+            emu.stats_mut().max_busy_ns = busy;
+        }
         // SAFETY: valid epoll fd and event buffer.
         let n = unsafe {
             libc::epoll_wait(
@@ -294,6 +300,13 @@ pub fn run_loop(plan: &Plan, tuns: &[OwnedFd], control: &Control) -> Result<(), 
                 continue;
             }
             return Err(LabError::sys("epoll_wait", e));
+        }
+        woke_at = mono_ns();
+        if armed != 0 && woke_at > armed + 1_000_000 {
+            let over = woke_at - armed;
+            if over > emu.stats().max_oversleep_ns {
+                emu.stats_mut().max_oversleep_ns = over;
+            }
         }
         for ev in &events[..n as usize] {
             match ev.u64 {

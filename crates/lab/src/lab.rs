@@ -46,7 +46,7 @@ pub struct Lab {
 
 fn valid_lab_name(n: &str) -> bool {
     !n.is_empty()
-        && n.len() <= 24
+        && n.len() <= 40
         && n.chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
 }
@@ -137,7 +137,7 @@ impl Lab {
         let name = opts.name.clone().unwrap_or_else(|| plan.name.clone());
         if !valid_lab_name(&name) {
             return Err(LabError::Scenario(format!(
-                "lab name {name:?}: use at most 24 letters, digits, '-' or '_'"
+                "lab name {name:?}: use at most 40 letters, digits, '-' or '_'"
             )));
         }
         netns::preflight()?;

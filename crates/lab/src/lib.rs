@@ -79,3 +79,9 @@ impl LabError {
         }
     }
 }
+
+/// Checks that a lab can run here (root, `ip netns`, `/dev/net/tun`); tests skip with the
+/// returned reason when it cannot.
+pub fn preflight() -> Result<(), LabError> {
+    netns::preflight()
+}

@@ -626,10 +626,10 @@ impl Scenario {
         }
         let default = self.default_path.clone().unwrap_or_default();
         default.validate("default_path")?;
-        for x in 0..ns {
-            for y in 0..ns {
-                if x != y && site_links[x][y].is_none() {
-                    site_links[x][y] = Some(links.len());
+        for (x, row) in site_links.iter_mut().enumerate() {
+            for (y, cell) in row.iter_mut().enumerate() {
+                if x != y && cell.is_none() {
+                    *cell = Some(links.len());
                     links.push(
                         default.resolve(format!("{}->{}", self.sites[x].name, self.sites[y].name)),
                     );
