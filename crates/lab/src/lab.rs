@@ -440,6 +440,13 @@ impl Lab {
             .collect()
     }
 
+    /// Kills every process running inside the lab's hosts (the lab itself stays up).
+    pub fn kill_processes(&self) {
+        for h in &self.plan.hosts {
+            netns::kill_ns_processes(&netns::host_ns(&self.name, &h.name));
+        }
+    }
+
     /// Tears the lab down now, reporting errors (Drop does the same, silently).
     pub fn down(mut self) -> Result<(), LabError> {
         self.teardown()

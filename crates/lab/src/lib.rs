@@ -9,6 +9,7 @@
 //! Library use (tests, benchmarks): [`Lab::up`] returns a guard that tears the lab down on drop.
 //! CLI use: [`LabCommand`] and [`run`], embedded by the `bulkcast` binary as `bulkcast lab ...`.
 
+pub mod bench;
 pub mod check;
 mod cli;
 pub mod emu;
