@@ -71,6 +71,13 @@ pub struct Method {
     /// Milliseconds between starting the first side and the second.
     #[serde(default = "default_start_gap")]
     pub start_gap_ms: u64,
+    /// Start receivers from the last to the first (a chain: each one's downstream listens
+    /// before it connects).
+    #[serde(default)]
+    pub reverse_start: bool,
+    /// Milliseconds between starting consecutive receivers.
+    #[serde(default)]
+    pub stagger_ms: u64,
     /// Programs that must be installed.
     #[serde(default)]
     pub needs: Vec<String>,
@@ -221,7 +228,15 @@ pub fn run_method(
     };
     let start_receivers = || -> Result<Vec<Child>, LabError> {
         let mut v = Vec::new();
-        for (i, r) in receivers.iter().enumerate() {
+        let mut order: Vec<usize> = (0..receivers.len()).collect();
+        if m.reverse_start {
+            order.reverse();
+        }
+        for i in order {
+            let r = &receivers[i];
+            if !v.is_empty() && m.stagger_ms > 0 {
+                std::thread::sleep(Duration::from_millis(m.stagger_ms));
+            }
             let mut vars = base.clone();
             vars.insert("ip", ip(r)?);
             vars.insert("host", r.clone());
@@ -239,9 +254,10 @@ pub fn run_method(
                 (Some(last), true) => last,
                 _ => &m.receiver,
             };
-            v.push(sh(r, &render_template(t, &vars))?);
+            v.push((i, sh(r, &render_template(t, &vars))?));
         }
-        Ok(v)
+        v.sort_by_key(|(i, _)| *i);
+        Ok(v.into_iter().map(|(_, c)| c).collect())
     };
     let start_source = || -> Result<Child, LabError> {
         let mut vars = base.clone();
