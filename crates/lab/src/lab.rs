@@ -388,10 +388,12 @@ impl Lab {
                 control.restart_clock.store(true, Ordering::Relaxed);
                 control.wake();
             }
-            // SAFETY: signal to our own forwarder daemon.
-            Forwarder::Daemon { pid } => unsafe {
-                libc::kill(*pid, libc::SIGUSR1);
-            },
+            // Only a detached forwarder takes SIGUSR1 (for any other owner it would be fatal).
+            Forwarder::Daemon { pid } if is_forwarder(*pid) => {
+                // SAFETY: signal to our own forwarder daemon.
+                unsafe { libc::kill(*pid, libc::SIGUSR1) };
+            }
+            Forwarder::Daemon { .. } => {}
         }
     }
 
