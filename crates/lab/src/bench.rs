@@ -118,6 +118,10 @@ pub struct BenchResult {
     pub verified: Option<bool>,
     /// Sum of TUN TX drops during the run (non-zero: overloaded, invalid).
     pub tx_dropped: u64,
+    /// Forwarder CPU during the run, as a fraction of one core.
+    pub forwarder_cpu: Option<f64>,
+    /// Forwarder events handled more than 1 ms late during the run.
+    pub late_events: u64,
     /// What went wrong, if anything.
     pub error: Option<String>,
 }
@@ -267,6 +271,7 @@ pub fn run_method(
         sh(&src, &render_template(&m.source, &vars))
     };
     let drops0: u64 = lab.tx_dropped()?.iter().map(|(_, d)| d).sum();
+    let (cpu0, late0) = (lab.forwarder_cpu_s(), lab.stats().late_events);
     let gap = Duration::from_millis(m.start_gap_ms);
     let (mut rx, mut source, t0) = match m.order {
         Order::ReceiversFirst => {
@@ -319,6 +324,14 @@ pub fn run_method(
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+    let run_s = t0.elapsed().as_secs_f64();
+    let forwarder_cpu = match (cpu0, lab.forwarder_cpu_s()) {
+        (Some(a), Some(b)) => Some((b - a) / run_s),
+        _ => None,
+    };
+    // Counters are published every 200 ms: wait for the last ones.
+    std::thread::sleep(Duration::from_millis(250));
+    let late_events = lab.stats().late_events - late0;
     if failed.is_none() && done.iter().any(Option::is_none) {
         failed = Some(format!("timed out after {} s", opts.timeout.as_secs()));
     }
@@ -349,6 +362,8 @@ pub fn run_method(
         per_receiver_s: done,
         verified,
         tx_dropped: drops1 - drops0,
+        forwarder_cpu,
+        late_events,
         error: failed,
     })
 }
@@ -367,8 +382,14 @@ pub fn render(lab: &Lab, size: u64, results: &[BenchResult]) -> String {
     );
     let _ = writeln!(
         s,
-        "{:<16} {:>9} {:>10} {:>22} {:>10} {:>9}  notes",
-        "method", "receivers", "last (s)", "rate/receiver (Mbit/s)", "of ideal", "verified"
+        "{:<16} {:>9} {:>10} {:>22} {:>10} {:>9} {:>9}  notes",
+        "method",
+        "receivers",
+        "last (s)",
+        "rate/receiver (Mbit/s)",
+        "of ideal",
+        "verified",
+        "fwd cpu"
     );
     for r in results {
         let (last, rate, frac) = match r.last_s {
@@ -391,15 +412,22 @@ pub fn render(lab: &Lab, size: u64, results: &[BenchResult]) -> String {
                 r.tx_dropped
             ));
         }
+        if r.late_events > 0 {
+            notes.push_str(&format!(" ({} forwarder events >1 ms late)", r.late_events));
+        }
+        let cpu = r
+            .forwarder_cpu
+            .map_or("-".into(), |c| format!("{:.0}%", c * 100.0));
         let _ = writeln!(
             s,
-            "{:<16} {:>9} {:>10} {:>22} {:>10} {:>9}  {}",
+            "{:<16} {:>9} {:>10} {:>22} {:>10} {:>9} {:>9}  {}",
             r.method,
             r.receivers,
             last,
             rate,
             frac,
             verified,
+            cpu,
             notes.trim()
         );
     }

@@ -194,7 +194,9 @@ fn epoll_add(ep: RawFd, fd: RawFd, token: u64) -> Result<(), LabError> {
 const TOKEN_TIMER: u64 = u64::MAX;
 const TOKEN_WAKE: u64 = u64::MAX - 1;
 /// Events are handled up to this early, so packets a few microseconds apart share one wake-up.
-const EARLY_NS: u64 = 20_000;
+/// Measured with an 8-hop nc chain at 800 Mbit/s in total: 20 us -> 80% of a core, 100 us ->
+/// 62%, same throughput (busy polling instead of sleeping was worse: 95%, and slower).
+const EARLY_NS: u64 = 50_000;
 /// Packets read from one TUN before looking at the others and at due events.
 const READ_BATCH: usize = 64;
 

@@ -356,6 +356,24 @@ impl Lab {
         c.args(["netns", "exec", &self.netns(host)?, program]);
         c.env("BULKCAST_LAB", &self.name)
             .env("BULKCAST_LAB_HOSTS", self.hosts_file());
+        if std::env::var_os("BCLAB_SHARE_CPU").is_none() {
+            if let Some(cpu) = forwarder::forwarder_cpu() {
+                // Keep the hosts' processes off the forwarder's core: this kernel does not
+                // preempt a process inside a long syscall, which delays the forwarder's wake-ups.
+                // SAFETY: sched_setaffinity is async-signal-safe; it only touches the child.
+                unsafe {
+                    c.pre_exec(move || {
+                        let mut set: libc::cpu_set_t = std::mem::zeroed();
+                        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+                        for i in (0..n).filter(|&i| i != cpu) {
+                            libc::CPU_SET(i, &mut set);
+                        }
+                        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+                        Ok(())
+                    });
+                }
+            }
+        }
         Ok(c)
     }
 

@@ -271,7 +271,11 @@ fn step_change_applies_on_time() {
     )
     .unwrap();
     let mut server = lab
-        .spawn("q-1", &["iperf3", "-s", "-1", "-p", "5301"])
+        .command("q-1", "iperf3")
+        .unwrap()
+        .args(["-s", "-1", "-p", "5301"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
         .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(500));
     lab.start_clock();
