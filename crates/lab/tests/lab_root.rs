@@ -192,7 +192,9 @@ fn lifecycle_and_stale_cleanup() {
     let y1 = hosts.hosts.iter().find(|h| h.name == "y-1").unwrap();
     assert_eq!(y1.paths.len(), 1, "channel address listed as an extra path");
     assert_eq!(hosts.hosts[0].uplink_mbps, Some(50.0));
-    // Same site over the LAN (no added delay), across sites over the WAN (20 ms), and the
+    // Which way packets go (precision is the fidelity test's job; this test only needs the
+    // three routes told apart, also on a busy machine): same site over the LAN (no added
+    // delay), across sites over the WAN (20 ms), and the
     // channel (40 ms).
     let ns = |h: &str| lab.netns(h).unwrap();
     let (lan, _) = bulkcast_lab::check::measure_rtt(
@@ -203,7 +205,7 @@ fn lifecycle_and_stale_cleanup() {
         10,
     )
     .unwrap();
-    assert!(lan < 2.0, "LAN RTT {lan} ms");
+    assert!(lan < 5.0, "LAN RTT {lan} ms");
     let (wan, _) = bulkcast_lab::check::measure_rtt(
         &ns("x-2"),
         &ns("y-1"),
@@ -212,10 +214,10 @@ fn lifecycle_and_stale_cleanup() {
         10,
     )
     .unwrap();
-    assert!((wan - 20.0).abs() < 1.0, "WAN RTT {wan} ms");
+    assert!((20.0..25.0).contains(&wan), "WAN RTT {wan} ms");
     let (mine, peer) = lab.channel_addrs("x-1").unwrap()[0];
     let (ch, _) = bulkcast_lab::check::measure_rtt(&ns("x-1"), &ns("y-1"), mine, peer, 10).unwrap();
-    assert!((ch - 40.0).abs() < 1.0, "channel RTT {ch} ms");
+    assert!((40.0..45.0).contains(&ch), "channel RTT {ch} ms");
     // exec runs inside the host's namespace.
     let out = lab
         .exec("y-1", &["ip", "-o", "-4", "addr", "show", "dev", "lan0"])
