@@ -139,6 +139,12 @@ fn default_name(name: Option<String>) -> Result<String, LabError> {
     }
 }
 
+/// A child's exit status as a shell reports it (128 + signal when killed).
+fn exit_code(st: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0))
+}
+
 /// Runs a `lab` subcommand; returns the process exit code.
 pub fn run(cmd: LabCommand) -> Result<i32, LabError> {
     match cmd {
@@ -193,7 +199,7 @@ pub fn run(cmd: LabCommand) -> Result<i32, LabError> {
                 .map_err(|e| LabError::sys(format!("run {}", command[0]), e))?;
             let status = loop {
                 if let Some(st) = child.try_wait().map_err(|e| LabError::sys("wait", e))? {
-                    break st.code().unwrap_or(128);
+                    break exit_code(st);
                 }
                 if INTERRUPTED.load(Ordering::Relaxed) {
                     // The terminal sent the command SIGINT too; give it a moment, then stop it.
@@ -228,7 +234,7 @@ pub fn run(cmd: LabCommand) -> Result<i32, LabError> {
                 .stdin(Stdio::inherit())
                 .status()
                 .map_err(|e| LabError::sys(format!("run {}", command[0]), e))?;
-            Ok(st.code().unwrap_or(128))
+            Ok(exit_code(st))
         }
         LabCommand::Down { name } => {
             let name = default_name(name)?;
