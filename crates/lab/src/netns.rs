@@ -86,8 +86,11 @@ pub fn preflight() -> Result<(), LabError> {
     if !Path::new("/dev/net/tun").exists() {
         return Err(LabError::NotPermitted("/dev/net/tun is missing".into()));
     }
-    ip(&["netns", "list"])
-        .map_err(|e| LabError::NotPermitted(format!("`ip netns` unusable: {e}")))?;
+    // Root without CAP_SYS_ADMIN (an unprivileged container) cannot create namespaces: try one.
+    let probe = format!("{NS_PREFIX}preflight-{}", std::process::id());
+    ip(&["netns", "add", &probe])
+        .map_err(|e| LabError::NotPermitted(format!("cannot create a network namespace: {e}")))?;
+    let _ = ip(&["netns", "del", &probe]);
     Ok(())
 }
 

@@ -21,6 +21,13 @@ fn lab_possible(test: &str) -> bool {
     }
 }
 
+fn require_iperf3() {
+    assert!(
+        Command::new("iperf3").arg("--version").output().is_ok(),
+        "iperf3 is required for the lab tests (apt-get install -y iperf3)"
+    );
+}
+
 fn netns_list() -> String {
     String::from_utf8(
         Command::new("ip")
@@ -41,10 +48,7 @@ fn fidelity() {
     if !lab_possible("fidelity") {
         return;
     }
-    assert!(
-        Command::new("iperf3").arg("--version").output().is_ok(),
-        "iperf3 is required for the fidelity test (apt-get install -y iperf3)"
-    );
+    require_iperf3();
     let sc = Scenario::parse(
         r#"
         name = "fidelity"
@@ -244,6 +248,7 @@ fn step_change_applies_on_time() {
     if !lab_possible("step_change_applies_on_time") {
         return;
     }
+    require_iperf3();
     let sc = Scenario::parse(
         r#"
         [[site]]
