@@ -360,14 +360,17 @@ impl Lab {
             if let Some(cpu) = forwarder::forwarder_cpu() {
                 // Keep the hosts' processes off the forwarder's core: this kernel does not
                 // preempt a process inside a long syscall, which delays the forwarder's wake-ups.
-                // SAFETY: sched_setaffinity is async-signal-safe; it only touches the child.
+                // The set is built here: only async-signal-safe calls may run after fork.
+                let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+                // SAFETY: cpu_set_t is plain data; zeroed is its empty value.
+                let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+                for i in (0..n.min(libc::CPU_SETSIZE as usize)).filter(|&i| i != cpu) {
+                    // SAFETY: i < CPU_SETSIZE, set is a valid cpu_set_t.
+                    unsafe { libc::CPU_SET(i, &mut set) };
+                }
+                // SAFETY: sched_setaffinity is async-signal-safe and only affects the child.
                 unsafe {
                     c.pre_exec(move || {
-                        let mut set: libc::cpu_set_t = std::mem::zeroed();
-                        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
-                        for i in (0..n).filter(|&i| i != cpu) {
-                            libc::CPU_SET(i, &mut set);
-                        }
                         libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
                         Ok(())
                     });
