@@ -1,0 +1,439 @@
+//! The lab runner of `bench/`: runs distribution methods on one scenario and reports, for each,
+//! the time until the last receiver finished and the per-receiver rate against the ideal.
+//!
+//! A method is a set of shell command templates run inside the hosts (see
+//! `bench/lab-methods.toml`); adding a bulkcast strategy means adding a `[[method]]` entry.
+//!
+//! Template variables: `{object}` (path of the object), `{object_dir}`, `{object_name}`,
+//! `{size}` (bytes), `{hosts_file}`, `{port}`, `{src_ip}`, `{first_ip}` (first receiver),
+//! `{ip}` (this host), `{next_ip}` (the next receiver in scenario order; for the source: the
+//! first receiver), `{out}` (where this receiver must write its copy), `{host}`, `{index}`
+//! (receiver number from 1), `{cc}` (congestion control).
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+
+use crate::lab::Lab;
+use crate::LabError;
+
+/// A file of methods.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MethodsFile {
+    /// The methods, by name.
+    #[serde(rename = "method")]
+    pub methods: Vec<Method>,
+}
+
+/// Which side starts first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Order {
+    /// Receivers listen first, then the source starts (chains, push).
+    ReceiversFirst,
+    /// The source serves first, then receivers fetch (HTTP).
+    SourceFirst,
+}
+
+/// One distribution method as command templates.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Method {
+    /// Name used on the command line and in the table.
+    pub name: String,
+    /// One line on what it is.
+    #[serde(default)]
+    pub description: String,
+    /// Start order.
+    pub order: Order,
+    /// Command run in the source host.
+    pub source: String,
+    /// The source keeps running (a server); it is stopped when the receivers are done.
+    #[serde(default)]
+    pub source_background: bool,
+    /// Command run in each receiver; it finishes when that receiver has its copy.
+    pub receiver: String,
+    /// Command for the last receiver, when it differs (end of a chain).
+    #[serde(default)]
+    pub receiver_last: Option<String>,
+    /// Only the first receiver takes part (point-to-point methods).
+    #[serde(default)]
+    pub first_receiver_only: bool,
+    /// Compare each receiver's `{out}` with the object.
+    #[serde(default = "yes")]
+    pub verify: bool,
+    /// Milliseconds between starting the first side and the second.
+    #[serde(default = "default_start_gap")]
+    pub start_gap_ms: u64,
+    /// Start receivers from the last to the first (a chain: each one's downstream listens
+    /// before it connects).
+    #[serde(default)]
+    pub reverse_start: bool,
+    /// Milliseconds between starting consecutive receivers.
+    #[serde(default)]
+    pub stagger_ms: u64,
+    /// Programs that must be installed.
+    #[serde(default)]
+    pub needs: Vec<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+fn default_start_gap() -> u64 {
+    500
+}
+
+/// How to run the benchmark.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// The object to distribute.
+    pub object: PathBuf,
+    /// Where receivers write their copies.
+    pub work_dir: PathBuf,
+    /// Give up on a method after this long.
+    pub timeout: Duration,
+    /// Congestion control for `{cc}`.
+    pub cc: String,
+}
+
+/// Result of one method.
+#[derive(Debug, Clone)]
+pub struct BenchResult {
+    /// Method name.
+    pub method: String,
+    /// Receivers that took part.
+    pub receivers: usize,
+    /// Seconds from start until the last receiver finished (None: failed or timed out).
+    pub last_s: Option<f64>,
+    /// Per receiver: seconds until it finished.
+    pub per_receiver_s: Vec<Option<f64>>,
+    /// All copies verified (None: not checked).
+    pub verified: Option<bool>,
+    /// Sum of TUN TX drops during the run (non-zero: overloaded, invalid).
+    pub tx_dropped: u64,
+    /// Forwarder CPU during the run, as a fraction of one core.
+    pub forwarder_cpu: Option<f64>,
+    /// Forwarder events handled more than 1 ms late during the run.
+    pub late_events: u64,
+    /// What went wrong, if anything.
+    pub error: Option<String>,
+}
+
+fn render_template(t: &str, vars: &HashMap<&str, String>) -> String {
+    let mut s = t.to_string();
+    for (k, v) in vars {
+        s = s.replace(&format!("{{{k}}}"), v);
+    }
+    s
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    let (Ok(mut fa), Ok(mut fb)) = (std::fs::File::open(a), std::fs::File::open(b)) else {
+        return false;
+    };
+    let (mut ba, mut bb) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
+    loop {
+        let na = read_full(&mut fa, &mut ba);
+        let nb = read_full(&mut fb, &mut bb);
+        if na != nb || ba[..na] != bb[..nb] {
+            return false;
+        }
+        if na == 0 {
+            return true;
+        }
+    }
+}
+
+fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> usize {
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read(&mut buf[n..]) {
+            Ok(0) | Err(_) => break,
+            Ok(k) => n += k,
+        }
+    }
+    n
+}
+
+/// Runs one method on a running lab.
+pub fn run_method(
+    lab: &Lab,
+    m: &Method,
+    opts: &BenchOptions,
+    port: u16,
+) -> Result<BenchResult, LabError> {
+    for prog in &m.needs {
+        let found = std::process::Command::new("sh")
+            .args(["-c", &format!("command -v {prog}")])
+            .stdout(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if !found {
+            return Err(LabError::Measure(format!(
+                "method {}: {prog} is not installed",
+                m.name
+            )));
+        }
+    }
+    let plan = lab.plan();
+    let src = lab.source().to_string();
+    let mut receivers: Vec<String> = lab.host_names().into_iter().filter(|h| *h != src).collect();
+    if m.first_receiver_only {
+        receivers.truncate(1);
+    }
+    let out_dir = opts.work_dir.join(&m.name);
+    let _ = std::fs::remove_dir_all(&out_dir);
+    std::fs::create_dir_all(&out_dir).map_err(|e| LabError::sys("create bench output dir", e))?;
+    let size = std::fs::metadata(&opts.object)
+        .map_err(|e| LabError::sys("stat object", e))?
+        .len();
+    let ip = |h: &str| lab.addr(h).map(|a| a.to_string());
+    let mut base: HashMap<&str, String> = HashMap::new();
+    base.insert("object", opts.object.display().to_string());
+    base.insert(
+        "object_dir",
+        opts.object
+            .parent()
+            .unwrap_or(Path::new("/"))
+            .display()
+            .to_string(),
+    );
+    base.insert(
+        "object_name",
+        opts.object
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+    );
+    base.insert("size", size.to_string());
+    base.insert("hosts_file", lab.hosts_file().display().to_string());
+    base.insert("port", port.to_string());
+    base.insert("src_ip", ip(&src)?);
+    base.insert("first_ip", ip(&receivers[0])?);
+    base.insert("cc", opts.cc.clone());
+    base.insert("agent_port", plan.agent_port.to_string());
+
+    let sh = |host: &str, cmd: &str| -> Result<Child, LabError> {
+        let mut c = lab.command(host, "sh")?;
+        c.args(["-c", cmd])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        c.spawn()
+            .map_err(|e| LabError::sys(format!("start {cmd:?} in {host}"), e))
+    };
+    let start_receivers = || -> Result<Vec<Child>, LabError> {
+        let mut v = Vec::new();
+        let mut order: Vec<usize> = (0..receivers.len()).collect();
+        if m.reverse_start {
+            order.reverse();
+        }
+        for i in order {
+            let r = &receivers[i];
+            if !v.is_empty() && m.stagger_ms > 0 {
+                std::thread::sleep(Duration::from_millis(m.stagger_ms));
+            }
+            let mut vars = base.clone();
+            vars.insert("ip", ip(r)?);
+            vars.insert("host", r.clone());
+            vars.insert("index", (i + 1).to_string());
+            vars.insert("out", out_dir.join(r).display().to_string());
+            vars.insert(
+                "next_ip",
+                receivers
+                    .get(i + 1)
+                    .map(|n| ip(n))
+                    .transpose()?
+                    .unwrap_or_default(),
+            );
+            let t = match (&m.receiver_last, i + 1 == receivers.len()) {
+                (Some(last), true) => last,
+                _ => &m.receiver,
+            };
+            v.push((i, sh(r, &render_template(t, &vars))?));
+        }
+        v.sort_by_key(|(i, _)| *i);
+        Ok(v.into_iter().map(|(_, c)| c).collect())
+    };
+    let start_source = || -> Result<Child, LabError> {
+        let mut vars = base.clone();
+        vars.insert("ip", ip(&src)?);
+        vars.insert("host", src.clone());
+        vars.insert("next_ip", ip(&receivers[0])?);
+        sh(&src, &render_template(&m.source, &vars))
+    };
+    let drops0: u64 = lab.tx_dropped()?.iter().map(|(_, d)| d).sum();
+    let (cpu0, late0) = (lab.forwarder_cpu_s(), lab.stats().late_events);
+    let gap = Duration::from_millis(m.start_gap_ms);
+    let (mut rx, mut source, t0) = match m.order {
+        Order::ReceiversFirst => {
+            let rx = start_receivers()?;
+            std::thread::sleep(gap);
+            lab.start_clock();
+            let t0 = Instant::now();
+            (rx, start_source()?, t0)
+        }
+        Order::SourceFirst => {
+            let s = start_source()?;
+            std::thread::sleep(gap);
+            lab.start_clock();
+            let t0 = Instant::now();
+            (start_receivers()?, s, t0)
+        }
+    };
+    let mut done: Vec<Option<f64>> = vec![None; rx.len()];
+    let mut failed: Option<String> = None;
+    let mut source_done = m.source_background;
+    while t0.elapsed() < opts.timeout {
+        for (i, c) in rx.iter_mut().enumerate() {
+            if done[i].is_none() {
+                if let Ok(Some(st)) = c.try_wait() {
+                    done[i] = Some(t0.elapsed().as_secs_f64());
+                    if !st.success() && failed.is_none() {
+                        let mut e = String::new();
+                        if let Some(mut err) = c.stderr.take() {
+                            let _ = err.read_to_string(&mut e);
+                        }
+                        failed = Some(format!("{} exited with {st}: {}", receivers[i], e.trim()));
+                    }
+                }
+            }
+        }
+        if !source_done {
+            if let Ok(Some(st)) = source.try_wait() {
+                source_done = true;
+                if !st.success() && failed.is_none() {
+                    let mut e = String::new();
+                    if let Some(mut err) = source.stderr.take() {
+                        let _ = err.read_to_string(&mut e);
+                    }
+                    failed = Some(format!("source exited with {st}: {}", e.trim()));
+                }
+            }
+        }
+        if done.iter().all(Option::is_some) || failed.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let run_s = t0.elapsed().as_secs_f64();
+    let forwarder_cpu = match (cpu0, lab.forwarder_cpu_s()) {
+        (Some(a), Some(b)) => Some((b - a) / run_s),
+        _ => None,
+    };
+    // Counters are published every 200 ms: wait for the last ones.
+    std::thread::sleep(Duration::from_millis(250));
+    let late_events = lab.stats().late_events - late0;
+    if failed.is_none() && done.iter().any(Option::is_none) {
+        failed = Some(format!("timed out after {} s", opts.timeout.as_secs()));
+    }
+    // Stop whatever is left (servers, stuck receivers) in every host.
+    let _ = source.kill();
+    let _ = source.wait();
+    for c in &mut rx {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    lab.kill_processes();
+    let verified = (m.verify && failed.is_none()).then(|| {
+        receivers
+            .iter()
+            .all(|r| same_file(&opts.object, &out_dir.join(r)))
+    });
+    let _ = std::fs::remove_dir_all(&out_dir);
+    let drops1: u64 = lab.tx_dropped()?.iter().map(|(_, d)| d).sum();
+    let last_s = if failed.is_none() {
+        done.iter().flatten().copied().reduce(f64::max)
+    } else {
+        None
+    };
+    Ok(BenchResult {
+        method: m.name.clone(),
+        receivers: receivers.len(),
+        last_s,
+        per_receiver_s: done,
+        verified,
+        tx_dropped: drops1 - drops0,
+        forwarder_cpu,
+        late_events,
+        error: failed,
+    })
+}
+
+/// The table the bench prints.
+pub fn render(lab: &Lab, size: u64, results: &[BenchResult]) -> String {
+    let ideal = lab.plan().ideal_bps;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "scenario {} ({} receivers), object {:.1} MiB, ideal per-receiver rate {}",
+        lab.plan().name,
+        lab.plan().hosts.len() - 1,
+        size as f64 / (1u64 << 20) as f64,
+        ideal.map_or("unknown".into(), |i| format!("{:.1} Mbit/s", i / 1e6))
+    );
+    let _ = writeln!(
+        s,
+        "{:<16} {:>9} {:>10} {:>22} {:>10} {:>9} {:>9}  notes",
+        "method",
+        "receivers",
+        "last (s)",
+        "rate/receiver (Mbit/s)",
+        "of ideal",
+        "verified",
+        "fwd cpu"
+    );
+    for r in results {
+        let (last, rate, frac) = match r.last_s {
+            Some(t) => {
+                let rate = size as f64 * 8.0 / t / 1e6;
+                let frac = ideal.map_or("-".into(), |i| format!("{:.3}", rate * 1e6 / i));
+                (format!("{t:.2}"), format!("{rate:.1}"), frac)
+            }
+            None => ("-".into(), "-".into(), "-".into()),
+        };
+        let verified = match r.verified {
+            Some(true) => "yes",
+            Some(false) => "NO",
+            None => "-",
+        };
+        let mut notes = r.error.clone().unwrap_or_default();
+        if r.tx_dropped > 0 {
+            notes.push_str(&format!(
+                " INVALID: {} TUN drops (lab overloaded)",
+                r.tx_dropped
+            ));
+        }
+        if r.late_events > 0 {
+            notes.push_str(&format!(" ({} forwarder events >1 ms late)", r.late_events));
+        }
+        let cpu = r
+            .forwarder_cpu
+            .map_or("-".into(), |c| format!("{:.0}%", c * 100.0));
+        let _ = writeln!(
+            s,
+            "{:<16} {:>9} {:>10} {:>22} {:>10} {:>9} {:>9}  {}",
+            r.method,
+            r.receivers,
+            last,
+            rate,
+            frac,
+            verified,
+            cpu,
+            notes.trim()
+        );
+    }
+    let _ = writeln!(
+        s,
+        "rate/receiver = object size / time until the last receiver finished"
+    );
+    s
+}

@@ -1,0 +1,620 @@
+//! `lab check`: measures what the emulator delivers (RTT, one TCP stream with cubic and bbr,
+//! UDP loss, forwarder CPU) and compares it with the scenario.
+
+use std::fmt::Write as _;
+use std::io::Read;
+use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::forwarder::setns_path;
+use crate::lab::Lab;
+use crate::LabError;
+
+/// What to measure and for how long.
+#[derive(Debug, Clone)]
+pub struct CheckOptions {
+    /// Seconds of each TCP measurement (after `omit_s`).
+    pub tcp_s: u32,
+    /// Seconds of slow start left out of each TCP measurement.
+    pub omit_s: u32,
+    /// Congestion controls to measure one TCP stream with (empty: no TCP).
+    pub ccs: Vec<String>,
+    /// UDP packets per loss measurement (0: none).
+    pub udp_packets: u32,
+    /// RTT probes per path.
+    pub probes: u32,
+    /// Measure at most this many distinct kinds of path.
+    pub max_paths: usize,
+    /// Measure a path again (up to this many times) when it missed a target while the forwarder
+    /// was stalled by other load (events more than 1 ms late): the lab was disturbed, not wrong.
+    /// Every attempt is reported.
+    pub retries: u32,
+}
+
+impl Default for CheckOptions {
+    fn default() -> Self {
+        CheckOptions {
+            tcp_s: 8,
+            omit_s: 2,
+            ccs: vec!["cubic".into(), "bbr".into()],
+            udp_packets: 12_000,
+            probes: 30,
+            max_paths: 8,
+            retries: 1,
+        }
+    }
+}
+
+/// Measurements of one kind of path (one representative host pair).
+#[derive(Debug, Clone, Default)]
+pub struct PathCheck {
+    /// `from -> to (what)`.
+    pub label: String,
+    /// Configured round trip (propagation) in ms.
+    pub rtt_cfg_ms: f64,
+    /// Median measured RTT of small probes, ms.
+    pub rtt_ms: f64,
+    /// Minimum measured RTT, ms.
+    pub rtt_min_ms: f64,
+    /// Configured bottleneck rate of the pair in Mbit/s (None: unlimited).
+    pub rate_mbps: Option<f64>,
+    /// One TCP stream: (congestion control, Mbit/s received).
+    pub tcp: Vec<(String, f64)>,
+    /// Configured loss probability of the pair's forward direction.
+    pub loss_cfg: f64,
+    /// Measured UDP loss fraction and packets sent.
+    pub loss: Option<(f64, u64)>,
+    /// Forwarder events more than 1 ms late during these measurements (the machine was busy).
+    pub late_events: u64,
+    /// How many times the path was measured (a missed target during forwarder stalls is
+    /// measured again, see [`CheckOptions::retries`]).
+    pub attempts: u32,
+}
+
+impl PathCheck {
+    /// The targets this path missed.
+    pub fn failures(&self) -> Vec<String> {
+        let mut f = Vec::new();
+        let p = self;
+        if (10.0..=250.0).contains(&p.rtt_cfg_ms) && !rtt_ok(p.rtt_cfg_ms, p.rtt_ms) {
+            f.push(format!(
+                "{}: RTT {:.2} ms, configured {:.2} ms",
+                p.label, p.rtt_ms, p.rtt_cfg_ms
+            ));
+        }
+        if let (Some(rate), 0.0) = (p.rate_mbps, p.loss_cfg) {
+            for (cc, m) in &p.tcp {
+                if cc == "bbr" && *m < 0.9 * rate {
+                    f.push(format!(
+                        "{}: bbr {m:.1} Mbit/s < 90% of {rate} Mbit/s",
+                        p.label
+                    ));
+                }
+            }
+        }
+        if let Some((l, _)) = p.loss {
+            if !loss_ok(p.loss_cfg, l) {
+                f.push(format!(
+                    "{}: UDP loss {:.3}%, configured {:.3}%",
+                    p.label,
+                    l * 100.0,
+                    p.loss_cfg * 100.0
+                ));
+            }
+        }
+        f
+    }
+}
+
+/// Everything `lab check` measured.
+#[derive(Debug, Clone, Default)]
+pub struct CheckReport {
+    /// Per kind of path (the last attempt).
+    pub paths: Vec<PathCheck>,
+    /// Earlier attempts that missed a target while the forwarder was stalled.
+    pub retried: Vec<PathCheck>,
+    /// Forwarder CPU as a fraction of one core over the check.
+    pub forwarder_cpu: Option<f64>,
+    /// Sum of "TX dropped" over all hosts' TUNs.
+    pub tx_dropped: u64,
+    /// Events handled more than 1 ms late / the largest lateness in ms.
+    pub late_events: u64,
+    /// Largest lateness in ms.
+    pub max_lateness_ms: f64,
+    /// Seconds the check took.
+    pub wall_s: f64,
+}
+
+/// RTT tolerance of the issue: 1 ms or 2 %, whichever is larger.
+pub fn rtt_ok(cfg_ms: f64, measured_ms: f64) -> bool {
+    (measured_ms - cfg_ms).abs() <= (0.02 * cfg_ms).max(1.0)
+}
+
+/// Loss tolerance: within 15 % (relative) of the configured loss; near zero when none is set.
+pub fn loss_ok(cfg: f64, measured: f64) -> bool {
+    if cfg == 0.0 {
+        measured <= 0.001
+    } else {
+        (measured - cfg).abs() <= 0.15 * cfg
+    }
+}
+
+impl CheckReport {
+    /// Lines describing every target that was missed (empty: all met).
+    pub fn failures(&self) -> Vec<String> {
+        let mut f: Vec<String> = self.paths.iter().flat_map(PathCheck::failures).collect();
+        if self.tx_dropped > 0 {
+            f.push(format!(
+                "TUN TX dropped = {} (forwarder overloaded: run invalid)",
+                self.tx_dropped
+            ));
+        }
+        f
+    }
+
+    /// The table `lab check` prints.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "{:<40} {:<10} {:>16} {:>22}  verdict",
+            "path", "what", "configured", "measured"
+        );
+        for p in &self.paths {
+            let rtt_verdict = if !(10.0..=250.0).contains(&p.rtt_cfg_ms) {
+                "(no target)"
+            } else if rtt_ok(p.rtt_cfg_ms, p.rtt_ms) {
+                "ok"
+            } else {
+                "FAIL"
+            };
+            let _ = writeln!(
+                s,
+                "{:<40} {:<10} {:>13.2} ms {:>13.2} ms (min {:.2})  {rtt_verdict}",
+                p.label, "rtt", p.rtt_cfg_ms, p.rtt_ms, p.rtt_min_ms
+            );
+            let rate = p
+                .rate_mbps
+                .map_or("unlimited".to_string(), |r| format!("{r:.1} Mbit/s"));
+            for (cc, m) in &p.tcp {
+                let (share, verdict) = match p.rate_mbps {
+                    Some(r) => {
+                        let v = if cc == "bbr" && p.loss_cfg == 0.0 {
+                            if *m >= 0.9 * r {
+                                "ok (>= 90%)"
+                            } else {
+                                "FAIL (< 90%)"
+                            }
+                        } else {
+                            "(no target)"
+                        };
+                        (format!(" ({:.1}%)", 100.0 * m / r), v)
+                    }
+                    None => (String::new(), "(no target)"),
+                };
+                let _ = writeln!(
+                    s,
+                    "{:<40} {:<10} {:>16} {:>14.1} Mbit/s{share}  {verdict}",
+                    "",
+                    format!("tcp {cc}"),
+                    rate,
+                    m
+                );
+            }
+            if let Some((l, n)) = p.loss {
+                let v = if loss_ok(p.loss_cfg, l) { "ok" } else { "FAIL" };
+                let _ = writeln!(
+                    s,
+                    "{:<40} {:<10} {:>14.3} % {:>14.3} % ({n} pkts)  {v}",
+                    "",
+                    "udp loss",
+                    p.loss_cfg * 100.0,
+                    l * 100.0
+                );
+            }
+            if p.late_events > 0 || p.attempts > 1 {
+                let _ = writeln!(
+                    s,
+                    "{:<40} (attempt {}; {} forwarder events >1 ms late while measuring)",
+                    "", p.attempts, p.late_events
+                );
+            }
+        }
+        for r in &self.retried {
+            for f in r.failures() {
+                let _ = writeln!(
+                    s,
+                    "measured again: attempt {} missed {f} while the forwarder was stalled ({} events >1 ms late)",
+                    r.attempts, r.late_events
+                );
+            }
+        }
+        let cpu = self.forwarder_cpu.map_or("unknown".into(), |c| {
+            format!("{:.0}% of one core", c * 100.0)
+        });
+        let _ = writeln!(
+            s,
+            "forwarder CPU: {cpu} over {:.0} s; TUN TX dropped: {}; events >1 ms late: {} (max {:.2} ms)",
+            self.wall_s, self.tx_dropped, self.late_events, self.max_lateness_ms
+        );
+        let f = self.failures();
+        if f.is_empty() {
+            let _ = writeln!(s, "all targets met");
+        } else {
+            for l in f {
+                let _ = writeln!(s, "FAIL: {l}");
+            }
+        }
+        s
+    }
+}
+
+/// One representative pair per distinct kind of path.
+struct Probe {
+    label: String,
+    from: String,
+    to: String,
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    rtt_cfg_ms: f64,
+    rate_mbps: Option<f64>,
+    loss: f64,
+}
+
+fn probes(lab: &Lab, max: usize) -> Vec<Probe> {
+    let p = lab.plan();
+    let mut out: Vec<Probe> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut add = |from: usize, to: usize, src: Ipv4Addr, dst: Ipv4Addr, what: String| {
+        let Some(r) = p.route(from, dst) else { return };
+        let back_dst = if dst == p.hosts[to].addr {
+            p.hosts[from].addr
+        } else {
+            src
+        };
+        let Some(back) = p.route(to, back_dst) else {
+            return;
+        };
+        let rtt_ns = r
+            .iter()
+            .chain(&back)
+            .map(|&l| p.links[l].delay_ns)
+            .sum::<u64>();
+        let rate = r
+            .iter()
+            .filter_map(|&l| p.links[l].rate_bps)
+            .fold(f64::INFINITY, f64::min);
+        let rate_mbps = rate.is_finite().then_some(rate / 1e6);
+        let loss = 1.0 - r.iter().map(|&l| 1.0 - p.links[l].loss).product::<f64>();
+        let key = format!("{rtt_ns}/{rate_mbps:?}/{loss}/{}", p.links[r[1]].jitter_ns);
+        if !seen.insert(key) {
+            return;
+        }
+        out.push(Probe {
+            label: format!("{} -> {} ({what})", p.hosts[from].name, p.hosts[to].name),
+            from: p.hosts[from].name.clone(),
+            to: p.hosts[to].name.clone(),
+            src,
+            dst,
+            rtt_cfg_ms: rtt_ns as f64 / 1e6,
+            rate_mbps,
+            loss,
+        });
+    };
+    let first = |s: usize| p.hosts.iter().position(|h| h.site == s);
+    for a in 0..p.sites.len() {
+        for b in 0..p.sites.len() {
+            if a != b {
+                if let (Some(x), Some(y)) = (first(a), first(b)) {
+                    add(
+                        x,
+                        y,
+                        p.hosts[x].addr,
+                        p.hosts[y].addr,
+                        p.links[p.site_links[a][b].expect("resolved")].name.clone(),
+                    );
+                }
+            }
+        }
+    }
+    for c in &p.channels {
+        add(c.a, c.b, c.a_addr, c.b_addr, c.name.clone());
+    }
+    out.truncate(max);
+    out
+}
+
+/// Measures the round trip of `n` small UDP probes from `src` (in `from_ns`) to an echo in
+/// `to_ns`; returns (median, min) in ms.
+pub fn measure_rtt(
+    from_ns: &str,
+    to_ns: &str,
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    n: u32,
+) -> Result<(f64, f64), LabError> {
+    const PORT: u16 = 7399;
+    let to_ns = to_ns.to_string();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let echo = std::thread::spawn(move || -> Result<(), LabError> {
+        setns_path(&format!("/var/run/netns/{to_ns}"))?;
+        let sock = UdpSocket::bind((dst, PORT)).map_err(|e| LabError::sys("bind echo", e))?;
+        sock.set_read_timeout(Some(Duration::from_millis(100)))
+            .map_err(|e| LabError::sys("timeout", e))?;
+        let _ = ready_tx.send(());
+        let mut buf = [0u8; 256];
+        while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+            if let Ok((k, from)) = sock.recv_from(&mut buf) {
+                let _ = sock.send_to(&buf[..k], from);
+            }
+        }
+        Ok(())
+    });
+    let from_ns = from_ns.to_string();
+    let result = (|| -> Result<(f64, f64), LabError> {
+        ready_rx
+            .recv_timeout(Duration::from_secs(5))
+            .map_err(|_| LabError::Measure("echo server did not start".into()))?;
+        let client = std::thread::spawn(move || -> Result<Vec<f64>, LabError> {
+            setns_path(&format!("/var/run/netns/{from_ns}"))?;
+            let sock = UdpSocket::bind((src, 0)).map_err(|e| LabError::sys("bind probe", e))?;
+            sock.connect(SocketAddr::from((dst, PORT)))
+                .map_err(|e| LabError::sys("connect probe", e))?;
+            sock.set_read_timeout(Some(Duration::from_millis(1500)))
+                .map_err(|e| LabError::sys("timeout", e))?;
+            let mut rtts = Vec::new();
+            let mut buf = [0u8; 256];
+            for seq in 0..n {
+                let payload = [seq.to_be_bytes().as_slice(), &[0u8; 60]].concat();
+                let t0 = Instant::now();
+                sock.send(&payload)
+                    .map_err(|e| LabError::sys("send probe", e))?;
+                // Wait for this probe's echo; stale echoes of earlier probes are skipped.
+                while let Ok(k) = sock.recv(&mut buf) {
+                    if k >= 4 && buf[..4] == seq.to_be_bytes() {
+                        rtts.push(t0.elapsed().as_secs_f64() * 1e3);
+                        break;
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Ok(rtts)
+        });
+        let mut rtts = client
+            .join()
+            .map_err(|_| LabError::Measure("probe thread panicked".into()))??;
+        if rtts.len() < (n as usize).div_ceil(2) {
+            return Err(LabError::Measure(format!(
+                "only {} of {n} RTT probes answered",
+                rtts.len()
+            )));
+        }
+        rtts.sort_by(f64::total_cmp);
+        Ok((rtts[rtts.len() / 2], rtts[0]))
+    })();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = echo.join();
+    result
+}
+
+/// Waits for `child` at most `limit`, killing it after; returns its stdout.
+pub fn wait_output(mut child: Child, limit: Duration) -> Result<(bool, String), LabError> {
+    let mut stdout = child.stdout.take();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        if let Some(o) = stdout.as_mut() {
+            let _ = o.read_to_string(&mut s);
+        }
+        s
+    });
+    let deadline = Instant::now() + limit;
+    let ok = loop {
+        match child.try_wait() {
+            Ok(Some(st)) => break st.success(),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break false;
+            }
+        }
+    };
+    Ok((ok, reader.join().unwrap_or_default()))
+}
+
+fn iperf3_client(
+    lab: &Lab,
+    p: &Probe,
+    port: u16,
+    extra: &[String],
+    limit: Duration,
+) -> Result<serde_json::Value, LabError> {
+    let mut server = lab.command(&p.to, "iperf3")?;
+    server
+        .args([
+            "-s",
+            "-1",
+            "-p",
+            &port.to_string(),
+            "-B",
+            &p.dst.to_string(),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let server = server
+        .spawn()
+        .map_err(|e| LabError::sys("start iperf3 (is it installed?)", e))?;
+    let result = (|| {
+        // The server needs a moment to listen; retry a refused connection for up to 3 s.
+        let start = Instant::now();
+        loop {
+            let mut c = lab.command(&p.from, "iperf3")?;
+            c.args([
+                "-c",
+                &p.dst.to_string(),
+                "-p",
+                &port.to_string(),
+                "-B",
+                &p.src.to_string(),
+                "-J",
+            ])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+            let child = c.spawn().map_err(|e| LabError::sys("start iperf3", e))?;
+            let (_, out) = wait_output(child, limit)?;
+            let v: serde_json::Value = serde_json::from_str(&out).map_err(|e| {
+                LabError::Measure(format!("iperf3 output is not JSON ({e}): {}", out.trim()))
+            })?;
+            match v.get("error").and_then(|e| e.as_str()) {
+                Some(err)
+                    if err.contains("refused") && start.elapsed() < Duration::from_secs(3) =>
+                {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Some(err) => return Err(LabError::Measure(format!("iperf3: {err}"))),
+                None => return Ok(v),
+            }
+        }
+    })();
+    let _ = wait_output(server, Duration::from_secs(3));
+    result
+}
+
+/// One TCP stream with congestion control `cc` for `secs` (after `omit` s): Mbit/s received.
+fn measure_tcp(lab: &Lab, p: &Probe, cc: &str, secs: u32, omit: u32) -> Result<f64, LabError> {
+    let extra = [
+        "-t".into(),
+        secs.to_string(),
+        "-O".into(),
+        omit.to_string(),
+        "-C".into(),
+        cc.into(),
+    ];
+    let v = iperf3_client(
+        lab,
+        p,
+        5201,
+        &extra,
+        Duration::from_secs((secs + omit + 20) as u64),
+    )?;
+    v.pointer("/end/sum_received/bits_per_second")
+        .and_then(|b| b.as_f64())
+        .map(|b| b / 1e6)
+        .ok_or_else(|| LabError::Measure("iperf3: no sum_received".into()))
+}
+
+/// Sends `n` UDP packets at a rate below the bottleneck; returns (loss fraction, packets).
+fn measure_loss(lab: &Lab, p: &Probe, n: u32) -> Result<(f64, u64), LabError> {
+    // 70% of the bottleneck (at most 100 Mbit/s, what an iperf3 receiver here keeps up with):
+    // queues stay short, so only random loss drops packets.
+    let rate = p.rate_mbps.map_or(100.0, |r| (0.7 * r).min(100.0));
+    let extra = [
+        "-u".into(),
+        "-b".into(),
+        format!("{rate}M"),
+        "-l".into(),
+        "1200".into(),
+        "-k".into(),
+        n.to_string(),
+    ];
+    let secs = n as f64 * 1200.0 * 8.0 / (rate * 1e6);
+    let v = iperf3_client(lab, p, 5202, &extra, Duration::from_secs_f64(secs + 20.0))?;
+    let sum = v
+        .pointer("/end/sum")
+        .ok_or_else(|| LabError::Measure("iperf3: no end.sum".into()))?;
+    let lost = sum.get("lost_packets").and_then(|x| x.as_u64());
+    let packets = sum.get("packets").and_then(|x| x.as_u64());
+    match (lost, packets) {
+        (Some(l), Some(n)) if n > 0 => Ok((l as f64 / n as f64, n)),
+        _ => Err(LabError::Measure(format!(
+            "iperf3: no UDP loss figures in {sum}"
+        ))),
+    }
+}
+
+fn measure_path(
+    lab: &Lab,
+    p: &Probe,
+    opts: &CheckOptions,
+    attempt: u32,
+) -> Result<PathCheck, LabError> {
+    let late0 = lab.stats().late_events;
+    let (rtt, rtt_min) = measure_rtt(
+        &lab.netns(&p.from)?,
+        &lab.netns(&p.to)?,
+        p.src,
+        p.dst,
+        opts.probes,
+    )?;
+    let mut pc = PathCheck {
+        label: p.label.clone(),
+        rtt_cfg_ms: p.rtt_cfg_ms,
+        rtt_ms: rtt,
+        rtt_min_ms: rtt_min,
+        rate_mbps: p.rate_mbps,
+        loss_cfg: p.loss,
+        attempts: attempt,
+        ..Default::default()
+    };
+    for cc in &opts.ccs {
+        pc.tcp.push((
+            cc.clone(),
+            measure_tcp(lab, p, cc, opts.tcp_s, opts.omit_s)?,
+        ));
+    }
+    if opts.udp_packets > 0 {
+        pc.loss = Some(measure_loss(lab, p, opts.udp_packets)?);
+    }
+    // Counters are published every 200 ms.
+    std::thread::sleep(Duration::from_millis(250));
+    pc.late_events = lab.stats().late_events - late0;
+    Ok(pc)
+}
+
+/// Measures every kind of path of a running lab.
+pub fn check(
+    lab: &Lab,
+    opts: &CheckOptions,
+    mut progress: impl FnMut(&str),
+) -> Result<CheckReport, LabError> {
+    let t0 = Instant::now();
+    let cpu0 = lab.forwarder_cpu_s();
+    let stats0 = lab.stats();
+    let mut report = CheckReport::default();
+    for p in probes(lab, opts.max_paths) {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            progress(&format!("measuring {} (attempt {attempt})", p.label));
+            let pc = measure_path(lab, &p, opts, attempt)?;
+            let retry = !pc.failures().is_empty() && pc.late_events > 0 && attempt <= opts.retries;
+            if retry {
+                for f in pc.failures() {
+                    progress(&format!(
+                        "missed while the forwarder was stalled ({} events >1 ms late): {f}",
+                        pc.late_events
+                    ));
+                }
+                report.retried.push(pc);
+                continue;
+            }
+            report.paths.push(pc);
+            break;
+        }
+    }
+    report.wall_s = t0.elapsed().as_secs_f64();
+    if let (Some(a), Some(b)) = (cpu0, lab.forwarder_cpu_s()) {
+        report.forwarder_cpu = Some((b - a) / report.wall_s);
+    }
+    report.tx_dropped = lab.tx_dropped()?.iter().map(|(_, d)| d).sum();
+    let s = lab.stats();
+    report.late_events = s.late_events - stats0.late_events;
+    report.max_lateness_ms = s.max_lateness_ns as f64 / 1e6;
+    Ok(report)
+}
