@@ -46,9 +46,10 @@ pub struct SendArgs {
     /// Without it, `tree` probes the agents and uses the planner's tree.
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     fanout: Option<u16>,
-    /// Chunk size in KiB.
-    #[arg(long, default_value_t = 1024)]
-    chunk_kib: u32,
+    /// Chunk size in KiB (default: chosen from the object size and the tree depth, see
+    /// `auto_chunk_size`).
+    #[arg(long)]
+    chunk_kib: Option<u32>,
     /// Seconds without progress after which a receiver is cut off (with its subtree).
     #[arg(long, default_value_t = 30)]
     stall_timeout: u64,
@@ -71,17 +72,18 @@ enum Strategy {
 }
 
 pub async fn run(a: SendArgs) -> Result<i32> {
-    let chunk_size = a
-        .chunk_kib
-        .checked_mul(1024)
-        .filter(|c| CHUNK_SIZE_RANGE.contains(c))
-        .with_context(|| {
-            format!(
+    if let Some(k) = a.chunk_kib {
+        if !k
+            .checked_mul(1024)
+            .is_some_and(|c| CHUNK_SIZE_RANGE.contains(&c))
+        {
+            bail!(
                 "--chunk-kib must be between {} and {}",
                 CHUNK_SIZE_RANGE.start() / 1024,
                 CHUNK_SIZE_RANGE.end() / 1024
-            )
-        })?;
+            );
+        }
+    }
     let input = Input::open(&a.path, a.name.as_deref())?;
     let tuning = a.common.tuning()?;
     let session: u64 = rand::random();
@@ -159,7 +161,7 @@ pub async fn run(a: SendArgs) -> Result<i32> {
                 &Keys::derive(&secret),
                 &tuning,
                 input.manifest.total_len,
-                chunk_size,
+                a.chunk_kib.map_or(1 << 20, |k| k * 1024),
             )
             .await?;
             if !a.quiet {
@@ -167,6 +169,10 @@ pub async fn run(a: SendArgs) -> Result<i32> {
             }
             (p.tree().clone(), format!("tree (planned: {})", p.algorithm))
         }
+    };
+    let chunk_size = match a.chunk_kib {
+        Some(k) => k * 1024,
+        None => auto_chunk_size(input.manifest.total_len, &tree),
     };
     let cfg = SendConfig {
         chunk_size,
@@ -191,6 +197,24 @@ pub async fn run(a: SendArgs) -> Result<i32> {
     let report = result?;
     print_report(&report, a.json)?;
     Ok(if report.ok { 0 } else { 1 })
+}
+
+/// The default chunk size. Every relay forwards a chunk only once it is whole and verified, so
+/// each hop adds one chunk's serialization time: a tree of depth d costs about
+/// `d * chunk / size` of the transfer time. Pick the largest power of two that keeps that under
+/// 1%, between 64 KiB (per-chunk costs) and 1 MiB; streams of unknown size get 256 KiB.
+pub fn auto_chunk_size(len: Option<u64>, tree: &Tree) -> u32 {
+    const MIN: u64 = 64 << 10;
+    const MAX: u64 = 1 << 20;
+    let Some(len) = len else { return 256 << 10 };
+    let depth = (1..tree.len())
+        .map(|i| tree.depth(i))
+        .max()
+        .unwrap_or(1)
+        .max(1) as u64;
+    let target = (len / 100 / depth).clamp(MIN, MAX);
+    // Round down to a power of two.
+    (1u64 << (63 - target.leading_zeros())) as u32
 }
 
 /// A comma-separated list or a hosts file.
