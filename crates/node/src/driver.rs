@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use bulkcast_proto::auth::Keys;
 use bulkcast_proto::node::{Event, Link, Node};
-use bulkcast_proto::wire::{self, Frame};
+use bulkcast_proto::wire::{self, Chunk, Frame, SessionId};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -53,7 +53,7 @@ pub struct Driver {
     tuning: TcpTuning,
     ev_tx: mpsc::Sender<Ev>,
     ev_rx: mpsc::Receiver<Ev>,
-    parent_rx: Option<mpsc::Receiver<Result<Frame, String>>>,
+    parent_rx: Option<mpsc::Receiver<FromParent>>,
     input_rx: Option<mpsc::Receiver<InputEvent>>,
     store: Option<Store>,
     store_rx: Option<mpsc::UnboundedReceiver<StoreEvent>>,
@@ -104,7 +104,8 @@ impl Driver {
                 let (r, w) = stream.into_split();
                 let (tx, rx) = mpsc::channel(2);
                 d.parent_rx = Some(rx);
-                let reader = tokio::spawn(read_parent(r, tx));
+                let session = d.node.params().session;
+                let reader = tokio::spawn(read_parent(r, tx, d.keys.clone(), session));
                 d.tasks.entry(Link::Parent).or_default().push(reader);
                 d.attach_writer(Link::Parent, w);
             }
@@ -168,16 +169,17 @@ impl Driver {
                 }
                 Some(f) = recv_opt(&mut self.parent_rx), if want => {
                     let now = Instant::now();
-                    match f {
-                        Ok(frame) => {
-                            if let Err(e) = self.node.handle_frame(Link::Parent, frame, now) {
-                                return Err(format!("parent broke the protocol: {e}"));
-                            }
-                        }
-                        Err(reason) => {
+                    let r = match f {
+                        FromParent::Frame(frame) => self.node.handle_frame(Link::Parent, frame, now),
+                        FromParent::Verified(c) => self.node.handle_verified_chunk(c, now),
+                        FromParent::Closed(reason) => {
                             self.parent_rx = None;
                             self.node.handle_link_closed(Link::Parent, reason, now);
+                            Ok(())
                         }
+                    };
+                    if let Err(e) = r {
+                        return Err(format!("parent broke the protocol: {e}"));
                     }
                 }
                 Some(ie) = recv_opt(&mut self.input_rx), if want => {
@@ -319,14 +321,32 @@ async fn connect_child(
     Ok(s)
 }
 
-async fn read_parent<R: AsyncRead + Unpin>(mut r: R, tx: mpsc::Sender<Result<Frame, String>>) {
+/// What the parent's reader hands over: a frame, a chunk it verified, or why the link ended.
+enum FromParent {
+    Frame(Frame),
+    Verified(Chunk),
+    Closed(String),
+}
+
+async fn read_parent<R: AsyncRead + Unpin>(
+    mut r: R,
+    tx: mpsc::Sender<FromParent>,
+    keys: Keys,
+    session: SessionId,
+) {
     loop {
         let item = match transport::read_frame(&mut r, wire::MAX_FRAME).await {
-            Ok(Some(f)) => Ok(f),
-            Ok(None) => Err("parent closed the connection".to_string()),
-            Err(e) => Err(format!("reading from parent: {e}")),
+            // Hash here, on the thread that just read the bytes, while they are in cache; a
+            // chunk that fails goes to the node unverified, which rejects and re-requests it.
+            Ok(Some(Frame::Chunk(c))) => match keys.verify(session, &c) {
+                Ok(()) => FromParent::Verified(c),
+                Err(_) => FromParent::Frame(Frame::Chunk(c)),
+            },
+            Ok(Some(f)) => FromParent::Frame(f),
+            Ok(None) => FromParent::Closed("parent closed the connection".to_string()),
+            Err(e) => FromParent::Closed(format!("reading from parent: {e}")),
         };
-        let last = item.is_err();
+        let last = matches!(item, FromParent::Closed(_));
         if tx.send(item).await.is_err() || last {
             return;
         }
