@@ -46,11 +46,7 @@ pub struct PlanArgs {
 pub async fn run(a: PlanArgs) -> Result<i32> {
     let hosts = load_hosts(&a.hosts)?;
     let matrices = match &a.matrix {
-        Some(p) => {
-            let text =
-                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-            MatrixFile::parse_toml(&text).with_context(|| format!("matrix file {}", p.display()))?
-        }
+        Some(p) => read_matrix(p)?,
         None => {
             let keys = Keys::derive(&a.common.require_secret()?);
             let (m, note) = measure(&hosts, &keys, &a.common.tuning()?, a.samples).await?;
@@ -76,6 +72,11 @@ pub async fn run(a: PlanArgs) -> Result<i32> {
     std::fs::write(&svg, p.to_svg(&net)).with_context(|| format!("writing {}", svg.display()))?;
     eprintln!("wrote {} and {}", dot.display(), svg.display());
     Ok(0)
+}
+
+fn read_matrix(p: &std::path::Path) -> Result<MatrixFile> {
+    let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+    MatrixFile::parse_toml(&text).with_context(|| format!("matrix file {}", p.display()))
 }
 
 /// Probes the agents and returns the RTT matrix (full up to 64 hosts, Vivaldi-completed above)
@@ -177,12 +178,18 @@ pub async fn measure(
 /// degree-constrained MST with fan-out 1 gives a chain that follows short RTTs.
 pub async fn auto_tree(
     hosts: &HostsFile,
+    matrix: Option<&std::path::Path>,
     keys: &Keys,
     tuning: &TcpTuning,
     size: Option<u64>,
     chunk: u32,
 ) -> Result<(Plan, String)> {
-    let (matrices, note) = measure(hosts, keys, tuning, 5).await?;
+    let (matrices, note) = match matrix {
+        Some(p) => (read_matrix(p)?, format!("matrix from {}", p.display())),
+        // Three echoes: probing is paid before every send, and the median of three is enough
+        // to order paths that differ by more than jitter.
+        None => measure(hosts, keys, tuning, 3).await?,
+    };
     let mut net = Network::from_hosts(hosts, &matrices)?;
     let opts = PlanOptions::default().with_object(size.unwrap_or(1 << 30), chunk as u64)?;
     if net.is_uncapacitated() {

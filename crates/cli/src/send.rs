@@ -50,6 +50,9 @@ pub struct SendArgs {
     /// `auto_chunk_size`).
     #[arg(long)]
     chunk_kib: Option<u32>,
+    /// Plan from this matrix file (see `bulkcast plan --save-matrix`) instead of probing.
+    #[arg(long)]
+    matrix: Option<PathBuf>,
     /// Seconds without progress after which a receiver is cut off (with its subtree).
     #[arg(long, default_value_t = 30)]
     stall_timeout: u64,
@@ -158,6 +161,7 @@ pub async fn run(a: SendArgs) -> Result<i32> {
             };
             let (p, note) = plan::auto_tree(
                 &file,
+                a.matrix.as_deref(),
                 &Keys::derive(&secret),
                 &tuning,
                 input.manifest.total_len,

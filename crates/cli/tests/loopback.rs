@@ -516,6 +516,8 @@ fn plan_probes_agents_and_send_uses_the_planned_tree() {
     let out = Command::new(BIN)
         .args(["plan", "--hosts", &list, "--out"])
         .arg(s.0.join("p"))
+        .arg("--save-matrix")
+        .arg(s.0.join("m.toml"))
         .env("BULKCAST_SECRET", &key)
         .output()
         .unwrap();
@@ -555,6 +557,28 @@ fn plan_probes_agents_and_send_uses_the_planned_tree() {
     for a in &ags {
         assert_eq!(hash(&a.dir.join("f.bin")), hash(&src));
     }
+    // The saved matrix replaces probing.
+    let m = s.0.join("m.toml");
+    let out = send(
+        &[
+            src.to_str().unwrap(),
+            "--to",
+            &list,
+            "--matrix",
+            m.to_str().unwrap(),
+            "--name",
+            "g.bin",
+        ],
+        &key,
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(report(&out)["strategy"], "tree (planned: dcmst)");
+    assert_eq!(hash(&ags[3].dir.join("g.bin")), hash(&src));
 }
 
 #[test]
