@@ -1,0 +1,718 @@
+//! The sending side of a striped edge: which connection carries which item.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use super::{ConnId, Item};
+
+/// How items are dealt to connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scheduler {
+    /// Each connection takes the next item whenever its socket has room and its own in-flight
+    /// cap ([`StriperConfig::pull_queue_delay`]) allows: self-clocking.
+    Pull,
+    /// The paper's weighted fork-join: a fixed weighted round-robin deal, re-weighted by the
+    /// sojourn-time controller ([`WeightedConfig`]).
+    Weighted,
+    /// The paper's unweighted fork-join: a fixed round-robin deal with equal blocks, never
+    /// re-weighted (eq. 1; the baseline).
+    Equal,
+}
+
+/// Settings of the paper's weighted fork-join and its controller (section 3).
+#[derive(Debug, Clone)]
+pub struct WeightedConfig {
+    /// `B`, the block dealt per round to a connection of weight 1 (the fastest), in bytes.
+    /// Connection `i` gets `B * w_i` per round (eq. 2), carried over as a deficit when that is
+    /// less than an item.
+    pub block: u64,
+    /// `K`: a measurement lasts `max(2, ceil(K / N))` steps (section 3.1: inversely
+    /// proportional to `N`, at least 2), a step being `N * B` acknowledged bytes.
+    pub steps: u32,
+    /// The short wait after a re-weighting before measuring again (steady-state TCP).
+    pub settle: Duration,
+    /// Re-weight when the mean sojourn time rises by more than this fraction over the rolling
+    /// mean of the last three measurements (section 3.2: 0.33).
+    pub threshold: f64,
+    /// The "alarm" of section 3.1: a clocked re-weighting this long after the last one, if
+    /// nothing triggered one. `None` disables it.
+    pub alarm: Option<Duration>,
+    /// Smallest weight, so that a connection measured very slow still carries some items and
+    /// keeps being measured.
+    pub min_weight: f64,
+}
+
+impl Default for WeightedConfig {
+    fn default() -> Self {
+        Self {
+            block: 512 << 10,
+            steps: 8,
+            settle: Duration::from_secs(1),
+            threshold: 0.33,
+            alarm: Some(Duration::from_secs(10)),
+            min_weight: 0.02,
+        }
+    }
+}
+
+/// Settings of a [`Striper`].
+#[derive(Debug, Clone)]
+pub struct StriperConfig {
+    /// The scheduler.
+    pub scheduler: Scheduler,
+    /// The reorder window in items, as agreed with the receiver's [`Joiner`](super::Joiner):
+    /// the striper never hands out an item at or beyond `oldest un-acknowledged + window`.
+    pub window: u64,
+    /// Pull only: a connection takes a new item only while its bytes in flight are under
+    /// `rate * (min_rtt + pull_queue_delay)` (its measured rate and round trip), so that a
+    /// slow connection does not queue seconds of data in a large socket buffer while the
+    /// others wait for it at the join.
+    pub pull_queue_delay: Duration,
+    /// Pull only: the in-flight cap is never below this many bytes (the cap before any
+    /// measurement; it grows from there as the rate estimate grows).
+    pub pull_min_inflight: u64,
+    /// The weighted scheduler and its controller.
+    pub weighted: WeightedConfig,
+    /// Time constant of the per-connection rate estimate (busy-time weighted).
+    pub rate_tau: Duration,
+}
+
+impl Default for StriperConfig {
+    fn default() -> Self {
+        Self {
+            scheduler: Scheduler::Pull,
+            window: 256,
+            pull_queue_delay: Duration::from_millis(50),
+            pull_min_inflight: 256 << 10,
+            weighted: WeightedConfig::default(),
+            rate_tau: Duration::from_millis(500),
+        }
+    }
+}
+
+impl StriperConfig {
+    /// The default settings with this scheduler.
+    pub fn with(scheduler: Scheduler) -> Self {
+        Self {
+            scheduler,
+            ..Self::default()
+        }
+    }
+}
+
+/// A mistake of the driver or the peer, reported instead of corrupting the state.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum StripeError {
+    /// An acknowledgement for an item not in flight on that connection.
+    #[error("item {index} is not in flight on connection {conn}")]
+    NotInFlight {
+        /// The connection.
+        conn: ConnId,
+        /// The item.
+        index: u64,
+    },
+    /// No such connection.
+    #[error("no connection {0}")]
+    UnknownConn(ConnId),
+    /// Input offered while [`Striper::wants_input`] is false.
+    #[error("input beyond the reorder window or without a live connection")]
+    WindowFull,
+}
+
+/// One connection's figures, for `--json` reports and time series.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConnStats {
+    /// The connection.
+    pub conn: ConnId,
+    /// Not lost.
+    pub alive: bool,
+    /// Bytes acknowledged by the receiver over this connection.
+    pub bytes_acked: u64,
+    /// Rate estimate in bytes per second of busy time (time with something in flight).
+    pub rate: f64,
+    /// Its share of the items dealt: the configured weight over the sum of the live
+    /// connections' weights (weighted and equal), or its rate over the sum of the live rates
+    /// (pull, where the share follows from the rates).
+    pub weight: f64,
+    /// Bytes handed to it and not yet acknowledged.
+    pub inflight_bytes: u64,
+    /// Items handed to it and not yet acknowledged.
+    pub inflight_items: usize,
+    /// Items dealt to it but not yet taken (weighted and equal).
+    pub queued_items: usize,
+}
+
+/// The controller's phase (section 3 of the paper).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Equal blocks, measuring per-connection sojourn times and rates.
+    Measure,
+    /// Weights just set; waiting for a steady state.
+    Settle,
+    /// First measurement with the new weights, compared to the equal-block one (3.1).
+    Check,
+    /// The feedback loop (3.2).
+    Track,
+    /// No controller (pull, equal).
+    Off,
+}
+
+/// The controller's state, for reports.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ControllerStats {
+    /// Current phase.
+    pub phase: Phase,
+    /// Weightings applied (each ends a measurement).
+    pub reweights: u32,
+    /// Re-evaluations triggered by the 33% rule.
+    pub triggered: u32,
+    /// Re-evaluations triggered by the alarm.
+    pub alarms: u32,
+    /// Times the weighted blocks measured worse and equal blocks were kept (3.1).
+    pub reverted: u32,
+    /// Mean sojourn time of the last measurement.
+    pub mean_sojourn: Option<Duration>,
+}
+
+#[derive(Debug)]
+struct Sent {
+    item: Item,
+    dealt_at: Instant,
+    sent_at: Instant,
+}
+
+#[derive(Debug)]
+struct Conn {
+    alive: bool,
+    /// Dealt, not yet handed out (weighted and equal), with the deal time.
+    dealt: VecDeque<(Item, Instant)>,
+    inflight: VecDeque<Sent>,
+    inflight_bytes: u64,
+    bytes_acked: u64,
+    last_done: Option<Instant>,
+    min_rtt: Option<Duration>,
+    /// Busy-time weighted moving sums for the rate estimate.
+    ewma_bytes: f64,
+    ewma_secs: f64,
+    /// Relative weight, the fastest at 1 (eq. 2).
+    weight: f64,
+    deficit: f64,
+    /// The current measurement.
+    p_bytes: u64,
+    p_service: f64,
+    p_sojourn: f64,
+    p_items: u64,
+}
+
+impl Conn {
+    fn new() -> Self {
+        Self {
+            alive: true,
+            dealt: VecDeque::new(),
+            inflight: VecDeque::new(),
+            inflight_bytes: 0,
+            bytes_acked: 0,
+            last_done: None,
+            min_rtt: None,
+            ewma_bytes: 0.0,
+            ewma_secs: 0.0,
+            weight: 1.0,
+            deficit: 0.0,
+            p_bytes: 0,
+            p_service: 0.0,
+            p_sojourn: 0.0,
+            p_items: 0,
+        }
+    }
+
+    fn rate(&self) -> f64 {
+        if self.ewma_secs > 0.0 {
+            self.ewma_bytes / self.ewma_secs
+        } else {
+            0.0
+        }
+    }
+
+    fn reset_period(&mut self) {
+        self.p_bytes = 0;
+        self.p_service = 0.0;
+        self.p_sojourn = 0.0;
+        self.p_items = 0;
+    }
+}
+
+#[derive(Debug)]
+struct Controller {
+    phase: Phase,
+    /// When `Settle` ends, and the phase after it.
+    settle_until: Option<(Instant, Phase)>,
+    /// Mean and standard deviation of the sojourn times with equal blocks.
+    equal: Option<(f64, f64)>,
+    /// An early re-weighting (3.1) was already made in this cycle.
+    early_done: bool,
+    /// Mean sojourn times of the last three measurements in `Track`.
+    history: VecDeque<f64>,
+    last_reweight: Option<Instant>,
+    stats: ControllerStats,
+}
+
+/// Deals a stream of items to N connections and tracks them until acknowledged.
+///
+/// Driver loop, per edge:
+/// 1. [`add_conn`](Self::add_conn) for each connection (more may join later);
+/// 2. while [`wants_input`](Self::wants_input), read an item from upstream and give its
+///    length to [`handle_input`](Self::handle_input), which numbers it (keep the data
+///    until it is acknowledged);
+/// 3. for each connection whose socket has room, send what
+///    [`poll_assign`](Self::poll_assign) returns, until it returns `None`;
+/// 4. on each acknowledgement from the receiver, [`handle_acked`](Self::handle_acked)
+///    (the data of items below [`acked_below`](Self::acked_below) may then be freed); when a
+///    connection fails, [`handle_conn_lost`](Self::handle_conn_lost): its unacknowledged
+///    items go to the other connections;
+/// 5. go to 2 after any of these.
+#[derive(Debug)]
+pub struct Striper {
+    config: StriperConfig,
+    conns: Vec<Conn>,
+    next_index: u64,
+    /// Oldest unacknowledged item.
+    base: u64,
+    /// Acknowledged items above `base`.
+    acked_ahead: BTreeSet<u64>,
+    /// Pull: numbered, not yet handed out.
+    pending: VecDeque<(Item, Instant)>,
+    /// Items of lost connections, handed out again first.
+    orphans: BTreeMap<u64, (Item, Instant)>,
+    /// Weighted deal: the connection being dealt to.
+    cursor: usize,
+    controller: Controller,
+}
+
+impl Striper {
+    /// A striper with no connections yet.
+    pub fn new(config: StriperConfig) -> Self {
+        let phase = match config.scheduler {
+            Scheduler::Weighted => Phase::Measure,
+            Scheduler::Pull | Scheduler::Equal => Phase::Off,
+        };
+        Self {
+            config,
+            conns: Vec::new(),
+            next_index: 0,
+            base: 0,
+            acked_ahead: BTreeSet::new(),
+            pending: VecDeque::new(),
+            orphans: BTreeMap::new(),
+            cursor: 0,
+            controller: Controller {
+                phase,
+                settle_until: None,
+                equal: None,
+                early_done: false,
+                history: VecDeque::new(),
+                last_reweight: None,
+                stats: ControllerStats {
+                    phase,
+                    reweights: 0,
+                    triggered: 0,
+                    alarms: 0,
+                    reverted: 0,
+                    mean_sojourn: None,
+                },
+            },
+        }
+    }
+
+    /// A new connection; it takes part from now on. Under the weighted scheduler the weights
+    /// are measured again from equal blocks.
+    pub fn add_conn(&mut self, now: Instant) -> ConnId {
+        self.conns.push(Conn::new());
+        if self.config.scheduler == Scheduler::Weighted {
+            self.restart_measure(now);
+        }
+        self.conns.len() - 1
+    }
+
+    /// Whether the driver may read another item from upstream: the next item is inside the
+    /// reorder window and some connection is alive.
+    pub fn wants_input(&self) -> bool {
+        self.next_index < self.base + self.config.window && self.conns.iter().any(|c| c.alive)
+    }
+
+    /// A new item of `len` bytes from upstream; returns its index (items are numbered from 0
+    /// in input order).
+    pub fn handle_input(&mut self, len: u32, now: Instant) -> Result<u64, StripeError> {
+        if !self.wants_input() {
+            return Err(StripeError::WindowFull);
+        }
+        let item = Item {
+            index: self.next_index,
+            len,
+        };
+        self.next_index += 1;
+        match self.config.scheduler {
+            Scheduler::Pull => self.pending.push_back((item, now)),
+            Scheduler::Weighted | Scheduler::Equal => {
+                let c = self.deal(len);
+                self.conns[c].dealt.push_back((item, now));
+            }
+        }
+        Ok(item.index)
+    }
+
+    /// The next item to send on `conn`, whose socket has room; `None` if it has nothing to
+    /// take now (its dealt queue is empty, its pull cap is reached, or it is lost).
+    pub fn poll_assign(&mut self, conn: ConnId, now: Instant) -> Option<Item> {
+        let pull = self.config.scheduler == Scheduler::Pull;
+        let cap = self.pull_cap(conn);
+        let c = self.conns.get_mut(conn).filter(|c| c.alive)?;
+        if pull && c.inflight_bytes >= cap {
+            return None;
+        }
+        let (item, dealt_at) = match self.orphans.pop_first() {
+            Some((_, o)) => o,
+            None if pull => self.pending.pop_front()?,
+            None => c.dealt.pop_front()?,
+        };
+        c.inflight.push_back(Sent {
+            item,
+            dealt_at,
+            sent_at: now,
+        });
+        c.inflight_bytes += u64::from(item.len);
+        Some(item)
+    }
+
+    /// The receiver acknowledged item `index`, received by `conn` (a duplicate copy is
+    /// acknowledged too).
+    pub fn handle_acked(
+        &mut self,
+        conn: ConnId,
+        index: u64,
+        now: Instant,
+    ) -> Result<(), StripeError> {
+        let tau = self.config.rate_tau.as_secs_f64();
+        let c = self
+            .conns
+            .get_mut(conn)
+            .ok_or(StripeError::UnknownConn(conn))?;
+        let pos = c
+            .inflight
+            .iter()
+            .position(|s| s.item.index == index)
+            .filter(|_| c.alive)
+            .ok_or(StripeError::NotInFlight { conn, index })?;
+        let sent = c.inflight.remove(pos).expect("position is in range");
+        let len = u64::from(sent.item.len);
+        c.inflight_bytes -= len;
+        c.bytes_acked += len;
+        // Service time: from when this item could start (sent, or the previous one done) to
+        // its acknowledgement; over a busy period they add up to the busy time.
+        let start = c.last_done.map_or(sent.sent_at, |d| d.max(sent.sent_at));
+        let service = now.saturating_duration_since(start).as_secs_f64();
+        c.last_done = Some(now);
+        let rtt = now.saturating_duration_since(sent.sent_at);
+        c.min_rtt = Some(c.min_rtt.map_or(rtt, |m| m.min(rtt)));
+        let decay = if tau > 0.0 {
+            (-service / tau).exp()
+        } else {
+            0.0
+        };
+        c.ewma_bytes = c.ewma_bytes * decay + len as f64;
+        c.ewma_secs = c.ewma_secs * decay + service;
+        c.p_bytes += len;
+        c.p_service += service;
+        c.p_sojourn += now.saturating_duration_since(sent.dealt_at).as_secs_f64();
+        c.p_items += 1;
+        if index == self.base {
+            self.base += 1;
+            while self.acked_ahead.remove(&self.base) {
+                self.base += 1;
+            }
+        } else if index > self.base {
+            self.acked_ahead.insert(index);
+        }
+        if self.config.scheduler == Scheduler::Weighted {
+            self.control(now);
+        }
+        Ok(())
+    }
+
+    /// `conn` failed: its unacknowledged and dealt items are handed out again, first, to the
+    /// other connections (the receiver drops any second copy).
+    pub fn handle_conn_lost(&mut self, conn: ConnId, _now: Instant) -> Result<(), StripeError> {
+        let c = self
+            .conns
+            .get_mut(conn)
+            .ok_or(StripeError::UnknownConn(conn))?;
+        if !c.alive {
+            return Ok(());
+        }
+        c.alive = false;
+        for s in c.inflight.drain(..) {
+            self.orphans.insert(s.item.index, (s.item, s.dealt_at));
+        }
+        for (item, at) in c.dealt.drain(..) {
+            self.orphans.insert(item.index, (item, at));
+        }
+        c.inflight_bytes = 0;
+        c.reset_period();
+        if self.controller.phase != Phase::Off {
+            // The remaining connections keep their relative weights; the fastest may be gone.
+            self.normalize_weights();
+        }
+        Ok(())
+    }
+
+    /// Every item below this index is acknowledged (its data may be freed).
+    pub fn acked_below(&self) -> u64 {
+        self.base
+    }
+
+    /// Items numbered so far.
+    pub fn items_in(&self) -> u64 {
+        self.next_index
+    }
+
+    /// Whether every item given so far is acknowledged.
+    pub fn is_idle(&self) -> bool {
+        self.base == self.next_index
+    }
+
+    /// Per-connection figures.
+    pub fn stats(&self) -> Vec<ConnStats> {
+        let live = |c: &&Conn| c.alive;
+        let (wsum, rsum) = self
+            .conns
+            .iter()
+            .filter(live)
+            .fold((0.0, 0.0), |(w, r), c| (w + c.weight, r + c.rate()));
+        let pull = self.config.scheduler == Scheduler::Pull;
+        self.conns
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let weight = match (c.alive, pull) {
+                    (false, _) => 0.0,
+                    (true, true) if rsum > 0.0 => c.rate() / rsum,
+                    (true, true) => 0.0,
+                    (true, false) => c.weight / wsum,
+                };
+                ConnStats {
+                    conn: i,
+                    alive: c.alive,
+                    bytes_acked: c.bytes_acked,
+                    rate: c.rate(),
+                    weight,
+                    inflight_bytes: c.inflight_bytes,
+                    inflight_items: c.inflight.len(),
+                    queued_items: c.dealt.len(),
+                }
+            })
+            .collect()
+    }
+
+    /// The controller's state.
+    pub fn controller(&self) -> ControllerStats {
+        let mut s = self.controller.stats.clone();
+        s.phase = self.controller.phase;
+        s
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &StriperConfig {
+        &self.config
+    }
+
+    /// Pull: the most bytes `conn` may have in flight.
+    fn pull_cap(&self, conn: ConnId) -> u64 {
+        let Some(c) = self.conns.get(conn) else {
+            return 0;
+        };
+        let rtt = c.min_rtt.unwrap_or_default() + self.config.pull_queue_delay;
+        let cap = c.rate() * rtt.as_secs_f64();
+        (cap as u64).max(self.config.pull_min_inflight)
+    }
+
+    /// Deficit round robin over the live connections with quantum `B * w_i`: the fixed,
+    /// weighted deal order of the fork.
+    fn deal(&mut self, len: u32) -> usize {
+        let n = self.conns.len();
+        let block = self.config.weighted.block.max(1) as f64;
+        let len = f64::from(len);
+        loop {
+            let c = &mut self.conns[self.cursor];
+            if c.alive && c.deficit >= len {
+                c.deficit -= len;
+                return self.cursor;
+            }
+            self.cursor = (self.cursor + 1) % n;
+            let c = &mut self.conns[self.cursor];
+            if c.alive {
+                c.deficit += block * c.weight;
+            }
+        }
+    }
+
+    fn set_weights(&mut self, weights: impl Fn(&Conn) -> f64) {
+        for c in &mut self.conns {
+            c.weight = weights(c);
+            c.deficit = 0.0;
+        }
+        self.normalize_weights();
+    }
+
+    /// The fastest live connection at weight 1, none under the minimum.
+    fn normalize_weights(&mut self) {
+        let max = self
+            .conns
+            .iter()
+            .filter(|c| c.alive)
+            .map(|c| c.weight)
+            .fold(0.0, f64::max);
+        let min = self.config.weighted.min_weight;
+        for c in &mut self.conns {
+            c.weight = if max > 0.0 {
+                (c.weight / max).max(min)
+            } else {
+                1.0
+            };
+        }
+    }
+
+    fn reset_periods(&mut self) {
+        for c in &mut self.conns {
+            c.reset_period();
+        }
+    }
+
+    fn restart_measure(&mut self, now: Instant) {
+        self.set_weights(|_| 1.0);
+        self.reset_periods();
+        let ctl = &mut self.controller;
+        ctl.phase = Phase::Measure;
+        ctl.settle_until = None;
+        ctl.early_done = false;
+        ctl.history.clear();
+        ctl.last_reweight = Some(now);
+    }
+
+    /// Eq. 2 from the last measurement: `B_i = B * r_i / r_max`.
+    fn reweight(&mut self, rates: &[Option<f64>], now: Instant) {
+        self.set_weights(|_| 0.0);
+        for (c, r) in self.conns.iter_mut().zip(rates) {
+            c.weight = r.unwrap_or(0.0);
+        }
+        self.normalize_weights();
+        self.reset_periods();
+        let ctl = &mut self.controller;
+        ctl.stats.reweights += 1;
+        ctl.last_reweight = Some(now);
+    }
+
+    fn settle(&mut self, then: Phase, now: Instant) {
+        self.controller.phase = Phase::Settle;
+        self.controller.settle_until = Some((now + self.config.weighted.settle, then));
+    }
+
+    /// The controller of section 3, run on every acknowledgement.
+    fn control(&mut self, now: Instant) {
+        let cfg = &self.config.weighted;
+        if let Some((until, then)) = self.controller.settle_until {
+            if now >= until {
+                self.controller.settle_until = None;
+                self.controller.phase = then;
+                self.reset_periods();
+            }
+            return;
+        }
+        if self.controller.phase == Phase::Track {
+            if let (Some(alarm), Some(last)) = (cfg.alarm, self.controller.last_reweight) {
+                if now >= last + alarm {
+                    self.controller.stats.alarms += 1;
+                    self.restart_measure(now);
+                    return;
+                }
+            }
+        }
+        let live = self.conns.iter().filter(|c| c.alive).count() as u64;
+        if live == 0 {
+            return;
+        }
+        let steps = u64::from(cfg.steps).div_ceil(live).max(2);
+        let period = steps * live * cfg.block.max(1);
+        let acked: u64 = self.conns.iter().map(|c| c.p_bytes).sum();
+        if acked < period {
+            return;
+        }
+        // The measurement: per-connection rate (bytes per busy second) and mean sojourn time
+        // (fork to join: dealt to acknowledged).
+        let rates: Vec<Option<f64>> = self
+            .conns
+            .iter()
+            .map(|c| {
+                (c.alive && c.p_service > 0.0)
+                    .then(|| c.p_bytes as f64 / c.p_service)
+                    .or_else(|| (c.alive && c.rate() > 0.0).then(|| c.rate()))
+            })
+            .collect();
+        let sojourns: Vec<f64> = self
+            .conns
+            .iter()
+            .filter(|c| c.alive && c.p_items > 0)
+            .map(|c| c.p_sojourn / c.p_items as f64)
+            .collect();
+        let n = sojourns.len().max(1) as f64;
+        let mean = sojourns.iter().sum::<f64>() / n;
+        let sd = (sojourns.iter().map(|s| (s - mean).powi(2)).sum::<f64>() / n).sqrt();
+        self.controller.stats.mean_sojourn = Some(Duration::from_secs_f64(mean));
+        let threshold = cfg.threshold;
+        match self.controller.phase {
+            Phase::Measure => {
+                self.controller.equal = Some((mean, sd));
+                self.reweight(&rates, now);
+                self.settle(Phase::Check, now);
+            }
+            Phase::Check => {
+                let (eq_mean, eq_sd) = self.controller.equal.unwrap_or((mean, sd));
+                if mean > eq_mean && sd > eq_sd {
+                    // Worse on both counts: keep equal blocks.
+                    self.controller.stats.reverted += 1;
+                    self.set_weights(|_| 1.0);
+                    self.reset_periods();
+                    self.controller.history = VecDeque::from([eq_mean]);
+                    self.controller.phase = Phase::Track;
+                } else if mean > eq_mean && !self.controller.early_done {
+                    // Only the mean is worse: re-weight early from this measurement.
+                    self.controller.early_done = true;
+                    self.reweight(&rates, now);
+                    self.settle(Phase::Track, now);
+                } else {
+                    self.reset_periods();
+                    self.controller.history = VecDeque::from([mean]);
+                    self.controller.phase = Phase::Track;
+                }
+            }
+            Phase::Track => {
+                let h = &self.controller.history;
+                let reference = if h.is_empty() {
+                    mean
+                } else {
+                    h.iter().sum::<f64>() / h.len() as f64
+                };
+                if mean > (1.0 + threshold) * reference {
+                    self.controller.stats.triggered += 1;
+                    self.restart_measure(now);
+                } else {
+                    let h = &mut self.controller.history;
+                    h.push_back(mean);
+                    if h.len() > 3 {
+                        h.pop_front();
+                    }
+                    self.reset_periods();
+                }
+            }
+            Phase::Settle | Phase::Off => self.reset_periods(),
+        }
+    }
+}
