@@ -170,6 +170,8 @@ pub struct ForkJoinReport {
     pub order_errors: u64,
     /// Second copies the joiner dropped.
     pub duplicates: u64,
+    /// Most items the joiner held out of order at once.
+    pub peak_held: usize,
     /// Items the joiner refused (beyond its window) and acknowledgements the striper refused
     /// (must be empty).
     pub violations: Vec<String>,
@@ -241,6 +243,7 @@ struct Sim<'a> {
     released_items: u64,
     released_bytes: u64,
     order_errors: u64,
+    peak_held: usize,
     violations: Vec<String>,
     cap_integral: f64,
     last_cap_at: Instant,
@@ -292,6 +295,7 @@ impl<'a> Sim<'a> {
             released_items: 0,
             released_bytes: 0,
             order_errors: 0,
+            peak_held: 0,
             violations: Vec::new(),
             cap_integral: 0.0,
             last_cap_at: start,
@@ -402,7 +406,9 @@ impl<'a> Sim<'a> {
                     return;
                 }
                 c.unread -= u64::from(item.len);
-                match self.joiner.handle_item(item.index, (item.index, item.len)) {
+                let accepted = self.joiner.handle_item(item.index, (item.index, item.len));
+                self.peak_held = self.peak_held.max(self.joiner.held());
+                match accepted {
                     Ok(_) => {
                         let lat = self.channels[c.spec.channel].spec.latency;
                         self.push(
@@ -471,18 +477,24 @@ impl<'a> Sim<'a> {
             }
             self.fed += l;
         }
-        for i in 0..self.conns.len() {
-            let c = &mut self.conns[i];
-            let Some(id) = c.id.filter(|_| !c.lost) else {
-                continue;
-            };
-            while c.unread < c.spec.window {
-                let Some(item) = self.striper.poll_assign(id, now) else {
-                    break;
+        // Taking an item on one connection may fork more to another: until nothing moves.
+        let mut moved = true;
+        while moved {
+            moved = false;
+            for i in 0..self.conns.len() {
+                let c = &mut self.conns[i];
+                let Some(id) = c.id.filter(|_| !c.lost) else {
+                    continue;
                 };
-                c.unread += u64::from(item.len);
-                c.carried += 1;
-                c.queue.push_back(item);
+                while c.unread < c.spec.window {
+                    let Some(item) = self.striper.poll_assign(id, now) else {
+                        break;
+                    };
+                    c.unread += u64::from(item.len);
+                    c.carried += 1;
+                    c.queue.push_back(item);
+                    moved = true;
+                }
             }
         }
         for ch in 0..self.channels.len() {
@@ -529,6 +541,7 @@ impl<'a> Sim<'a> {
             complete: self.finished(),
             order_errors: self.order_errors,
             duplicates: self.joiner.duplicates(),
+            peak_held: self.peak_held,
             violations: self.violations,
             carried: self.conns.iter().map(|c| c.carried).collect(),
             throughput,

@@ -184,8 +184,10 @@ struct Sent {
 #[derive(Debug)]
 struct Conn {
     alive: bool,
-    /// Dealt, not yet handed out (weighted and equal), with the deal time.
+    /// Dealt, not yet handed out (weighted and equal), with the deal time: the paper's
+    /// per-connection buffer.
     dealt: VecDeque<(Item, Instant)>,
+    dealt_bytes: u64,
     inflight: VecDeque<Sent>,
     inflight_bytes: u64,
     bytes_acked: u64,
@@ -209,6 +211,7 @@ impl Conn {
         Self {
             alive: true,
             dealt: VecDeque::new(),
+            dealt_bytes: 0,
             inflight: VecDeque::new(),
             inflight_bytes: 0,
             bytes_acked: 0,
@@ -350,13 +353,8 @@ impl Striper {
             len,
         };
         self.next_index += 1;
-        match self.config.scheduler {
-            Scheduler::Pull => self.pending.push_back((item, now)),
-            Scheduler::Weighted | Scheduler::Equal => {
-                let c = self.deal(len);
-                self.conns[c].dealt.push_back((item, now));
-            }
-        }
+        self.pending.push_back((item, now));
+        self.fork(now);
         Ok(item.index)
     }
 
@@ -372,7 +370,11 @@ impl Striper {
         let (item, dealt_at) = match self.orphans.pop_first() {
             Some((_, o)) => o,
             None if pull => self.pending.pop_front()?,
-            None => c.dealt.pop_front()?,
+            None => {
+                let (item, at) = c.dealt.pop_front()?;
+                c.dealt_bytes -= u64::from(item.len);
+                (item, at)
+            }
         };
         c.inflight.push_back(Sent {
             item,
@@ -380,6 +382,9 @@ impl Striper {
             sent_at: now,
         });
         c.inflight_bytes += u64::from(item.len);
+        if !pull {
+            self.fork(now);
+        }
         Some(item)
     }
 
@@ -455,6 +460,7 @@ impl Striper {
         for (item, at) in c.dealt.drain(..) {
             self.orphans.insert(item.index, (item, at));
         }
+        c.dealt_bytes = 0;
         c.inflight_bytes = 0;
         c.reset_period();
         if self.controller.phase != Phase::Off {
@@ -534,16 +540,39 @@ impl Striper {
         (cap as u64).max(self.config.pull_min_inflight)
     }
 
+    /// The fork (weighted and equal): deals waiting input, in order, into the connections'
+    /// buffers of `B * w_i` bytes. As in the paper, it blocks on the next connection in the
+    /// deal order while that one's buffer is still full, however much room the others have:
+    /// this is what makes equal blocks run at N times the slowest rate (eq. 1).
+    fn fork(&mut self, now: Instant) {
+        if self.config.scheduler == Scheduler::Pull || !self.conns.iter().any(|c| c.alive) {
+            return;
+        }
+        let block = self.config.weighted.block as f64;
+        while let Some(&(item, _)) = self.pending.front() {
+            let t = self.deal_target(item.len);
+            let c = &mut self.conns[t];
+            let room = (block * c.weight).max(f64::from(item.len)) as u64;
+            if !c.dealt.is_empty() && c.dealt_bytes + u64::from(item.len) > room {
+                return;
+            }
+            c.deficit -= f64::from(item.len);
+            c.dealt.push_back((item, now));
+            c.dealt_bytes += u64::from(item.len);
+            self.pending.pop_front();
+        }
+    }
+
     /// Deficit round robin over the live connections with quantum `B * w_i`: the fixed,
-    /// weighted deal order of the fork.
-    fn deal(&mut self, len: u32) -> usize {
+    /// weighted deal order of the fork. Returns the connection the next item of `len` bytes
+    /// goes to without charging it, so asking again gives the same answer.
+    fn deal_target(&mut self, len: u32) -> usize {
         let n = self.conns.len();
         let block = self.config.weighted.block.max(1) as f64;
         let len = f64::from(len);
         loop {
             let c = &mut self.conns[self.cursor];
             if c.alive && c.deficit >= len {
-                c.deficit -= len;
                 return self.cursor;
             }
             self.cursor = (self.cursor + 1) % n;

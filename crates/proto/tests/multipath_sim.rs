@@ -1,0 +1,312 @@
+//! One edge over N parallel connections on the simulated clock (issue 5): the join is exact
+//! under random delays, lost and joining connections and re-weighting; the paper's controller
+//! follows a step change; pull and weighted reach high utilisation on the paper's channel
+//! set-ups; and equal dealing collapses to N times the slowest rate, as eq. 1 predicts.
+
+use std::time::Duration;
+
+use bulkcast_proto::multipath::sim::{run, ChannelSpec, ConnSpec, ForkJoinReport, ForkJoinSpec};
+use bulkcast_proto::multipath::{Phase, Scheduler};
+
+const ALL: [Scheduler; 3] = [Scheduler::Pull, Scheduler::Weighted, Scheduler::Equal];
+const MIB: u64 = 1 << 20;
+
+fn assert_exact(r: &ForkJoinReport, total: u64, what: &str) {
+    assert!(r.violations.is_empty(), "{what}: {:?}", r.violations);
+    assert_eq!(r.order_errors, 0, "{what}: released out of order");
+    assert!(
+        r.complete,
+        "{what}: released {} of {total} bytes",
+        r.released_bytes
+    );
+    assert_eq!(r.released_bytes, total, "{what}: bytes released");
+    assert_eq!(
+        r.released_items,
+        total.div_ceil(64 << 10),
+        "{what}: items released"
+    );
+}
+
+/// Four connections over four channels of different rates and latencies, each item delayed
+/// by up to 30 ms more, a finite stream with a short last item.
+fn jittery(scheduler: Scheduler, seed: u64) -> ForkJoinSpec {
+    let mut spec = ForkJoinSpec::paper(&[40.0, 25.0, 10.0, 5.0], 4, scheduler);
+    for (k, ch) in spec.channels.iter_mut().enumerate() {
+        ch.latency = Duration::from_millis(2 + 7 * k as u64);
+        ch.jitter = Duration::from_millis(30);
+    }
+    spec.bytes = Some(24 * MIB + 12345);
+    spec.duration = Duration::from_secs(120);
+    spec.seed = seed;
+    spec
+}
+
+#[test]
+fn join_is_exact_under_random_per_connection_delays() {
+    for scheduler in ALL {
+        for seed in 1..=3 {
+            let spec = jittery(scheduler, seed);
+            let r = run(&spec);
+            let what = format!("{scheduler:?} seed {seed}");
+            assert_exact(&r, 24 * MIB + 12345, &what);
+            // The delays did reorder: the joiner had to hold items back.
+            assert!(r.peak_held > 4, "{what}: peak held {}", r.peak_held);
+            assert!(r.carried.iter().all(|&c| c > 0), "{what}: {:?}", r.carried);
+        }
+    }
+}
+
+#[test]
+fn join_is_exact_when_connections_are_lost_mid_stream() {
+    for scheduler in ALL {
+        let mut spec = jittery(scheduler, 7);
+        // Long enough latencies that acknowledgements are always on their way back.
+        spec.channels[0].latency = Duration::from_millis(60);
+        spec.channels[2].latency = Duration::from_millis(80);
+        spec.conns[0].lost_at = Some(Duration::from_millis(1500));
+        spec.conns[2].lost_at = Some(Duration::from_millis(3200));
+        let r = run(&spec);
+        let what = format!("{scheduler:?}");
+        assert_exact(&r, 24 * MIB + 12345, &what);
+        // Items whose acknowledgement died with their connection were sent again and the
+        // second copy dropped.
+        assert!(r.duplicates > 0, "{what}: no second copies");
+        // The lost connections carried something before they went, the survivors the rest.
+        assert!(r.carried.iter().all(|&c| c > 0), "{what}: {:?}", r.carried);
+    }
+}
+
+#[test]
+fn join_is_exact_when_all_but_one_connection_is_lost_and_another_joins() {
+    for scheduler in ALL {
+        let mut spec = jittery(scheduler, 11);
+        spec.conns[0].lost_at = Some(Duration::from_millis(800));
+        spec.conns[1].lost_at = Some(Duration::from_millis(900));
+        spec.conns[2].lost_at = Some(Duration::from_millis(1000));
+        spec.conns.push(ConnSpec {
+            channel: 1,
+            window: 256 << 10,
+            joins_at: Duration::from_secs(3),
+            lost_at: None,
+        });
+        let r = run(&spec);
+        let what = format!("{scheduler:?}");
+        assert_exact(&r, 24 * MIB + 12345, &what);
+        assert!(
+            r.carried[4] > 50,
+            "{what}: the late connection carried {:?}",
+            r.carried
+        );
+    }
+}
+
+#[test]
+fn join_is_exact_while_the_controller_reweights_mid_stream() {
+    let mut spec = jittery(Scheduler::Weighted, 5);
+    spec.bytes = Some(120 * MIB + 1);
+    spec.striper.weighted.alarm = Some(Duration::from_secs(2));
+    spec.striper.weighted.settle = Duration::from_millis(200);
+    spec.rate_changes = vec![
+        (Duration::from_secs(2), 0, 2e6),
+        (Duration::from_secs(4), 3, 4e6),
+        (Duration::from_secs(6), 0, 6e6),
+    ];
+    let r = run(&spec);
+    assert_exact(&r, 120 * MIB + 1, "weighted");
+    assert!(
+        r.controller.reweights >= 4,
+        "only {} re-weightings: {:?}",
+        r.controller.reweights,
+        r.controller
+    );
+}
+
+#[test]
+fn a_joiner_window_smaller_than_the_senders_is_caught_as_a_violation() {
+    let mut spec = jittery(Scheduler::Pull, 3);
+    spec.joiner_window = spec.striper.window / 8;
+    spec.bytes = Some(8 * MIB);
+    let r = run(&spec);
+    assert!(
+        r.violations
+            .iter()
+            .any(|v| v.contains("beyond the reorder window")),
+        "{:?}",
+        r.violations
+    );
+}
+
+/// Weight of connection `k` at the sample ending at `at`.
+fn weight_at(r: &ForkJoinReport, at: Duration, k: usize) -> f64 {
+    let s = r
+        .samples
+        .iter()
+        .find(|s| s.at >= at)
+        .expect("sampled that late");
+    s.conns[k].weight
+}
+
+/// Two connections, one per channel, 30 + 10 Mbit/s; channel 0 steps to `to` Mbit/s at 20 s.
+fn step_spec(to: f64) -> ForkJoinSpec {
+    let mut spec = ForkJoinSpec::paper(&[30.0, 10.0], 2, Scheduler::Weighted);
+    spec.duration = Duration::from_secs(45);
+    spec.rate_changes = vec![(Duration::from_secs(20), 0, to * 1e6 / 8.0)];
+    spec
+}
+
+#[test]
+fn weighted_controller_follows_a_step_down_by_its_33_percent_rule() {
+    let mut spec = step_spec(5.0);
+    spec.striper.weighted.alarm = None;
+    let r = run(&spec);
+    // Before: 30:10, so weights 0.75 / 0.25.
+    let before = weight_at(&r, Duration::from_secs(19), 0);
+    assert!(
+        (before - 0.75).abs() < 0.05,
+        "weight before the step {before}"
+    );
+    // After: 5:10, so 0.33 / 0.67, within 10 s of the step, and it stays there.
+    for t in [30, 38, 45] {
+        let after = weight_at(&r, Duration::from_secs(t), 0);
+        assert!(
+            (after - 1.0 / 3.0).abs() < 0.05,
+            "weight at {t} s: {after} ({:?})",
+            r.controller
+        );
+    }
+    assert!(r.controller.triggered >= 1, "{:?}", r.controller);
+    assert_eq!(r.controller.alarms, 0);
+    assert_eq!(r.controller.phase, Phase::Track);
+    // And the throughput came back to most of the new sum (15 Mbit/s).
+    let late: f64 = r.samples[35..45].iter().map(|s| s.throughput).sum::<f64>() / 10.0;
+    assert!(late > 0.85 * 15e6 / 8.0, "late throughput {late}");
+}
+
+#[test]
+fn weighted_controller_follows_a_step_up_through_its_alarm() {
+    // A rise in rate lowers sojourn times, which the 33% rule ignores (3.2); the clocked
+    // re-weighting (the alarm of 3.1) catches it within one alarm period and a measurement.
+    let r = run(&step_spec(90.0));
+    let before = weight_at(&r, Duration::from_secs(19), 0);
+    assert!(
+        (before - 0.75).abs() < 0.05,
+        "weight before the step {before}"
+    );
+    for t in [36, 45] {
+        let after = weight_at(&r, Duration::from_secs(t), 0);
+        assert!(
+            (after - 0.9).abs() < 0.05,
+            "weight at {t} s: {after} ({:?})",
+            r.controller
+        );
+    }
+    assert!(r.controller.alarms >= 1, "{:?}", r.controller);
+}
+
+/// The paper's static set-ups: channels (Mbit/s), connection counts, simulated seconds.
+const SETUPS: [(&[f64], usize, usize, u64); 3] = [
+    (&[20.0, 10.0], 2, 8, 60),
+    (&[30.0, 20.0, 10.0], 3, 9, 60),
+    (&[300.0, 200.0, 100.0], 3, 9, 20),
+];
+
+fn static_run(channels: &[f64], n: usize, secs: u64, scheduler: Scheduler) -> ForkJoinReport {
+    let mut spec = ForkJoinSpec::paper(channels, n, scheduler);
+    spec.duration = Duration::from_secs(secs);
+    let r = run(&spec);
+    assert!(r.violations.is_empty() && r.order_errors == 0, "{r:?}");
+    r
+}
+
+#[test]
+fn equal_dealing_runs_at_n_times_the_slowest_connection() {
+    for (channels, lo, hi, secs) in SETUPS {
+        let sum: f64 = channels.iter().sum();
+        for n in lo..=hi {
+            // Connections share their channel: the slowest gets its channel's rate over the
+            // number of connections dealt to it.
+            let slowest = (0..channels.len())
+                .map(|c| channels[c] / (0..n).filter(|k| k % channels.len() == c).count() as f64)
+                .fold(f64::INFINITY, f64::min);
+            let predicted = (n as f64 * slowest).min(sum) / sum;
+            let r = static_run(channels, n, secs, Scheduler::Equal);
+            assert!(
+                (r.fraction - predicted).abs() < 0.03,
+                "{channels:?} N={n}: {:.3}, eq. 1 says {predicted:.3}",
+                r.fraction
+            );
+        }
+    }
+}
+
+#[test]
+fn pull_reaches_nine_tenths_of_the_summed_capacity_on_the_paper_setups() {
+    for (channels, lo, hi, secs) in SETUPS {
+        for n in lo..=hi {
+            let r = static_run(channels, n, secs, Scheduler::Pull);
+            // Measured: 0.984-1.000 over 20-60 s.
+            assert!(r.fraction >= 0.95, "{channels:?} N={n}: {:.3}", r.fraction);
+        }
+    }
+}
+
+#[test]
+fn weighted_controller_beats_equal_dealing_on_the_paper_setups() {
+    for (channels, lo, hi, secs) in SETUPS {
+        let (mut weighted, mut equal) = (0.0, 0.0);
+        for n in lo..=hi {
+            let w = static_run(channels, n, secs, Scheduler::Weighted).fraction;
+            let e = static_run(channels, n, secs, Scheduler::Equal).fraction;
+            // Measured: at least 0.64; the paper's averages are 0.68-0.84.
+            assert!(w >= 0.6, "{channels:?} N={n}: weighted {w:.3}");
+            weighted += w;
+            equal += e;
+        }
+        let count = (hi - lo + 1) as f64;
+        let (weighted, equal) = (weighted / count, equal / count);
+        // Measured means: 0.81-0.95 weighted against 0.61-0.73 equal.
+        assert!(
+            weighted >= 0.75,
+            "{channels:?}: weighted mean {weighted:.3}"
+        );
+        assert!(
+            weighted > equal + 0.1,
+            "{channels:?}: {weighted:.3} vs {equal:.3}"
+        );
+    }
+}
+
+#[test]
+fn pull_follows_a_channel_alternating_every_20_s() {
+    let mut spec = ForkJoinSpec::paper(&[20.0, 10.0], 4, Scheduler::Pull);
+    spec.duration = Duration::from_secs(100);
+    spec.alternate(0, 20.0, 30.0, Duration::from_secs(20));
+    let r = run(&spec);
+    assert!(r.fraction >= 0.95, "fraction {:.3}", r.fraction);
+    assert_eq!(r.steps.len(), 4);
+    for st in &r.steps {
+        assert!(st.level >= 0.95 * st.capacity, "{st:?}");
+        let after = st.reconverged_after.expect("re-converged");
+        assert!(after <= Duration::from_secs(3), "{st:?}");
+    }
+}
+
+#[test]
+fn a_large_socket_buffer_on_a_slow_connection_does_not_stall_pull() {
+    // 8 MiB of socket buffer on a 2 Mbit/s connection is 32 s of data; without the pull
+    // in-flight cap the fast connections would wait for it at the join.
+    let mut spec = ForkJoinSpec::paper(&[100.0, 2.0], 2, Scheduler::Pull);
+    spec.duration = Duration::from_secs(20);
+    spec.conns[1].window = 8 * MIB;
+    let r = run(&spec);
+    assert!(r.fraction >= 0.95, "fraction {:.3}", r.fraction);
+    let mut uncapped = spec.clone();
+    uncapped.striper.pull_queue_delay = Duration::from_secs(3600);
+    let r = run(&uncapped);
+    assert!(r.fraction < 0.8, "uncapped fraction {:.3}", r.fraction);
+}
+
+#[test]
+fn channel_spec_mbps_is_bytes_per_second() {
+    assert_eq!(ChannelSpec::mbps(8.0).rate, 1e6);
+}
