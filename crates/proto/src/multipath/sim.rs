@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use super::{ConnId, ConnStats, ControllerStats, Item, Joiner, Scheduler, Striper, StriperConfig};
+use super::{
+    ConnId, ConnStats, ControllerStats, Item, Joiner, Phase, Scheduler, Striper, StriperConfig,
+};
 
 /// One channel (a rate-limited path).
 #[derive(Debug, Clone, Copy)]
@@ -140,6 +142,8 @@ pub struct Sample {
     pub capacity: f64,
     /// The striper's per-connection figures at the end of the interval.
     pub conns: Vec<ConnStats>,
+    /// The controller's phase at the end of the interval.
+    pub phase: Phase,
 }
 
 /// How the throughput came back after a rate change.
@@ -456,6 +460,7 @@ impl<'a> Sim<'a> {
                     throughput: bytes as f64 / dt,
                     capacity: self.capacity(),
                     conns: self.striper.stats(),
+                    phase: self.striper.controller().phase,
                 });
                 self.push(now + self.spec.sample, Ev::Sample);
             }
