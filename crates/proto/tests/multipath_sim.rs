@@ -300,20 +300,51 @@ fn pull_follows_a_channel_alternating_every_20_s() {
 
 #[test]
 fn a_large_socket_buffer_on_a_slow_connection_does_not_stall_pull() {
-    // 8 MiB of socket buffer on a 2 Mbit/s connection is 32 s of data; without the pull
-    // in-flight cap the fast connections would wait for it at the join.
+    // 8 MiB of socket buffer on a 2 Mbit/s connection is 32 s of data: the pull cap keeps
+    // what the connection holds to about its minimum (256 KiB) instead. (A 256 MiB reorder
+    // window, so that the blocking estimate alone would let it queue megabytes.)
     let mut spec = ForkJoinSpec::paper(&[100.0, 2.0], 2, Scheduler::Pull);
     spec.duration = Duration::from_secs(20);
     spec.conns[1].window = 8 * MIB;
+    spec.striper.window = 4096;
+    spec.joiner_window = 4096;
+    let peak = |r: &ForkJoinReport| {
+        r.samples
+            .iter()
+            .map(|s| s.conns[1].inflight_bytes)
+            .max()
+            .unwrap_or(0)
+    };
     let r = run(&spec);
     assert!(r.fraction >= 0.95, "fraction {:.3}", r.fraction);
+    assert!(peak(&r) <= (256 + 64) << 10, "peak in flight {}", peak(&r));
+    assert!(r.carried[1] > 20, "{:?}", r.carried);
+    // Without the cap it queues far more.
     let mut uncapped = spec.clone();
     uncapped.striper.pull_queue_delay = Duration::from_secs(3600);
     let r = run(&uncapped);
-    assert!(r.fraction < 0.8, "uncapped fraction {:.3}", r.fraction);
+    assert!(peak(&r) > MIB, "uncapped peak in flight {}", peak(&r));
 }
 
 #[test]
 fn channel_spec_mbps_is_bytes_per_second() {
     assert_eq!(ChannelSpec::mbps(8.0).rate, 1e6);
+}
+
+#[test]
+fn pull_does_not_let_a_connection_too_slow_for_the_window_stall_the_join() {
+    // A 1 Mbit/s connection needs half a second per 64 KiB item, longer than the 1 Gbit/s
+    // one takes to run through the whole 16 MiB window: after its first item it is left
+    // idle instead of holding up the join.
+    let mut spec = ForkJoinSpec::paper(&[1000.0, 1.0], 2, Scheduler::Pull);
+    spec.duration = Duration::from_secs(10);
+    let r = run(&spec);
+    assert!(r.fraction >= 0.93, "fraction {:.3}", r.fraction);
+    assert!(r.carried[1] <= 3, "{:?}", r.carried);
+    // At 10 Mbit/s it is useful and used.
+    let mut spec = ForkJoinSpec::paper(&[1000.0, 10.0], 2, Scheduler::Pull);
+    spec.duration = Duration::from_secs(10);
+    let r = run(&spec);
+    assert!(r.fraction >= 0.97, "fraction {:.3}", r.fraction);
+    assert!(r.carried[1] >= 150, "{:?}", r.carried);
 }

@@ -367,11 +367,10 @@ impl Striper {
     /// take now (its dealt queue is empty, its pull cap is reached, or it is lost).
     pub fn poll_assign(&mut self, conn: ConnId, now: Instant) -> Option<Item> {
         let pull = self.config.scheduler == Scheduler::Pull;
-        let cap = self.pull_cap(conn);
-        let c = self.conns.get_mut(conn).filter(|c| c.alive)?;
-        if pull && c.inflight_bytes >= cap {
+        if pull && !self.pull_may_take(conn) {
             return None;
         }
+        let c = self.conns.get_mut(conn).filter(|c| c.alive)?;
         let (item, dealt_at) = match self.orphans.pop_first() {
             Some((_, o)) => o,
             None if pull => self.pending.pop_front()?,
@@ -535,14 +534,49 @@ impl Striper {
         &self.config
     }
 
-    /// Pull: the most bytes `conn` may have in flight.
-    fn pull_cap(&self, conn: ConnId) -> u64 {
-        let Some(c) = self.conns.get(conn) else {
-            return 0;
+    /// Pull: whether `conn` may take the next item now.
+    ///
+    /// Two limits. Its bytes in flight stay under `rate * (min_rtt + pull_queue_delay)` (at
+    /// least `pull_min_inflight`), so that it does not bury items deep in a socket buffer.
+    /// And it takes the item only if it would deliver it before the other connections, at
+    /// their rates, run out of window waiting for it (blocking estimation): a connection
+    /// too slow for the window is left idle rather than stalling the join. A connection
+    /// without a rate estimate yet takes one item at a time.
+    fn pull_may_take(&self, conn: ConnId) -> bool {
+        let Some(c) = self.conns.get(conn).filter(|c| c.alive) else {
+            return false;
         };
-        let rtt = c.min_rtt.unwrap_or_default() + self.config.pull_queue_delay;
-        let cap = c.rate() * rtt.as_secs_f64();
-        (cap as u64).max(self.config.pull_min_inflight)
+        let rate = c.rate();
+        let rtt = c.min_rtt.unwrap_or_default();
+        let cap = (rate * (rtt + self.config.pull_queue_delay).as_secs_f64()) as u64;
+        if c.inflight_bytes >= cap.max(self.config.pull_min_inflight) {
+            return false;
+        }
+        let Some(next) = self
+            .orphans
+            .first_key_value()
+            .map(|(_, o)| o.0)
+            .or_else(|| self.pending.front().map(|p| p.0))
+        else {
+            return true;
+        };
+        if rate <= 0.0 {
+            return c.inflight.is_empty();
+        }
+        let others: f64 = self
+            .conns
+            .iter()
+            .enumerate()
+            .filter(|&(i, o)| i != conn && o.alive)
+            .map(|(_, o)| o.rate())
+            .sum();
+        if others <= 0.0 {
+            return true;
+        }
+        let len = f64::from(next.len);
+        let done_in = (c.inflight_bytes as f64 + len) / rate + rtt.as_secs_f64() / 2.0;
+        let ahead = (self.base + self.config.window).saturating_sub(next.index) as f64 * len;
+        done_in <= ahead / others
     }
 
     /// The fork (weighted and equal): deals waiting input, in order, into the connections'
@@ -777,6 +811,21 @@ mod tests {
         (s, now)
     }
 
+    /// Pull: one item per connection acknowledged 10 ms later, so that each has a rate
+    /// (100 kB/s) and may take more than one item. Returns the acknowledged items and the
+    /// new time.
+    fn prime(s: &mut Striper, now: Instant) -> (Vec<u64>, Instant) {
+        let n = s.stats().len();
+        let items: Vec<Item> = (0..n)
+            .map(|c| s.poll_assign(c, now).expect("a first item"))
+            .collect();
+        let later = now + Duration::from_millis(10);
+        for (c, i) in items.iter().enumerate() {
+            s.handle_acked(c, i.index, later).expect("in flight");
+        }
+        (items.iter().map(|i| i.index).collect(), later)
+    }
+
     fn fill(s: &mut Striper, now: Instant) {
         while s.wants_input() {
             s.handle_input(1000, now).expect("wanted");
@@ -823,6 +872,12 @@ mod tests {
         for scheduler in [Scheduler::Pull, Scheduler::Weighted, Scheduler::Equal] {
             let (mut s, now) = striper(scheduler, 64, 2);
             fill(&mut s, now);
+            let (mut done, now) = if scheduler == Scheduler::Pull {
+                prime(&mut s, now)
+            } else {
+                (Vec::new(), now)
+            };
+            fill(&mut s, now);
             let mut on0 = Vec::new();
             while let Some(i) = s.poll_assign(0, now) {
                 on0.push(i.index);
@@ -844,8 +899,9 @@ mod tests {
                 .map(|i| i.index)
                 .collect();
             rest.extend(on0);
+            rest.append(&mut done);
             rest.sort();
-            assert_eq!(rest, (0..64).collect::<Vec<_>>(), "{scheduler:?}");
+            assert_eq!(rest, (0..s.items_in()).collect::<Vec<_>>(), "{scheduler:?}");
         }
     }
 
@@ -873,6 +929,12 @@ mod tests {
     #[test]
     fn pull_caps_what_a_connection_has_in_flight() {
         let (mut s, now) = striper(Scheduler::Pull, 1000, 1);
+        fill(&mut s, now);
+        // Without a rate estimate: one item at a time.
+        assert!(s.poll_assign(0, now).is_some());
+        assert!(s.poll_assign(0, now).is_none());
+        let now = now + Duration::from_millis(10);
+        s.handle_acked(0, 0, now).expect("in flight");
         fill(&mut s, now);
         let cap = s.config().pull_min_inflight;
         let taken = std::iter::from_fn(|| s.poll_assign(0, now)).count() as u64;
