@@ -1,7 +1,9 @@
 //! Seed 002's experiments on the simulated edge: unweighted, weighted (the paper's controller)
 //! and pull, as fractions of the channels' summed capacity; then the dynamic experiment.
 //!
-//! `cargo run --release -p bulkcast-proto --example forkjoin_sim`
+//! `cargo run --release -p bulkcast-proto --example forkjoin_sim` prints the tables;
+//! `... -- --series` prints the dynamic experiment's time series as CSV instead (one row per
+//! second and scheduler: throughput, capacity, and each connection's rate and weight).
 
 use std::time::Duration;
 
@@ -15,6 +17,10 @@ const SCHEDULERS: [(Scheduler, &str); 3] = [
 ];
 
 fn main() {
+    if std::env::args().any(|a| a == "--series") {
+        series();
+        return;
+    }
     println!("# Static: 60 s memory to memory, connections dealt round-robin to channels");
     println!(
         "{:<16} {:>3} {:>11} {:>9} {:>6}",
@@ -55,6 +61,7 @@ fn main() {
 
     println!();
     println!("# Dynamic: one channel alternating every 20 s, 120 s");
+    println!("# reconverge: from a step to the first 1-s sample at 90% of the level held after it");
     println!(
         "{:<22} {:>3} {:<11} {:>8} {:>16}",
         "channels", "N", "scheduler", "fraction", "reconverge mean/max s"
@@ -80,6 +87,29 @@ fn main() {
                 "{name:<22} {n:>3} {sname:<11} {:>8.3} {:>10.1} / {:.1}",
                 r.fraction, mean, max
             );
+        }
+    }
+}
+
+fn series() {
+    println!("scheduler,t_s,throughput_mbps,capacity_mbps,conn,rate_mbps,weight");
+    for &(s, sname) in &SCHEDULERS {
+        let mut spec = ForkJoinSpec::paper(&[20.0, 10.0], 4, s);
+        spec.duration = Duration::from_secs(120);
+        spec.alternate(0, 20.0, 30.0, Duration::from_secs(20));
+        let r = run(&spec);
+        for sample in &r.samples {
+            for c in &sample.conns {
+                println!(
+                    "{sname},{:.0},{:.2},{:.1},{},{:.2},{:.3}",
+                    sample.at.as_secs_f64(),
+                    sample.throughput * 8e-6,
+                    sample.capacity * 8e-6,
+                    c.conn,
+                    c.rate * 8e-6,
+                    c.weight
+                );
+            }
         }
     }
 }
