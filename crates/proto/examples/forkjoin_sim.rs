@@ -61,10 +61,16 @@ fn main() {
 
     println!();
     println!("# Dynamic: one channel alternating every 20 s, 120 s");
-    println!("# reconverge: from a step to the first 1-s sample at 90% of the level held after it");
     println!(
-        "{:<22} {:>3} {:<11} {:>8} {:>16}",
-        "channels", "N", "scheduler", "fraction", "reconverge mean/max s"
+        "# fraction: of the capacity over the run; held: min/max over the 20-s intervals of the"
+    );
+    println!(
+        "# level held in each interval's later half over its capacity; reconverge: from a step"
+    );
+    println!("# to the first 2 s averaging 90% of that level (mean/max over steps)");
+    println!(
+        "{:<22} {:>3} {:<11} {:>8} {:>13} {:>13}",
+        "channels", "N", "scheduler", "fraction", "held min/max", "reconverge s"
     );
     let dynamic: [(&[f64], f64, f64, usize, &str); 2] = [
         (&[20.0, 10.0], 20.0, 30.0, 4, "10 + 20|30 Mbit/s"),
@@ -74,6 +80,7 @@ fn main() {
         for &(s, sname) in &SCHEDULERS {
             let mut spec = ForkJoinSpec::paper(channels, n, s);
             spec.duration = Duration::from_secs(120);
+            spec.sample = Duration::from_millis(500);
             spec.alternate(0, a, b, Duration::from_secs(20));
             let r = run(&spec);
             let times: Vec<f64> = r
@@ -83,9 +90,12 @@ fn main() {
                 .collect();
             let mean = times.iter().sum::<f64>() / times.len().max(1) as f64;
             let max = times.iter().cloned().fold(0.0, f64::max);
+            let held: Vec<f64> = r.steps.iter().map(|st| st.level / st.capacity).collect();
+            let held_min = held.iter().cloned().fold(f64::INFINITY, f64::min);
+            let held_max = held.iter().cloned().fold(0.0, f64::max);
             println!(
-                "{name:<22} {n:>3} {sname:<11} {:>8.3} {:>10.1} / {:.1}",
-                r.fraction, mean, max
+                "{name:<22} {n:>3} {sname:<11} {:>8.3} {:>6.3}/{:.3} {:>8.1}/{:.1}",
+                r.fraction, held_min, held_max, mean, max
             );
         }
     }

@@ -155,7 +155,8 @@ pub struct Step {
     pub level: f64,
     /// Mean capacity over that interval.
     pub capacity: f64,
-    /// Time from the change to the end of the first sample at 90% of `level` or more.
+    /// Time from the change to the start of the first 2 s (or the rest of the interval, if
+    /// shorter) whose mean throughput is at least 90% of `level`.
     pub reconverged_after: Option<Duration>,
 }
 
@@ -538,7 +539,12 @@ impl<'a> Sim<'a> {
         let secs = elapsed.as_secs_f64().max(1e-9);
         let throughput = self.released_bytes as f64 / secs;
         let capacity = self.cap_integral / secs;
-        let steps = steps(&self.samples, &self.spec.rate_changes, self.spec.duration);
+        let steps = steps(
+            &self.samples,
+            &self.spec.rate_changes,
+            self.spec.duration,
+            self.spec.sample,
+        );
         ForkJoinReport {
             elapsed,
             released_items: self.released_items,
@@ -564,7 +570,14 @@ impl<'a> Sim<'a> {
 }
 
 /// Re-convergence after each distinct rate-change time.
-fn steps(samples: &[Sample], changes: &[(Duration, usize, f64)], end: Duration) -> Vec<Step> {
+fn steps(
+    samples: &[Sample],
+    changes: &[(Duration, usize, f64)],
+    end: Duration,
+    sample: Duration,
+) -> Vec<Step> {
+    let span = (Duration::from_secs(2).as_secs_f64() / sample.as_secs_f64().max(1e-9)).ceil();
+    let span = (span as usize).max(1);
     let mut times: Vec<Duration> = changes.iter().map(|c| c.0).collect();
     times.sort();
     times.dedup();
@@ -582,10 +595,12 @@ fn steps(samples: &[Sample], changes: &[(Duration, usize, f64)], end: Duration) 
         let later: Vec<&&Sample> = inside.iter().filter(|s| s.at > half).collect();
         let level = later.iter().map(|s| s.throughput).sum::<f64>() / later.len().max(1) as f64;
         let capacity = inside.iter().map(|s| s.capacity).sum::<f64>() / inside.len() as f64;
-        let reconverged_after = inside
-            .iter()
-            .find(|s| s.throughput >= 0.9 * level)
-            .map(|s| s.at - at);
+        let reconverged_after = (0..inside.len())
+            .find(|&k| {
+                let run = &inside[k..(k + span).min(inside.len())];
+                run.iter().map(|s| s.throughput).sum::<f64>() / run.len() as f64 >= 0.9 * level
+            })
+            .map(|k| inside[k].at.saturating_sub(sample).saturating_sub(at));
         out.push(Step {
             at,
             level,

@@ -338,6 +338,7 @@ impl Striper {
         if self.config.scheduler == Scheduler::Weighted {
             self.restart_measure(now);
         }
+        self.fork(now);
         self.conns.len() - 1
     }
 
@@ -449,7 +450,7 @@ impl Striper {
 
     /// `conn` failed: its unacknowledged and dealt items are handed out again, first, to the
     /// other connections (the receiver drops any second copy).
-    pub fn handle_conn_lost(&mut self, conn: ConnId, _now: Instant) -> Result<(), StripeError> {
+    pub fn handle_conn_lost(&mut self, conn: ConnId, now: Instant) -> Result<(), StripeError> {
         let c = self
             .conns
             .get_mut(conn)
@@ -471,6 +472,7 @@ impl Striper {
             // The remaining connections keep their relative weights; the fastest may be gone.
             self.normalize_weights();
         }
+        self.fork(now);
         Ok(())
     }
 
