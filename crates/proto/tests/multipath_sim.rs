@@ -348,3 +348,62 @@ fn pull_does_not_let_a_connection_too_slow_for_the_window_stall_the_join() {
     assert!(r.fraction >= 0.97, "fraction {:.3}", r.fraction);
     assert!(r.carried[1] >= 150, "{:?}", r.carried);
 }
+
+#[test]
+fn join_is_exact_on_random_edges() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(2002);
+    let mut duplicates = 0;
+    for case in 0..40 {
+        let scheduler = ALL[case % 3];
+        let channels: Vec<f64> = (0..rng.gen_range(1..=3))
+            .map(|_| rng.gen_range(2.0..200.0))
+            .collect();
+        let n = rng.gen_range(1..=6);
+        let mut spec = ForkJoinSpec::paper(&channels, n, scheduler);
+        for ch in &mut spec.channels {
+            ch.latency = Duration::from_micros(rng.gen_range(100..40_000));
+            ch.jitter = Duration::from_micros(rng.gen_range(0..20_000));
+        }
+        let total = rng.gen_range(1..(8 * MIB));
+        // Lose any connection but the last at a random time within the transfer, and add one
+        // late now and then.
+        let rate = spec.channels.iter().map(|c| c.rate).sum::<f64>();
+        let span = Duration::from_secs_f64(total as f64 / rate);
+        for c in spec.conns.iter_mut().take(n - 1) {
+            if rng.gen_bool(0.5) {
+                c.lost_at = Some(span.mul_f64(rng.gen_range(0.0..1.0)));
+            }
+        }
+        if rng.gen_bool(0.3) {
+            spec.conns.push(ConnSpec {
+                channel: 0,
+                window: 256 << 10,
+                joins_at: span.mul_f64(rng.gen_range(0.0..1.0)),
+                lost_at: None,
+            });
+        }
+        let window = rng.gen_range(4..300);
+        spec.striper.window = window;
+        spec.joiner_window = window;
+        spec.item_len = rng.gen_range(1000..100_000);
+        spec.striper.weighted.block = rng.gen_range(10_000..1_000_000);
+        spec.bytes = Some(total);
+        spec.duration = Duration::from_secs(600);
+        spec.seed = case as u64;
+        let r = run(&spec);
+        let what = format!("case {case}: {spec:?}");
+        assert!(r.violations.is_empty(), "{what}: {:?}", r.violations);
+        assert_eq!(r.order_errors, 0, "{what}");
+        assert!(r.complete, "{what}: {} of {total}", r.released_bytes);
+        assert_eq!(r.released_bytes, total, "{what}");
+        assert_eq!(
+            r.released_items,
+            total.div_ceil(u64::from(spec.item_len)),
+            "{what}"
+        );
+        duplicates += r.duplicates;
+    }
+    // Losses did cut acknowledgements off, and the second copies were dropped.
+    assert!(duplicates > 10, "{duplicates} duplicates");
+}
