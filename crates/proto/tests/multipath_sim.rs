@@ -334,10 +334,10 @@ fn channel_spec_mbps_is_bytes_per_second() {
 #[test]
 fn pull_does_not_let_a_connection_too_slow_for_the_window_stall_the_join() {
     // A 1 Mbit/s connection needs half a second per 64 KiB item, longer than the 1 Gbit/s
-    // one takes to run through the whole 16 MiB window: after its first item it is left
-    // idle instead of holding up the join.
+    // one takes to run through the whole 16 MiB window: after its two probe items it is left
+    // idle instead of holding up the join (the probe costs about a second: 0.95 over 20 s).
     let mut spec = ForkJoinSpec::paper(&[1000.0, 1.0], 2, Scheduler::Pull);
-    spec.duration = Duration::from_secs(10);
+    spec.duration = Duration::from_secs(20);
     let r = run(&spec);
     assert!(r.fraction >= 0.93, "fraction {:.3}", r.fraction);
     assert!(r.carried[1] <= 3, "{:?}", r.carried);
@@ -406,4 +406,22 @@ fn join_is_exact_on_random_edges() {
     }
     // Losses did cut acknowledgements off, and the second copies were dropped.
     assert!(duplicates > 10, "{duplicates} duplicates");
+}
+
+#[test]
+fn pull_uses_a_long_path_beside_a_short_one_when_the_window_covers_it() {
+    // Two paths: 1 Gbit/s at 0.5 ms and 100 Mbit/s at 50 ms one way, 4 MiB socket buffers,
+    // a 64 MiB reorder window (more than the sum of the rates times the long round trip).
+    let mut spec = ForkJoinSpec::paper(&[1000.0, 100.0], 2, Scheduler::Pull);
+    spec.channels[1].latency = Duration::from_millis(50);
+    for c in &mut spec.conns {
+        c.window = 4 * MIB;
+    }
+    spec.striper.window = 1024;
+    spec.joiner_window = 1024;
+    spec.duration = Duration::from_secs(8);
+    let r = run(&spec);
+    assert!(r.fraction >= 0.95, "fraction {:.3}", r.fraction);
+    let share = r.carried[1] as f64 / (r.carried[0] + r.carried[1]) as f64;
+    assert!(share > 0.07, "long path carried {share:.3}");
 }

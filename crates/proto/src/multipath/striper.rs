@@ -201,8 +201,10 @@ struct Conn {
     /// Relative weight, the fastest at 1 (eq. 2).
     weight: f64,
     deficit: f64,
-    /// The current measurement.
+    /// The current measurement: bytes acknowledged, bytes and time of the rate samples,
+    /// sojourn times.
     p_bytes: u64,
+    p_rate_bytes: u64,
     p_service: f64,
     p_sojourn: f64,
     p_items: u64,
@@ -224,6 +226,7 @@ impl Conn {
             weight: 1.0,
             deficit: 0.0,
             p_bytes: 0,
+            p_rate_bytes: 0,
             p_service: 0.0,
             p_sojourn: 0.0,
             p_items: 0,
@@ -240,6 +243,7 @@ impl Conn {
 
     fn reset_period(&mut self) {
         self.p_bytes = 0;
+        self.p_rate_bytes = 0;
         self.p_service = 0.0;
         self.p_sojourn = 0.0;
         self.p_items = 0;
@@ -416,22 +420,30 @@ impl Striper {
         let len = u64::from(sent.item.len);
         c.inflight_bytes -= len;
         c.bytes_acked += len;
-        // Service time: from when this item could start (sent, or the previous one done) to
-        // its acknowledgement; over a busy period they add up to the busy time.
-        let start = c.last_done.map_or(sent.sent_at, |d| d.max(sent.sent_at));
-        let service = now.saturating_duration_since(start).as_secs_f64();
+        // Rate samples: an item that was in flight when the previous acknowledgement came
+        // took the time since then (the gap between acknowledgements); over a busy period
+        // these add up to the busy time. The first item after an idle spell also took a round
+        // trip, which is not the connection's rate: no sample (a connection used one item at
+        // a time has no rate until it carries two at once).
+        let pipelined = c.last_done.is_some_and(|d| sent.sent_at <= d);
+        let service = c
+            .last_done
+            .map_or(0.0, |d| now.saturating_duration_since(d).as_secs_f64());
         c.last_done = Some(now);
         let rtt = now.saturating_duration_since(sent.sent_at);
         c.min_rtt = Some(c.min_rtt.map_or(rtt, |m| m.min(rtt)));
-        let decay = if tau > 0.0 {
-            (-service / tau).exp()
-        } else {
-            0.0
-        };
-        c.ewma_bytes = c.ewma_bytes * decay + len as f64;
-        c.ewma_secs = c.ewma_secs * decay + service;
+        if pipelined {
+            let decay = if tau > 0.0 {
+                (-service / tau).exp()
+            } else {
+                0.0
+            };
+            c.ewma_bytes = c.ewma_bytes * decay + len as f64;
+            c.ewma_secs = c.ewma_secs * decay + service;
+            c.p_rate_bytes += len;
+            c.p_service += service;
+        }
         c.p_bytes += len;
-        c.p_service += service;
         c.p_sojourn += now.saturating_duration_since(sent.dealt_at).as_secs_f64();
         c.p_items += 1;
         if index == self.base {
@@ -543,7 +555,8 @@ impl Striper {
     /// And it takes the item only if it would deliver it before the other connections, at
     /// their rates, run out of window waiting for it (blocking estimation): a connection
     /// too slow for the window is left idle rather than stalling the join. A connection
-    /// without a rate estimate yet takes one item at a time.
+    /// without a rate estimate yet takes two items at a time (two, so that the second gives
+    /// a rate sample).
     fn pull_may_take(&self, conn: ConnId) -> bool {
         let Some(c) = self.conns.get(conn).filter(|c| c.alive) else {
             return false;
@@ -563,7 +576,7 @@ impl Striper {
             return true;
         };
         if rate <= 0.0 {
-            return c.inflight.is_empty();
+            return c.inflight.len() < 2;
         }
         let others: f64 = self
             .conns
@@ -732,7 +745,7 @@ impl Striper {
             .iter()
             .map(|c| {
                 (c.alive && c.p_service > 0.0)
-                    .then(|| c.p_bytes as f64 / c.p_service)
+                    .then(|| c.p_rate_bytes as f64 / c.p_service)
                     .or_else(|| (c.alive && c.rate() > 0.0).then(|| c.rate()))
             })
             .collect();
@@ -813,19 +826,20 @@ mod tests {
         (s, now)
     }
 
-    /// Pull: one item per connection acknowledged 10 ms later, so that each has a rate
-    /// (100 kB/s) and may take more than one item. Returns the acknowledged items and the
-    /// new time.
+    /// Pull: two items per connection, acknowledged 10 and 20 ms later, so that each has a
+    /// rate (100 kB/s) and may take more. Returns the acknowledged items and the new time.
     fn prime(s: &mut Striper, now: Instant) -> (Vec<u64>, Instant) {
         let n = s.stats().len();
-        let items: Vec<Item> = (0..n)
-            .map(|c| s.poll_assign(c, now).expect("a first item"))
+        let items: Vec<(usize, Item)> = (0..n)
+            .flat_map(|c| [c, c])
+            .map(|c| (c, s.poll_assign(c, now).expect("a first item")))
             .collect();
-        let later = now + Duration::from_millis(10);
-        for (c, i) in items.iter().enumerate() {
-            s.handle_acked(c, i.index, later).expect("in flight");
+        for (k, (c, i)) in items.iter().enumerate() {
+            let at = now + Duration::from_millis(10 * (1 + k as u64 % 2));
+            s.handle_acked(*c, i.index, at).expect("in flight");
         }
-        (items.iter().map(|i| i.index).collect(), later)
+        let done = items.iter().map(|(_, i)| i.index).collect();
+        (done, now + Duration::from_millis(20))
     }
 
     fn fill(s: &mut Striper, now: Instant) {
@@ -932,11 +946,21 @@ mod tests {
     fn pull_caps_what_a_connection_has_in_flight() {
         let (mut s, now) = striper(Scheduler::Pull, 1000, 1);
         fill(&mut s, now);
-        // Without a rate estimate: one item at a time.
+        // Without a rate estimate: two items at a time.
+        assert!(s.poll_assign(0, now).is_some());
         assert!(s.poll_assign(0, now).is_some());
         assert!(s.poll_assign(0, now).is_none());
-        let now = now + Duration::from_millis(10);
-        s.handle_acked(0, 0, now).expect("in flight");
+        // The first acknowledgement after idle gives no rate, the second does: 100 kB/s.
+        s.handle_acked(0, 0, now + Duration::from_millis(20))
+            .expect("in flight");
+        assert_eq!(s.stats()[0].rate, 0.0);
+        let now = now + Duration::from_millis(30);
+        s.handle_acked(0, 1, now).expect("in flight");
+        assert!(
+            (s.stats()[0].rate - 1e5).abs() < 1.0,
+            "{}",
+            s.stats()[0].rate
+        );
         fill(&mut s, now);
         let cap = s.config().pull_min_inflight;
         let taken = std::iter::from_fn(|| s.poll_assign(0, now)).count() as u64;
