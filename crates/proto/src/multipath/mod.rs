@@ -48,7 +48,8 @@
 //! reproduces eq. 1 exactly (N times the slowest connection; see the tests); with
 //! `w_i = r_i / r_max` (eq. 2) it approaches the sum (eq. 4). The controller of section 3:
 //! 1. measure with equal blocks: per connection, the rate `r_i` (bytes per second of busy
-//!    time, from acknowledgements) and the mean sojourn time (from dealt into its buffer, the
+//!    time: the gaps between acknowledgements of items that were already in flight when the
+//!    previous one came) and the mean sojourn time (from dealt into its buffer, the
 //!    fork, to acknowledged, the join), over `max(2, ceil(K / N))` steps of `N * B`
 //!    acknowledged bytes (3.1);
 //! 2. weight by eq. 2, wait [`WeightedConfig::settle`], measure again and compare with the
@@ -88,16 +89,24 @@
 //! # Simulated figures
 //! `cargo run --release -p bulkcast-proto --example forkjoin_sim` prints the paper's static
 //! and dynamic experiments. Means over 2-9 connections: pull 0.995-1.000 of the summed
-//! capacity on every set-up, the weighted controller 0.87-0.95, unweighted 0.61-0.75 (eq. 1);
-//! the paper measured 0.68-0.84 weighted. The simulator has no TCP dynamics (slow start,
+//! capacity on every set-up, the weighted controller 0.87-0.98, unweighted 0.61-0.75 (eq. 1);
+//! the paper measured 0.68-0.84 weighted. With one channel alternating every 20 s (10 +
+//! 20|30 and 100 + 200|300 Mbit/s): pull 0.998 and 1.000, weighted 0.84 and 0.95 (the paper:
+//! about 0.87 at best). The simulator has no TCP dynamics (slow start,
 //! loss, cwnd sawtooth), so these are upper bounds for the lab bench, not substitutes.
 //!
 //! # Limitations
+//! - The reorder window must cover the sum of the rates times the longest round trip plus a
+//!   little queueing (with 64 KiB chunks: 256 items for LAN paths, about 1024 for a Gbit/s
+//!   path beside a 100 ms one); pull leaves a connection idle that cannot deliver within the
+//!   window, which is safe but wastes it.
 //! - A connection that pull leaves idle as too slow is not probed again; if its rate rises it
-//!   stays unused until it is lost or re-added. A new connection's first item is a probe that
-//!   can hold the join for one item's transfer time on that connection.
+//!   stays unused until it is lost or re-added. A new connection's first two items are a
+//!   probe that can hold the join for their transfer time on that connection.
 //! - Rates are estimated from acknowledgements, so they lag by a round trip and need the
-//!   receiver to acknowledge every item.
+//!   receiver to acknowledge every item. A connection used now and then (one item, idle,
+//!   another just before the previous acknowledgement) is under-estimated: its gaps include
+//!   idle time (no app-limited marking as in BBR's delivery rate).
 //! - Connections sharing a bottleneck see each other's traffic as a rate change; neither
 //!   scheduler models the sharing.
 
