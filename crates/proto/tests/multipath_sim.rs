@@ -251,7 +251,7 @@ fn pull_reaches_nine_tenths_of_the_summed_capacity_on_the_paper_setups() {
     for (channels, lo, hi, secs) in SETUPS {
         for n in lo..=hi {
             let r = static_run(channels, n, secs, Scheduler::Pull);
-            // Measured: 0.984-1.000 over 20-60 s.
+            // Measured: 0.995-1.000 (the target for the default: 0.90).
             assert!(r.fraction >= 0.95, "{channels:?} N={n}: {:.3}", r.fraction);
         }
     }
@@ -264,18 +264,15 @@ fn weighted_controller_beats_equal_dealing_on_the_paper_setups() {
         for n in lo..=hi {
             let w = static_run(channels, n, secs, Scheduler::Weighted).fraction;
             let e = static_run(channels, n, secs, Scheduler::Equal).fraction;
-            // Measured: at least 0.64; the paper's averages are 0.68-0.84.
-            assert!(w >= 0.6, "{channels:?} N={n}: weighted {w:.3}");
+            // Measured: at least 0.77; the paper's averages are 0.68-0.84.
+            assert!(w >= 0.7, "{channels:?} N={n}: weighted {w:.3}");
             weighted += w;
             equal += e;
         }
         let count = (hi - lo + 1) as f64;
         let (weighted, equal) = (weighted / count, equal / count);
-        // Measured means: 0.81-0.95 weighted against 0.61-0.73 equal.
-        assert!(
-            weighted >= 0.75,
-            "{channels:?}: weighted mean {weighted:.3}"
-        );
+        // Measured means: 0.87-0.96 weighted against 0.61-0.75 equal.
+        assert!(weighted >= 0.8, "{channels:?}: weighted mean {weighted:.3}");
         assert!(
             weighted > equal + 0.1,
             "{channels:?}: {weighted:.3} vs {equal:.3}"
