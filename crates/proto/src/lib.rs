@@ -14,12 +14,15 @@
 //! - [`node`]: the push-relay state machine, one per node per session.
 //! - [`hosts`]: the hosts file shared by `send`, the planner and the lab.
 //! - [`sim`]: an in-memory network on a simulated clock for tests.
+//! - [`multipath`]: one edge over N parallel connections: striping, in-order join, and the
+//!   paper's weighted fork-join controller, with its own simulator.
 #![warn(missing_docs)]
 
 pub mod auth;
 pub mod chunkmap;
 pub mod hosts;
 pub mod manifest;
+pub mod multipath;
 pub mod node;
 pub mod sim;
 pub mod tree;
