@@ -20,7 +20,7 @@ pub struct PlanArgs {
     /// Hosts: a hosts file (TOML) or `host:port,host:port`.
     #[arg(long)]
     hosts: String,
-    /// A matrix file (TOML: nodes, rtt_ms, optional bandwidth_mbps and [[wan]]) instead of
+    /// A matrix file (TOML: nodes, rtt_ms, optional bandwidth_mbps and `[[wan]]`) instead of
     /// probing the agents.
     #[arg(long)]
     matrix: Option<PathBuf>,
