@@ -54,18 +54,22 @@ fn agent(dir: &Path, secret: &str) -> Agent {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let line = first_line(child.stdout.as_mut().unwrap());
-    let addr = line
-        .split_whitespace()
-        .nth(4)
-        .unwrap()
-        .trim_end_matches(',')
-        .to_string();
+    let addr = listen_addr(&mut child);
     Agent {
         child,
         addr,
         dir: dir.to_path_buf(),
     }
+}
+
+/// The address an agent says it listens on (the first line of its stdout).
+fn listen_addr(agent: &mut Child) -> String {
+    let line = first_line(agent.stdout.as_mut().unwrap());
+    line.split_whitespace()
+        .nth(4)
+        .unwrap()
+        .trim_end_matches(',')
+        .to_string()
 }
 
 /// Reads one line byte by byte, leaving the rest of the stream unread.
@@ -594,13 +598,7 @@ fn agent_once_exits_with_the_outcome_of_its_session() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let line = first_line(child.stdout.as_mut().unwrap());
-    let addr = line
-        .split_whitespace()
-        .nth(4)
-        .unwrap()
-        .trim_end_matches(',')
-        .to_string();
+    let addr = listen_addr(&mut child);
     // A probe is not a session: the agent stays up through `plan`.
     let plan = Command::new(BIN)
         .args(["plan", "--hosts", &addr, "--out"])
