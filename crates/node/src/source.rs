@@ -101,6 +101,7 @@ pub async fn send(
         stall_timeout: cfg.stall_timeout,
         cc: cfg.tuning.cc.clone(),
         manifest: manifest.clone(),
+        stripe: None,
     };
     let names: Vec<(String, String)> = hosts
         .iter()

@@ -13,6 +13,7 @@
 //! - [`tree`]: distribution trees, the seam between planning and moving bytes.
 //! - [`node`]: the push-relay state machine, one per node per session.
 //! - [`hosts`]: the hosts file shared by `send`, the planner and the lab.
+//! - [`stripe`]: balanced multi-trees: an object's chunks dealt to several tree sessions.
 //! - [`sim`]: an in-memory network on a simulated clock for tests.
 //! - [`multipath`]: one edge over N parallel connections: striping, in-order join, and the
 //!   paper's weighted fork-join controller, with its own simulator.
@@ -25,5 +26,6 @@ pub mod manifest;
 pub mod multipath;
 pub mod node;
 pub mod sim;
+pub mod stripe;
 pub mod tree;
 pub mod wire;

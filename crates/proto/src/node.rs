@@ -71,6 +71,8 @@ pub struct SessionParams {
     pub cc: String,
     /// What is sent.
     pub manifest: Manifest,
+    /// For a tree of a balanced send: the stripe this session carries.
+    pub stripe: Option<crate::wire::StripeInfo>,
 }
 
 /// Smallest and largest chunk sizes accepted.
@@ -334,6 +336,7 @@ impl Node {
             stall_timeout: Duration::from_millis(open.stall_timeout_ms as u64),
             cc: open.cc.clone(),
             manifest: open.manifest.clone(),
+            stripe: open.stripe.clone(),
         };
         let mut node = Self::new(
             me as NodeId,
@@ -408,6 +411,7 @@ impl Node {
             cc: self.params.cc.clone(),
             manifest: self.params.manifest.clone(),
             members: c.members.clone(),
+            stripe: self.params.stripe.clone(),
         }
     }
 

@@ -276,6 +276,7 @@ impl Sim {
             stall_timeout: spec.stall_timeout,
             cc: String::new(),
             manifest,
+            stripe: None,
         };
         let names: Vec<(String, String)> = (1..n)
             .map(|i| (format!("n{i}"), format!("sim:{i}")))

@@ -148,6 +148,22 @@ pub struct Open {
     pub manifest: Manifest,
     /// The recipient's subtree: the recipient first, then every descendant.
     pub members: Vec<Member>,
+    /// For one tree of a balanced multi-tree send: which stripe of which object this session
+    /// carries (see [`crate::stripe`]); `manifest` then describes the stripe alone.
+    pub stripe: Option<StripeInfo>,
+}
+
+/// The stripe a session of a balanced send carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StripeInfo {
+    /// Identifies the object across the stripe sessions.
+    pub group: SessionId,
+    /// This session's tree.
+    pub tree: u16,
+    /// The dealing pattern (tree per position).
+    pub pattern: Vec<u16>,
+    /// The whole object.
+    pub object: Manifest,
 }
 
 /// One node of a subtree in an [`Open`].
@@ -575,7 +591,30 @@ fn put_open(b: &mut BytesMut, o: &Open) {
     b.put_u32(o.chunk_size);
     b.put_u32(o.stall_timeout_ms);
     put_str(b, &o.cc);
-    let m = &o.manifest;
+    put_manifest(b, &o.manifest);
+    b.put_u32(o.members.len() as u32);
+    for mb in &o.members {
+        b.put_u32(mb.node);
+        b.put_u32(mb.parent);
+        put_str(b, &mb.name);
+        put_str(b, &mb.addr);
+    }
+    match &o.stripe {
+        None => b.put_u8(0),
+        Some(st) => {
+            b.put_u8(1);
+            b.put_u64(st.group);
+            b.put_u16(st.tree);
+            b.put_u32(st.pattern.len() as u32);
+            for t in &st.pattern {
+                b.put_u16(*t);
+            }
+            put_manifest(b, &st.object);
+        }
+    }
+}
+
+fn put_manifest(b: &mut BytesMut, m: &Manifest) {
     put_str(b, &m.name);
     b.put_u8(match m.kind {
         ObjectKind::File => 0,
@@ -598,13 +637,6 @@ fn put_open(b: &mut BytesMut, o: &Open) {
         });
         b.put_u64(e.len);
         b.put_u32(e.mode);
-    }
-    b.put_u32(o.members.len() as u32);
-    for mb in &o.members {
-        b.put_u32(mb.node);
-        b.put_u32(mb.parent);
-        put_str(b, &mb.name);
-        put_str(b, &mb.addr);
     }
 }
 
@@ -664,6 +696,49 @@ impl Reader {
         let chunk_size = self.u32()?;
         let stall_timeout_ms = self.u32()?;
         let cc = self.string()?;
+        let manifest = self.manifest()?;
+        let n = self.count(4 + 4 + 4 + 4)?;
+        let mut members = Vec::with_capacity(n);
+        for _ in 0..n {
+            members.push(Member {
+                node: self.u32()?,
+                parent: self.u32()?,
+                name: self.string()?,
+                addr: self.string()?,
+            });
+        }
+        let stripe = match self.u8()? {
+            0 => None,
+            1 => {
+                let group = self.u64()?;
+                let tree = self.u16()?;
+                let n = self.count(2)?;
+                let mut pattern = Vec::with_capacity(n);
+                for _ in 0..n {
+                    pattern.push(self.u16()?);
+                }
+                Some(StripeInfo {
+                    group,
+                    tree,
+                    pattern,
+                    object: self.manifest()?,
+                })
+            }
+            _ => return Err(WireError::BadValue("Open", "bad stripe flag")),
+        };
+        Ok(Open {
+            session,
+            node,
+            chunk_size,
+            stall_timeout_ms,
+            cc,
+            manifest,
+            members,
+            stripe,
+        })
+    }
+
+    fn manifest(&mut self) -> Result<Manifest, WireError> {
         let name = self.string()?;
         let kind = match self.u8()? {
             0 => ObjectKind::File,
@@ -692,29 +767,11 @@ impl Reader {
                 mode: self.u32()?,
             });
         }
-        let n = self.count(4 + 4 + 4 + 4)?;
-        let mut members = Vec::with_capacity(n);
-        for _ in 0..n {
-            members.push(Member {
-                node: self.u32()?,
-                parent: self.u32()?,
-                name: self.string()?,
-                addr: self.string()?,
-            });
-        }
-        Ok(Open {
-            session,
-            node,
-            chunk_size,
-            stall_timeout_ms,
-            cc,
-            manifest: Manifest {
-                name,
-                kind,
-                total_len,
-                entries,
-            },
-            members,
+        Ok(Manifest {
+            name,
+            kind,
+            total_len,
+            entries,
         })
     }
 }
@@ -772,6 +829,17 @@ mod tests {
                     name: "h3".into(),
                     addr: "127.0.0.1:7003".into(),
                 }],
+                stripe: Some(StripeInfo {
+                    group: 9,
+                    tree: 1,
+                    pattern: vec![0, 1, 0],
+                    object: Manifest {
+                        name: "data".into(),
+                        kind: ObjectKind::File,
+                        total_len: Some(30),
+                        entries: vec![],
+                    },
+                }),
             }),
             Frame::Chunk(Chunk {
                 index: 9,

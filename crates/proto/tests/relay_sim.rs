@@ -213,6 +213,7 @@ mod protocol_errors {
             chunk_size: 65536,
             stall_timeout: std::time::Duration::from_secs(5),
             cc: String::new(),
+            stripe: None,
             manifest: Manifest {
                 name: "x".into(),
                 kind: ObjectKind::File,
