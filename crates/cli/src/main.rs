@@ -229,6 +229,7 @@ async fn run_agent(a: AgentArgs) -> Result<i32> {
         node: a.common.node(),
         tuning,
         stored: None,
+        groups: Default::default(),
     });
     match agent::serve(listener, cfg, a.once, shutdown_signal()).await {
         Some(Err(e)) => {
@@ -253,6 +254,7 @@ async fn recv(a: RecvArgs) -> Result<i32> {
         node: a.common.node(),
         tuning: a.common.tuning()?,
         stored: Some(stored.clone()),
+        groups: Default::default(),
     };
     let name = a.name.clone().unwrap_or_else(progress::hostname);
     let bar = (!a.quiet).then(|| progress::receiver(&name, stored));

@@ -214,3 +214,25 @@ pub async fn auto_tree(
     .context("the planner found no tree")?;
     Ok((best, note))
 }
+
+/// The planner's balanced multi-trees for a send (probed, or from a matrix file).
+pub async fn balanced(
+    hosts: &HostsFile,
+    matrix: Option<&std::path::Path>,
+    keys: &Keys,
+    tuning: &TcpTuning,
+    size: Option<u64>,
+    chunk: u32,
+) -> Result<(Plan, String)> {
+    let (matrices, note) = match matrix {
+        Some(p) => (read_matrix(p)?, format!("matrix from {}", p.display())),
+        None => measure(hosts, keys, tuning, 3).await?,
+    };
+    let net = Network::from_hosts(hosts, &matrices)?;
+    if net.is_uncapacitated() {
+        bail!("--strategy balanced needs capacities (uplink_mbps/downlink_mbps) in the hosts file");
+    }
+    let opts = PlanOptions::default().with_object(size.unwrap_or(1 << 30), chunk as u64)?;
+    let p = plan(&net, Algorithm::Balanced, &opts)?;
+    Ok((p, note))
+}

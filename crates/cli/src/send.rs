@@ -70,8 +70,12 @@ pub struct SendArgs {
 enum Strategy {
     /// The source sends to every receiver itself (the baseline).
     Flat,
-    /// Receivers relay down a tree of `--fanout` children per node, in the given host order.
+    /// Receivers relay down a tree: the planner's (probed), or `--fanout` children per node in
+    /// the given host order.
     Tree,
+    /// Several trees at once, each carrying a share of the chunks in proportion to its planned
+    /// rate, so that together they use every access link (the planner's balanced multi-trees).
+    Balanced,
 }
 
 pub async fn run(a: SendArgs) -> Result<i32> {
@@ -147,33 +151,63 @@ pub async fn run(a: SendArgs) -> Result<i32> {
         (None, None) => bail!("give --to HOSTS or --expect N"),
     };
     let n = hosts.len();
-    let (tree, strategy) = match (a.strategy, a.fanout) {
-        (Strategy::Flat, _) => (Tree::flat(n), "flat".to_string()),
-        (Strategy::Tree, Some(k)) => (Tree::kary(n, k as usize), format!("tree (fan-out {k})")),
+    let planned_chunk = a.chunk_kib.map_or(1 << 20, |k| k * 1024);
+    let file = HostsFile {
+        source: source_spec.clone(),
+        hosts: hosts.clone(),
+    };
+    // One tree, or several with their rates (balanced).
+    let (trees, strategy): (Vec<(Tree, f64)>, String) = match (a.strategy, a.fanout) {
+        (Strategy::Flat, _) => (vec![(Tree::flat(n), 0.0)], "flat".to_string()),
+        (Strategy::Tree, Some(k)) => (
+            vec![(Tree::kary(n, k as usize), 0.0)],
+            format!("tree (fan-out {k})"),
+        ),
         // Ticket receivers take only their parent's connection, so they cannot be probed.
-        (Strategy::Tree, None) if a.expect.is_some() => {
-            (Tree::kary(n, 1), "tree (chain)".to_string())
+        (_, None) if a.expect.is_some() => {
+            (vec![(Tree::kary(n, 1), 0.0)], "tree (chain)".to_string())
+        }
+        (Strategy::Balanced, _) => {
+            let (p, note) = plan::balanced(
+                &file,
+                a.matrix.as_deref(),
+                &Keys::derive(&secret),
+                &tuning,
+                input.manifest.total_len,
+                planned_chunk,
+            )
+            .await?;
+            if !a.quiet {
+                eprintln!("{note}\nplan: {} ({})", p.algorithm, p.reason);
+            }
+            (p.trees, "balanced".to_string())
         }
         (Strategy::Tree, None) => {
-            let file = HostsFile {
-                source: source_spec.clone(),
-                hosts: hosts.clone(),
-            };
             let (p, note) = plan::auto_tree(
                 &file,
                 a.matrix.as_deref(),
                 &Keys::derive(&secret),
                 &tuning,
                 input.manifest.total_len,
-                a.chunk_kib.map_or(1 << 20, |k| k * 1024),
+                planned_chunk,
             )
             .await?;
             if !a.quiet {
                 eprintln!("{note}\nplan: {} ({})", p.algorithm, p.reason);
             }
-            (p.tree().clone(), format!("tree (planned: {})", p.algorithm))
+            (
+                vec![(p.tree().clone(), p.rate_mbps)],
+                format!("tree (planned: {})", p.algorithm),
+            )
         }
     };
+    // The deepest tree sets the chunk size.
+    let tree = trees
+        .iter()
+        .map(|t| &t.0)
+        .max_by_key(|t| (1..t.len()).map(|i| t.depth(i)).max().unwrap_or(0))
+        .expect("at least one tree")
+        .clone();
     let chunk_size = match a.chunk_kib {
         Some(k) => k * 1024,
         None => auto_chunk_size(input.manifest.total_len, &tree),
@@ -188,7 +222,13 @@ pub async fn run(a: SendArgs) -> Result<i32> {
     let status = source::new_status(&hosts, &tree, chunk_size, input.manifest.total_len);
     let display = (!a.quiet).then(|| progress::sender(status.clone()));
     let result = tokio::select! {
-        r = source::send(input, &hosts, &tree, Keys::derive(&secret), session, &cfg, status.clone()) => r,
+        r = async {
+            if trees.len() > 1 {
+                source::send_balanced(input, &hosts, &trees, Keys::derive(&secret), &cfg, status.clone()).await
+            } else {
+                source::send(input, &hosts, &trees[0].0, Keys::derive(&secret), session, &cfg, status.clone()).await
+            }
+        } => r,
         _ = shutdown_signal() => {
             if let Some(d) = display { d.abort(); }
             bail!("interrupted: receivers discard their partial copies");

@@ -624,3 +624,52 @@ fn agent_once_exits_with_the_outcome_of_its_session() {
     assert!(status.success());
     assert_eq!(hash(&dir.join("f.bin")), hash(&src));
 }
+
+#[test]
+fn balanced_send_over_two_trees_assembles_one_copy() {
+    let s = Scratch::new("balanced");
+    let key = secret(11);
+    let ags = agents(&s.0, 2, &key);
+    // Two receivers whose uplinks are half the source's: one tree reaches 50 Mbit/s, two trees
+    // (source -> a -> b and source -> b -> a) reach 100 together.
+    let hosts = s.0.join("hosts.toml");
+    let mut toml = String::from("[source]\nname = \"src\"\nuplink_mbps = 100\n");
+    for (i, a) in ags.iter().enumerate() {
+        toml += &format!(
+            "[[host]]\nname = \"h{i}\"\naddr = \"{}\"\nuplink_mbps = 50\ndownlink_mbps = 100\n",
+            a.addr
+        );
+    }
+    std::fs::write(&hosts, toml).unwrap();
+    let src = s.0.join("model.bin");
+    make_file(&src, 5 * MIB + 4321, b"balanced");
+    let out = send(
+        &[
+            src.to_str().unwrap(),
+            "--to",
+            hosts.to_str().unwrap(),
+            "--strategy",
+            "balanced",
+            "--chunk-kib",
+            "64",
+        ],
+        &key,
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = report(&out);
+    let strategy = r["strategy"].as_str().unwrap();
+    assert!(strategy.starts_with("balanced (2 trees"), "{strategy}");
+    assert_eq!(r["object"]["bytes"], 5 * MIB + 4321);
+    for a in &ags {
+        assert_eq!(hash(&a.dir.join("model.bin")), hash(&src));
+        assert_eq!(leftovers(&a.dir), vec!["model.bin".to_string()]);
+    }
+    for x in r["receivers"].as_array().unwrap() {
+        assert_eq!(x["bytes"], 5 * MIB + 4321, "{r}");
+    }
+}

@@ -13,8 +13,10 @@ use tokio::sync::mpsc;
 
 use crate::driver::{Driver, Upstream};
 use crate::probe;
-use crate::store::{Store, Target};
+use crate::store::{LocalCopy, Store, Target};
+use crate::stripes::{Group, Groups};
 use crate::transport::{self, ConnError, TcpTuning};
+use bulkcast_proto::stripe::Stripes;
 
 /// An agent's settings.
 #[derive(Debug, Clone)]
@@ -29,6 +31,8 @@ pub struct AgentConfig {
     pub tuning: TcpTuning,
     /// Bytes stored so far, for a progress display (ticket receivers).
     pub stored: Option<Arc<AtomicU64>>,
+    /// Objects being received as stripes of a balanced send.
+    pub groups: Groups,
 }
 
 /// Serves until `shutdown` completes, or with `once` until the first session ends (returning
@@ -173,8 +177,7 @@ pub async fn session(
             return Err(SessionError::Refused(e.to_string()));
         }
     };
-    let (tx, rx) = mpsc::unbounded_channel();
-    let store = match Store::open(target, &open.manifest, open.session, tx, cfg.stored.clone()) {
+    let store = match local_copy(&open, target, cfg) {
         Ok(s) => s,
         Err(e) => {
             // The node still relays to its children; it reports its own copy as failed.
@@ -193,7 +196,7 @@ pub async fn session(
         cfg.keys.clone(),
         cfg.tuning.clone(),
         Upstream::Parent(stream),
-        Some((store, rx)),
+        Some(store),
     );
     driver
         .run(|ev| {
@@ -209,6 +212,45 @@ pub async fn session(
         return Err(SessionError::CopyFailed(session));
     }
     Ok(Served::Session(session))
+}
+
+/// The local copy a session writes into: its own store, or its stripe of a shared one.
+fn local_copy(
+    open: &bulkcast_proto::wire::Open,
+    target: Target,
+    cfg: &AgentConfig,
+) -> std::io::Result<(
+    Box<dyn LocalCopy>,
+    mpsc::UnboundedReceiver<crate::store::StoreEvent>,
+)> {
+    let Some(st) = &open.stripe else {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let store = Store::open(target, &open.manifest, open.session, tx, cfg.stored.clone())?;
+        return Ok((Box::new(store), rx));
+    };
+    let bad = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
+    let stripes = Stripes::from_pattern(st.pattern.clone()).map_err(|e| bad(e.to_string()))?;
+    st.object.validate().map_err(|e| bad(e.to_string()))?;
+    // The stripe's own manifest must be the one the pattern implies for this object.
+    if stripes
+        .stripe_manifest(st.tree, &st.object, open.chunk_size)
+        .as_ref()
+        != Some(&open.manifest)
+    {
+        return Err(bad("stripe does not match its object".into()));
+    }
+    let group = cfg.groups.get_or_open(st.group, || {
+        Group::open(
+            target,
+            &st.object,
+            st.group,
+            stripes,
+            open.chunk_size,
+            cfg.stored.clone(),
+        )
+    })?;
+    let (copy, rx) = group.attach(st.tree)?;
+    Ok((Box::new(copy), rx))
 }
 
 async fn run_without_copy(

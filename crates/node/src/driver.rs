@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::input::InputEvent;
-use crate::store::{Store, StoreEvent};
+use crate::store::{LocalCopy, StoreEvent};
 use crate::transport::{self, TcpTuning};
 
 /// Frames queued to one link's writer at once.
@@ -55,7 +55,7 @@ pub struct Driver {
     ev_rx: mpsc::Receiver<Ev>,
     parent_rx: Option<mpsc::Receiver<FromParent>>,
     input_rx: Option<mpsc::Receiver<InputEvent>>,
-    store: Option<Store>,
+    store: Option<Box<dyn LocalCopy>>,
     store_rx: Option<mpsc::UnboundedReceiver<StoreEvent>>,
     writers: HashMap<Link, Writer>,
     tasks: HashMap<Link, Vec<JoinHandle<()>>>,
@@ -77,7 +77,7 @@ impl Driver {
         keys: Keys,
         tuning: TcpTuning,
         upstream: Upstream,
-        store: Option<(Store, mpsc::UnboundedReceiver<StoreEvent>)>,
+        store: Option<(Box<dyn LocalCopy>, mpsc::UnboundedReceiver<StoreEvent>)>,
     ) -> Self {
         let (ev_tx, ev_rx) = mpsc::channel(1024);
         let mut d = Driver {

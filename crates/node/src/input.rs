@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use bulkcast_proto::auth::Keys;
 use bulkcast_proto::manifest::{Entry, EntryKind, Manifest, ObjectKind};
+use bulkcast_proto::stripe::Stripes;
 use bulkcast_proto::wire::{Chunk, SessionId};
 use bytes::BytesMut;
 use tokio::sync::mpsc;
@@ -109,6 +110,44 @@ impl Input {
         session: SessionId,
     ) -> mpsc::Receiver<InputEvent> {
         let (tx, rx) = mpsc::channel(2);
+        let mut index = 0u64;
+        self.run(chunk_size, vec![tx], move |data| {
+            let c = keys.seal(session, index, data);
+            index += 1;
+            (0, c)
+        });
+        rx
+    }
+
+    /// Like [`Input::spawn`], for a balanced send: chunk `g` goes to tree `stripes.tree_of(g)`,
+    /// sealed for that tree's session with its index within the stripe. Each tree has a
+    /// two-chunk queue and the reader deals in pattern order, so a tree that falls behind its
+    /// share holds the reader back: every tree keeps its planned share of the rate.
+    pub fn spawn_striped(
+        self,
+        chunk_size: usize,
+        keys: Keys,
+        sessions: Vec<SessionId>,
+        stripes: Stripes,
+    ) -> Vec<mpsc::Receiver<InputEvent>> {
+        let (txs, rxs): (Vec<_>, Vec<_>) = sessions.iter().map(|_| mpsc::channel(2)).unzip();
+        let mut g = 0u64;
+        self.run(chunk_size, txs, move |data| {
+            let t = stripes.tree_of(g) as usize;
+            let c = keys.seal(sessions[t], stripes.local_of(g), data);
+            g += 1;
+            (t, c)
+        });
+        rxs
+    }
+
+    /// Reads on a thread; `route` seals each piece and names the channel it goes to.
+    fn run(
+        self,
+        chunk_size: usize,
+        txs: Vec<mpsc::Sender<InputEvent>>,
+        route: impl FnMut(bytes::Bytes) -> (usize, Chunk) + Send + 'static,
+    ) {
         std::thread::Builder::new()
             .name("bulkcast-input".into())
             .spawn(move || {
@@ -121,15 +160,19 @@ impl Input {
                         cur: None,
                     })
                 };
-                let seal = |index, data| keys.seal(session, index, data);
-                let ev = match pump(r, chunk_size, expected, &tx, seal) {
+                let ev = match pump(r, chunk_size, expected, &txs, route) {
                     Ok(()) => InputEvent::End,
                     Err(e) => InputEvent::Failed(e),
                 };
-                let _ = tx.blocking_send(ev);
+                for tx in &txs {
+                    let _ = tx.blocking_send(match &ev {
+                        InputEvent::End => InputEvent::End,
+                        InputEvent::Failed(e) => InputEvent::Failed(e.clone()),
+                        InputEvent::Data(_) => unreachable!("pump ends with End or Failed"),
+                    });
+                }
             })
             .expect("spawning the input thread");
-        rx
     }
 }
 
@@ -137,11 +180,11 @@ fn pump(
     mut r: Box<dyn Read>,
     cs: usize,
     expected: Option<u64>,
-    tx: &mpsc::Sender<InputEvent>,
-    seal: impl Fn(u64, bytes::Bytes) -> Chunk,
+    txs: &[mpsc::Sender<InputEvent>],
+    mut route: impl FnMut(bytes::Bytes) -> (usize, Chunk),
 ) -> Result<(), String> {
     let mut total = 0u64;
-    let mut index = 0u64;
+    let mut dead = vec![false; txs.len()];
     loop {
         let mut buf = BytesMut::zeroed(cs);
         let mut filled = 0;
@@ -163,10 +206,14 @@ fn pump(
         }
         if filled > 0 {
             buf.truncate(filled);
-            let chunk = seal(index, buf.freeze());
-            index += 1;
-            if tx.blocking_send(InputEvent::Data(chunk)).is_err() {
-                return Ok(()); // the session ended first
+            let (t, chunk) = route(buf.freeze());
+            // A tree whose session ended (every receiver below it failed) is skipped; the
+            // others still get their stripes whole.
+            if !dead[t] && txs[t].blocking_send(InputEvent::Data(chunk)).is_err() {
+                dead[t] = true;
+                if dead.iter().all(|&d| d) {
+                    return Ok(()); // every session ended first
+                }
             }
         }
         if filled < cs {

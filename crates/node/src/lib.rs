@@ -7,6 +7,7 @@
 //! - [`driver`]: the event loop around one [`bulkcast_proto::node::Node`].
 //! - [`input`]: the source's file, directory or stdin reader.
 //! - [`probe`]: RTT measurement between all session hosts, for the planner.
+//! - [`stripes`]: receiving a balanced multi-tree send into one shared copy.
 //! - [`store`]: a receiver's local copy (temporary name, moved into place when verified).
 //! - [`source`]: a send from start to report.
 //! - [`agent`]: the receiving daemon.
@@ -21,5 +22,6 @@ pub mod probe;
 pub mod report;
 pub mod source;
 pub mod store;
+pub mod stripes;
 pub mod ticket;
 pub mod transport;

@@ -7,8 +7,9 @@ use bulkcast_proto::auth::Keys;
 use bulkcast_proto::hosts::HostSpec;
 use bulkcast_proto::manifest::ObjectKind;
 use bulkcast_proto::node::{Event, Node, NodeConfig, SessionParams};
+use bulkcast_proto::stripe::Stripes;
 use bulkcast_proto::tree::Tree;
-use bulkcast_proto::wire::SessionId;
+use bulkcast_proto::wire::{SessionId, StripeInfo};
 
 use crate::driver::{Driver, Upstream};
 use crate::input::Input;
@@ -133,16 +134,162 @@ pub async fn send(
         st.read = e.total_len;
     }
     result.map_err(SendError::Aborted)?;
-    let kind = match manifest.kind {
-        ObjectKind::File => "file",
-        ObjectKind::Dir => "dir",
-        ObjectKind::Stream => "stream",
-    };
     Ok(Report::build(
         &st,
         session,
         &manifest.name,
-        kind,
+        kind_name(manifest.kind),
         &cfg.strategy,
     ))
+}
+
+/// Sends `input` over several trees at once (a balanced plan): `trees` with their planned rates
+/// in Mbit/s. Each tree carries a stripe of the chunks in proportion to its rate, as a session
+/// of its own; receivers assemble one copy. Needs an input of known length.
+pub async fn send_balanced(
+    input: Input,
+    hosts: &[HostSpec],
+    trees: &[(Tree, f64)],
+    keys: Keys,
+    cfg: &SendConfig,
+    status: SharedStatus,
+) -> Result<Report, SendError> {
+    let object = input.manifest.clone();
+    if object.total_len.is_none() {
+        return Err(SendError::Aborted(
+            "a balanced send needs an input of known length (not a stream)".into(),
+        ));
+    }
+    let rates: Vec<f64> = trees.iter().map(|t| t.1.min(1e9)).collect();
+    let stripes = Stripes::from_rates(&rates)
+        .map_err(|e| SendError::Aborted(format!("planned rates: {e}")))?;
+    let group: SessionId = rand::random();
+    let sessions: Vec<SessionId> = trees.iter().map(|_| rand::random()).collect();
+    let names: Vec<(String, String)> = hosts
+        .iter()
+        .map(|h| (h.name.clone(), h.addr.clone()))
+        .collect();
+    // The memory budget is shared by the trees' source nodes.
+    let node_cfg = NodeConfig {
+        buffer_budget: (cfg.node.buffer_budget / trees.len()).max(4 * cfg.chunk_size as usize),
+        ..cfg.node.clone()
+    };
+    let now = Instant::now();
+    let mut nodes = Vec::new();
+    for (t, (tree, _)) in trees.iter().enumerate() {
+        let manifest = stripes
+            .stripe_manifest(t as u16, &object, cfg.chunk_size)
+            .expect("length known");
+        let params = SessionParams {
+            session: sessions[t],
+            chunk_size: cfg.chunk_size,
+            stall_timeout: cfg.stall_timeout,
+            cc: cfg.tuning.cc.clone(),
+            manifest,
+            stripe: Some(Box::new(StripeInfo {
+                group,
+                tree: t as u16,
+                pattern: stripes.pattern().to_vec(),
+                object: object.clone(),
+            })),
+        };
+        nodes.push(Node::source(
+            params,
+            keys.clone(),
+            node_cfg.clone(),
+            tree,
+            &names,
+            now,
+        )?);
+    }
+    status.lock().expect("status lock").started = Instant::now();
+    let rxs = input.spawn_striped(cfg.chunk_size as usize, keys.clone(), sessions, stripes);
+    // One driver per tree, each with its own status; a task merges them for the display.
+    let mut per_tree = Vec::new();
+    let mut tasks = Vec::new();
+    for ((node, rx), (tree, _)) in nodes.into_iter().zip(rxs).zip(trees) {
+        let st = new_status(hosts, tree, cfg.chunk_size, object.total_len);
+        per_tree.push(st.clone());
+        let mut driver = Driver::new(
+            node,
+            keys.clone(),
+            cfg.tuning.clone(),
+            Upstream::Input(rx),
+            None,
+        );
+        tasks.push(tokio::spawn(async move {
+            driver
+                .run(|ev: &Event| st.lock().expect("status lock").apply(ev))
+                .await
+        }));
+    }
+    let merge = {
+        let (per_tree, status) = (per_tree.clone(), status.clone());
+        tokio::spawn(async move {
+            loop {
+                merge_status(&per_tree, &status);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
+    let mut first_error = None;
+    for t in tasks {
+        match t.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                first_error.get_or_insert(e);
+            }
+            Err(e) => {
+                first_error.get_or_insert(e.to_string());
+            }
+        }
+    }
+    merge.abort();
+    merge_status(&per_tree, &status);
+    if let Some(e) = first_error {
+        return Err(SendError::Aborted(e));
+    }
+    let st = status.lock().expect("status lock");
+    let rates: Vec<String> = trees.iter().map(|t| format!("{:.0}", t.1)).collect();
+    Ok(Report::build(
+        &st,
+        group,
+        &object.name,
+        kind_name(object.kind),
+        &format!(
+            "balanced ({} trees at {} Mbit/s)",
+            trees.len(),
+            rates.join("+")
+        ),
+    ))
+}
+
+/// A receiver's progress over all trees: chunks add up, it is done when every tree is, and it
+/// failed if any tree failed it. Parents are those of the first (fastest) tree.
+fn merge_status(per_tree: &[SharedStatus], into: &SharedStatus) {
+    let parts: Vec<Status> = per_tree
+        .iter()
+        .map(|s| s.lock().expect("status lock").clone())
+        .collect();
+    let mut out = into.lock().expect("status lock");
+    for (i, r) in out.receivers.iter_mut().enumerate() {
+        r.chunks = parts.iter().map(|p| p.receivers[i].chunks).sum();
+        r.done = parts
+            .iter()
+            .map(|p| p.receivers[i].done)
+            .collect::<Option<Vec<_>>>()
+            .and_then(|d| d.into_iter().max());
+        r.failed = parts.iter().find_map(|p| p.receivers[i].failed.clone());
+        if let Some(p) = parts.first() {
+            r.parent = p.receivers[i].parent;
+        }
+    }
+}
+
+fn kind_name(kind: ObjectKind) -> &'static str {
+    match kind {
+        ObjectKind::File => "file",
+        ObjectKind::Dir => "dir",
+        ObjectKind::Stream => "stream",
+    }
 }

@@ -50,6 +50,24 @@ enum Cmd {
     Finalize,
 }
 
+/// Where a driver puts a node's verified chunks: a [`Store`], or one stripe's view of a shared
+/// store (balanced multi-tree sends, see [`crate::stripes`]).
+pub trait LocalCopy: Send {
+    /// Queues a verified chunk for writing; a [`StoreEvent::Stored`] with the same index follows.
+    fn write(&self, index: u64, offset: u64, data: Bytes);
+    /// Queues the move into place; a [`StoreEvent::Finalized`] follows.
+    fn finalize(&self);
+}
+
+impl LocalCopy for Store {
+    fn write(&self, index: u64, offset: u64, data: Bytes) {
+        Store::write(self, index, offset, data)
+    }
+    fn finalize(&self) {
+        Store::finalize(self)
+    }
+}
+
 /// Handle to the store thread. Dropping it before `finalize` removes the temporary copy.
 pub struct Store {
     tx: Option<std_mpsc::Sender<Cmd>>,

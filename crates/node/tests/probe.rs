@@ -25,6 +25,7 @@ async fn matrix_of_three_agents_and_one_dead_host() {
             node: NodeConfig::default(),
             tuning: tuning.clone(),
             stored: None,
+            groups: Default::default(),
         });
         let mut stop = stop_tx.subscribe();
         tokio::spawn(agent::serve(l, cfg, false, async move {

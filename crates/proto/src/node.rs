@@ -72,7 +72,7 @@ pub struct SessionParams {
     /// What is sent.
     pub manifest: Manifest,
     /// For a tree of a balanced send: the stripe this session carries.
-    pub stripe: Option<crate::wire::StripeInfo>,
+    pub stripe: Option<Box<crate::wire::StripeInfo>>,
 }
 
 /// Smallest and largest chunk sizes accepted.

@@ -150,7 +150,7 @@ pub struct Open {
     pub members: Vec<Member>,
     /// For one tree of a balanced multi-tree send: which stripe of which object this session
     /// carries (see [`crate::stripe`]); `manifest` then describes the stripe alone.
-    pub stripe: Option<StripeInfo>,
+    pub stripe: Option<Box<StripeInfo>>,
 }
 
 /// The stripe a session of a balanced send carries.
@@ -717,12 +717,12 @@ impl Reader {
                 for _ in 0..n {
                     pattern.push(self.u16()?);
                 }
-                Some(StripeInfo {
+                Some(Box::new(StripeInfo {
                     group,
                     tree,
                     pattern,
                     object: self.manifest()?,
-                })
+                }))
             }
             _ => return Err(WireError::BadValue("Open", "bad stripe flag")),
         };
@@ -829,7 +829,7 @@ mod tests {
                     name: "h3".into(),
                     addr: "127.0.0.1:7003".into(),
                 }],
-                stripe: Some(StripeInfo {
+                stripe: Some(Box::new(StripeInfo {
                     group: 9,
                     tree: 1,
                     pattern: vec![0, 1, 0],
@@ -839,7 +839,7 @@ mod tests {
                         total_len: Some(30),
                         entries: vec![],
                     },
-                }),
+                })),
             }),
             Frame::Chunk(Chunk {
                 index: 9,
