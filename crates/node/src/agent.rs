@@ -35,8 +35,8 @@ pub struct AgentConfig {
     pub groups: Groups,
 }
 
-/// Serves until `shutdown` completes, or with `once` until the first session ends (returning
-/// its outcome). Each admitted connection runs its session on its own task; a bad peer is
+/// Serves until `shutdown` completes, or with `once` until the first object is received
+/// (every tree session of a balanced send) or a session fails, returning that outcome. Each admitted connection runs its session on its own task; a bad peer is
 /// logged and dropped without affecting the others.
 pub async fn serve(
     listener: TcpListener,
@@ -45,11 +45,23 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Option<Result<SessionId, String>> {
     tokio::pin!(shutdown);
-    let (done_tx, mut done_rx) = tokio::sync::mpsc::channel::<Result<SessionId, String>>(16);
+    // Outcomes: an object id and how many sessions make it up (one, or one per tree).
+    let (done_tx, mut done_rx) =
+        tokio::sync::mpsc::channel::<Result<(SessionId, usize), String>>(16);
+    let mut finished: std::collections::HashMap<SessionId, usize> = Default::default();
     loop {
         tokio::select! {
             _ = &mut shutdown => return None,
-            Some(r) = done_rx.recv(), if once => return Some(r),
+            Some(r) = done_rx.recv(), if once => match r {
+                Err(e) => return Some(Err(e)),
+                Ok((id, parts)) => {
+                    let n = finished.entry(id).or_default();
+                    *n += 1;
+                    if *n >= parts {
+                        return Some(Ok(id));
+                    }
+                }
+            },
             acc = listener.accept() => match acc {
                 Ok((stream, peer)) => {
                     let cfg = cfg.clone();
@@ -62,8 +74,9 @@ pub async fn serve(
                             }
                             Ok(Served::Session(s)) => {
                                 tracing::info!("session {s:016x} from {peer}: done");
-                                Ok(s)
+                                Ok((s, 1))
                             }
+                            Ok(Served::Stripe { group, trees }) => Ok((group, trees)),
                             // Admission and set-up failures are not sessions.
                             Err(e @ (SessionError::Conn(_) | SessionError::Refused(_))) => {
                                 tracing::warn!("connection from {peer}: {e}");
@@ -91,6 +104,14 @@ pub async fn serve(
 pub enum Served {
     /// A session, received (and relayed) to the end.
     Session(SessionId),
+    /// One tree's session of a balanced send, received to the end; the object is complete
+    /// when all `trees` sessions of `group` are.
+    Stripe {
+        /// The object's group id.
+        group: SessionId,
+        /// How many tree sessions the object has.
+        trees: usize,
+    },
     /// A probe from a planning source, answered.
     Probe,
 }
@@ -186,6 +207,12 @@ pub async fn session(
         }
     };
     let session = open.session;
+    let stripe = open.stripe.as_ref().map(|st| {
+        (
+            st.group,
+            Stripes::from_pattern(st.pattern.clone()).map_or(1, |s| s.trees()),
+        )
+    });
     tracing::info!(
         "session {session:016x}: receiving {:?} as node {}",
         open.manifest.name,
@@ -211,7 +238,13 @@ pub async fn session(
     if !driver.node().local_done() {
         return Err(SessionError::CopyFailed(session));
     }
-    Ok(Served::Session(session))
+    Ok(match &stripe {
+        Some((group, trees)) => Served::Stripe {
+            group: *group,
+            trees: *trees,
+        },
+        None => Served::Session(session),
+    })
 }
 
 /// The local copy a session writes into: its own store, or its stripe of a shared one.
