@@ -39,6 +39,13 @@ pub struct PlanArgs {
     /// Echoes per probed pair (the median counts).
     #[arg(long, default_value_t = 5)]
     samples: u16,
+    /// Also measure the achievable rate of every directed pair (n rounds of --probe-secs in
+    /// which every host sends one probe and receives one; the cost is printed first).
+    #[arg(long)]
+    probe_bandwidth: bool,
+    /// Seconds per bandwidth probe round.
+    #[arg(long, default_value_t = 1.0)]
+    probe_secs: f64,
     #[command(flatten)]
     common: Common,
 }
@@ -49,8 +56,43 @@ pub async fn run(a: PlanArgs) -> Result<i32> {
         Some(p) => read_matrix(p)?,
         None => {
             let keys = Keys::derive(&a.common.require_secret()?);
-            let (m, note) = measure(&hosts, &keys, &a.common.tuning()?, a.samples).await?;
+            let tuning = a.common.tuning()?;
+            let (mut m, note) = measure(&hosts, &keys, &tuning, a.samples).await?;
             eprintln!("{note}");
+            if a.probe_bandwidth {
+                if !(a.probe_secs > 0.0 && a.probe_secs <= 10.0) {
+                    bail!("--probe-secs must be in (0, 10]");
+                }
+                let n = hosts.hosts.len();
+                eprintln!(
+                    "bandwidth probe: {n} rounds of {:.1} s ({} directed pairs, every host sending and receiving one probe at a time): about {:.0} s",
+                    a.probe_secs,
+                    n * n,
+                    n as f64 * a.probe_secs
+                );
+                let bw = probe::bandwidth(
+                    &hosts.hosts,
+                    &keys,
+                    &tuning,
+                    Duration::from_secs_f64(a.probe_secs),
+                )
+                .await;
+                let mut mx = Matrix::filled(n + 1, f64::INFINITY);
+                let mut missing = 0;
+                for (i, row) in bw.iter().enumerate() {
+                    for (j, v) in row.iter().enumerate() {
+                        match v {
+                            Some(v) => mx.set(i, j, *v),
+                            None if i != j && j != 0 => missing += 1,
+                            None => {}
+                        }
+                    }
+                }
+                if missing > 0 {
+                    eprintln!("warning: {missing} pairs could not be measured (left unlimited)");
+                }
+                m.bandwidth_mbps = Some(mx);
+            }
             m
         }
     };

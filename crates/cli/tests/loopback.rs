@@ -673,3 +673,43 @@ fn balanced_send_over_two_trees_assembles_one_copy() {
         assert_eq!(x["bytes"], 5 * MIB + 4321, "{r}");
     }
 }
+
+#[test]
+fn bandwidth_probe_measures_every_directed_pair() {
+    let s = Scratch::new("bw");
+    let key = secret(12);
+    let ags = agents(&s.0, 3, &key);
+    let out = Command::new(BIN)
+        .args([
+            "plan",
+            "--hosts",
+            &to_list(&ags),
+            "--probe-bandwidth",
+            "--probe-secs",
+            "0.3",
+            "--out",
+        ])
+        .arg(s.0.join("p"))
+        .arg("--save-matrix")
+        .arg(s.0.join("m.toml"))
+        .env("BULKCAST_SECRET", &key)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("bandwidth probe: 3 rounds of 0.3 s"), "{err}");
+    assert!(!err.contains("could not be measured"), "{err}");
+    let m = std::fs::read_to_string(s.0.join("m.toml")).unwrap();
+    let bw = m
+        .split("bandwidth_mbps")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no bandwidth in {m}"));
+    // Every measured pair on loopback carries far more than 100 Mbit/s.
+    let rates: Vec<f64> = bw
+        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .filter_map(|t| t.parse::<f64>().ok())
+        .filter(|v| *v > 0.0)
+        .collect();
+    assert!(rates.len() >= 9, "{bw}");
+    assert!(rates.iter().all(|r| *r > 100.0), "{rates:?}");
+}

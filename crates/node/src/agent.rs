@@ -165,6 +165,14 @@ pub async fn session(
             .await?;
             return Ok(Served::Probe);
         }
+        Frame::Sink if expect.is_none() => {
+            probe::serve_sink(&mut stream).await?;
+            return Ok(Served::Probe);
+        }
+        Frame::BwProbe { target, millis } if expect.is_none() => {
+            probe::serve_bw_probe(&mut stream, &target, millis, &cfg.keys, &cfg.tuning).await?;
+            return Ok(Served::Probe);
+        }
         other => return Err(ConnError::Unexpected(other.kind()).into()),
     };
     let target = match &expect {

@@ -217,3 +217,167 @@ pub async fn serve_probe(
     transport::write_frame(s, &Frame::Probed { rtt_us }).await?;
     Ok(())
 }
+
+/// Filler written per call while probing bandwidth.
+const FILL: usize = 256 << 10;
+
+/// Most seconds a bandwidth probe may last (bounds what a peer can ask for).
+pub const MAX_BW_PROBE: Duration = Duration::from_secs(10);
+
+/// Sends filler to the agent at `target` for `dur` and returns the rate it received, in
+/// Mbit/s (measured by the receiver, from its first byte to its last).
+pub async fn send_filler(
+    target: &str,
+    keys: &Keys,
+    tuning: &TcpTuning,
+    dur: Duration,
+) -> Result<f64, ConnError> {
+    use tokio::io::AsyncWriteExt;
+    let dur = dur.min(MAX_BW_PROBE);
+    let mut s = transport::connect(target, tuning).await?;
+    transport::handshake_connect(&mut s, keys).await?;
+    transport::write_frame(&mut s, &Frame::Sink).await?;
+    let buf = vec![0x5au8; FILL];
+    let end = tokio::time::Instant::now() + dur;
+    while tokio::time::Instant::now() < end {
+        match tokio::time::timeout_at(end, s.write_all(&buf)).await {
+            Ok(r) => r?,
+            Err(_) => break,
+        }
+    }
+    s.shutdown().await?;
+    match tokio::time::timeout(
+        dur + transport::HANDSHAKE_TIMEOUT,
+        transport::read_frame(&mut s, 64),
+    )
+    .await
+    {
+        Err(_) => Err(ConnError::Timeout("waiting for the sink's report")),
+        Ok(Ok(Some(Frame::SinkReport { bytes, micros }))) if micros > 0 => {
+            Ok(bytes as f64 * 8.0 / micros as f64)
+        }
+        Ok(Ok(Some(other))) => Err(ConnError::Unexpected(other.kind())),
+        Ok(Ok(None)) => Err(ConnError::Closed),
+        Ok(Err(e)) => Err(e),
+    }
+}
+
+/// Agent side of a bandwidth probe: counts filler until the sender closes (at most
+/// [`MAX_BW_PROBE`] plus a margin), then reports.
+pub async fn serve_sink(s: &mut TcpStream) -> Result<(), ConnError> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; FILL];
+    let (mut bytes, mut first, mut last) = (0u64, None, Instant::now());
+    let deadline = tokio::time::Instant::now() + MAX_BW_PROBE + Duration::from_secs(5);
+    loop {
+        let n = tokio::time::timeout_at(deadline, s.read(&mut buf))
+            .await
+            .map_err(|_| ConnError::Timeout("bandwidth probe longer than allowed"))??;
+        if n == 0 {
+            break;
+        }
+        let now = Instant::now();
+        first.get_or_insert(now);
+        last = now;
+        bytes += n as u64;
+    }
+    let micros = first.map_or(0, |f| last.duration_since(f).as_micros() as u64);
+    transport::write_frame(s, &Frame::SinkReport { bytes, micros }).await?;
+    Ok(())
+}
+
+/// Agent side: the source asked for a bandwidth probe to `target`.
+pub async fn serve_bw_probe(
+    s: &mut TcpStream,
+    target: &str,
+    millis: u32,
+    keys: &Keys,
+    tuning: &TcpTuning,
+) -> Result<(), ConnError> {
+    let dur = Duration::from_millis(millis as u64);
+    let kbps = match send_filler(target, keys, tuning, dur).await {
+        Ok(mbps) => (mbps * 1000.0).min(UNREACHABLE as f64 - 1.0) as u32,
+        Err(e) => {
+            tracing::warn!("bandwidth probe to {target}: {e}");
+            UNREACHABLE
+        }
+    };
+    transport::write_frame(s, &Frame::BwResult { kbps }).await?;
+    Ok(())
+}
+
+/// Measures the achievable rate from every node (the source included) to every host, in
+/// Mbit/s: `n` rounds of `dur`, where in round k node i sends to node (i + k) mod (n + 1), so
+/// every host sends one probe and receives one probe at a time.
+pub async fn bandwidth(
+    hosts: &[HostSpec],
+    keys: &Keys,
+    tuning: &TcpTuning,
+    dur: Duration,
+) -> Vec<Vec<Option<f64>>> {
+    let n = hosts.len() + 1;
+    let mut out = vec![vec![None; n]; n];
+    for k in 1..n {
+        let tasks: Vec<_> = (0..n)
+            .filter_map(|i| {
+                let j = (i + k) % n;
+                (j != 0).then_some((i, j))
+            })
+            .map(|(i, j)| {
+                let target = hosts[j - 1].addr.clone();
+                let from = (i > 0).then(|| hosts[i - 1].addr.clone());
+                let (keys, tuning) = (keys.clone(), tuning.clone());
+                tokio::spawn(async move {
+                    let r = match from {
+                        None => send_filler(&target, &keys, &tuning, dur).await.ok(),
+                        Some(agent) => ask_bw(&agent, &target, &keys, &tuning, dur)
+                            .await
+                            .ok()
+                            .flatten(),
+                    };
+                    (i, j, r)
+                })
+            })
+            .collect();
+        for t in tasks {
+            if let Ok((i, j, r)) = t.await {
+                out[i][j] = r;
+            }
+        }
+    }
+    out
+}
+
+async fn ask_bw(
+    agent: &str,
+    target: &str,
+    keys: &Keys,
+    tuning: &TcpTuning,
+    dur: Duration,
+) -> Result<Option<f64>, ConnError> {
+    let mut s = transport::connect(agent, tuning).await?;
+    transport::handshake_connect(&mut s, keys).await?;
+    let millis = dur.as_millis().min(u32::MAX as u128) as u32;
+    transport::write_frame(
+        &mut s,
+        &Frame::BwProbe {
+            target: target.to_string(),
+            millis,
+        },
+    )
+    .await?;
+    match tokio::time::timeout(
+        dur + Duration::from_secs(15),
+        transport::read_frame(&mut s, 64),
+    )
+    .await
+    {
+        Err(_) => Err(ConnError::Timeout("waiting for a bandwidth result")),
+        Ok(Ok(Some(Frame::BwResult { kbps }))) => {
+            Ok((kbps != UNREACHABLE).then(|| kbps as f64 / 1000.0))
+        }
+        Ok(Ok(Some(other))) => Err(ConnError::Unexpected(other.kind())),
+        Ok(Ok(None)) => Err(ConnError::Closed),
+        Ok(Err(e)) => Err(e),
+    }
+}

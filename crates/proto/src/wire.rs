@@ -124,6 +124,29 @@ pub enum Frame {
         /// Median RTT per target.
         rtt_us: Vec<u32>,
     },
+    /// Bandwidth probing: the source asks an agent to measure what it can send to `target`
+    /// for `millis` milliseconds; answered with `BwResult`.
+    BwProbe {
+        /// Agent address (`host:port`).
+        target: String,
+        /// How long to send.
+        millis: u32,
+    },
+    /// Bandwidth probing: the measured rate in kbit/s ([`UNREACHABLE`] if it failed).
+    BwResult {
+        /// Rate the target received, in kbit/s.
+        kbps: u32,
+    },
+    /// Bandwidth probing: raw filler bytes follow until the sender closes its side; the
+    /// receiver then answers `SinkReport`.
+    Sink,
+    /// Bandwidth probing: what the sink received, and over how long.
+    SinkReport {
+        /// Bytes received after `Sink`.
+        bytes: u64,
+        /// From the first to the last byte, in microseconds.
+        micros: u64,
+    },
     /// A fatal error; the sender of this frame closes the connection after it.
     Error {
         /// Human-readable reason.
@@ -253,6 +276,10 @@ const T_PING: u8 = 0x40;
 const T_PONG: u8 = 0x41;
 const T_PROBE: u8 = 0x42;
 const T_PROBED: u8 = 0x43;
+const T_BWPROBE: u8 = 0x44;
+const T_BWRESULT: u8 = 0x45;
+const T_SINK: u8 = 0x46;
+const T_SINKREPORT: u8 = 0x47;
 const T_ERROR: u8 = 0x7f;
 
 /// An RTT that could not be measured, in a `Probed` frame.
@@ -308,6 +335,10 @@ impl Frame {
             Frame::Pong { .. } => "Pong",
             Frame::Probe { .. } => "Probe",
             Frame::Probed { .. } => "Probed",
+            Frame::BwProbe { .. } => "BwProbe",
+            Frame::BwResult { .. } => "BwResult",
+            Frame::Sink => "Sink",
+            Frame::SinkReport { .. } => "SinkReport",
             Frame::Error { .. } => "Error",
         }
     }
@@ -404,6 +435,21 @@ impl Frame {
                 for r in rtt_us {
                     b.put_u32(*r);
                 }
+            }
+            Frame::BwProbe { target, millis } => {
+                b.put_u8(T_BWPROBE);
+                put_str(&mut b, target);
+                b.put_u32(*millis);
+            }
+            Frame::BwResult { kbps } => {
+                b.put_u8(T_BWRESULT);
+                b.put_u32(*kbps);
+            }
+            Frame::Sink => b.put_u8(T_SINK),
+            Frame::SinkReport { bytes, micros } => {
+                b.put_u8(T_SINKREPORT);
+                b.put_u64(*bytes);
+                b.put_u64(*micros);
             }
             Frame::Error { reason } => {
                 b.put_u8(T_ERROR);
@@ -538,6 +584,25 @@ impl Frame {
                     rtt_us.push(r.u32()?);
                 }
                 Frame::Probed { rtt_us }
+            }
+            T_BWPROBE => {
+                r.what = "BwProbe";
+                Frame::BwProbe {
+                    target: r.string()?,
+                    millis: r.u32()?,
+                }
+            }
+            T_BWRESULT => {
+                r.what = "BwResult";
+                Frame::BwResult { kbps: r.u32()? }
+            }
+            T_SINK => Frame::Sink,
+            T_SINKREPORT => {
+                r.what = "SinkReport";
+                Frame::SinkReport {
+                    bytes: r.u64()?,
+                    micros: r.u64()?,
+                }
             }
             T_ERROR => {
                 r.what = "Error";
@@ -868,6 +933,16 @@ mod tests {
             },
             Frame::Probed {
                 rtt_us: vec![120, UNREACHABLE],
+            },
+            Frame::BwProbe {
+                target: "a:1".into(),
+                millis: 500,
+            },
+            Frame::BwResult { kbps: 95_000 },
+            Frame::Sink,
+            Frame::SinkReport {
+                bytes: 1 << 20,
+                micros: 1000,
             },
             Frame::Error {
                 reason: "bad".into(),
