@@ -713,3 +713,32 @@ fn bandwidth_probe_measures_every_directed_pair() {
     assert!(rates.len() >= 9, "{bw}");
     assert!(rates.iter().all(|r| *r > 100.0), "{rates:?}");
 }
+
+#[test]
+fn above_64_hosts_plan_probes_a_sample_and_estimates_the_rest() {
+    let s = Scratch::new("vivaldi");
+    let key = secret(13);
+    let ags = agents(&s.0, 70, &key);
+    let out = Command::new(BIN)
+        .args(["plan", "--hosts", &to_list(&ags), "--samples", "2", "--out"])
+        .arg(s.0.join("p"))
+        .env("BULKCAST_SECRET", &key)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    // 71 nodes: far fewer than the 2485 pairs are probed; the rest come from coordinates.
+    let probed: usize = err
+        .split("probed ")
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(probed > 70 && probed < 71 * 70 / 2, "{err}");
+    assert!(
+        err.contains("estimated with Vivaldi coordinates (median relative error on probed pairs"),
+        "{err}"
+    );
+    assert!(!err.contains("could not probe"), "{err}");
+    eprintln!("{err}");
+}
