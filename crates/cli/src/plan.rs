@@ -213,18 +213,21 @@ pub async fn measure(
     ))
 }
 
-/// The default tree for a send: probe, then plan. With capacities in the hosts file the
-/// planner's single-tree algorithms compete on predicted completion time (the first tree of a
-/// multi-tree plan would need per-tree shaping in the data path, which is not there yet).
-/// Without capacities every access link is assumed equal, where a chain is the best tree: the
-/// degree-constrained MST with fan-out 1 gives a chain that follows short RTTs.
-pub async fn auto_tree(
+/// The plan for a send: probe (or read `matrix`), then plan.
+///
+/// - `balanced`: the planner's multi-trees; they need capacities in the hosts file or matrix.
+/// - Otherwise one tree. With capacities, the planner's single-tree algorithms compete on
+///   predicted completion time. Without them every access link is assumed equal, where a chain
+///   is the best tree: the degree-constrained MST with fan-out 1 gives a chain that follows
+///   short RTTs.
+pub async fn for_send(
     hosts: &HostsFile,
     matrix: Option<&std::path::Path>,
     keys: &Keys,
     tuning: &TcpTuning,
     size: Option<u64>,
     chunk: u32,
+    balanced: bool,
 ) -> Result<(Plan, String)> {
     let (matrices, note) = match matrix {
         Some(p) => (read_matrix(p)?, format!("matrix from {}", p.display())),
@@ -234,6 +237,12 @@ pub async fn auto_tree(
     };
     let mut net = Network::from_hosts(hosts, &matrices)?;
     let opts = PlanOptions::default().with_object(size.unwrap_or(1 << 30), chunk as u64)?;
+    if balanced {
+        if net.is_uncapacitated() {
+            bail!("--strategy balanced needs capacities (uplink_mbps/downlink_mbps in the hosts file, or a matrix)");
+        }
+        return Ok((plan(&net, Algorithm::Balanced, &opts)?, note));
+    }
     if net.is_uncapacitated() {
         for i in 0..net.len() {
             if net.max_fanout(i).is_none() {
@@ -255,26 +264,4 @@ pub async fn auto_tree(
     .min_by(|x, y| x.completion_secs.total_cmp(&y.completion_secs))
     .context("the planner found no tree")?;
     Ok((best, note))
-}
-
-/// The planner's balanced multi-trees for a send (probed, or from a matrix file).
-pub async fn balanced(
-    hosts: &HostsFile,
-    matrix: Option<&std::path::Path>,
-    keys: &Keys,
-    tuning: &TcpTuning,
-    size: Option<u64>,
-    chunk: u32,
-) -> Result<(Plan, String)> {
-    let (matrices, note) = match matrix {
-        Some(p) => (read_matrix(p)?, format!("matrix from {}", p.display())),
-        None => measure(hosts, keys, tuning, 3).await?,
-    };
-    let net = Network::from_hosts(hosts, &matrices)?;
-    if net.is_uncapacitated() {
-        bail!("--strategy balanced needs capacities (uplink_mbps/downlink_mbps) in the hosts file");
-    }
-    let opts = PlanOptions::default().with_object(size.unwrap_or(1 << 30), chunk as u64)?;
-    let p = plan(&net, Algorithm::Balanced, &opts)?;
-    Ok((p, note))
 }

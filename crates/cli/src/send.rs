@@ -167,38 +167,29 @@ pub async fn run(a: SendArgs) -> Result<i32> {
         (_, None) if a.expect.is_some() => {
             (vec![(Tree::kary(n, 1), 0.0)], "tree (chain)".to_string())
         }
-        (Strategy::Balanced, _) => {
-            let (p, note) = plan::balanced(
+        (strategy, _) => {
+            let balanced = strategy == Strategy::Balanced;
+            let (p, note) = plan::for_send(
                 &file,
                 a.matrix.as_deref(),
                 &Keys::derive(&secret),
                 &tuning,
                 input.manifest.total_len,
                 planned_chunk,
+                balanced,
             )
             .await?;
             if !a.quiet {
                 eprintln!("{note}\nplan: {} ({})", p.algorithm, p.reason);
             }
-            (p.trees, "balanced".to_string())
-        }
-        (Strategy::Tree, None) => {
-            let (p, note) = plan::auto_tree(
-                &file,
-                a.matrix.as_deref(),
-                &Keys::derive(&secret),
-                &tuning,
-                input.manifest.total_len,
-                planned_chunk,
-            )
-            .await?;
-            if !a.quiet {
-                eprintln!("{note}\nplan: {} ({})", p.algorithm, p.reason);
+            if balanced {
+                (p.trees, "balanced".to_string())
+            } else {
+                (
+                    vec![(p.tree().clone(), p.rate_mbps)],
+                    format!("tree (planned: {})", p.algorithm),
+                )
             }
-            (
-                vec![(p.tree().clone(), p.rate_mbps)],
-                format!("tree (planned: {})", p.algorithm),
-            )
         }
     };
     // The deepest tree sets the chunk size.
