@@ -146,3 +146,35 @@ fn send_across_the_seed_000_regions() {
     assert_eq!(r["ok"], true);
     assert_eq!(r["receivers"].as_array().unwrap().len(), 14);
 }
+
+#[test]
+fn the_labs_matrix_gives_the_planner_the_wan_capacities() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !lab_possible("the_labs_matrix_gives_the_planner_the_wan_capacities") {
+        return;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let sc = Scenario::load(&root.join("scenarios/seed004-4x4-fast.toml")).unwrap();
+    let lab = Lab::up(&sc).unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["plan", "--algo", "balanced", "--size-mib", "64", "--hosts"])
+        .arg(lab.hosts_file())
+        .arg("--matrix")
+        .arg(lab.matrix_file())
+        .arg("--out")
+        .arg(std::env::temp_dir().join(format!("bulkcast-labplan-{}", std::process::id())))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The scenario's WAN links out of cluster A add up to 32 + 24 + 24 = 80 Mbit/s.
+    assert!(text.contains("bound: 80.0 Mbit/s (LP optimum)"), "{text}");
+    assert!(
+        text.contains("plan: balanced -- predicted 80.0 Mbit/s"),
+        "{text}"
+    );
+}

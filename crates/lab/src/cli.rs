@@ -27,7 +27,8 @@ pub enum LabCommand {
     /// Bring a scenario up, run a command, tear the lab down; exits with the command's status.
     ///
     /// The command runs in the root namespace with BULKCAST_LAB (lab name) and
-    /// BULKCAST_LAB_HOSTS (hosts file) set, or inside one host with --host.
+    /// BULKCAST_LAB_HOSTS (hosts file) and BULKCAST_LAB_MATRIX (planner matrix) set, or inside
+    /// one host with --host.
     Run {
         /// Scenario file (TOML).
         scenario: PathBuf,
@@ -188,7 +189,8 @@ pub fn run(cmd: LabCommand) -> Result<i32, LabError> {
                 None => {
                     let mut c = std::process::Command::new(&command[0]);
                     c.env("BULKCAST_LAB", lab.name())
-                        .env("BULKCAST_LAB_HOSTS", lab.hosts_file());
+                        .env("BULKCAST_LAB_HOSTS", lab.hosts_file())
+                        .env("BULKCAST_LAB_MATRIX", lab.matrix_file());
                     c
                 }
             };

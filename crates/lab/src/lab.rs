@@ -197,6 +197,7 @@ impl Lab {
         // From here on, Drop cleans up on error.
         netns::configure_hosts(&lab.name, &lab.plan)?;
         write("hosts.toml", &lab.hosts_spec().to_toml())?;
+        write("matrix.toml", &lab.matrix_toml())?;
         Ok(lab)
     }
 
@@ -350,12 +351,78 @@ impl Lab {
         self.dir.join("hosts.toml")
     }
 
+    /// Path of the planner's matrix file written for this lab (see [`Lab::matrix_toml`]).
+    pub fn matrix_file(&self) -> PathBuf {
+        self.dir.join("matrix.toml")
+    }
+
+    /// The scenario as the planner sees it (`bulkcast plan --matrix`, `send --matrix`): nominal
+    /// RTTs between all hosts and the WAN link capacities between sites, which the hosts file
+    /// cannot carry. Time-varying conditions are not in it: it describes the nominal network.
+    pub fn matrix_toml(&self) -> String {
+        use std::fmt::Write as _;
+        let p = &self.plan;
+        // One way from host i to host j: i's uplink, the WAN path, j's downlink (the LAN inside a
+        // site is not emulated: about 0.1 ms).
+        let one_way_ms = |i: usize, j: usize| -> f64 {
+            let (a, b) = (&p.hosts[i], &p.hosts[j]);
+            if a.site == b.site {
+                return 0.05;
+            }
+            let wan = p.site_links[a.site][b.site].map_or(0, |l| p.links[l].delay_ns);
+            (p.links[a.uplink].delay_ns + wan + p.links[b.downlink].delay_ns) as f64 / 1e6
+        };
+        let order: Vec<usize> = std::iter::once(p.source)
+            .chain((0..p.hosts.len()).filter(|&i| i != p.source))
+            .collect();
+        let mut out = format!(
+            "# Planner matrix of lab {:?}: nominal RTTs and WAN capacities (no time-varying conditions).\n",
+            p.name
+        );
+        let names: Vec<String> = order
+            .iter()
+            .map(|&i| format!("{:?}", p.hosts[i].name))
+            .collect();
+        let _ = writeln!(out, "nodes = [{}]", names.join(", "));
+        out.push_str("rtt_ms = [\n");
+        for &i in &order {
+            let row: Vec<String> = order
+                .iter()
+                .map(|&j| {
+                    let v = if i == j {
+                        0.0
+                    } else {
+                        one_way_ms(i, j) + one_way_ms(j, i)
+                    };
+                    format!("{v:.3}")
+                })
+                .collect();
+            let _ = writeln!(out, "  [{}],", row.join(", "));
+        }
+        out.push_str("]\n");
+        for (a, row) in p.site_links.iter().enumerate() {
+            for (b, link) in row.iter().enumerate() {
+                if let Some(rate) = link.and_then(|l| p.links[l].rate_bps) {
+                    let _ = write!(
+                        out,
+                        "\n[[wan]]\nfrom = {:?}\nto = {:?}\nmbps = {}\n",
+                        p.sites[a],
+                        p.sites[b],
+                        rate / 1e6
+                    );
+                }
+            }
+        }
+        out
+    }
+
     /// A command that runs `program` inside `host`'s namespace.
     pub fn command(&self, host: &str, program: &str) -> Result<Command, LabError> {
         let mut c = Command::new("ip");
         c.args(["netns", "exec", &self.netns(host)?, program]);
         c.env("BULKCAST_LAB", &self.name)
-            .env("BULKCAST_LAB_HOSTS", self.hosts_file());
+            .env("BULKCAST_LAB_HOSTS", self.hosts_file())
+            .env("BULKCAST_LAB_MATRIX", self.matrix_file());
         if std::env::var_os("BCLAB_SHARE_CPU").is_none() {
             if let Some(cpu) = forwarder::forwarder_cpu() {
                 // Keep the hosts' processes off the forwarder's core: this kernel does not
