@@ -1,6 +1,8 @@
 //! The `bulkcast` command.
 
 mod demo;
+mod edges;
+mod pipe;
 mod plan;
 mod progress;
 mod send;
@@ -36,6 +38,12 @@ enum Cmd {
     Send(send::SendArgs),
     /// Receive a session by ticket.
     Recv(RecvArgs),
+    /// Point-to-point streaming of a pipe over parallel connections and paths:
+    /// `tar c dir | bulkcast pipe send HOST:PORT` and `bulkcast pipe recv | tar x`.
+    Pipe {
+        #[command(subcommand)]
+        cmd: pipe::PipeCmd,
+    },
     /// Run the receiving daemon on a host.
     Agent(AgentArgs),
     /// Measure the network (or read a matrix) and print the overlay plan, its predicted rate
@@ -112,9 +120,9 @@ impl Common {
 
 #[derive(Args)]
 struct AgentArgs {
-    /// Address to listen on.
+    /// Address to listen on; repeat it for several (a host's path addresses).
     #[arg(long, default_value = "0.0.0.0:7400")]
-    listen: String,
+    listen: Vec<String>,
     /// Directory where received objects are stored.
     #[arg(long)]
     dir: PathBuf,
@@ -200,6 +208,7 @@ async fn run(cli: Cli) -> Result<i32> {
         Cmd::Demo(a) => demo::run(a).await,
         Cmd::Send(a) => send::run(a).await,
         Cmd::Recv(a) => recv(a).await,
+        Cmd::Pipe { cmd } => pipe::run(cmd).await,
         Cmd::Agent(a) => run_agent(a).await,
         Cmd::Plan(a) => plan::run(a).await,
         Cmd::Lab { .. } => unreachable!("handled before the runtime starts"),
@@ -214,13 +223,15 @@ async fn run_agent(a: AgentArgs) -> Result<i32> {
     let secret = a.common.require_secret()?;
     std::fs::create_dir_all(&a.dir).with_context(|| format!("creating {}", a.dir.display()))?;
     let tuning = a.common.tuning()?;
-    let listener = transport::listen(&a.listen, &tuning)
-        .await
-        .with_context(|| format!("listening on {}", a.listen))?;
-    let addr = listener.local_addr()?;
+    let listeners = listen_all(&a.listen, &tuning).await?;
+    let addrs = listeners
+        .iter()
+        .map(|l| l.local_addr().map(|a| a.to_string()))
+        .collect::<std::io::Result<Vec<_>>>()?
+        .join(", ");
     // The first line of stdout says where we listen (scripts and the demo read it).
     println!(
-        "bulkcast agent listening on {addr}, storing into {}",
+        "bulkcast agent listening on {addrs}, storing into {}",
         a.dir.display()
     );
     let cfg = Arc::new(AgentConfig {
@@ -230,14 +241,32 @@ async fn run_agent(a: AgentArgs) -> Result<i32> {
         tuning,
         stored: None,
         groups: Default::default(),
+        attachments: Default::default(),
+        stdout: false,
     });
-    match agent::serve(listener, cfg, a.once, shutdown_signal()).await {
+    match agent::serve(listeners, cfg, a.once, shutdown_signal()).await {
         Some(Err(e)) => {
             eprintln!("error: {e}");
             Ok(1)
         }
         _ => Ok(0),
     }
+}
+
+/// Listens on every address given.
+pub async fn listen_all(
+    addrs: &[String],
+    tuning: &TcpTuning,
+) -> Result<Vec<tokio::net::TcpListener>> {
+    let mut out = Vec::new();
+    for a in addrs {
+        out.push(
+            transport::listen(a, tuning)
+                .await
+                .with_context(|| format!("listening on {a}"))?,
+        );
+    }
+    Ok(out)
 }
 
 async fn recv(a: RecvArgs) -> Result<i32> {
@@ -255,6 +284,8 @@ async fn recv(a: RecvArgs) -> Result<i32> {
         tuning: a.common.tuning()?,
         stored: Some(stored.clone()),
         groups: Default::default(),
+        attachments: Default::default(),
+        stdout: false,
     };
     let name = a.name.clone().unwrap_or_else(progress::hostname);
     let bar = (!a.quiet).then(|| progress::receiver(&name, stored));

@@ -15,6 +15,7 @@ use bulkcast_proto::node::CHUNK_SIZE_RANGE;
 use bulkcast_proto::tree::Tree;
 use clap::{Args, ValueEnum};
 
+use crate::edges::EdgeArgs;
 use crate::{plan, progress, shutdown_signal, Common};
 
 #[derive(Args)]
@@ -62,6 +63,8 @@ pub struct SendArgs {
     /// No progress display.
     #[arg(long, short)]
     quiet: bool,
+    #[command(flatten)]
+    edges: EdgeArgs,
     #[command(flatten)]
     common: Common,
 }
@@ -204,6 +207,8 @@ pub async fn run(a: SendArgs) -> Result<i32> {
         None => auto_chunk_size(input.manifest.total_len, &tree),
     };
     let cfg = SendConfig {
+        edges: a.edges.mode()?,
+        observer: a.edges.observer()?,
         chunk_size,
         stall_timeout: Duration::from_secs(a.stall_timeout.max(1)),
         node: a.common.node(),

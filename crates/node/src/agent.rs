@@ -12,6 +12,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
 use crate::driver::{Driver, Upstream};
+use crate::edge::Attachments;
 use crate::probe;
 use crate::store::{LocalCopy, Store, Target};
 use crate::stripes::{Group, Groups};
@@ -33,18 +34,50 @@ pub struct AgentConfig {
     pub stored: Option<Arc<AtomicU64>>,
     /// Objects being received as stripes of a balanced send.
     pub groups: Groups,
+    /// Sessions waiting for further connections of their parent's striped edge.
+    pub attachments: Attachments,
+    /// Write every object to stdout instead of `dir` (`pipe recv`).
+    pub stdout: bool,
 }
 
 /// Serves until `shutdown` completes, or with `once` until the first object is received
 /// (every tree session of a balanced send) or a session fails, returning that outcome. Each admitted connection runs its session on its own task; a bad peer is
 /// logged and dropped without affecting the others.
 pub async fn serve(
-    listener: TcpListener,
+    listeners: Vec<TcpListener>,
     cfg: Arc<AgentConfig>,
     once: bool,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Option<Result<SessionId, String>> {
     tokio::pin!(shutdown);
+    // One accept loop per address (an agent may listen on its main and its path addresses).
+    let (acc_tx, mut acc_rx) =
+        mpsc::channel::<std::io::Result<(TcpStream, std::net::SocketAddr)>>(16);
+    let accepting: Vec<_> = listeners
+        .into_iter()
+        .map(|l| {
+            let tx = acc_tx.clone();
+            tokio::spawn(async move {
+                loop {
+                    let r = l.accept().await;
+                    let failed = r.is_err();
+                    if tx.send(r).await.is_err() {
+                        return;
+                    }
+                    if failed {
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    }
+                }
+            })
+        })
+        .collect();
+    struct AbortAll(Vec<tokio::task::JoinHandle<()>>);
+    impl Drop for AbortAll {
+        fn drop(&mut self) {
+            self.0.iter().for_each(|t| t.abort());
+        }
+    }
+    let _accepting = AbortAll(accepting);
     // Outcomes: an object id and how many sessions make it up (one, or one per tree).
     let (done_tx, mut done_rx) =
         tokio::sync::mpsc::channel::<Result<(SessionId, usize), String>>(16);
@@ -62,7 +95,7 @@ pub async fn serve(
                     }
                 }
             },
-            acc = listener.accept() => match acc {
+            Some(acc) = acc_rx.recv() => match acc {
                 Ok((stream, peer)) => {
                     let cfg = cfg.clone();
                     let done = done_tx.clone();
@@ -72,6 +105,7 @@ pub async fn serve(
                                 tracing::debug!("probe from {peer} answered");
                                 return;
                             }
+                            Ok(Served::Attached) => return,
                             Ok(Served::Session(s)) => {
                                 tracing::info!("session {s:016x} from {peer}: done");
                                 Ok((s, 1))
@@ -90,10 +124,7 @@ pub async fn serve(
                         let _ = done.send(outcome).await;
                     });
                 }
-                Err(e) => {
-                    tracing::warn!("accept failed: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                }
+                Err(e) => tracing::warn!("accept failed: {e}"),
             }
         }
     }
@@ -114,6 +145,8 @@ pub enum Served {
     },
     /// A probe from a planning source, answered.
     Probe,
+    /// A further connection of a running session's striped edge, handed to that session.
+    Attached,
 }
 
 /// Why an incoming session failed.
@@ -169,6 +202,19 @@ pub async fn session(
             probe::serve_sink(&mut stream).await?;
             return Ok(Served::Probe);
         }
+        // A further connection of a striped edge: it belongs to a session already running.
+        Frame::Attach {
+            session,
+            token,
+            conn,
+            ..
+        } => {
+            cfg.attachments
+                .deliver(session, token, conn, stream)
+                .await
+                .map_err(SessionError::Refused)?;
+            return Ok(Served::Attached);
+        }
         Frame::BwProbe { target, millis } if expect.is_none() => {
             probe::serve_bw_probe(&mut stream, &target, millis, &cfg.keys, &cfg.tuning).await?;
             return Ok(Served::Probe);
@@ -191,6 +237,7 @@ pub async fn session(
             return Err(SessionError::Refused(reason));
         }
         Some((_, t)) => t.clone(),
+        None if cfg.stdout => Target::Stdout,
         None => Target::Dir(cfg.dir.clone()),
     };
     let node = match Node::relay(&open, cfg.keys.clone(), cfg.node.clone(), Instant::now()) {
@@ -233,6 +280,7 @@ pub async fn session(
         Upstream::Parent(stream),
         Some(store),
     );
+    driver.accept_attachments(cfg.attachments.clone());
     driver
         .run(|ev| {
             if let bulkcast_proto::node::Event::Corrupt { index, reason } = ev {
@@ -253,6 +301,24 @@ pub async fn session(
         },
         None => Served::Session(session),
     })
+}
+
+/// Admits a further connection of a running session's striped edge and hands it over.
+pub async fn attach(mut stream: TcpStream, cfg: &AgentConfig) -> Result<(), SessionError> {
+    transport::handshake_accept(&mut stream, &cfg.keys).await?;
+    match transport::expect_frame(&mut stream, "waiting for Attach").await? {
+        Frame::Attach {
+            session,
+            token,
+            conn,
+            ..
+        } => cfg
+            .attachments
+            .deliver(session, token, conn, stream)
+            .await
+            .map_err(SessionError::Refused),
+        other => Err(ConnError::Unexpected(other.kind()).into()),
+    }
 }
 
 /// The local copy a session writes into: its own store, or its stripe of a shared one.
@@ -309,6 +375,7 @@ async fn run_without_copy(
         Upstream::Parent(stream),
         None,
     );
+    driver.accept_attachments(cfg.attachments.clone());
     driver
         .run(|_| {})
         .await

@@ -8,7 +8,7 @@
 //! node wants input, which back-pressures the parent through TCP.
 
 use std::collections::HashMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bulkcast_proto::auth::Keys;
 use bulkcast_proto::node::{Event, Link, Node};
@@ -18,6 +18,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use crate::edge::{Attachments, EdgeStreams, InEdge, OutEdge};
 use crate::input::InputEvent;
 use crate::store::{LocalCopy, StoreEvent};
 use crate::transport::{self, TcpTuning};
@@ -25,12 +26,14 @@ use crate::transport::{self, TcpTuning};
 /// Frames queued to one link's writer at once.
 pub const WRITE_SLOTS: usize = 2;
 
+/// Events from the link tasks; `u16` is the connection's number on a striped edge (0 for a
+/// plain link).
 enum Ev {
-    Frame(Link, Frame),
-    Closed(Link, String),
-    Written(Link),
-    Connected(usize, TcpStream),
-    ConnectFailed(usize, String),
+    Frame(Link, u16, Frame),
+    Closed(Link, u16, String),
+    Written(Link, u16),
+    Connected(usize, u16, TcpStream),
+    ConnectFailed(usize, u16, String),
 }
 
 struct Writer {
@@ -46,6 +49,15 @@ pub enum Upstream {
     Parent(TcpStream),
 }
 
+type EdgesFn = dyn FnMut(&[EdgeStreams]) + Send;
+
+/// A periodic report of the striped edges (`--stats`).
+struct StatsSink {
+    every: Duration,
+    next: Instant,
+    f: Box<EdgesFn>,
+}
+
 /// Drives one node to the end of its session.
 pub struct Driver {
     node: Node,
@@ -54,18 +66,33 @@ pub struct Driver {
     ev_tx: mpsc::Sender<Ev>,
     ev_rx: mpsc::Receiver<Ev>,
     parent_rx: Option<mpsc::Receiver<FromParent>>,
+    /// For readers of connections that attach to the parent's edge later.
+    parent_tx: Option<mpsc::Sender<FromParent>>,
+    /// `Got` frames for connection 0 of the parent's edge.
+    parent_acks: Option<mpsc::UnboundedSender<Frame>>,
+    /// The parent's edge, once it announced itself striped.
+    in_edge: Option<InEdge<Parcel>>,
+    /// Where this agent's extra connections arrive ([`Driver::accept_attachments`]).
+    attachments: Option<Attachments>,
+    attach_rx: Option<mpsc::UnboundedReceiver<(u16, TcpStream)>>,
     input_rx: Option<mpsc::Receiver<InputEvent>>,
     store: Option<Box<dyn LocalCopy>>,
     store_rx: Option<mpsc::UnboundedReceiver<StoreEvent>>,
     writers: HashMap<Link, Writer>,
+    /// Striped edges to children, by child; kept after the link ends, for the report.
+    out_edges: HashMap<usize, OutEdge>,
     tasks: HashMap<Link, Vec<JoinHandle<()>>>,
     other_tasks: Vec<JoinHandle<()>>,
+    stats: Option<StatsSink>,
 }
 
 impl Drop for Driver {
     fn drop(&mut self) {
         for t in self.tasks.values().flatten().chain(&self.other_tasks) {
             t.abort();
+        }
+        if let (Some(a), Some(e)) = (&self.attachments, &self.in_edge) {
+            a.unregister(self.node.params().session, e.token);
         }
     }
 }
@@ -87,13 +114,21 @@ impl Driver {
             ev_tx,
             ev_rx,
             parent_rx: None,
+            parent_tx: None,
+            parent_acks: None,
+            in_edge: None,
+            attachments: None,
+            attach_rx: None,
             input_rx: None,
             store: None,
             store_rx: None,
             writers: HashMap::new(),
+            out_edges: HashMap::new(),
             tasks: HashMap::new(),
             other_tasks: Vec::new(),
+            stats: None,
         };
+        d.tuning.cc = d.node.params().cc.clone();
         if let Some((s, rx)) = store {
             d.store = Some(s);
             d.store_rx = Some(rx);
@@ -102,34 +137,102 @@ impl Driver {
             Upstream::Input(rx) => d.input_rx = Some(rx),
             Upstream::Parent(stream) => {
                 let (r, w) = stream.into_split();
-                let (tx, rx) = mpsc::channel(2);
+                let (tx, rx) = mpsc::channel(4);
                 d.parent_rx = Some(rx);
                 let session = d.node.params().session;
-                let reader = tokio::spawn(read_parent(r, tx, d.keys.clone(), session));
+                let reader = tokio::spawn(read_parent(r, tx.clone(), d.keys.clone(), session, 0));
+                d.parent_tx = Some(tx);
                 d.tasks.entry(Link::Parent).or_default().push(reader);
-                d.attach_writer(Link::Parent, w);
+                let (ack_tx, ack_rx) = mpsc::unbounded_channel();
+                d.parent_acks = Some(ack_tx);
+                d.attach_writer(Link::Parent, w, Some(ack_rx), 0);
             }
         }
+        let now = Instant::now();
+        let edges = d.node.params().edges;
+        let chunk_size = d.node.params().chunk_size;
         for k in 0..d.node.children().len() {
-            let addr = d.node.children()[k].addr.clone();
-            let open = Frame::Open(d.node.open_for(k));
-            let keys = d.keys.clone();
-            let mut tuning = d.tuning.clone();
-            tuning.cc = d.node.params().cc.clone();
-            let tx = d.ev_tx.clone();
-            let name = d.node.children()[k].name.clone();
-            d.other_tasks.push(tokio::spawn(async move {
-                let ev = match connect_child(&addr, &keys, &tuning, &open).await {
-                    Ok(s) => Ev::Connected(k, s),
-                    Err(e) => Ev::ConnectFailed(
-                        k,
-                        format!("cannot reach {name} at {addr}: {e}{}", hint(&e)),
-                    ),
-                };
-                let _ = tx.send(ev).await;
-            }));
+            let child = &d.node.children()[k];
+            let addrs: Vec<String> = child.addr.split_whitespace().map(String::from).collect();
+            let addrs = if addrs.is_empty() {
+                vec![child.addr.clone()]
+            } else {
+                addrs
+            };
+            if edges.is_striped() {
+                let e = OutEdge::new(child.name.clone(), edges, addrs, chunk_size, now);
+                d.out_edges.insert(k, e);
+                d.connect_edge(k, now);
+            } else {
+                let open = Frame::Open(d.node.open_for(k));
+                d.spawn_connect(k, 0, addrs[0].clone(), vec![open]);
+            }
         }
         d
+    }
+
+    /// Accept further connections of a striped parent edge through `a` (agents).
+    pub fn accept_attachments(&mut self, a: Attachments) {
+        self.attachments = Some(a);
+    }
+
+    /// Call `f` with the striped edges' figures every `every` while the session runs.
+    pub fn report_edges_every(
+        &mut self,
+        every: Duration,
+        f: impl FnMut(&[EdgeStreams]) + Send + 'static,
+    ) {
+        self.stats = Some(StatsSink {
+            every,
+            next: Instant::now() + every,
+            f: Box::new(f),
+        });
+    }
+
+    /// The striped edges to children, in child order (empty for plain links).
+    pub fn edge_reports(&self) -> Vec<EdgeStreams> {
+        let mut ks: Vec<_> = self.out_edges.keys().copied().collect();
+        ks.sort_unstable();
+        ks.iter().map(|k| self.out_edges[k].report()).collect()
+    }
+
+    /// Opens the connections edge `k` asks for: the first with `Open`, each with `Attach`.
+    fn connect_edge(&mut self, k: usize, now: Instant) {
+        let Some(e) = self.out_edges.get_mut(&k) else {
+            return;
+        };
+        let session = self.node.params().session;
+        let mut todo = Vec::new();
+        for (conn, addr) in e.poll_connect(now) {
+            let attach = e.attach_frame(session, conn);
+            todo.push((conn, addr, attach));
+        }
+        for (conn, addr, attach) in todo {
+            let first = if conn == 0 {
+                vec![Frame::Open(self.node.open_for(k)), attach]
+            } else {
+                vec![attach]
+            };
+            self.spawn_connect(k, conn, addr, first);
+        }
+    }
+
+    fn spawn_connect(&mut self, k: usize, conn: u16, addr: String, first: Vec<Frame>) {
+        let keys = self.keys.clone();
+        let tuning = self.tuning.clone();
+        let tx = self.ev_tx.clone();
+        let name = self.node.children()[k].name.clone();
+        self.other_tasks.push(tokio::spawn(async move {
+            let ev = match connect_child(&addr, &keys, &tuning, &first).await {
+                Ok(s) => Ev::Connected(k, conn, s),
+                Err(e) => Ev::ConnectFailed(
+                    k,
+                    conn,
+                    format!("cannot reach {name} at {addr}: {e}{}", hint(&e)),
+                ),
+            };
+            let _ = tx.send(ev).await;
+        }));
     }
 
     /// The node, for inspection after the run.
@@ -140,7 +243,18 @@ impl Driver {
     /// Runs until the node is finished (`Ok`) or gives up (`Err` with the reason). Every other
     /// node-level event is passed to `observe` (progress, completions, failures, corruption).
     pub async fn run(&mut self, mut observe: impl FnMut(&Event)) -> Result<(), String> {
+        let mut ticker = tokio::time::interval(Duration::from_millis(250));
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            // Frames the parent's edge has put back in order go first, while the node wants
+            // them (before the node's events, which they may cause, are taken).
+            let now = Instant::now();
+            while self.node.wants_input() {
+                let Some(p) = self.in_edge.as_mut().and_then(InEdge::poll_release) else {
+                    break;
+                };
+                self.deliver_parcel(p, now)?;
+            }
             self.pump_writers();
             while let Some(ev) = self.node.poll_event() {
                 self.handle_event(ev, &mut observe)?;
@@ -152,6 +266,7 @@ impl Driver {
                     .get(&Link::Parent)
                     .is_none_or(|w| w.inflight == 0)
             {
+                self.emit_stats(true);
                 return Ok(());
             }
             let want = self.node.wants_input();
@@ -162,25 +277,17 @@ impl Driver {
                     None => std::future::pending().await,
                 }
             };
+            let tick = self.stats.is_some() || self.out_edges.values().any(OutEdge::wants_tick);
             tokio::select! {
                 ev = self.ev_rx.recv() => {
                     let ev = ev.expect("the driver holds a sender");
                     self.handle_io(ev);
                 }
                 Some(f) = recv_opt(&mut self.parent_rx), if want => {
-                    let now = Instant::now();
-                    let r = match f {
-                        FromParent::Frame(frame) => self.node.handle_frame(Link::Parent, frame, now),
-                        FromParent::Verified(c) => self.node.handle_verified_chunk(c, now),
-                        FromParent::Closed(reason) => {
-                            self.parent_rx = None;
-                            self.node.handle_link_closed(Link::Parent, reason, now);
-                            Ok(())
-                        }
-                    };
-                    if let Err(e) = r {
-                        return Err(format!("parent broke the protocol: {e}"));
-                    }
+                    self.handle_parent(f, Instant::now())?;
+                }
+                Some((conn, stream)) = recv_opt_unbounded(&mut self.attach_rx) => {
+                    self.handle_attached(conn, stream);
                 }
                 Some(ie) = recv_opt(&mut self.input_rx), if want => {
                     let now = Instant::now();
@@ -211,9 +318,133 @@ impl Driver {
                         }
                     }
                 }
+                _ = ticker.tick(), if tick => {
+                    let now = Instant::now();
+                    let ks: Vec<usize> = self.out_edges.keys().copied().collect();
+                    for k in ks {
+                        if self.writers_alive(k) {
+                            self.connect_edge(k, now);
+                        }
+                    }
+                    self.emit_stats(false);
+                }
                 _ = sleep => self.node.handle_timeout(Instant::now()),
             }
         }
+    }
+
+    fn emit_stats(&mut self, last: bool) {
+        let now = Instant::now();
+        let due = self.stats.as_ref().is_some_and(|s| last || now >= s.next);
+        if !due || self.out_edges.is_empty() {
+            return;
+        }
+        let reports = self.edge_reports();
+        if let Some(s) = &mut self.stats {
+            s.next = now + s.every;
+            (s.f)(&reports);
+        }
+    }
+
+    /// Whether child `k`'s edge is still in use (not closed).
+    fn writers_alive(&self, k: usize) -> bool {
+        self.tasks.contains_key(&Link::Child(k))
+            || self.out_edges.get(&k).is_some_and(OutEdge::is_open)
+    }
+
+    /// Something from the parent's connections.
+    fn handle_parent(&mut self, f: FromParent, now: Instant) -> Result<(), String> {
+        let session = self.node.params().session;
+        match f {
+            FromParent::Item {
+                conn: 0,
+                seq: None,
+                parcel:
+                    Parcel::Frame(Frame::Attach {
+                        session: s,
+                        token,
+                        conn: 0,
+                        window,
+                    }),
+            } if self.in_edge.is_none() => {
+                if s != session {
+                    return Err(format!(
+                        "parent broke the protocol: edge of session {s:016x} in session {session:016x}"
+                    ));
+                }
+                let mut e = InEdge::new(token, window);
+                if let Some(acks) = &self.parent_acks {
+                    e.add_conn(0, acks.clone());
+                }
+                self.in_edge = Some(e);
+                if let Some(a) = &self.attachments {
+                    self.attach_rx = Some(a.register(session, token));
+                }
+                Ok(())
+            }
+            FromParent::Item {
+                conn,
+                seq: Some(seq),
+                parcel,
+            } => {
+                let Some(e) = &mut self.in_edge else {
+                    return Err("parent broke the protocol: striped frame before Attach".into());
+                };
+                e.handle(conn, seq, parcel)
+                    .map_err(|e| format!("parent broke the protocol: {e}"))
+            }
+            FromParent::Item {
+                conn: 0,
+                seq: None,
+                parcel,
+            } => self.deliver_parcel(parcel, now),
+            FromParent::Item { conn, parcel, .. } => {
+                let what = match parcel {
+                    Parcel::Frame(f) => f.kind(),
+                    Parcel::Verified(_) => "Chunk",
+                };
+                Err(format!(
+                    "parent broke the protocol: unsequenced {what} on connection {conn}"
+                ))
+            }
+            FromParent::Closed(0, reason) => {
+                self.parent_rx = None;
+                self.attach_rx = None;
+                self.node.handle_link_closed(Link::Parent, reason, now);
+                Ok(())
+            }
+            FromParent::Closed(conn, reason) => {
+                // The parent sends that connection's frames again on the others.
+                tracing::debug!("parent's connection {conn} ended: {reason}");
+                Ok(())
+            }
+        }
+    }
+
+    /// A frame of the parent's, in order, to the node.
+    fn deliver_parcel(&mut self, p: Parcel, now: Instant) -> Result<(), String> {
+        let r = match p {
+            Parcel::Frame(frame) => self.node.handle_frame(Link::Parent, frame, now),
+            Parcel::Verified(c) => self.node.handle_verified_chunk(c, now),
+        };
+        r.map_err(|e| format!("parent broke the protocol: {e}"))
+    }
+
+    /// A further connection of the parent's edge arrived through the agent.
+    fn handle_attached(&mut self, conn: u16, stream: TcpStream) {
+        let (Some(e), Some(tx)) = (&mut self.in_edge, &self.parent_tx) else {
+            return;
+        };
+        let (r, w) = stream.into_split();
+        let (ack_tx, ack_rx) = mpsc::unbounded_channel();
+        e.add_conn(conn, ack_tx);
+        let session = self.node.params().session;
+        let reader = tokio::spawn(read_parent(r, tx.clone(), self.keys.clone(), session, conn));
+        let writer = tokio::spawn(write_acks(w, ack_rx));
+        self.tasks
+            .entry(Link::Parent)
+            .or_default()
+            .extend([reader, writer]);
     }
 
     fn handle_event(&mut self, ev: Event, observe: &mut impl FnMut(&Event)) -> Result<(), String> {
@@ -242,47 +473,99 @@ impl Driver {
     fn handle_io(&mut self, ev: Ev) {
         let now = Instant::now();
         match ev {
-            Ev::Frame(link, f) => {
-                if let Err(e) = self.node.handle_frame(link, f, now) {
+            Ev::Frame(link, conn, f) => {
+                let r = match (link, f) {
+                    (Link::Child(k), Frame::Got { seq }) if self.out_edges.contains_key(&k) => {
+                        let e = self.out_edges.get_mut(&k).expect("checked");
+                        e.handle_got(conn, seq, now).map_err(|e| e.to_string())
+                    }
+                    (_, f) if conn != 0 => {
+                        Err(format!("unexpected {} on connection {conn}", f.kind()))
+                    }
+                    (_, f) => self
+                        .node
+                        .handle_frame(link, f, now)
+                        .map_err(|e| e.to_string()),
+                };
+                if let Err(e) = r {
                     tracing::warn!("{link:?}: {e}");
                     if let Some(w) = self.writers.get(&link) {
-                        let _ = w.tx.try_send(Frame::Error {
-                            reason: e.to_string(),
-                        });
+                        let _ = w.tx.try_send(Frame::Error { reason: e.clone() });
                     }
                     self.node
                         .handle_link_closed(link, format!("protocol error: {e}"), now);
                     self.drop_link(link);
                 }
             }
-            Ev::Closed(link, reason) => {
-                self.drop_link(link);
-                self.node.handle_link_closed(link, reason, now);
-            }
-            Ev::Written(link) => {
+            Ev::Closed(link, conn, reason) => self.conn_lost(link, conn, reason, now),
+            Ev::Written(link, conn) => {
+                if let Link::Child(k) = link {
+                    if let Some(e) = self.out_edges.get_mut(&k) {
+                        e.handle_written(conn);
+                        return;
+                    }
+                }
                 if let Some(w) = self.writers.get_mut(&link) {
                     w.inflight = w.inflight.saturating_sub(1);
                 }
             }
-            Ev::Connected(k, stream) => {
+            Ev::Connected(k, conn, stream) => {
                 let link = Link::Child(k);
+                if conn > 0 && !self.writers_alive(k) {
+                    return; // the edge ended while this connection was being made
+                }
                 let (r, w) = stream.into_split();
                 let tx = self.ev_tx.clone();
-                let reader = tokio::spawn(read_child(r, link, tx));
+                let reader = tokio::spawn(read_child(r, link, conn, tx));
                 self.tasks.entry(link).or_default().push(reader);
-                self.attach_writer(link, w);
+                if let Some(e) = self.out_edges.get_mut(&k) {
+                    let (ftx, frx) = mpsc::channel(WRITE_SLOTS + 1);
+                    let ev = self.ev_tx.clone();
+                    let task = tokio::spawn(write_link(w, frx, None, link, conn, ev));
+                    self.tasks.entry(link).or_default().push(task);
+                    e.handle_connected(conn, ftx, now);
+                } else {
+                    self.attach_writer(link, w, None, 0);
+                }
             }
-            Ev::ConnectFailed(k, reason) => {
-                tracing::warn!("{reason}");
-                self.node.handle_link_closed(Link::Child(k), reason, now);
+            Ev::ConnectFailed(k, conn, reason) => {
+                self.conn_lost(Link::Child(k), conn, reason, now);
             }
         }
     }
 
-    fn attach_writer<W: AsyncWrite + Unpin + Send + 'static>(&mut self, link: Link, w: W) {
+    /// A connection of `link` ended. On a striped edge, a connection other than the first only
+    /// hands its frames to the others.
+    fn conn_lost(&mut self, link: Link, conn: u16, reason: String, now: Instant) {
+        if let Link::Child(k) = link {
+            if let Some(e) = self.out_edges.get_mut(&k) {
+                if conn > 0 && e.handle_conn_lost(conn, now) {
+                    if e.lost_busy {
+                        tracing::warn!("{link:?}: connection {conn} lost ({reason}); its frames go to the others");
+                    } else {
+                        tracing::debug!("{link:?}: idle connection {conn} ended ({reason})");
+                    }
+                    return;
+                }
+            }
+        }
+        if conn == 0 || self.tasks.contains_key(&link) {
+            tracing::warn!("{reason}");
+            self.drop_link(link);
+            self.node.handle_link_closed(link, reason, now);
+        }
+    }
+
+    fn attach_writer<W: AsyncWrite + Unpin + Send + 'static>(
+        &mut self,
+        link: Link,
+        w: W,
+        acks: Option<mpsc::UnboundedReceiver<Frame>>,
+        conn: u16,
+    ) {
         let (tx, rx) = mpsc::channel(WRITE_SLOTS + 1);
         let ev = self.ev_tx.clone();
-        let task = tokio::spawn(write_link(w, rx, link, ev));
+        let task = tokio::spawn(write_link(w, rx, acks, link, conn, ev));
         self.tasks.entry(link).or_default().push(task);
         self.writers.insert(link, Writer { tx, inflight: 0 });
     }
@@ -299,10 +582,21 @@ impl Driver {
                 w.inflight += 1;
             }
         }
+        let now = Instant::now();
+        for (k, e) in self.out_edges.iter_mut() {
+            if let Err(err) = e.pump(&mut self.node, Link::Child(*k), now) {
+                tracing::error!("edge to child {k}: {err}");
+            }
+        }
     }
 
     fn drop_link(&mut self, link: Link) {
         self.writers.remove(&link);
+        if let Link::Child(k) = link {
+            if let Some(e) = self.out_edges.get_mut(&k) {
+                e.close();
+            }
+        }
         for t in self.tasks.remove(&link).into_iter().flatten() {
             t.abort();
         }
@@ -313,19 +607,32 @@ async fn connect_child(
     addr: &str,
     keys: &Keys,
     tuning: &TcpTuning,
-    open: &Frame,
+    first: &[Frame],
 ) -> Result<TcpStream, transport::ConnError> {
     let mut s = transport::connect(addr, tuning).await?;
     transport::handshake_connect(&mut s, keys).await?;
-    transport::write_frame(&mut s, open).await?;
+    for f in first {
+        transport::write_frame(&mut s, f).await?;
+    }
     Ok(s)
 }
 
-/// What the parent's reader hands over: a frame, a chunk it verified, or why the link ended.
-enum FromParent {
+/// A frame from the parent, verified if it is a chunk.
+enum Parcel {
     Frame(Frame),
     Verified(Chunk),
-    Closed(String),
+}
+
+/// What a reader of the parent's connections hands over.
+enum FromParent {
+    /// A frame from connection `conn`, with its sequence number if it came `Striped`.
+    Item {
+        conn: u16,
+        seq: Option<u64>,
+        parcel: Parcel,
+    },
+    /// Why connection `conn` ended.
+    Closed(u16, String),
 }
 
 async fn read_parent<R: AsyncRead + Unpin>(
@@ -333,32 +640,43 @@ async fn read_parent<R: AsyncRead + Unpin>(
     tx: mpsc::Sender<FromParent>,
     keys: Keys,
     session: SessionId,
+    conn: u16,
 ) {
     loop {
         let item = match transport::read_frame(&mut r, wire::MAX_FRAME).await {
-            // Hash here, on the thread that just read the bytes, while they are in cache; a
-            // chunk that fails goes to the node unverified, which rejects and re-requests it.
-            Ok(Some(Frame::Chunk(c))) => match keys.verify(session, &c) {
-                Ok(()) => FromParent::Verified(c),
-                Err(_) => FromParent::Frame(Frame::Chunk(c)),
-            },
-            Ok(Some(f)) => FromParent::Frame(f),
-            Ok(None) => FromParent::Closed("parent closed the connection".to_string()),
-            Err(e) => FromParent::Closed(format!("reading from parent: {e}")),
+            Ok(Some(f)) => {
+                let (seq, f) = match f {
+                    Frame::Striped { seq, inner } => (Some(seq), *inner),
+                    f => (None, f),
+                };
+                let parcel = match f {
+                    // Hash here, on the thread that just read the bytes, while they are in
+                    // cache; a chunk that fails goes to the node unverified, which rejects and
+                    // re-requests it.
+                    Frame::Chunk(c) => match keys.verify(session, &c) {
+                        Ok(()) => Parcel::Verified(c),
+                        Err(_) => Parcel::Frame(Frame::Chunk(c)),
+                    },
+                    f => Parcel::Frame(f),
+                };
+                FromParent::Item { conn, seq, parcel }
+            }
+            Ok(None) => FromParent::Closed(conn, "parent closed the connection".to_string()),
+            Err(e) => FromParent::Closed(conn, format!("reading from parent: {e}")),
         };
-        let last = matches!(item, FromParent::Closed(_));
+        let last = matches!(item, FromParent::Closed(..));
         if tx.send(item).await.is_err() || last {
             return;
         }
     }
 }
 
-async fn read_child<R: AsyncRead + Unpin>(mut r: R, link: Link, tx: mpsc::Sender<Ev>) {
+async fn read_child<R: AsyncRead + Unpin>(mut r: R, link: Link, conn: u16, tx: mpsc::Sender<Ev>) {
     loop {
         let ev = match transport::read_frame(&mut r, wire::MAX_FRAME).await {
-            Ok(Some(f)) => Ev::Frame(link, f),
-            Ok(None) => Ev::Closed(link, "connection closed".into()),
-            Err(e) => Ev::Closed(link, e.to_string()),
+            Ok(Some(f)) => Ev::Frame(link, conn, f),
+            Ok(None) => Ev::Closed(link, conn, "connection closed".into()),
+            Err(e) => Ev::Closed(link, conn, e.to_string()),
         };
         let last = matches!(ev, Ev::Closed(..));
         if tx.send(ev).await.is_err() || last {
@@ -367,28 +685,60 @@ async fn read_child<R: AsyncRead + Unpin>(mut r: R, link: Link, tx: mpsc::Sender
     }
 }
 
+/// Writes a link's frames, reporting each one written; `acks` (`Got` frames of a striped
+/// parent edge) go first and are not reported.
 async fn write_link<W: AsyncWrite + Unpin>(
     w: W,
     mut rx: mpsc::Receiver<Frame>,
+    mut acks: Option<mpsc::UnboundedReceiver<Frame>>,
     link: Link,
+    conn: u16,
     ev: mpsc::Sender<Ev>,
 ) {
     let mut w = BufWriter::with_capacity(64 << 10, w);
-    while let Some(f) = rx.recv().await {
+    loop {
+        let (f, report) = tokio::select! {
+            biased;
+            Some(a) = recv_opt_unbounded(&mut acks) => (a, false),
+            f = rx.recv() => match f {
+                Some(f) => (f, true),
+                None => break,
+            },
+        };
         let mut r = transport::write_frame(&mut w, &f).await;
-        if r.is_ok() && rx.is_empty() {
+        // A reported frame is flushed before it is reported when nothing else of the node's
+        // waits (the driver may end the session once its last frame is reported written);
+        // acknowledgements are flushed when no more follow.
+        let idle = rx.is_empty() && (report || acks.as_ref().is_none_or(|a| a.is_empty()));
+        if r.is_ok() && idle {
             r = w.flush().await;
         }
         if let Err(e) = r {
-            let _ = ev.send(Ev::Closed(link, format!("writing: {e}"))).await;
+            let _ = ev
+                .send(Ev::Closed(link, conn, format!("writing: {e}")))
+                .await;
             return;
         }
-        if ev.send(Ev::Written(link)).await.is_err() {
+        if report && ev.send(Ev::Written(link, conn)).await.is_err() {
             return;
         }
     }
     let _ = w.flush().await;
     let _ = w.shutdown().await;
+}
+
+/// Writes the `Got` frames of a further connection of the parent's edge.
+async fn write_acks<W: AsyncWrite + Unpin>(w: W, mut rx: mpsc::UnboundedReceiver<Frame>) {
+    let mut w = BufWriter::with_capacity(4 << 10, w);
+    while let Some(f) = rx.recv().await {
+        let mut r = transport::write_frame(&mut w, &f).await;
+        if r.is_ok() && rx.is_empty() {
+            r = w.flush().await;
+        }
+        if r.is_err() {
+            return;
+        }
+    }
 }
 
 async fn recv_opt<T>(rx: &mut Option<mpsc::Receiver<T>>) -> Option<T> {

@@ -5,6 +5,7 @@
 //! - [`transport`]: TCP set up for long fat pipes (congestion control, buffers), framing over
 //!   any `AsyncRead`/`AsyncWrite`, the handshake with deadlines.
 //! - [`driver`]: the event loop around one [`bulkcast_proto::node::Node`].
+//! - [`edge`]: an edge over several connections (and paths): striping, join, `--streams auto`.
 //! - [`input`]: the source's file, directory or stdin reader.
 //! - [`probe`]: RTT measurement between all session hosts, for the planner.
 //! - [`stripes`]: receiving a balanced multi-tree send into one shared copy.
@@ -17,6 +18,7 @@
 
 pub mod agent;
 pub mod driver;
+pub mod edge;
 pub mod input;
 pub mod probe;
 pub mod report;

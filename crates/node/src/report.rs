@@ -138,6 +138,9 @@ pub struct EdgeReport {
     pub seconds: f64,
     /// `bytes / seconds` in Mbit/s.
     pub rate_mbps: f64,
+    /// The edge's connections, where it is striped over several (the source's own edges).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub connections: Vec<crate::edge::ConnReport>,
 }
 
 impl Report {
@@ -180,6 +183,7 @@ impl Report {
                 bytes: r.bytes,
                 seconds: r.seconds,
                 rate_mbps: r.rate_mbps,
+                connections: Vec::new(),
             })
             .collect();
         let seconds = status
@@ -205,6 +209,21 @@ impl Report {
             aggregate_mbps: mbps(delivered, seconds),
             receivers,
             edges,
+        }
+    }
+}
+
+impl Report {
+    /// Adds the connections of the source's striped edges to their edges.
+    pub fn add_streams(&mut self, streams: Vec<crate::edge::EdgeStreams>) {
+        for s in streams {
+            if let Some(e) = self
+                .edges
+                .iter_mut()
+                .find(|e| e.from == "source" && e.to == s.edge)
+            {
+                e.connections = s.conns;
+            }
         }
     }
 }

@@ -9,9 +9,10 @@ use bulkcast_proto::manifest::ObjectKind;
 use bulkcast_proto::node::{Event, Node, NodeConfig, SessionParams};
 use bulkcast_proto::stripe::Stripes;
 use bulkcast_proto::tree::Tree;
-use bulkcast_proto::wire::{SessionId, StripeInfo};
+use bulkcast_proto::wire::{EdgeMode, SessionId, StripeInfo};
 
 use crate::driver::{Driver, Upstream};
+use crate::edge::StreamsObserver;
 use crate::input::Input;
 use crate::report::{ReceiverStatus, Report, Status};
 use crate::transport::TcpTuning;
@@ -29,6 +30,10 @@ pub struct SendConfig {
     pub tuning: TcpTuning,
     /// A name for the strategy, for the report.
     pub strategy: String,
+    /// Connections per edge and their scheduler, for every edge of the tree.
+    pub edges: EdgeMode,
+    /// Told about the source's striped edges periodically.
+    pub observer: Option<StreamsObserver>,
 }
 
 impl Default for SendConfig {
@@ -39,6 +44,8 @@ impl Default for SendConfig {
             node: NodeConfig::default(),
             tuning: TcpTuning::default(),
             strategy: "tree".into(),
+            edges: EdgeMode::default(),
+            observer: None,
         }
     }
 }
@@ -103,10 +110,11 @@ pub async fn send(
         cc: cfg.tuning.cc.clone(),
         manifest: manifest.clone(),
         stripe: None,
+        edges: cfg.edges,
     };
     let names: Vec<(String, String)> = hosts
         .iter()
-        .map(|h| (h.name.clone(), h.addr.clone()))
+        .map(|h| (h.name.clone(), member_addr(h)))
         .collect();
     let node = Node::source(
         params,
@@ -123,6 +131,7 @@ pub async fn send(
     }
     let rx = input.spawn(cfg.chunk_size as usize, keys.clone(), session);
     let mut driver = Driver::new(node, keys, cfg.tuning.clone(), Upstream::Input(rx), None);
+    observe_streams(&mut driver, cfg);
     let st = status.clone();
     let result = driver
         .run(|ev: &Event| st.lock().expect("status lock").apply(ev))
@@ -134,13 +143,30 @@ pub async fn send(
         st.read = e.total_len;
     }
     result.map_err(SendError::Aborted)?;
-    Ok(Report::build(
+    let mut report = Report::build(
         &st,
         session,
         &manifest.name,
         kind_name(manifest.kind),
         &cfg.strategy,
-    ))
+    );
+    report.add_streams(driver.edge_reports());
+    Ok(report)
+}
+
+fn observe_streams(driver: &mut Driver, cfg: &SendConfig) {
+    if let Some(o) = &cfg.observer {
+        let f = o.f.clone();
+        driver.report_edges_every(o.every, move |e| f(e));
+    }
+}
+
+/// A host's addresses as a tree member carries them: the main one, then its extra paths.
+fn member_addr(h: &HostSpec) -> String {
+    std::iter::once(h.addr.as_str())
+        .chain(h.paths.iter().map(String::as_str))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Sends `input` over several trees at once (a balanced plan): `trees` with their planned rates
@@ -167,7 +193,7 @@ pub async fn send_balanced(
     let sessions: Vec<SessionId> = trees.iter().map(|_| rand::random()).collect();
     let names: Vec<(String, String)> = hosts
         .iter()
-        .map(|h| (h.name.clone(), h.addr.clone()))
+        .map(|h| (h.name.clone(), member_addr(h)))
         .collect();
     // The memory budget is shared by the trees' source nodes.
     let node_cfg = NodeConfig {
@@ -192,6 +218,7 @@ pub async fn send_balanced(
                 pattern: stripes.pattern().to_vec(),
                 object: object.clone(),
             })),
+            edges: cfg.edges,
         };
         nodes.push(Node::source(
             params,
@@ -217,6 +244,7 @@ pub async fn send_balanced(
             Upstream::Input(rx),
             None,
         );
+        observe_streams(&mut driver, cfg);
         tasks.push(tokio::spawn(async move {
             driver
                 .run(|ev: &Event| st.lock().expect("status lock").apply(ev))

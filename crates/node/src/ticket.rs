@@ -173,7 +173,23 @@ pub async fn join(
         .map_err(ConnError::Io)?
         .0;
     drop(s);
-    agent::session(stream, cfg, Some((ticket.session, target))).await
+    // Further connections of a striped edge come to the same listener.
+    let extra = {
+        let cfg = cfg.clone();
+        tokio::spawn(async move {
+            while let Ok((s, peer)) = listener.accept().await {
+                let cfg = cfg.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = agent::attach(s, &cfg).await {
+                        tracing::warn!("connection from {peer}: {e}");
+                    }
+                });
+            }
+        })
+    };
+    let r = agent::session(stream, cfg, Some((ticket.session, target))).await;
+    extra.abort();
+    r
 }
 
 #[cfg(test)]

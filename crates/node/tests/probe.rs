@@ -26,9 +26,11 @@ async fn matrix_of_three_agents_and_one_dead_host() {
             tuning: tuning.clone(),
             stored: None,
             groups: Default::default(),
+            attachments: Default::default(),
+            stdout: false,
         });
         let mut stop = stop_tx.subscribe();
-        tokio::spawn(agent::serve(l, cfg, false, async move {
+        tokio::spawn(agent::serve(vec![l], cfg, false, async move {
             let _ = stop.recv().await;
         }));
     }

@@ -73,6 +73,8 @@ pub struct SessionParams {
     pub manifest: Manifest,
     /// For a tree of a balanced send: the stripe this session carries.
     pub stripe: Option<Box<crate::wire::StripeInfo>>,
+    /// How every edge is carried (connections per edge, scheduler).
+    pub edges: crate::wire::EdgeMode,
 }
 
 /// Smallest and largest chunk sizes accepted.
@@ -337,6 +339,7 @@ impl Node {
             cc: open.cc.clone(),
             manifest: open.manifest.clone(),
             stripe: open.stripe.clone(),
+            edges: open.edges,
         };
         let mut node = Self::new(
             me as NodeId,
@@ -412,6 +415,7 @@ impl Node {
             manifest: self.params.manifest.clone(),
             members: c.members.clone(),
             stripe: self.params.stripe.clone(),
+            edges: self.params.edges,
         }
     }
 

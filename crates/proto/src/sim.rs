@@ -277,6 +277,7 @@ impl Sim {
             cc: String::new(),
             manifest,
             stripe: None,
+            edges: Default::default(),
         };
         let names: Vec<(String, String)> = (1..n)
             .map(|i| (format!("n{i}"), format!("sim:{i}")))

@@ -13,7 +13,9 @@
 //! `Refused`), joining by ticket (`Join`), session set-up (`Open`), data (`Chunk`, `End`),
 //! feedback that flows up a tree (`Ack`, `Done`, `Failed`), pulls (`Request`, used for repair
 //! today and by receiver-driven strategies later), network probing for the planner (`Ping`,
-//! `Pong`, `Probe`, `Probed`) and `Error` for a fatal protocol error.
+//! `Pong`, `Probe`, `Probed`), multi-stream edges (`Attach` a connection to an edge, `Striped`
+//! frames of the edge's sequence, `Got` back on the connection that carried one) and `Error`
+//! for a fatal protocol error.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
@@ -147,6 +149,36 @@ pub enum Frame {
         /// From the first to the last byte, in microseconds.
         micros: u64,
     },
+    /// Multi-stream edges: the first frame of a connection that joins an edge (after the
+    /// handshake), and, on the edge's first connection right after `Open`, the announcement
+    /// that every later frame to the child comes wrapped in [`Frame::Striped`].
+    Attach {
+        /// The session the edge belongs to.
+        session: SessionId,
+        /// Chosen at random by the parent for this edge: tells its connections apart from
+        /// another edge's of the same session.
+        token: u64,
+        /// The connection's number on the edge (0: the first, which carries the control frames
+        /// the child sends back).
+        conn: u16,
+        /// The parent's reorder window in frames: it never sends sequence number `s` before
+        /// every frame below `s - window` is acknowledged with `Got`.
+        window: u32,
+    },
+    /// Multi-stream edges: a frame of the parent's in-order sequence, on any connection of the
+    /// edge; the child puts the frames back in `seq` order. Never nested.
+    Striped {
+        /// Position in the edge's sequence, from 0.
+        seq: u64,
+        /// The frame itself (a chunk, an end, an error...).
+        inner: Box<Frame>,
+    },
+    /// Multi-stream edges: the child took frame `seq`; sent on the connection that carried it
+    /// (the parent's per-connection rate and in-flight measures come from these).
+    Got {
+        /// The sequence number taken.
+        seq: u64,
+    },
     /// A fatal error; the sender of this frame closes the connection after it.
     Error {
         /// Human-readable reason.
@@ -174,6 +206,46 @@ pub struct Open {
     /// For one tree of a balanced multi-tree send: which stripe of which object this session
     /// carries (see [`crate::stripe`]); `manifest` then describes the stripe alone.
     pub stripe: Option<Box<StripeInfo>>,
+    /// How every edge of the session is carried (the source's choice, like `cc`).
+    pub edges: EdgeMode,
+}
+
+/// How the edges of a session are carried: connections per edge and how frames are dealt to
+/// them (see [`crate::multipath`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EdgeMode {
+    /// Connections per edge; 0: start with one and add more while that adds throughput.
+    pub streams: u16,
+    /// Which scheduler deals frames to the connections.
+    pub scheduler: EdgeScheduler,
+}
+
+impl Default for EdgeMode {
+    /// One connection per edge: no striping.
+    fn default() -> Self {
+        Self {
+            streams: 1,
+            scheduler: EdgeScheduler::Pull,
+        }
+    }
+}
+
+impl EdgeMode {
+    /// Whether edges are striped over connections (more than one, or automatic).
+    pub fn is_striped(&self) -> bool {
+        self.streams != 1
+    }
+}
+
+/// The multi-stream schedulers (see [`crate::multipath::Scheduler`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EdgeScheduler {
+    /// Each connection takes the next frame when its socket has room.
+    Pull,
+    /// Seed 002's weighted fork-join with its re-weighting controller.
+    Weighted,
+    /// Seed 002's unweighted fork-join (equal blocks).
+    Equal,
 }
 
 /// The stripe a session of a balanced send carries.
@@ -198,7 +270,8 @@ pub struct Member {
     pub parent: u32,
     /// Display name.
     pub name: String,
-    /// Agent address (`host:port`).
+    /// Agent address (`host:port`); further addresses of the same agent (network paths, for
+    /// edges over several connections) follow, separated by spaces.
     pub addr: String,
 }
 
@@ -268,9 +341,12 @@ const T_JOIN: u8 = 0x05;
 const T_OPEN: u8 = 0x10;
 const T_CHUNK: u8 = 0x11;
 const T_END: u8 = 0x12;
+const T_ATTACH: u8 = 0x13;
+const T_STRIPED: u8 = 0x14;
 const T_ACK: u8 = 0x20;
 const T_DONE: u8 = 0x21;
 const T_FAILED: u8 = 0x22;
+const T_GOT: u8 = 0x23;
 const T_REQUEST: u8 = 0x30;
 const T_PING: u8 = 0x40;
 const T_PONG: u8 = 0x41;
@@ -339,6 +415,9 @@ impl Frame {
             Frame::BwResult { .. } => "BwResult",
             Frame::Sink => "Sink",
             Frame::SinkReport { .. } => "SinkReport",
+            Frame::Attach { .. } => "Attach",
+            Frame::Striped { .. } => "Striped",
+            Frame::Got { .. } => "Got",
             Frame::Error { .. } => "Error",
         }
     }
@@ -450,6 +529,31 @@ impl Frame {
                 b.put_u8(T_SINKREPORT);
                 b.put_u64(*bytes);
                 b.put_u64(*micros);
+            }
+            Frame::Attach {
+                session,
+                token,
+                conn,
+                window,
+            } => {
+                b.put_u8(T_ATTACH);
+                b.put_u64(*session);
+                b.put_u64(*token);
+                b.put_u16(*conn);
+                b.put_u32(*window);
+            }
+            Frame::Striped { seq, inner } => {
+                // The inner frame's type and body follow the sequence number; its data (a
+                // chunk's bytes) stays a separate part, so wrapping copies nothing.
+                b.put_u8(T_STRIPED);
+                b.put_u64(*seq);
+                let e = inner.encode();
+                b.put_slice(&e.head[4..]);
+                data = e.data;
+            }
+            Frame::Got { seq } => {
+                b.put_u8(T_GOT);
+                b.put_u64(*seq);
             }
             Frame::Error { reason } => {
                 b.put_u8(T_ERROR);
@@ -604,6 +708,31 @@ impl Frame {
                     micros: r.u64()?,
                 }
             }
+            T_ATTACH => {
+                r.what = "Attach";
+                Frame::Attach {
+                    session: r.u64()?,
+                    token: r.u64()?,
+                    conn: r.u16()?,
+                    window: r.u32()?,
+                }
+            }
+            T_STRIPED => {
+                r.what = "Striped";
+                let seq = r.u64()?;
+                let inner = std::mem::take(&mut r.b);
+                if inner.first() == Some(&T_STRIPED) {
+                    return Err(WireError::BadValue("Striped", "nested"));
+                }
+                return Ok(Frame::Striped {
+                    seq,
+                    inner: Box::new(Frame::decode(inner)?),
+                });
+            }
+            T_GOT => {
+                r.what = "Got";
+                Frame::Got { seq: r.u64()? }
+            }
             T_ERROR => {
                 r.what = "Error";
                 Frame::Error {
@@ -677,6 +806,12 @@ fn put_open(b: &mut BytesMut, o: &Open) {
             put_manifest(b, &st.object);
         }
     }
+    b.put_u16(o.edges.streams);
+    b.put_u8(match o.edges.scheduler {
+        EdgeScheduler::Pull => 0,
+        EdgeScheduler::Weighted => 1,
+        EdgeScheduler::Equal => 2,
+    });
 }
 
 fn put_manifest(b: &mut BytesMut, m: &Manifest) {
@@ -791,6 +926,15 @@ impl Reader {
             }
             _ => return Err(WireError::BadValue("Open", "bad stripe flag")),
         };
+        let edges = EdgeMode {
+            streams: self.u16()?,
+            scheduler: match self.u8()? {
+                0 => EdgeScheduler::Pull,
+                1 => EdgeScheduler::Weighted,
+                2 => EdgeScheduler::Equal,
+                _ => return Err(WireError::BadValue("Open", "unknown edge scheduler")),
+            },
+        };
         Ok(Open {
             session,
             node,
@@ -800,6 +944,7 @@ impl Reader {
             manifest,
             members,
             stripe,
+            edges,
         })
     }
 
@@ -905,6 +1050,10 @@ mod tests {
                         entries: vec![],
                     },
                 })),
+                edges: EdgeMode {
+                    streams: 0,
+                    scheduler: EdgeScheduler::Weighted,
+                },
             }),
             Frame::Chunk(Chunk {
                 index: 9,
@@ -944,6 +1093,26 @@ mod tests {
                 bytes: 1 << 20,
                 micros: 1000,
             },
+            Frame::Attach {
+                session: 7,
+                token: 0xfeed,
+                conn: 3,
+                window: 256,
+            },
+            Frame::Striped {
+                seq: 41,
+                inner: Box::new(Frame::Chunk(Chunk {
+                    index: 9,
+                    hash: [1; 32],
+                    tag: [2; 32],
+                    data: Bytes::from_static(b"striped bytes"),
+                })),
+            },
+            Frame::Striped {
+                seq: 42,
+                inner: Box::new(Frame::Ack { node: 1, upto: 2 }),
+            },
+            Frame::Got { seq: 41 },
             Frame::Error {
                 reason: "bad".into(),
             },
@@ -981,9 +1150,31 @@ mod tests {
                 if matches!(f, Frame::Chunk(_)) && cut >= 1 + 8 + 64 {
                     continue;
                 }
+                if let Frame::Striped { inner, .. } = &f {
+                    if matches!(**inner, Frame::Chunk(_)) && cut >= 1 + 8 + 1 + 8 + 64 {
+                        continue;
+                    }
+                }
                 assert!(res.is_err(), "{} cut at {cut} decoded", f.kind());
             }
         }
+    }
+
+    #[test]
+    fn striped_frames_do_not_nest() {
+        let inner = Frame::Striped {
+            seq: 1,
+            inner: Box::new(Frame::Got { seq: 0 }),
+        };
+        let twice = Frame::Striped {
+            seq: 2,
+            inner: Box::new(inner),
+        };
+        let wire = twice.encode().to_vec();
+        assert_eq!(
+            Frame::decode(Bytes::copy_from_slice(&wire[4..])),
+            Err(WireError::BadValue("Striped", "nested"))
+        );
     }
 
     #[test]
@@ -1024,7 +1215,7 @@ mod tests {
             let n = rng.gen_range(0..64);
             let mut v: Vec<u8> = (0..n).map(|_| rng.gen()).collect();
             if !v.is_empty() && rng.gen_bool(0.7) {
-                v[0] = [T_HELLO, T_OPEN, T_CHUNK, T_FAILED, T_JOIN][rng.gen_range(0..5)];
+                v[0] = [T_HELLO, T_OPEN, T_CHUNK, T_FAILED, T_JOIN, T_STRIPED][rng.gen_range(0..6)];
             }
             let _ = Frame::decode(Bytes::from(v));
         }

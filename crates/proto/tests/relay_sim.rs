@@ -214,6 +214,7 @@ mod protocol_errors {
             stall_timeout: std::time::Duration::from_secs(5),
             cc: String::new(),
             stripe: None,
+            edges: Default::default(),
             manifest: Manifest {
                 name: "x".into(),
                 kind: ObjectKind::File,

@@ -97,6 +97,11 @@ impl<T> Joiner<T> {
         Some((index, data))
     }
 
+    /// Whether [`Joiner::poll_release`] would return an item.
+    pub fn has_ready(&self) -> bool {
+        self.held.front().is_some_and(Option::is_some)
+    }
+
     /// The oldest item not yet released (everything before it was released).
     pub fn next_index(&self) -> u64 {
         self.next

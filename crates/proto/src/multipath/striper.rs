@@ -284,6 +284,8 @@ pub struct Striper {
     config: StriperConfig,
     conns: Vec<Conn>,
     next_index: u64,
+    /// The largest item seen (the window's items are taken to be this large).
+    max_item: u32,
     /// Oldest unacknowledged item.
     base: u64,
     /// Acknowledged items above `base`.
@@ -310,6 +312,7 @@ impl Striper {
             config,
             conns: Vec::new(),
             next_index: 0,
+            max_item: 0,
             base: 0,
             acked_ahead: BTreeSet::new(),
             pending: VecDeque::new(),
@@ -363,6 +366,7 @@ impl Striper {
             len,
         };
         self.next_index += 1;
+        self.max_item = self.max_item.max(len);
         self.pending.push_back((item, now));
         self.fork(now);
         Ok(item.index)
@@ -564,7 +568,9 @@ impl Striper {
         let rate = c.rate();
         let rtt = c.min_rtt.unwrap_or_default();
         let cap = (rate * (rtt + self.config.pull_queue_delay).as_secs_f64()) as u64;
-        if c.inflight_bytes >= cap.max(self.config.pull_min_inflight) {
+        // Two items may always be in flight: the second gives a rate sample, and with items as
+        // large as the minimum cap a single one would otherwise never let the rate be measured.
+        if c.inflight.len() >= 2 && c.inflight_bytes >= cap.max(self.config.pull_min_inflight) {
             return false;
         }
         let Some(next) = self
@@ -588,9 +594,21 @@ impl Striper {
         if others <= 0.0 {
             return true;
         }
+        // The fastest connection always may: someone must, or a small item (an end marker,
+        // whose length says nothing about the window's bytes) could stall the edge.
+        let fastest = self
+            .conns
+            .iter()
+            .filter(|o| o.alive)
+            .all(|o| o.rate() <= rate);
+        if fastest {
+            return true;
+        }
         let len = f64::from(next.len);
         let done_in = (c.inflight_bytes as f64 + len) / rate + rtt.as_secs_f64() / 2.0;
-        let ahead = (self.base + self.config.window).saturating_sub(next.index) as f64 * len;
+        // The window's items are as large as the largest seen so far.
+        let item = len.max(self.max_item as f64);
+        let ahead = (self.base + self.config.window).saturating_sub(next.index) as f64 * item;
         done_in <= ahead / others
     }
 

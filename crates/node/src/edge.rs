@@ -1,0 +1,554 @@
+//! Multi-stream edges: one overlay edge carried over several TCP connections, possibly to
+//! several addresses (paths) of the child.
+//!
+//! The parent side ([`OutEdge`]) numbers every frame the node sends to the child, wraps it in
+//! `Striped{seq}` and lets a [`Striper`] deal it to a connection whose socket has room. The
+//! child side ([`InEdge`]) puts the frames back in order with a [`Joiner`] and answers
+//! `Got{seq}` on the connection that carried each, which is what the striper measures each
+//! connection by. Frames the child sends up (acknowledgements, requests) all use connection 0.
+//!
+//! Set-up: connection 0 is made like a plain edge (handshake, `Open`), then announces the edge
+//! with `Attach{conn: 0, token, window}`. Every further connection passes the handshake and sends
+//! `Attach{conn: i, token, window}`; the child's agent hands it to the session through
+//! [`Attachments`]. Connections can be added at any time, which is how `--streams auto` grows.
+//!
+//! Why a parent-side window *and* a larger child-side one: the parent sends nothing at or beyond
+//! `oldest unacknowledged + window`; the child acknowledges a frame when it takes it from the
+//! socket, but releases frames to the node only while the node wants input. Frames it took and
+//! could release but the node has not wanted yet (at most one window: it reads nothing new while
+//! it has such frames) sit below the parent's window, so the child accepts up to two windows.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bulkcast_proto::multipath::{
+    ConnStats, JoinError, Joiner, Scheduler, StripeError, Striper, StriperConfig,
+};
+use bulkcast_proto::node::{Link, Node};
+use bulkcast_proto::wire::{EdgeMode, EdgeScheduler, Frame, SessionId};
+use serde::Serialize;
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+
+/// Bytes an edge may have in flight beyond its oldest unacknowledged frame: the reorder
+/// window. It must cover the summed rate of the connections times the longest round trip
+/// (1 Gbit/s × 100 ms = 12.5 MB); it also bounds what the child holds for reordering.
+pub const WINDOW_BYTES: u64 = 32 << 20;
+
+/// The most connections `--streams auto` opens per edge.
+pub const AUTO_MAX_STREAMS: u16 = 8;
+
+/// How often `--streams auto` compares the edge's rate with the rate before its last added
+/// connection. Long enough for a new connection to leave slow start on a 100 ms path.
+pub const AUTO_INTERVAL: Duration = Duration::from_millis(1500);
+
+/// An added connection must raise the rate by this fraction to be followed by another.
+pub const AUTO_GAIN: f64 = 0.10;
+
+/// Frames queued to one connection's writer at once (as for plain links).
+const SLOTS: usize = crate::driver::WRITE_SLOTS;
+
+/// The reorder window in frames for a chunk size: [`WINDOW_BYTES`] worth, between 16 and 4096.
+pub fn window_for(chunk_size: u32) -> u32 {
+    (WINDOW_BYTES / u64::from(chunk_size.max(1))).clamp(16, 4096) as u32
+}
+
+/// About the bytes a frame takes on the wire (what the striper measures rates in).
+fn frame_len(f: &Frame) -> u32 {
+    match f {
+        Frame::Chunk(c) => c.data.len() as u32 + 96,
+        _ => 64,
+    }
+}
+
+fn scheduler(s: EdgeScheduler) -> Scheduler {
+    match s {
+        EdgeScheduler::Pull => Scheduler::Pull,
+        EdgeScheduler::Weighted => Scheduler::Weighted,
+        EdgeScheduler::Equal => Scheduler::Equal,
+    }
+}
+
+/// One connection of an edge, for reports and time series.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConnReport {
+    /// The connection's number on the edge.
+    pub conn: u16,
+    /// The child's address it goes to.
+    pub addr: String,
+    /// Bytes the child acknowledged on it.
+    pub bytes: u64,
+    /// Its current rate estimate, Mbit/s of busy time.
+    pub mbps: f64,
+    /// Its share of the frames (the scheduler's weight, normalised over live connections).
+    pub weight: f64,
+    /// Frames sent on it and not yet acknowledged.
+    pub inflight: usize,
+    /// False once it failed (its frames went to the others).
+    pub alive: bool,
+}
+
+/// One edge's connections at a moment.
+#[derive(Debug, Clone, Serialize)]
+pub struct EdgeStreams {
+    /// The child's name.
+    pub edge: String,
+    /// Sum of the live connections' rates, Mbit/s.
+    pub total_mbps: f64,
+    /// Every connection ever opened on the edge.
+    pub conns: Vec<ConnReport>,
+}
+
+/// What a [`StreamsObserver`] calls.
+pub type StreamsFn = dyn Fn(&[EdgeStreams]) + Send + Sync;
+
+/// An edge's attaching connections, by session and edge token.
+type Waiting = HashMap<(SessionId, u64), mpsc::UnboundedSender<(u16, TcpStream)>>;
+
+/// Receives the striped edges' figures periodically while a session runs (`--stats`, `-v`).
+#[derive(Clone)]
+pub struct StreamsObserver {
+    /// How often.
+    pub every: Duration,
+    /// Called with every striped edge of the node.
+    pub f: Arc<StreamsFn>,
+}
+
+impl std::fmt::Debug for StreamsObserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamsObserver")
+            .field("every", &self.every)
+            .finish_non_exhaustive()
+    }
+}
+
+struct OutConn {
+    addr: String,
+    /// The striper's number for it, once connected.
+    id: Option<usize>,
+    tx: Option<mpsc::Sender<Frame>>,
+    inflight: usize,
+}
+
+/// `--streams auto`: adds a connection while the last one added raised the rate.
+struct Grow {
+    max: u16,
+    /// Start of the current measurement.
+    since: Instant,
+    bytes_at_since: u64,
+    /// Rate before the last connection was added (bytes/s).
+    before: Option<f64>,
+    /// Whether the edge had data waiting for the connections during the measurement (a rate
+    /// measured while the source had nothing to send says nothing about connections).
+    limited: bool,
+    done: bool,
+}
+
+/// The parent side of a striped edge.
+pub struct OutEdge {
+    name: String,
+    striper: Striper,
+    conns: Vec<OutConn>,
+    /// The frames from `base` up, until acknowledged (a lost connection's are sent again).
+    frames: VecDeque<Frame>,
+    base: u64,
+    /// Identifies this edge to the child's agent.
+    pub token: u64,
+    /// The reorder window in frames, announced in `Attach`.
+    pub window: u32,
+    addrs: Vec<String>,
+    target: u16,
+    grow: Option<Grow>,
+    closed: bool,
+    /// Whether the last connection lost had frames in flight (worth a warning).
+    pub lost_busy: bool,
+}
+
+impl OutEdge {
+    /// An edge to `name` at `addrs` (main address first, then extra paths) carried as `mode`
+    /// says, with frames of about `chunk_size` bytes. No connection yet.
+    pub fn new(
+        name: String,
+        mode: EdgeMode,
+        addrs: Vec<String>,
+        chunk_size: u32,
+        now: Instant,
+    ) -> Self {
+        let window = window_for(chunk_size);
+        let config = StriperConfig {
+            window: u64::from(window),
+            ..StriperConfig::with(scheduler(mode.scheduler))
+        };
+        let paths = addrs.len().max(1) as u16;
+        let (target, grow) = match mode.streams {
+            // One connection per path to start with; more while they add throughput.
+            0 => (
+                paths.min(AUTO_MAX_STREAMS),
+                Some(Grow {
+                    max: AUTO_MAX_STREAMS.max(paths),
+                    since: now,
+                    bytes_at_since: 0,
+                    before: None,
+                    limited: false,
+                    done: false,
+                }),
+            ),
+            n => (n, None),
+        };
+        Self {
+            name,
+            striper: Striper::new(config),
+            conns: Vec::new(),
+            frames: VecDeque::new(),
+            base: 0,
+            token: rand::random(),
+            window,
+            addrs,
+            target,
+            grow,
+            closed: false,
+            lost_busy: false,
+        }
+    }
+
+    /// The `Attach` frame that introduces connection `conn`.
+    pub fn attach_frame(&self, session: SessionId, conn: u16) -> Frame {
+        Frame::Attach {
+            session,
+            token: self.token,
+            conn,
+            window: self.window,
+        }
+    }
+
+    /// Connections to open now: their numbers and addresses (round-robin over the paths).
+    /// Each is counted as opening from here on.
+    pub fn poll_connect(&mut self, now: Instant) -> Vec<(u16, String)> {
+        if self.closed {
+            return Vec::new();
+        }
+        self.check_growth(now);
+        let mut out = Vec::new();
+        while (self.conns.len() as u16) < self.target {
+            let n = self.conns.len() as u16;
+            let addr = self.addrs[n as usize % self.addrs.len()].clone();
+            self.conns.push(OutConn {
+                addr: addr.clone(),
+                id: None,
+                tx: None,
+                inflight: 0,
+            });
+            out.push((n, addr));
+        }
+        out
+    }
+
+    /// Connection `conn` is up; frames for it go to `tx`.
+    pub fn handle_connected(&mut self, conn: u16, tx: mpsc::Sender<Frame>, now: Instant) {
+        let id = self.striper.add_conn(now);
+        if let Some(c) = self.conns.get_mut(conn as usize) {
+            c.id = Some(id);
+            c.tx = Some(tx);
+        }
+    }
+
+    /// Connection `conn` could not be opened or failed: its frames go to the others. Returns
+    /// false when no connection is left or opening (the edge is lost).
+    pub fn handle_conn_lost(&mut self, conn: u16, now: Instant) -> bool {
+        self.lost_busy = self
+            .conns
+            .get(conn as usize)
+            .and_then(|c| c.id)
+            .and_then(|id| self.striper.stats().get(id).map(|s| s.inflight_items > 0))
+            .unwrap_or(false);
+        if let Some(c) = self.conns.get_mut(conn as usize) {
+            c.tx = None;
+            if let Some(id) = c.id {
+                let _ = self.striper.handle_conn_lost(id, now);
+            }
+            // A failed connection is not replaced by auto growth: it was counted.
+            c.id = c.id.or(Some(usize::MAX));
+        }
+        self.conns.iter().any(|c| c.tx.is_some() || c.id.is_none())
+    }
+
+    /// A frame was written to connection `conn`'s socket.
+    pub fn handle_written(&mut self, conn: u16) {
+        if let Some(c) = self.conns.get_mut(conn as usize) {
+            c.inflight = c.inflight.saturating_sub(1);
+        }
+    }
+
+    /// The child took frame `seq` from connection `conn`.
+    pub fn handle_got(&mut self, conn: u16, seq: u64, now: Instant) -> Result<(), StripeError> {
+        let id = self
+            .conns
+            .get(conn as usize)
+            .and_then(|c| c.id)
+            .filter(|&id| id != usize::MAX)
+            .ok_or(StripeError::UnknownConn(conn as usize))?;
+        self.striper.handle_acked(id, seq, now)?;
+        let below = self.striper.acked_below();
+        while self.base < below {
+            self.frames.pop_front();
+            self.base += 1;
+        }
+        Ok(())
+    }
+
+    /// Moves frames from the node into the striper while the window allows, and from the
+    /// striper to every connection whose writer has room.
+    pub fn pump(&mut self, node: &mut Node, link: Link, now: Instant) -> Result<(), StripeError> {
+        if self.closed {
+            return Ok(());
+        }
+        loop {
+            let mut moved = false;
+            while self.striper.wants_input() {
+                let Some(f) = node.poll_transmit(link) else {
+                    break;
+                };
+                let len = frame_len(&f);
+                self.striper.handle_input(len, now)?;
+                self.frames.push_back(f);
+                moved = true;
+            }
+            for c in self.conns.iter_mut() {
+                let (Some(id), Some(tx)) = (c.id, &c.tx) else {
+                    continue;
+                };
+                while c.inflight < SLOTS {
+                    let Some(item) = self.striper.poll_assign(id, now) else {
+                        break;
+                    };
+                    let Some(f) = self.frames.get((item.index - self.base) as usize) else {
+                        break;
+                    };
+                    let striped = Frame::Striped {
+                        seq: item.index,
+                        inner: Box::new(f.clone()),
+                    };
+                    if tx.try_send(striped).is_err() {
+                        // The writer is gone; its failure event is on the way and will hand
+                        // this item to another connection.
+                        break;
+                    }
+                    c.inflight += 1;
+                    moved = true;
+                }
+            }
+            if !moved {
+                break;
+            }
+        }
+        if self.grow.as_ref().is_some_and(|g| !g.done && !g.limited) {
+            // Data waiting that no connection could take: the connections are the limit.
+            let limited =
+                !self.striper.wants_input() || self.frames.len() as u64 > self.in_flight_items();
+            if let Some(g) = &mut self.grow {
+                g.limited = limited;
+            }
+        }
+        Ok(())
+    }
+
+    fn in_flight_items(&self) -> u64 {
+        self.striper
+            .stats()
+            .iter()
+            .map(|s| s.inflight_items as u64)
+            .sum()
+    }
+
+    fn acked_bytes(&self) -> u64 {
+        self.striper.stats().iter().map(|s| s.bytes_acked).sum()
+    }
+
+    /// `--streams auto`: at the end of each measurement, add a connection if the last one
+    /// added raised the rate by [`AUTO_GAIN`] (or it is the first measurement), else stop.
+    fn check_growth(&mut self, now: Instant) {
+        let acked = self.acked_bytes();
+        let opened = self.conns.len() as u16;
+        let Some(g) = &mut self.grow else { return };
+        if g.done || opened < self.target || now < g.since + AUTO_INTERVAL {
+            return;
+        }
+        let secs = now.duration_since(g.since).as_secs_f64();
+        let rate = (acked - g.bytes_at_since) as f64 / secs;
+        let limited = std::mem::take(&mut g.limited);
+        g.since = now;
+        g.bytes_at_since = acked;
+        if !limited {
+            // Nothing was waiting: the source or the child set the pace, not the connections.
+            return;
+        }
+        let gained = g.before.is_none_or(|b| rate > b * (1.0 + AUTO_GAIN));
+        if gained && self.target < g.max {
+            g.before = Some(rate);
+            self.target += 1;
+            tracing::debug!(
+                "edge to {}: {:.1} Mbit/s, opening connection {}",
+                self.name,
+                rate * 8e-6,
+                self.target
+            );
+        } else {
+            g.done = true;
+            tracing::debug!(
+                "edge to {}: {:.1} Mbit/s with {} connections; no more",
+                self.name,
+                rate * 8e-6,
+                self.target
+            );
+        }
+    }
+
+    /// The link ended: no more frames or connections.
+    pub fn close(&mut self) {
+        self.closed = true;
+        for c in &mut self.conns {
+            c.tx = None;
+        }
+    }
+
+    /// Whether the link is still in use.
+    pub fn is_open(&self) -> bool {
+        !self.closed
+    }
+
+    /// Whether the edge wants a timer (auto growth still deciding).
+    pub fn wants_tick(&self) -> bool {
+        self.grow.as_ref().is_some_and(|g| !g.done)
+    }
+
+    /// The edge's connections now.
+    pub fn report(&self) -> EdgeStreams {
+        let stats: Vec<ConnStats> = self.striper.stats();
+        let conns: Vec<ConnReport> = self
+            .conns
+            .iter()
+            .enumerate()
+            .map(|(n, c)| {
+                let s = c.id.and_then(|id| stats.get(id));
+                ConnReport {
+                    conn: n as u16,
+                    addr: c.addr.clone(),
+                    bytes: s.map_or(0, |s| s.bytes_acked),
+                    mbps: s.map_or(0.0, |s| s.rate * 8e-6),
+                    weight: s.map_or(0.0, |s| s.weight),
+                    inflight: s.map_or(0, |s| s.inflight_items),
+                    alive: s.is_some_and(|s| s.alive) && c.tx.is_some(),
+                }
+            })
+            .collect();
+        EdgeStreams {
+            edge: self.name.clone(),
+            total_mbps: conns.iter().filter(|c| c.alive).map(|c| c.mbps).sum(),
+            conns,
+        }
+    }
+}
+
+/// The child side of a striped edge: the join, and the `Got` answers.
+pub struct InEdge<T> {
+    /// The edge's token (connections attaching must carry it).
+    pub token: u64,
+    joiner: Joiner<T>,
+    /// Per connection: where its `Got` frames go.
+    acks: HashMap<u16, mpsc::UnboundedSender<Frame>>,
+}
+
+impl<T> InEdge<T> {
+    /// A join for an edge whose parent announced `window`.
+    pub fn new(token: u64, window: u32) -> Self {
+        // Two windows (see the module doc) and the few frames in the readers' queue.
+        Self {
+            token,
+            joiner: Joiner::new(2 * u64::from(window) + 16),
+            acks: HashMap::new(),
+        }
+    }
+
+    /// Connection `conn`'s `Got` frames go to `tx`.
+    pub fn add_conn(&mut self, conn: u16, tx: mpsc::UnboundedSender<Frame>) {
+        self.acks.insert(conn, tx);
+    }
+
+    /// Frame `seq` arrived on `conn`: hold it for the join and answer `Got` on that connection.
+    pub fn handle(&mut self, conn: u16, seq: u64, item: T) -> Result<(), JoinError> {
+        self.joiner.handle_item(seq, item)?;
+        if let Some(tx) = self.acks.get(&conn) {
+            let _ = tx.send(Frame::Got { seq });
+        }
+        Ok(())
+    }
+
+    /// The next frame in order, if it is here.
+    pub fn poll_release(&mut self) -> Option<T> {
+        self.joiner.poll_release().map(|(_, t)| t)
+    }
+
+    /// Whether a frame can be released now.
+    pub fn has_ready(&self) -> bool {
+        self.joiner.has_ready()
+    }
+}
+
+/// Where an agent's sessions wait for the extra connections of their striped edges.
+#[derive(Clone, Default, Debug)]
+pub struct Attachments {
+    inner: Arc<Mutex<Waiting>>,
+}
+
+/// How long an attaching connection waits for its session to announce the edge.
+const ATTACH_WAIT: Duration = Duration::from_secs(10);
+
+impl Attachments {
+    /// Registers edge `token` of `session`: attaching connections arrive on the receiver.
+    pub fn register(
+        &self,
+        session: SessionId,
+        token: u64,
+    ) -> mpsc::UnboundedReceiver<(u16, TcpStream)> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.lock().insert((session, token), tx);
+        rx
+    }
+
+    /// Removes the registration (the session ended).
+    pub fn unregister(&self, session: SessionId, token: u64) {
+        self.lock().remove(&(session, token));
+    }
+
+    /// Hands an admitted connection that sent `Attach` to its session, waiting a little for
+    /// the session to register (connection 0's announcement may still be on its way).
+    pub async fn deliver(
+        &self,
+        session: SessionId,
+        token: u64,
+        conn: u16,
+        stream: TcpStream,
+    ) -> Result<(), String> {
+        let deadline = Instant::now() + ATTACH_WAIT;
+        let mut stream = Some(stream);
+        loop {
+            if let Some(tx) = self.lock().get(&(session, token)) {
+                let s = stream.take().expect("sent once");
+                return tx
+                    .send((conn, s))
+                    .map_err(|_| format!("session {session:016x} has ended"));
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "no session {session:016x} with that edge here (connection {conn})"
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Waiting> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
