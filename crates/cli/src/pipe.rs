@@ -158,6 +158,12 @@ async fn recv(a: PipeRecvArgs) -> Result<i32> {
     let secret = a.common.require_secret()?;
     let tuning = a.common.tuning()?;
     let listeners = listen_all(&a.listen, &tuning).await?;
+    let addrs = listeners
+        .iter()
+        .map(|l| l.local_addr().map(|a| a.to_string()))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    // stdout is the stream: where we listen goes to stderr, first line (scripts read it).
+    eprintln!("bulkcast pipe listening on {}", addrs.join(", "));
     let cfg = Arc::new(AgentConfig {
         dir: PathBuf::from("."),
         keys: Keys::derive(&secret),

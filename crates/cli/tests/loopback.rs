@@ -31,6 +31,8 @@ impl Drop for Scratch {
 struct Agent {
     child: Child,
     addr: String,
+    /// Further addresses it listens on.
+    paths: Vec<String>,
     dir: PathBuf,
 }
 
@@ -46,30 +48,43 @@ fn secret(b: u8) -> String {
 }
 
 fn agent(dir: &Path, secret: &str) -> Agent {
+    agent_on(dir, secret, &["127.0.0.1:0"])
+}
+
+/// An agent listening on every address of `listen`; `addr` is the first.
+fn agent_on(dir: &Path, secret: &str, listen: &[&str]) -> Agent {
     let mut child = Command::new(BIN)
-        .args(["agent", "--listen", "127.0.0.1:0", "--dir"])
+        .arg("agent")
+        .args(listen.iter().flat_map(|l| ["--listen", l]))
+        .arg("--dir")
         .arg(dir)
         .env("BULKCAST_SECRET", secret)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let addr = listen_addr(&mut child);
+    let mut addrs = listen_addrs(&first_line(child.stdout.as_mut().unwrap()));
+    let addr = addrs.remove(0);
     Agent {
         child,
         addr,
+        paths: addrs,
         dir: dir.to_path_buf(),
     }
 }
 
 /// The address an agent says it listens on (the first line of its stdout).
 fn listen_addr(agent: &mut Child) -> String {
-    let line = first_line(agent.stdout.as_mut().unwrap());
-    line.split_whitespace()
-        .nth(4)
-        .unwrap()
-        .trim_end_matches(',')
-        .to_string()
+    listen_addrs(&first_line(agent.stdout.as_mut().unwrap()))[0].clone()
+}
+
+/// The addresses in "... listening on A, B, storing into ...".
+fn listen_addrs(line: &str) -> Vec<String> {
+    let rest = line.split(" listening on ").nth(1).unwrap();
+    rest.split(", ")
+        .take_while(|w| !w.starts_with("storing"))
+        .map(str::to_string)
+        .collect()
 }
 
 /// Reads one line byte by byte, leaving the rest of the stream unread.
@@ -741,4 +756,162 @@ fn above_64_hosts_plan_probes_a_sample_and_estimates_the_rest() {
     );
     assert!(!err.contains("could not probe"), "{err}");
     eprintln!("{err}");
+}
+
+/// `pipe recv` on loopback, and what it wrote to stdout.
+struct PipeRecv {
+    child: Child,
+    addrs: Vec<String>,
+}
+
+impl Drop for PipeRecv {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn pipe_recv(secret: &str, listen: &[&str], out: &Path) -> PipeRecv {
+    let mut child = Command::new(BIN)
+        .args(["pipe", "recv"])
+        .args(listen.iter().flat_map(|l| ["--listen", l]))
+        .env("BULKCAST_SECRET", secret)
+        .stdout(std::fs::File::create(out).unwrap())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let addrs = listen_addrs(&first_line(child.stderr.as_mut().unwrap()));
+    PipeRecv { child, addrs }
+}
+
+#[test]
+fn pipe_over_parallel_connections_with_every_scheduler_arrives_in_order() {
+    let s = Scratch::new("pipe");
+    let src = s.0.join("input");
+    make_file(&src, 24 * MIB + 4321, b"pipe");
+    let want = hash(&src);
+    let key = secret(9);
+    for scheduler in ["pull", "weighted", "equal"] {
+        let got = s.0.join(format!("out-{scheduler}"));
+        let mut rx = pipe_recv(&key, &["127.0.0.1:0"], &got);
+        let out = Command::new(BIN)
+            .args([
+                "pipe",
+                "send",
+                &rx.addrs[0],
+                "--streams",
+                "4",
+                "--json",
+                "-q",
+            ])
+            .args(["--scheduler", scheduler, "--chunk-kib", "64"])
+            .env("BULKCAST_SECRET", &key)
+            .stdin(std::fs::File::open(&src).unwrap())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{scheduler}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let status = rx.child.wait().unwrap();
+        assert!(status.success(), "{scheduler}: pipe recv failed");
+        assert_eq!(hash(&got), want, "{scheduler}: stream differs");
+        let r = report(&out);
+        assert_eq!(r["verified"], true);
+        assert_eq!(r["bytes"], 24 * MIB + 4321);
+        assert_eq!(r["scheduler"], scheduler);
+        let conns = r["conns"].as_array().unwrap();
+        assert_eq!(conns.len(), 4, "{scheduler}: {r}");
+        // Every connection carried part of the stream, and together all of it.
+        let sent: Vec<u64> = conns.iter().map(|c| c["sent"].as_u64().unwrap()).collect();
+        assert!(
+            sent.iter().all(|&b| b > 0),
+            "{scheduler}: idle connection: {sent:?}"
+        );
+        assert!(
+            sent.iter().sum::<u64>() >= 24 * MIB + 4321,
+            "{scheduler}: {sent:?}"
+        );
+    }
+}
+
+#[test]
+fn striped_tree_edges_use_every_path_of_a_host() {
+    let s = Scratch::new("paths");
+    let src = s.0.join("input.bin");
+    make_file(&src, 32 * MIB, b"paths");
+    let key = secret(10);
+    // Each agent listens on two loopback addresses: its main one and an extra path.
+    let ags: Vec<Agent> = (0..3)
+        .map(|i| {
+            agent_on(
+                &s.0.join(format!("r{i}")),
+                &key,
+                &["127.0.0.1:0", "127.0.0.2:0"],
+            )
+        })
+        .collect();
+    let mut hosts = String::new();
+    for (i, a) in ags.iter().enumerate() {
+        hosts += &format!(
+            "[[host]]\nname = \"r{i}\"\naddr = \"{}\"\npaths = [\"{}\"]\n",
+            a.addr, a.paths[0]
+        );
+    }
+    let file = s.0.join("hosts.toml");
+    std::fs::write(&file, hosts).unwrap();
+    let stats = s.0.join("stats.jsonl");
+    let out = send(
+        &[
+            src.to_str().unwrap(),
+            "--to",
+            file.to_str().unwrap(),
+            "--fanout",
+            "1",
+            "--streams",
+            "4",
+            "--stats",
+            stats.to_str().unwrap(),
+            "--stats-interval-ms",
+            "100",
+        ],
+        &key,
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let want = hash(&src);
+    for a in &ags {
+        assert_eq!(hash(&a.dir.join("input.bin")), want);
+    }
+    // The source's edge to r0: four connections, dealt round-robin to both addresses, each
+    // carrying data.
+    let r = report(&out);
+    let edge = r["edges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["to"] == "r0")
+        .unwrap();
+    let conns = edge["connections"].as_array().unwrap();
+    assert_eq!(conns.len(), 4, "{edge}");
+    for (i, c) in conns.iter().enumerate() {
+        let addr = if i % 2 == 0 {
+            &ags[0].addr
+        } else {
+            &ags[0].paths[0]
+        };
+        assert_eq!(c["addr"], addr.as_str());
+        assert!(c["bytes"].as_u64().unwrap() > 0, "{edge}");
+    }
+    // The time series has the edge's connections, one JSON object per line.
+    let lines = std::fs::read_to_string(&stats).unwrap();
+    let last: serde_json::Value = serde_json::from_str(lines.lines().last().unwrap()).unwrap();
+    assert_eq!(last["edge"], "r0");
+    assert_eq!(last["conns"].as_array().unwrap().len(), 4);
+    assert!(last["t_s"].as_f64().unwrap() > 0.0);
 }

@@ -77,7 +77,10 @@ pub struct ConnReport {
     pub conn: u16,
     /// The child's address it goes to.
     pub addr: String,
-    /// Bytes the child acknowledged on it.
+    /// Bytes handed to it (frames with their headers, resent ones included).
+    pub sent: u64,
+    /// Bytes the child acknowledged on it (the last few may be unacknowledged when the
+    /// session ends: the child's `Done` can overtake them).
     pub bytes: u64,
     /// Its current rate estimate, Mbit/s of busy time.
     pub mbps: f64,
@@ -129,6 +132,7 @@ struct OutConn {
     id: Option<usize>,
     tx: Option<mpsc::Sender<Frame>>,
     inflight: usize,
+    sent: u64,
 }
 
 /// `--streams auto`: adds a connection while the last one added raised the rate.
@@ -238,6 +242,7 @@ impl OutEdge {
                 id: None,
                 tx: None,
                 inflight: 0,
+                sent: 0,
             });
             out.push((n, addr));
         }
@@ -335,6 +340,7 @@ impl OutEdge {
                         break;
                     }
                     c.inflight += 1;
+                    c.sent += u64::from(item.len);
                     moved = true;
                 }
             }
@@ -434,6 +440,7 @@ impl OutEdge {
                 ConnReport {
                     conn: n as u16,
                     addr: c.addr.clone(),
+                    sent: c.sent,
                     bytes: s.map_or(0, |s| s.bytes_acked),
                     mbps: s.map_or(0.0, |s| s.rate * 8e-6),
                     weight: s.map_or(0.0, |s| s.weight),
