@@ -13,7 +13,8 @@
 //! `Refused`), joining by ticket (`Join`), session set-up (`Open`), data (`Chunk`, `End`),
 //! feedback that flows up a tree (`Ack`, `Done`, `Failed`), pulls (`Request`, used for repair
 //! today and by receiver-driven strategies later), network probing for the planner (`Ping`,
-//! `Pong`, `Probe`, `Probed`) and `Error` for a fatal protocol error.
+//! `Pong`, `Probe`, `Probed`), receiver-driven swarming (`Swarm`, see [`crate::swarm`]) and
+//! `Error` for a fatal protocol error.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
@@ -147,6 +148,9 @@ pub enum Frame {
         /// From the first to the last byte, in microseconds.
         micros: u64,
     },
+    /// Receiver-driven swarming (MOB, the BitTorrent-style baseline, the hybrid): a control
+    /// message with its own sub-type (see [`crate::swarm::msg`]); pieces travel as `Chunk`.
+    Swarm(crate::swarm::SwarmMsg),
     /// A fatal error; the sender of this frame closes the connection after it.
     Error {
         /// Human-readable reason.
@@ -280,6 +284,7 @@ const T_BWPROBE: u8 = 0x44;
 const T_BWRESULT: u8 = 0x45;
 const T_SINK: u8 = 0x46;
 const T_SINKREPORT: u8 = 0x47;
+const T_SWARM: u8 = 0x50;
 const T_ERROR: u8 = 0x7f;
 
 /// An RTT that could not be measured, in a `Probed` frame.
@@ -339,6 +344,7 @@ impl Frame {
             Frame::BwResult { .. } => "BwResult",
             Frame::Sink => "Sink",
             Frame::SinkReport { .. } => "SinkReport",
+            Frame::Swarm(_) => "Swarm",
             Frame::Error { .. } => "Error",
         }
     }
@@ -450,6 +456,10 @@ impl Frame {
                 b.put_u8(T_SINKREPORT);
                 b.put_u64(*bytes);
                 b.put_u64(*micros);
+            }
+            Frame::Swarm(m) => {
+                b.put_u8(T_SWARM);
+                m.encode(&mut b);
             }
             Frame::Error { reason } => {
                 b.put_u8(T_ERROR);
@@ -603,6 +613,10 @@ impl Frame {
                     bytes: r.u64()?,
                     micros: r.u64()?,
                 }
+            }
+            T_SWARM => {
+                r.what = "Swarm";
+                Frame::Swarm(crate::swarm::SwarmMsg::decode(&mut r.b)?)
             }
             T_ERROR => {
                 r.what = "Error";
