@@ -191,7 +191,7 @@ impl SwarmConfig {
             unchoke_slots: 4,
             rechoke_every: Duration::from_secs(10),
             optimistic_every: Duration::from_secs(30),
-            push_horizon: Duration::from_secs(2),
+            push_horizon: Duration::from_secs(1),
             tick: Duration::from_millis(250),
             warmup: Duration::from_millis(500),
             seed: 1,
@@ -323,6 +323,8 @@ pub struct SwarmNode {
     pending_from: Vec<Option<NodeId>>,
     /// Hybrid: pieces announced to the tree parent as held by our cluster (not by us).
     covered: Bits,
+    /// Hybrid endgame: second requests, (piece, peer).
+    second: Vec<(u64, NodeId)>,
     connect_to: Vec<NodeId>,
     rng: SmallRng,
     events: VecDeque<SwarmEvent>,
@@ -398,6 +400,7 @@ impl SwarmNode {
             pending: Bits::new(p),
             pending_from: vec![None; p as usize],
             covered: Bits::new(p),
+            second: Vec::new(),
             connect_to: Vec::new(),
             rng,
             events: VecDeque::new(),
@@ -493,8 +496,11 @@ impl SwarmNode {
         p.uploads.clear();
         p.ctrl.clear();
         let requested = std::mem::take(&mut p.requested);
+        self.second.retain(|&(_, q)| q != peer);
         for i in requested {
-            self.unpend(i);
+            if self.pending_from[i as usize] == Some(peer) {
+                self.unpend(i);
+            }
         }
         if self.cfg.strategy == Strategy::Swarm {
             self.rechoke(now, false);
@@ -583,8 +589,7 @@ impl SwarmNode {
                 let p = &mut self.peers[k];
                 if !self.have.contains(index) {
                     p.ctrl.push_back(Frame::Swarm(SwarmMsg::Reject { index }));
-                } else if !(bt && p.am_choking)
-                    && !p.uploads.contains(&index)
+                } else if !(p.uploads.contains(&index) || bt && p.am_choking)
                     && p.uploads.len() < 1024
                 {
                     p.uploads.push_back(index);
@@ -638,9 +643,13 @@ impl SwarmNode {
             return Some(Transmit::Piece(i));
         }
         if p.child && self.cfg.strategy.pushes() {
+            // Push is the front-to-back stream: only the contiguous prefix is pushed, so what
+            // this node pulled beyond its horizon is not pushed on into a child that pulls
+            // the same far end itself (a second copy over the WAN).
             let (have, has, pushed) = (&self.have_bits, &p.has, &p.pushed);
+            let prefix = self.have.prefix();
             let i = bits::pick_lowest(have.words(), |w| {
-                have.word(w) & !has.word(w) & !pushed.word(w)
+                have.word(w) & !has.word(w) & !pushed.word(w) & bits::range_word(w, 0, prefix)
             })?;
             p.pushed.set(i);
             p.up_window += 1;
@@ -791,6 +800,25 @@ impl SwarmNode {
             }
         }
         self.unpend(i);
+        if !self.second.is_empty() {
+            let losers: Vec<NodeId> = self
+                .second
+                .iter()
+                .filter(|&&(j, q)| j == i && q != from)
+                .map(|&(_, q)| q)
+                .collect();
+            self.second.retain(|&(j, _)| j != i);
+            for q in losers {
+                if let Some(kq) = self.index[q] {
+                    let o = &mut self.peers[kq];
+                    o.requested.retain(|&r| r != i);
+                    if o.connected {
+                        o.ctrl
+                            .push_back(Frame::Swarm(SwarmMsg::Cancel { index: i }));
+                    }
+                }
+            }
+        }
         if !self.have.insert(i) {
             self.duplicates += 1;
             return;
@@ -851,6 +879,7 @@ impl SwarmNode {
                 let p = &mut self.peers[k];
                 p.has.clear(index);
                 p.requested.retain(|&i| i != index);
+                self.second.retain(|&(j, q)| !(j == index && q == id));
                 if self.pending_from[index as usize] == Some(id) {
                     self.unpend(index);
                 }
@@ -966,13 +995,51 @@ impl SwarmNode {
             let pick = bits::pick_random(have.words(), &mut self.rng, |w| {
                 has.word(w) & !have.word(w) & !pending.word(w) & allowed[w]
             });
-            let Some(i) = pick else { break };
+            let Some(i) = pick.or_else(|| self.endgame_pick(k, &allowed)) else {
+                break;
+            };
+            if self.pending.get(i) {
+                // A second request (hybrid endgame); the first stays with its peer.
+                self.second.push((i, self.peers[k].id));
+                let p = &mut self.peers[k];
+                p.requested.push(i);
+                p.ctrl.push_back(Frame::Request { index: i });
+                continue;
+            }
             self.pending.set(i);
             self.pending_from[i as usize] = Some(self.peers[k].id);
             let p = &mut self.peers[k];
             p.requested.push(i);
             p.ctrl.push_back(Frame::Request { index: i });
         }
+    }
+
+    /// Hybrid endgame: once every missing piece is requested (or left to push), a piece
+    /// pending at another peer may be requested from this one too; the first copy to arrive
+    /// wins and the other request is cancelled. This is the one place the hybrid may bring a
+    /// second copy into a cluster: when waiting for the first request (stuck behind a link
+    /// that slowed down) is slower.
+    fn endgame_pick(&mut self, k: usize, allowed: &[u64]) -> Option<u64> {
+        if self.cfg.strategy != Strategy::Hybrid {
+            return None;
+        }
+        let missing = self.cfg.pieces - self.have.len();
+        if missing > self.pending.count() + self.cfg.requests_per_peer as u64 {
+            return None;
+        }
+        let me = self.peers[k].id;
+        let mut seconded = Bits::new(self.cfg.pieces);
+        for &(i, _) in &self.second {
+            seconded.set(i);
+        }
+        for &i in &self.peers[k].requested {
+            seconded.set(i);
+        }
+        let (have, pending, has) = (&self.have_bits, &self.pending, &self.peers[k].has);
+        let i = bits::pick_random(have.words(), &mut self.rng, |w| {
+            has.word(w) & !have.word(w) & pending.word(w) & !seconded.word(w) & allowed[w]
+        })?;
+        (self.pending_from[i as usize] != Some(me)).then_some(i)
     }
 
     /// Picks the initial peers to dial.

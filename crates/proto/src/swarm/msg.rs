@@ -190,7 +190,7 @@ impl SwarmMsg {
                     return Err(WireError::Truncated(WHAT));
                 }
                 let bits = b.split_to(n as usize);
-                if pieces % 8 != 0 {
+                if !pieces.is_multiple_of(8) {
                     let last = bits[bits.len() - 1];
                     if last & (0xff >> (pieces % 8)) != 0 {
                         return Err(WireError::BadValue(

@@ -96,7 +96,7 @@ impl Topology {
         self.clusters
             .iter()
             .enumerate()
-            .flat_map(|(c, &n)| std::iter::repeat(c as u32).take(n))
+            .flat_map(|(c, &n)| std::iter::repeat_n(c as u32, n))
             .collect()
     }
 
@@ -219,9 +219,9 @@ impl Condition {
                 let mut out = Vec::new();
                 let mut t = Duration::ZERO;
                 while t < until {
-                    for x in 0..c {
-                        for y in x + 1..c {
-                            let rate = nominal[x][y] * rng.gen_range(0.1..=1.0);
+                    for (x, row) in nominal.iter().enumerate().take(c) {
+                        for (y, &nom) in row.iter().enumerate().take(c).skip(x + 1) {
+                            let rate = nom * rng.gen_range(0.1..=1.0);
                             if t.is_zero() {
                                 topo.set_link(x, y, rate);
                             } else {
@@ -841,6 +841,11 @@ impl Sim {
         let now = self.now;
         loop {
             let mut moved = false;
+            // Events first: a piece just verified is stored before it can be asked for.
+            while let Some(ev) = self.nodes[k].node.poll_event() {
+                moved = true;
+                self.node_event(k, ev);
+            }
             let peers: Vec<NodeId> = self.nodes[k].node.peers().collect();
             for p in peers {
                 if !self.nodes[p].alive {
@@ -854,10 +859,6 @@ impl Sim {
                     self.send(k, p, t);
                     moved = true;
                 }
-            }
-            while let Some(ev) = self.nodes[k].node.poll_event() {
-                moved = true;
-                self.node_event(k, ev);
             }
             if !moved {
                 break;
