@@ -61,9 +61,22 @@
 //! Why this and not MOB alone: MOB pays a request round trip per piece per peer and needs
 //! enough connections per cluster pair to fill a long fat WAN link (its weak spot at high
 //! RTT with small clusters), while a tree streams without asking; why not a tree alone: it
-//! cannot use a link that speeds up and is stuck behind one that slows down. The example
-//! `swarm_sim` and the tests in `tests/swarm_sim.rs` show what the simulator gives for each
-//! strategy; see the crate's report of them in the branch notes.
+//! cannot use a link that speeds up and is stuck behind one that slows down. A relay pushes
+//! only its contiguous prefix (what it pulled beyond its horizon is left to its children's own
+//! pulls, otherwise a second copy crosses the WAN), and at the very end a piece stuck behind a
+//! slow peer may be requested a second time elsewhere (an endgame, the only case where the
+//! hybrid brings a piece into a cluster twice on purpose).
+//!
+//! **What the simulator shows today** (example `swarm_sim`, 4 clusters x 4 nodes, 600 MB,
+//! the paper's five conditions at 20 and 100 ms RTT): MOB is ahead of the swarm baseline
+//! everywhere and brings exactly one copy into each cluster; MOB under "mayhem" gets 58% of its
+//! "fast links" throughput (the paper: 62%). The hybrid is *on par with MOB* (within about 5%
+//! either way, ahead in four of ten cells) at 1.01-1.08 copies per cluster, far ahead of
+//! the tree alone when links change, but **not** ahead of MOB everywhere. When one tree
+//! edge drops to 10% (`tests/swarm_sim.rs`), it finishes 3.7x sooner than the tree alone but
+//! about 3.5x later than without the slowdown, as MOB does: each receiver keeps `R` requests
+//! queued at its rank-matched peer behind the slowed link whatever that peer's rate. The next
+//! step is a per-peer request window sized by measured delivery rate.
 //!
 //! # Driving it (sans-IO)
 //! Construct one [`SwarmNode`] per member with [`SwarmNode::new`]. Dial every node in
