@@ -69,9 +69,9 @@
 //!
 //! **What the simulator shows today** (example `swarm_sim`, 4 clusters x 4 nodes, 600 MB,
 //! the paper's five conditions at 20 and 100 ms RTT): MOB is ahead of the swarm baseline
-//! everywhere and brings exactly one copy into each cluster; MOB under "mayhem" gets 58% of its
+//! everywhere and brings exactly one copy into each cluster; MOB under "mayhem" gets 58-60% of its
 //! "fast links" throughput (the paper: 62%). The hybrid is *on par with MOB* (within about 5%
-//! either way, ahead in four of ten cells) at 1.01-1.08 copies per cluster, far ahead of
+//! either way, ahead in six of ten cells) at 1.01-1.08 copies per cluster, far ahead of
 //! the tree alone when links change, but **not** ahead of MOB everywhere. When one tree
 //! edge drops to 10% (`tests/swarm_sim.rs`), it finishes 3.7x sooner than the tree alone but
 //! about 3.5x later than without the slowdown, as MOB does: each receiver keeps `R` requests
