@@ -31,7 +31,7 @@ use rand::{Rng, SeedableRng};
 
 use super::{Strategy, SwarmConfig, SwarmEvent, SwarmNode, Transmit};
 use crate::auth::{Keys, Secret};
-use crate::tree::{NodeId, Tree};
+use crate::tree::{NodeId, Tree, SOURCE};
 use crate::wire::{self, Chunk, Frame};
 
 /// One megabyte per second, in bytes per second (the paper's unit).
@@ -268,6 +268,152 @@ pub fn plan_tree(topo: &Topology) -> Tree {
     }
     parent[0] = None;
     Tree::from_parents(parent).expect("a spanning tree by construction")
+}
+
+/// The most that can flow from host `from` to host `to` per second over `topo` (bytes per
+/// second): a maximum flow (Edmonds-Karp) in its capacity graph. Each host has an uplink edge
+/// into its cluster's egress point and a downlink edge out of its cluster's ingress point;
+/// within a cluster, egress feeds ingress without limit (the LAN behind the access links);
+/// between clusters, egress x feeds ingress y at `wan[x][y]`.
+pub fn max_flow(topo: &Topology, from: NodeId, to: NodeId) -> f64 {
+    let n = topo.nodes();
+    let c = topo.clusters.len();
+    if from >= n || to >= n || from == to {
+        return 0.0;
+    }
+    let labels = topo.labels();
+    // Vertices: hosts 0..n, egress n..n+c, ingress n+c..n+2c.
+    let v = n + 2 * c;
+    let mut cap = vec![vec![0.0f64; v]; v];
+    let inf = f64::INFINITY;
+    for (h, &l) in labels.iter().enumerate() {
+        let x = l as usize;
+        cap[h][n + x] += topo.access_up;
+        cap[n + c + x][h] += topo.access_down;
+    }
+    for x in 0..c {
+        cap[n + x][n + c + x] = inf;
+        for y in (0..c).filter(|&y| y != x) {
+            cap[n + x][n + c + y] += topo.wan[x][y].max(0.0);
+        }
+    }
+    let mut total = 0.0;
+    loop {
+        // Shortest augmenting path by breadth-first search.
+        let mut prev = vec![usize::MAX; v];
+        prev[from] = from;
+        let mut queue = VecDeque::from([from]);
+        while let Some(u) = queue.pop_front() {
+            if u == to {
+                break;
+            }
+            for w in 0..v {
+                if prev[w] == usize::MAX && cap[u][w] > 1e-9 {
+                    prev[w] = u;
+                    queue.push_back(w);
+                }
+            }
+        }
+        if prev[to] == usize::MAX {
+            return total;
+        }
+        let mut push = inf;
+        let mut w = to;
+        while w != from {
+            push = push.min(cap[prev[w]][w]);
+            w = prev[w];
+        }
+        if !push.is_finite() {
+            return inf;
+        }
+        let mut w = to;
+        while w != from {
+            let u = prev[w];
+            cap[u][w] -= push;
+            cap[w][u] += push;
+            w = u;
+        }
+        total += push;
+    }
+}
+
+/// The broadcast capacity of `topo` from the source (node 0), bytes per second: the least,
+/// over the receivers, of the maximum flow from the source to it.
+///
+/// No strategy can beat it: every receiver gets the whole object through some cut of the
+/// graph. It is also the right target: hosts store and forward, and within a cluster the
+/// access links dwarf the WAN, so each cluster acts as one vertex of a directed graph whose
+/// edges are the WAN links, and by Edmonds' branching theorem the spanning arborescences from
+/// the source that such a graph packs carry exactly this min-cut rate (a fixed split of the
+/// object over a few trees, planned with the rates known in advance). It is the packing / LP
+/// bound the issue measures against.
+pub fn broadcast_bound(topo: &Topology) -> f64 {
+    (1..topo.nodes())
+        .map(|b| max_flow(topo, SOURCE, b))
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// The bound of a whole plan: the earliest time an object of `object_len` bytes could reach
+/// every receiver if each received, at every instant, its maximum flow under the WAN rates
+/// of that instant (`changes` applied in time order on top of `topo`).
+///
+/// With static rates this is `object_len / broadcast_bound(topo)`. With changing rates the
+/// rate `object_len / time` is the time average of the instantaneous bound over that ideal
+/// transfer. It is a reference rather than a strict bound then: a node may store what a fast
+/// link brings early and forward it later over a link that speeds up, which a per-instant cut
+/// does not see, so a strategy could in principle exceed it slightly. It ignores latency and
+/// per-piece overhead.
+pub fn bound_time(topo: &Topology, changes: &[WanChange], object_len: u64) -> Duration {
+    let mut topo = topo.clone();
+    let mut changes = changes.to_vec();
+    changes.sort_by_key(|c| c.at);
+    let n = topo.nodes();
+    let mut got = vec![0.0f64; n];
+    let mut done = vec![false; n];
+    done[SOURCE] = true;
+    let mut finish = Duration::ZERO;
+    let mut t = Duration::ZERO;
+    let mut k = 0;
+    let need = object_len as f64;
+    while done.iter().any(|d| !d) {
+        while k < changes.len() && changes[k].at <= t {
+            let ch = changes[k];
+            topo.wan[ch.from][ch.to] = ch.rate;
+            k += 1;
+        }
+        let next = changes.get(k).map(|c| c.at);
+        for b in 0..n {
+            if done[b] {
+                continue;
+            }
+            let r = max_flow(&topo, SOURCE, b);
+            let dt = next.map_or(f64::INFINITY, |x| (x - t).as_secs_f64());
+            if r > 0.0 && got[b] + r * dt >= need {
+                done[b] = true;
+                finish = finish.max(t + Duration::from_secs_f64((need - got[b]) / r));
+            } else if next.is_some() {
+                got[b] += r * dt;
+            } else {
+                // Never: the receiver is cut off for good.
+                return Duration::MAX;
+            }
+        }
+        match next {
+            Some(x) => t = x,
+            None => break,
+        }
+    }
+    finish
+}
+
+/// [`bound_time`] as a rate: `object_len` over it, bytes per second.
+pub fn bound_rate(topo: &Topology, changes: &[WanChange], object_len: u64) -> f64 {
+    let t = bound_time(topo, changes, object_len);
+    if t == Duration::MAX {
+        0.0
+    } else {
+        object_len as f64 / t.as_secs_f64().max(1e-12)
+    }
 }
 
 /// A declarative simulation plan.
