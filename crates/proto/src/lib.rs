@@ -15,6 +15,8 @@
 //! - [`hosts`]: the hosts file shared by `send`, the planner and the lab.
 //! - [`stripe`]: balanced multi-trees: an object's chunks dealt to several tree sessions.
 //! - [`sim`]: an in-memory network on a simulated clock for tests.
+//! - [`swarm`]: receiver-driven swarming (MOB, a BitTorrent-style baseline, a tree+pull
+//!   hybrid) over the same chunks and wire, with its own cluster/WAN simulator.
 //! - [`multipath`]: one edge over N parallel connections: striping, in-order join, and the
 //!   paper's weighted fork-join controller, with its own simulator.
 #![warn(missing_docs)]
@@ -27,5 +29,6 @@ pub mod multipath;
 pub mod node;
 pub mod sim;
 pub mod stripe;
+pub mod swarm;
 pub mod tree;
 pub mod wire;

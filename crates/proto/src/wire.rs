@@ -14,8 +14,9 @@
 //! feedback that flows up a tree (`Ack`, `Done`, `Failed`), pulls (`Request`, used for repair
 //! today and by receiver-driven strategies later), network probing for the planner (`Ping`,
 //! `Pong`, `Probe`, `Probed`), multi-stream edges (`Attach` a connection to an edge, `Striped`
-//! frames of the edge's sequence, `Got` back on the connection that carried one) and `Error`
-//! for a fatal protocol error.
+//! frames of the edge's sequence, `Got` back on the connection that carried one),
+//! receiver-driven swarming (`Swarm`, see [`crate::swarm`]) and `Error` for a fatal protocol
+//! error.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
@@ -179,6 +180,9 @@ pub enum Frame {
         /// The sequence number taken.
         seq: u64,
     },
+    /// Receiver-driven swarming (MOB, the BitTorrent-style baseline, the hybrid): a control
+    /// message with its own sub-type (see [`crate::swarm::msg`]); pieces travel as `Chunk`.
+    Swarm(crate::swarm::SwarmMsg),
     /// A fatal error; the sender of this frame closes the connection after it.
     Error {
         /// Human-readable reason.
@@ -356,6 +360,7 @@ const T_BWPROBE: u8 = 0x44;
 const T_BWRESULT: u8 = 0x45;
 const T_SINK: u8 = 0x46;
 const T_SINKREPORT: u8 = 0x47;
+const T_SWARM: u8 = 0x50;
 const T_ERROR: u8 = 0x7f;
 
 /// An RTT that could not be measured, in a `Probed` frame.
@@ -418,6 +423,7 @@ impl Frame {
             Frame::Attach { .. } => "Attach",
             Frame::Striped { .. } => "Striped",
             Frame::Got { .. } => "Got",
+            Frame::Swarm(_) => "Swarm",
             Frame::Error { .. } => "Error",
         }
     }
@@ -554,6 +560,10 @@ impl Frame {
             Frame::Got { seq } => {
                 b.put_u8(T_GOT);
                 b.put_u64(*seq);
+            }
+            Frame::Swarm(m) => {
+                b.put_u8(T_SWARM);
+                m.encode(&mut b);
             }
             Frame::Error { reason } => {
                 b.put_u8(T_ERROR);
@@ -732,6 +742,10 @@ impl Frame {
             T_GOT => {
                 r.what = "Got";
                 Frame::Got { seq: r.u64()? }
+            }
+            T_SWARM => {
+                r.what = "Swarm";
+                Frame::Swarm(crate::swarm::SwarmMsg::decode(&mut r.b)?)
             }
             T_ERROR => {
                 r.what = "Error";

@@ -1,0 +1,1148 @@
+//! Receiver-driven swarming: MOB, a BitTorrent-style baseline, and a tree+pull hybrid, over
+//! the same chunks, verification and wire format as the push tree.
+//!
+//! One state machine, [`SwarmNode`], runs on every member of a session (the source
+//! included); a [`Strategy`] picks the behaviour:
+//!
+//! - [`Strategy::TreePush`]: the planned tree alone. Every node pushes each piece it holds to
+//!   each tree child, lowest index first; nothing is pulled. The baseline that every planned
+//!   tree shares: its rate is fixed by the slowest edge, whatever changes later.
+//! - [`Strategy::Swarm`]: BitTorrent as the MOB paper implemented it (section 2.5): random
+//!   peers from the session's membership (no tracker), `Bitfield`/`Have`, `Interested`,
+//!   requests for a random piece the peer has, `R = 5` outstanding per peer, tit-for-tat
+//!   choking (the 4 best uploaders to us, or best downloaders from us once complete, are
+//!   unchoked every 10 s, plus one optimistic unchoke every 30 s with newcomers three times as
+//!   likely).
+//! - [`Strategy::Mob`]: MOB (section 3.1), see below.
+//! - [`Strategy::Hybrid`]: ours, see below.
+//!
+//! # MOB
+//! 1. Each node connects to five random *local* nodes (same cluster); incoming connections
+//!    are always accepted. 2. It connects to five random *global* peers among its rank-matched
+//!    candidates ([`mob::Mobs::global_candidates`]; with four clusters there are three).
+//! 3. Pieces of the node's *mob share* ([`mob::mob_share`]) are stolen from global peers,
+//!    all others from local peers, `R = 5` requests pipelined per peer and always honoured.
+//!    `Have(i)` goes to every local peer, and to a global peer only when i is in that peer's
+//!    share, so one `Have` and one copy of each piece enter each cluster. The source sends a
+//!    `Bitfield` to all its peers. 4. A node holding everything joins the completion phase:
+//!    `Complete` travels up a binary tree over all members ([`SwarmMsg::Complete`]), `AllDone`
+//!    comes back down, and every node serves until then.
+//!
+//! One reading we had to make: taken literally, rule 3 deadlocks the source's own cluster
+//! (its members' shares can only come from other clusters, which only get them from it). A
+//! piece never has to *enter* the source's cluster, so there every piece is stolen from local
+//! peers, and global peers are only served. A lost member's share is redistributed by
+//! recomputing ranks over the live members ([`SwarmNode::handle_member_lost`]).
+//!
+//! # The hybrid
+//! Push along the planned tree is the fast path: no request round trips, no per-piece
+//! overhead beyond the piece. Every receiver also pulls, MOB-style (own-cluster peers for
+//! anything, global peers only for its mob share), but only pieces that push will not bring
+//! in time: those at or beyond its *push horizon*, `prefix + push_rate * horizon`, where
+//! `prefix` is its contiguous prefix and `push_rate` the measured rate of pieces its tree
+//! parent pushed (an EWMA over [`SwarmConfig::tick`]s). Three consequences:
+//!
+//! - **Pull rises only while push falls behind.** When push keeps pace with everything left,
+//!   the horizon covers the whole object and nothing is pulled; when a tree edge slows down,
+//!   `push_rate` falls, the horizon closes in, and the receivers below it pull more of the
+//!   object from other peers over other WAN links. No monitoring, no re-planning: the tree
+//!   keeps pushing through the slow edge whatever it can still carry. If the parent is lost,
+//!   everything is pulled.
+//! - **One copy per cluster.** A node tells its tree parent every piece it got otherwise, and
+//!   the parent skips it. A cluster's WAN entry (a node whose tree parent is in another
+//!   cluster) also forwards to its parent the `Have`s of its cluster mates ("covered": the
+//!   piece is already in the cluster), then fetches those pieces locally. WAN pulls follow
+//!   mob shares, so a piece is pulled into a cluster once; a second copy crosses the WAN only
+//!   when a pull and a push of the same piece race at the horizon, which is where pushing it
+//!   again is no faster than pulling it.
+//! - **Push and pull meet.** Push fills from the front (lowest index first), pulls land
+//!   beyond the horizon; the node finishes when they meet, with both paths busy until then.
+//!
+//! Why this and not MOB alone: MOB pays a request round trip per piece per peer and needs
+//! enough connections per cluster pair to fill a long fat WAN link (its weak spot at high
+//! RTT with small clusters), while a tree streams without asking; why not a tree alone: it
+//! cannot use a link that speeds up and is stuck behind one that slows down. A relay pushes
+//! only its contiguous prefix (what it pulled beyond its horizon is left to its children's own
+//! pulls, otherwise a second copy crosses the WAN), and at the very end a piece stuck behind a
+//! slow peer may be requested a second time elsewhere (an endgame, the only case where the
+//! hybrid brings a piece into a cluster twice on purpose).
+//!
+//! **What the simulator shows today** (example `swarm_sim`, 4 clusters x 4 nodes, 600 MB,
+//! the paper's five conditions at 20 and 100 ms RTT): MOB is ahead of the swarm baseline
+//! everywhere and brings exactly one copy into each cluster; MOB under "mayhem" gets 58-60% of its
+//! "fast links" throughput (the paper: 62%). The hybrid is *on par with MOB* (within about 5%
+//! either way, ahead in six of ten cells) at 1.01-1.08 copies per cluster, far ahead of
+//! the tree alone when links change, but **not** ahead of MOB everywhere. When one tree
+//! edge drops to 10% (`tests/swarm_sim.rs`), it finishes 3.7x sooner than the tree alone but
+//! about 3.5x later than without the slowdown, as MOB does: each receiver keeps `R` requests
+//! queued at its rank-matched peer behind the slowed link whatever that peer's rate. The next
+//! step is a per-peer request window sized by measured delivery rate.
+//!
+//! # Driving it (sans-IO)
+//! Construct one [`SwarmNode`] per member with [`SwarmNode::new`]. Dial every node in
+//! [`SwarmNode::connect_to`], accept every member that dials in, and call
+//! [`SwarmNode::handle_connected`] for each connection that is up (either side). Then after
+//! every input, until nothing moves:
+//! 1. for each connected peer whose socket has room, send what
+//!    [`SwarmNode::poll_transmit`] returns until `None`: a [`Transmit::Frame`] as it is, a
+//!    [`Transmit::Piece`] as the `Chunk` frame of that piece read back from the local store
+//!    (chunk, hash and tag as received: the core never holds piece data);
+//! 2. frames read from a peer go to [`SwarmNode::handle_frame`] (an `Err` is a protocol
+//!    violation: close that connection); a `Chunk` the driver verified itself off the event
+//!    loop goes to [`SwarmNode::handle_verified_piece`] instead;
+//! 3. act on [`SwarmNode::poll_event`]: store [`SwarmEvent::Piece`]s (and serve them from
+//!    memory until stored), dial [`SwarmEvent::Connect`] peers, report
+//!    [`SwarmEvent::Complete`], and close the session at [`SwarmEvent::AllDone`];
+//! 4. call [`SwarmNode::handle_timeout`] at [`SwarmNode::poll_timeout`];
+//! 5. when a connection drops, [`SwarmNode::handle_peer_lost`]; when the session learns
+//!    a member is gone for good, [`SwarmNode::handle_member_lost`] on every member.
+
+pub(crate) mod bits;
+mod bt;
+mod hybrid;
+pub mod mob;
+pub mod msg;
+pub mod sim;
+
+use std::collections::{BTreeSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+
+use crate::auth::Keys;
+use crate::chunkmap::ChunkMap;
+use crate::tree::{NodeId, Tree, SOURCE};
+use crate::wire::{Chunk, Frame, SessionId};
+
+use bits::Bits;
+pub use mob::Mobs;
+pub use msg::SwarmMsg;
+
+/// Which distribution strategy a [`SwarmNode`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Strategy {
+    /// Push along the planned tree only (the baseline of every planned tree).
+    TreePush,
+    /// BitTorrent as in the MOB paper (random pieces, `R` requests, tit-for-tat choking).
+    Swarm,
+    /// MOB (mob shares, rank-matched global peers, completion tree).
+    Mob,
+    /// Push along the planned tree, pull what push will not bring in time.
+    Hybrid,
+}
+
+impl Strategy {
+    /// Every strategy, in the order the reports print them.
+    pub const ALL: [Strategy; 4] = [
+        Strategy::TreePush,
+        Strategy::Swarm,
+        Strategy::Mob,
+        Strategy::Hybrid,
+    ];
+
+    /// A short name for tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::TreePush => "tree-push",
+            Strategy::Swarm => "swarm",
+            Strategy::Mob => "mob",
+            Strategy::Hybrid => "hybrid",
+        }
+    }
+
+    fn pushes(self) -> bool {
+        matches!(self, Strategy::TreePush | Strategy::Hybrid)
+    }
+}
+
+/// Settings of a swarm session (the same on every member).
+#[derive(Debug, Clone)]
+pub struct SwarmConfig {
+    /// The strategy.
+    pub strategy: Strategy,
+    /// Session id (chunk tags are bound to it).
+    pub session: SessionId,
+    /// Number of pieces (chunks) of the object.
+    pub pieces: u64,
+    /// Outstanding requests per peer (`R`, 5 in the paper).
+    pub requests_per_peer: usize,
+    /// MOB: local peers each node dials (5).
+    pub local_peers: usize,
+    /// MOB: global peers each node dials among its candidates (5).
+    pub global_peers: usize,
+    /// BitTorrent baseline: peers each node dials (what a tracker would hand out).
+    pub swarm_peers: usize,
+    /// BitTorrent baseline: regular unchoke slots (4).
+    pub unchoke_slots: usize,
+    /// BitTorrent baseline: rechoke period (10 s).
+    pub rechoke_every: Duration,
+    /// BitTorrent baseline: optimistic unchoke period (30 s).
+    pub optimistic_every: Duration,
+    /// Hybrid: pull only pieces push is not expected to bring within this long.
+    pub push_horizon: Duration,
+    /// Hybrid: how often the push rate is measured.
+    pub tick: Duration,
+    /// Hybrid: no pulls before the first push measurement, this long after the start.
+    pub warmup: Duration,
+    /// Seed for peer and piece choice (each node mixes in its id).
+    pub seed: u64,
+}
+
+impl SwarmConfig {
+    /// The paper's settings for `strategy` over `pieces` pieces.
+    pub fn new(strategy: Strategy, session: SessionId, pieces: u64) -> Self {
+        Self {
+            strategy,
+            session,
+            pieces,
+            requests_per_peer: 5,
+            local_peers: 5,
+            global_peers: 5,
+            swarm_peers: 10,
+            unchoke_slots: 4,
+            rechoke_every: Duration::from_secs(10),
+            optimistic_every: Duration::from_secs(30),
+            push_horizon: Duration::from_secs(1),
+            tick: Duration::from_millis(250),
+            warmup: Duration::from_millis(500),
+            seed: 1,
+        }
+    }
+}
+
+/// Why a swarm node could not be built, or a peer's frame was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SwarmError {
+    /// The membership does not contain this node, or is empty.
+    #[error("node {0} is not a member of the session")]
+    NotAMember(NodeId),
+    /// The strategy pushes along a tree and none (or one of another size) was given.
+    #[error("strategy {0} needs a tree spanning the members")]
+    NoTree(&'static str),
+    /// A frame from a node that is not a connected peer.
+    #[error("frame from node {0}, which is not a connected peer")]
+    UnknownPeer(NodeId),
+    /// A piece index beyond the object.
+    #[error("{0} for piece {1}, beyond the object's {2} pieces")]
+    OutOfRange(&'static str, u64, u64),
+    /// A bitfield of the wrong size.
+    #[error("bitfield of {0} pieces for an object of {1}")]
+    BadBitfield(u64, u64),
+    /// A frame that has no place in a swarm session.
+    #[error("unexpected {0} frame in a swarm session")]
+    Unexpected(&'static str),
+}
+
+/// What to send next on a connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transmit {
+    /// A control frame, to send as it is.
+    Frame(Frame),
+    /// The piece with this index: send its `Chunk` frame from the local store.
+    Piece(u64),
+}
+
+/// Something the driver must act on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SwarmEvent {
+    /// A piece arrived through [`SwarmNode::handle_frame`] and verified: store it. It is
+    /// announced to peers at once, so serve it from memory until it is stored.
+    Piece {
+        /// The peer it came from.
+        from: NodeId,
+        /// The verified chunk.
+        chunk: Chunk,
+    },
+    /// A piece failed verification and was dropped; it is requested again.
+    Corrupt {
+        /// The peer it came from.
+        from: NodeId,
+        /// Piece index.
+        index: u64,
+        /// What was wrong.
+        error: String,
+    },
+    /// Open a connection to this member (a completion-tree neighbour after a loss).
+    Connect {
+        /// The member to dial.
+        peer: NodeId,
+    },
+    /// This node holds every piece.
+    Complete,
+    /// Every live member holds every piece: the session is over.
+    AllDone,
+}
+
+/// What this node knows about one connected peer.
+#[derive(Debug)]
+struct Peer {
+    id: NodeId,
+    local: bool,
+    connected: bool,
+    /// Tree child this node pushes to.
+    child: bool,
+    /// Pieces the peer holds, as far as we know.
+    has: Bits,
+    /// Pieces we told it we hold.
+    announced: Bits,
+    /// Pieces pushed (or served) to it.
+    pushed: Bits,
+    ctrl: VecDeque<Frame>,
+    /// Pieces it requested, served in order.
+    uploads: VecDeque<u64>,
+    /// Our outstanding requests to it.
+    requested: Vec<u64>,
+    am_choking: bool,
+    peer_choking: bool,
+    am_interested: bool,
+    peer_interested: bool,
+    /// Pieces received from it / sent to it since the last rechoke.
+    down_window: u64,
+    up_window: u64,
+}
+
+/// Completion-tree state (MOB's phase 4, used by every strategy).
+#[derive(Debug, Default)]
+struct Ack {
+    parent: Option<NodeId>,
+    children: Vec<NodeId>,
+    /// Members that reported their subtree complete.
+    done: BTreeSet<NodeId>,
+    sent: bool,
+    all_done: bool,
+}
+
+/// One member's swarm state machine (see the module documentation).
+#[derive(Debug)]
+pub struct SwarmNode {
+    cfg: SwarmConfig,
+    keys: Keys,
+    me: NodeId,
+    labels: Vec<u32>,
+    alive: Vec<bool>,
+    mobs: Mobs,
+    source_cluster: usize,
+    tree_parent: Option<NodeId>,
+    tree_children: Vec<NodeId>,
+    /// Nodes of this node's cluster whose tree parent is in another cluster.
+    wan_entries: Vec<NodeId>,
+    peers: Vec<Peer>,
+    index: Vec<Option<usize>>,
+    have: ChunkMap,
+    have_bits: Bits,
+    pending: Bits,
+    pending_from: Vec<Option<NodeId>>,
+    /// Hybrid: pieces announced to the tree parent as held by our cluster (not by us).
+    covered: Bits,
+    /// Hybrid endgame: second requests, (piece, peer).
+    second: Vec<(u64, NodeId)>,
+    connect_to: Vec<NodeId>,
+    rng: SmallRng,
+    events: VecDeque<SwarmEvent>,
+    complete: bool,
+    ack: Ack,
+    duplicates: u64,
+    bt: bt::Choker,
+    push: hybrid::PushMeter,
+}
+
+impl SwarmNode {
+    /// A member's state machine. `clusters[i]` is node i's cluster label (nodes are numbered
+    /// `0..clusters.len()`, node 0 is the source and starts with every piece); `tree` is the
+    /// planned tree over the same nodes, needed by [`Strategy::TreePush`] and
+    /// [`Strategy::Hybrid`].
+    pub fn new(
+        cfg: SwarmConfig,
+        keys: Keys,
+        clusters: &[u32],
+        me: NodeId,
+        tree: Option<&Tree>,
+        now: Instant,
+    ) -> Result<Self, SwarmError> {
+        let n = clusters.len();
+        if me >= n {
+            return Err(SwarmError::NotAMember(me));
+        }
+        let (tree_parent, tree_children) = match tree {
+            Some(t) if t.len() == n => (t.parent(me), t.children(me)),
+            _ if cfg.strategy.pushes() => return Err(SwarmError::NoTree(cfg.strategy.name())),
+            _ => (None, Vec::new()),
+        };
+        let alive = vec![true; n];
+        let mobs = Mobs::new(clusters, &alive);
+        let my_cluster = mobs.cluster(me);
+        let wan_entries = match tree {
+            Some(t) if t.len() == n => (0..n)
+                .filter(|&m| {
+                    mobs.cluster(m) == my_cluster
+                        && t.parent(m).is_some_and(|p| mobs.cluster(p) != my_cluster)
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        let p = cfg.pieces;
+        let mut have = ChunkMap::new();
+        let mut have_bits = Bits::new(p);
+        if me == SOURCE {
+            for i in 0..p {
+                have.insert(i);
+            }
+            have_bits = Bits::full(p);
+        }
+        let rng =
+            SmallRng::seed_from_u64(cfg.seed ^ (me as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let mut node = Self {
+            source_cluster: mobs.cluster(SOURCE),
+            bt: bt::Choker::new(&cfg, now),
+            push: hybrid::PushMeter::new(&cfg, now),
+            cfg,
+            keys,
+            me,
+            labels: clusters.to_vec(),
+            alive,
+            mobs,
+            tree_parent,
+            tree_children,
+            wan_entries,
+            peers: Vec::new(),
+            index: vec![None; n],
+            have,
+            have_bits,
+            pending: Bits::new(p),
+            pending_from: vec![None; p as usize],
+            covered: Bits::new(p),
+            second: Vec::new(),
+            connect_to: Vec::new(),
+            rng,
+            events: VecDeque::new(),
+            complete: false,
+            ack: Ack::default(),
+            duplicates: 0,
+        };
+        node.complete = node.have.len() == p;
+        node.layout_ack();
+        node.connect_to = node.choose_peers();
+        if node.complete {
+            node.events.push_back(SwarmEvent::Complete);
+            node.try_ack();
+        }
+        Ok(node)
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> NodeId {
+        self.me
+    }
+
+    /// The strategy it runs.
+    pub fn strategy(&self) -> Strategy {
+        self.cfg.strategy
+    }
+
+    /// The members this node dials at the start (phases 1 and 2 for MOB; the tree parent
+    /// and completion-tree parent for every strategy).
+    pub fn connect_to(&self) -> &[NodeId] {
+        &self.connect_to
+    }
+
+    /// The pieces held, verified.
+    pub fn have(&self) -> &ChunkMap {
+        &self.have
+    }
+
+    /// True once every piece is held.
+    pub fn is_complete(&self) -> bool {
+        self.complete
+    }
+
+    /// True once the completion tree reported every live member complete.
+    pub fn is_all_done(&self) -> bool {
+        self.ack.all_done
+    }
+
+    /// Pieces that arrived a second time.
+    pub fn duplicates(&self) -> u64 {
+        self.duplicates
+    }
+
+    /// Connected peers, in the order they connected.
+    pub fn peers(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.peers.iter().filter(|p| p.connected).map(|p| p.id)
+    }
+
+    /// Node n's mob share under the current membership.
+    pub fn share_of(&self, n: NodeId) -> std::ops::Range<u64> {
+        self.mobs.share(n, self.cfg.pieces)
+    }
+
+    /// A connection to `peer` is up (dialled by either side).
+    pub fn handle_connected(&mut self, peer: NodeId, _now: Instant) {
+        if peer == self.me || peer >= self.alive.len() || !self.alive[peer] {
+            return;
+        }
+        let k = self.ensure_peer(peer);
+        if self.peers[k].connected {
+            return;
+        }
+        let bt = self.cfg.strategy == Strategy::Swarm;
+        let p = &mut self.peers[k];
+        p.connected = true;
+        p.am_choking = bt;
+        p.peer_choking = bt;
+        p.am_interested = false;
+        p.peer_interested = false;
+        self.announce_all(k);
+    }
+
+    /// The connection to `peer` dropped: its requests go to other peers.
+    pub fn handle_peer_lost(&mut self, peer: NodeId, now: Instant) {
+        let Some(k) = self.index.get(peer).copied().flatten() else {
+            return;
+        };
+        let p = &mut self.peers[k];
+        if !p.connected {
+            return;
+        }
+        p.connected = false;
+        p.uploads.clear();
+        p.ctrl.clear();
+        let requested = std::mem::take(&mut p.requested);
+        self.second.retain(|&(_, q)| q != peer);
+        for i in requested {
+            if self.pending_from[i as usize] == Some(peer) {
+                self.unpend(i);
+            }
+        }
+        if self.cfg.strategy == Strategy::Swarm {
+            self.rechoke(now, false);
+        }
+    }
+
+    /// `node` left the session for good (the session tells every member): its connection is
+    /// dropped, mob ranks and shares, and the completion tree, are recomputed over the live
+    /// members, and global peers learn the pieces of their new shares.
+    pub fn handle_member_lost(&mut self, node: NodeId, now: Instant) {
+        if node >= self.alive.len() || !self.alive[node] || node == self.me {
+            return;
+        }
+        self.handle_peer_lost(node, now);
+        self.alive[node] = false;
+        self.mobs = Mobs::new(&self.labels, &self.alive);
+        if self.tree_parent == Some(node) {
+            self.tree_parent = None;
+        }
+        self.tree_children.retain(|&c| c != node);
+        self.layout_ack();
+        if self.ack.sent {
+            self.ack.sent = false;
+        }
+        self.try_ack();
+        for k in 0..self.peers.len() {
+            if self.peers[k].connected && !self.peers[k].local {
+                self.announce_all(k);
+            }
+        }
+    }
+
+    /// A frame from `peer`.
+    pub fn handle_frame(
+        &mut self,
+        peer: NodeId,
+        frame: Frame,
+        now: Instant,
+    ) -> Result<(), SwarmError> {
+        let Some(k) = self
+            .index
+            .get(peer)
+            .copied()
+            .flatten()
+            .filter(|&k| self.peers[k].connected)
+        else {
+            return Err(SwarmError::UnknownPeer(peer));
+        };
+        let p_count = self.cfg.pieces;
+        let check = |what: &'static str, i: u64| {
+            if i >= p_count {
+                Err(SwarmError::OutOfRange(what, i, p_count))
+            } else {
+                Ok(())
+            }
+        };
+        match frame {
+            Frame::Chunk(c) => {
+                check("Chunk", c.index)?;
+                match self.keys.verify(self.cfg.session, &c) {
+                    Ok(()) => {
+                        let index = c.index;
+                        self.events.push_back(SwarmEvent::Piece {
+                            from: peer,
+                            chunk: c,
+                        });
+                        self.on_piece(k, index, now);
+                    }
+                    Err(error) => {
+                        let index = c.index;
+                        self.peers[k].requested.retain(|&i| i != index);
+                        if self.pending_from[index as usize] == Some(peer) {
+                            self.unpend(index);
+                        }
+                        self.events.push_back(SwarmEvent::Corrupt {
+                            from: peer,
+                            index,
+                            error: error.to_string(),
+                        });
+                    }
+                }
+            }
+            Frame::Request { index } => {
+                check("Request", index)?;
+                let bt = self.cfg.strategy == Strategy::Swarm;
+                let p = &mut self.peers[k];
+                if !self.have.contains(index) {
+                    p.ctrl.push_back(Frame::Swarm(SwarmMsg::Reject { index }));
+                } else if !(p.uploads.contains(&index) || bt && p.am_choking)
+                    && p.uploads.len() < 1024
+                {
+                    p.uploads.push_back(index);
+                }
+            }
+            Frame::Swarm(m) => self.handle_msg(k, m, now)?,
+            Frame::Error { .. } => self.handle_peer_lost(peer, now),
+            other => return Err(SwarmError::Unexpected(other.kind())),
+        }
+        Ok(())
+    }
+
+    /// A piece from `peer` that the driver verified itself (and stored, or holds in memory).
+    pub fn handle_verified_piece(
+        &mut self,
+        peer: NodeId,
+        index: u64,
+        now: Instant,
+    ) -> Result<(), SwarmError> {
+        let Some(k) = self
+            .index
+            .get(peer)
+            .copied()
+            .flatten()
+            .filter(|&k| self.peers[k].connected)
+        else {
+            return Err(SwarmError::UnknownPeer(peer));
+        };
+        if index >= self.cfg.pieces {
+            return Err(SwarmError::OutOfRange("Chunk", index, self.cfg.pieces));
+        }
+        self.on_piece(k, index, now);
+        Ok(())
+    }
+
+    /// The next thing to send to `peer`, when its connection can take it.
+    pub fn poll_transmit(&mut self, peer: NodeId, now: Instant) -> Option<Transmit> {
+        let k = self.index.get(peer).copied().flatten()?;
+        if !self.peers[k].connected {
+            return None;
+        }
+        self.top_up(k, now);
+        let p = &mut self.peers[k];
+        if let Some(f) = p.ctrl.pop_front() {
+            return Some(Transmit::Frame(f));
+        }
+        if let Some(i) = p.uploads.pop_front() {
+            p.has.set(i);
+            p.pushed.set(i);
+            p.up_window += 1;
+            return Some(Transmit::Piece(i));
+        }
+        if p.child && self.cfg.strategy.pushes() {
+            // Push is the front-to-back stream: only the contiguous prefix is pushed, so what
+            // this node pulled beyond its horizon is not pushed on into a child that pulls
+            // the same far end itself (a second copy over the WAN).
+            let (have, has, pushed) = (&self.have_bits, &p.has, &p.pushed);
+            let prefix = self.have.prefix();
+            let i = bits::pick_lowest(have.words(), |w| {
+                have.word(w) & !has.word(w) & !pushed.word(w) & bits::range_word(w, 0, prefix)
+            })?;
+            p.pushed.set(i);
+            p.up_window += 1;
+            return Some(Transmit::Piece(i));
+        }
+        None
+    }
+
+    /// The next event for the driver.
+    pub fn poll_event(&mut self) -> Option<SwarmEvent> {
+        self.events.pop_front()
+    }
+
+    /// When [`SwarmNode::handle_timeout`] is next due.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.ack.all_done {
+            return None;
+        }
+        let mut t = None;
+        if self.cfg.strategy == Strategy::Swarm {
+            t = Some(self.bt.next());
+        }
+        if self.cfg.strategy == Strategy::Hybrid && !self.complete {
+            let h = self.push.next();
+            t = Some(t.map_or(h, |t: Instant| t.min(h)));
+        }
+        t
+    }
+
+    /// Timers: rechoking (BitTorrent baseline) and push measurement (hybrid).
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.ack.all_done {
+            return;
+        }
+        if self.cfg.strategy == Strategy::Swarm {
+            self.bt_timeout(now);
+        }
+        if self.cfg.strategy == Strategy::Hybrid {
+            let prefix = self.have.prefix();
+            self.push.tick(now, prefix);
+        }
+    }
+
+    // ---- internals ----
+
+    fn ensure_peer(&mut self, id: NodeId) -> usize {
+        if let Some(k) = self.index[id] {
+            return k;
+        }
+        let p = self.cfg.pieces;
+        let k = self.peers.len();
+        self.peers.push(Peer {
+            id,
+            local: self.mobs.cluster(id) == self.mobs.cluster(self.me),
+            connected: false,
+            child: self.tree_children.contains(&id),
+            has: if id == SOURCE {
+                Bits::full(p)
+            } else {
+                Bits::new(p)
+            },
+            announced: Bits::new(p),
+            pushed: Bits::new(p),
+            ctrl: VecDeque::new(),
+            uploads: VecDeque::new(),
+            requested: Vec::new(),
+            am_choking: false,
+            peer_choking: false,
+            am_interested: false,
+            peer_interested: false,
+            down_window: 0,
+            up_window: 0,
+        });
+        self.index[id] = Some(k);
+        k
+    }
+
+    fn my_cluster(&self) -> usize {
+        self.mobs.cluster(self.me)
+    }
+
+    /// Whether `peer` should hear that we hold piece i.
+    fn interest_word(&self, k: usize, w: usize) -> u64 {
+        let p = &self.peers[k];
+        match self.cfg.strategy {
+            Strategy::TreePush => 0,
+            Strategy::Swarm => u64::MAX,
+            Strategy::Mob | Strategy::Hybrid => {
+                if p.local
+                    || (self.cfg.strategy == Strategy::Hybrid && self.tree_parent == Some(p.id))
+                {
+                    u64::MAX
+                } else {
+                    let s = self.mobs.share(p.id, self.cfg.pieces);
+                    bits::range_word(w, s.start, s.end)
+                }
+            }
+        }
+    }
+
+    /// Tells peer k every piece we hold that it should know of and has not heard of.
+    fn announce_all(&mut self, k: usize) {
+        let pieces = self.cfg.pieces;
+        let mut new = Bits::new(pieces);
+        for w in 0..self.have_bits.words() {
+            let m = self.have_bits.word(w)
+                & self.interest_word(k, w)
+                & !self.peers[k].announced.word(w);
+            new.or_word(w, m);
+        }
+        if new.count() == 0 {
+            return;
+        }
+        let p = &mut self.peers[k];
+        for w in 0..new.words() {
+            p.announced.or_word(w, new.word(w));
+        }
+        p.ctrl
+            .push_back(Frame::Swarm(SwarmMsg::bitfield(pieces, |i| new.get(i))));
+    }
+
+    fn unpend(&mut self, i: u64) {
+        self.pending.clear(i);
+        self.pending_from[i as usize] = None;
+    }
+
+    /// A verified piece from peer k.
+    fn on_piece(&mut self, k: usize, i: u64, now: Instant) {
+        let from = self.peers[k].id;
+        let was_requested = {
+            let p = &mut self.peers[k];
+            let before = p.requested.len();
+            p.requested.retain(|&r| r != i);
+            p.has.set(i);
+            p.down_window += 1;
+            p.requested.len() != before
+        };
+        if let Some(other) = self.pending_from[i as usize] {
+            if other != from {
+                if let Some(ko) = self.index[other] {
+                    let o = &mut self.peers[ko];
+                    o.requested.retain(|&r| r != i);
+                    if o.connected {
+                        o.ctrl
+                            .push_back(Frame::Swarm(SwarmMsg::Cancel { index: i }));
+                    }
+                }
+            }
+        }
+        self.unpend(i);
+        if !self.second.is_empty() {
+            let losers: Vec<NodeId> = self
+                .second
+                .iter()
+                .filter(|&&(j, q)| j == i && q != from)
+                .map(|&(_, q)| q)
+                .collect();
+            self.second.retain(|&(j, _)| j != i);
+            for q in losers {
+                if let Some(kq) = self.index[q] {
+                    let o = &mut self.peers[kq];
+                    o.requested.retain(|&r| r != i);
+                    if o.connected {
+                        o.ctrl
+                            .push_back(Frame::Swarm(SwarmMsg::Cancel { index: i }));
+                    }
+                }
+            }
+        }
+        if !self.have.insert(i) {
+            self.duplicates += 1;
+            return;
+        }
+        self.have_bits.set(i);
+        if self.tree_parent == Some(from) && !was_requested {
+            self.push.count(now);
+        }
+        for j in 0..self.peers.len() {
+            if j == k || !self.peers[j].connected {
+                continue;
+            }
+            let w = (i / 64) as usize;
+            if self.interest_word(j, w) & (1 << (i % 64)) != 0 && self.peers[j].announced.set(i) {
+                self.peers[j]
+                    .ctrl
+                    .push_back(Frame::Swarm(SwarmMsg::Have { index: i }));
+            }
+        }
+        // The sender knows it.
+        self.peers[k].announced.set(i);
+        if self.have.len() == self.cfg.pieces && !self.complete {
+            self.complete = true;
+            self.events.push_back(SwarmEvent::Complete);
+            self.try_ack();
+        }
+    }
+
+    fn handle_msg(&mut self, k: usize, m: SwarmMsg, now: Instant) -> Result<(), SwarmError> {
+        let pieces = self.cfg.pieces;
+        let check = |what: &'static str, i: u64| {
+            if i >= pieces {
+                Err(SwarmError::OutOfRange(what, i, pieces))
+            } else {
+                Ok(())
+            }
+        };
+        match m {
+            SwarmMsg::Bitfield { pieces: n, .. } if n != pieces => {
+                return Err(SwarmError::BadBitfield(n, pieces));
+            }
+            m @ SwarmMsg::Bitfield { .. } => {
+                for i in m.bitfield_pieces() {
+                    self.peer_has(k, i);
+                }
+            }
+            SwarmMsg::Have { index } => {
+                check("Have", index)?;
+                self.peer_has(k, index);
+            }
+            SwarmMsg::Cancel { index } => {
+                check("Cancel", index)?;
+                self.peers[k].uploads.retain(|&i| i != index);
+            }
+            SwarmMsg::Reject { index } => {
+                check("Reject", index)?;
+                let id = self.peers[k].id;
+                let p = &mut self.peers[k];
+                p.has.clear(index);
+                p.requested.retain(|&i| i != index);
+                self.second.retain(|&(j, q)| !(j == index && q == id));
+                if self.pending_from[index as usize] == Some(id) {
+                    self.unpend(index);
+                }
+            }
+            SwarmMsg::Choke => {
+                let p = &mut self.peers[k];
+                p.peer_choking = true;
+                let requested = std::mem::take(&mut p.requested);
+                for i in requested {
+                    self.unpend(i);
+                }
+            }
+            SwarmMsg::Unchoke => self.peers[k].peer_choking = false,
+            SwarmMsg::Interested => {
+                self.peers[k].peer_interested = true;
+                if self.cfg.strategy == Strategy::Swarm {
+                    self.bt_on_interested(k, now);
+                }
+            }
+            SwarmMsg::NotInterested => self.peers[k].peer_interested = false,
+            SwarmMsg::Complete { node } => {
+                self.ack.done.insert(node as NodeId);
+                self.try_ack();
+            }
+            SwarmMsg::AllDone => self.on_all_done(),
+        }
+        Ok(())
+    }
+
+    /// Peer k announced piece i.
+    fn peer_has(&mut self, k: usize, i: u64) {
+        self.peers[k].has.set(i);
+        // Hybrid, at a cluster's WAN entry: a cluster mate's piece is "covered"; the tree
+        // parent need not push it into the cluster again.
+        if self.cfg.strategy == Strategy::Hybrid && self.peers[k].local && !self.have.contains(i) {
+            if let Some(parent) = self.tree_parent {
+                if self.mobs.cluster(parent) != self.my_cluster() && self.covered.set(i) {
+                    if let Some(kp) = self.index[parent] {
+                        if self.peers[kp].connected {
+                            self.peers[kp]
+                                .ctrl
+                                .push_back(Frame::Swarm(SwarmMsg::Have { index: i }));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Which pieces we may request from peer k (word w of the mask).
+    fn allowed_word(&self, k: usize, w: usize) -> u64 {
+        let p = &self.peers[k];
+        let in_source_cluster = self.my_cluster() == self.source_cluster;
+        match self.cfg.strategy {
+            Strategy::TreePush => 0,
+            Strategy::Swarm => u64::MAX,
+            Strategy::Mob => {
+                let s = self.mobs.share(self.me, self.cfg.pieces);
+                let share = bits::range_word(w, s.start, s.end);
+                match (p.local, in_source_cluster) {
+                    (true, true) => u64::MAX,
+                    (false, true) => 0,
+                    (true, false) => !share,
+                    (false, false) => share,
+                }
+            }
+            Strategy::Hybrid => {
+                let base = if p.local {
+                    u64::MAX
+                } else if in_source_cluster {
+                    0
+                } else {
+                    let s = self.mobs.share(self.me, self.cfg.pieces);
+                    bits::range_word(w, s.start, s.end)
+                };
+                // Pieces the tree parent will push soon are left to it.
+                let expect_push = match self.tree_parent {
+                    Some(_) => !self.covered.word(w),
+                    None => 0,
+                };
+                let beyond = bits::range_word(
+                    w,
+                    self.push.horizon(self.have.prefix(), self.cfg.pieces),
+                    self.cfg.pieces,
+                );
+                base & (!expect_push | beyond)
+            }
+        }
+    }
+
+    /// Keeps `R` requests outstanding to peer k.
+    fn top_up(&mut self, k: usize, now: Instant) {
+        if self.cfg.strategy == Strategy::Swarm {
+            self.bt_update_interest(k);
+            if self.peers[k].peer_choking {
+                return;
+            }
+        }
+        if self.complete || self.cfg.strategy == Strategy::TreePush {
+            return;
+        }
+        if self.cfg.strategy == Strategy::Hybrid && !self.push.pulling(now) {
+            return;
+        }
+        if self.peers[k].requested.len() >= self.cfg.requests_per_peer {
+            return;
+        }
+        let allowed: Vec<u64> = (0..self.have_bits.words())
+            .map(|w| self.allowed_word(k, w))
+            .collect();
+        while self.peers[k].requested.len() < self.cfg.requests_per_peer {
+            let (have, pending, has) = (&self.have_bits, &self.pending, &self.peers[k].has);
+            let pick = bits::pick_random(have.words(), &mut self.rng, |w| {
+                has.word(w) & !have.word(w) & !pending.word(w) & allowed[w]
+            });
+            let Some(i) = pick.or_else(|| self.endgame_pick(k, &allowed)) else {
+                break;
+            };
+            if self.pending.get(i) {
+                // A second request (hybrid endgame); the first stays with its peer.
+                self.second.push((i, self.peers[k].id));
+                let p = &mut self.peers[k];
+                p.requested.push(i);
+                p.ctrl.push_back(Frame::Request { index: i });
+                continue;
+            }
+            self.pending.set(i);
+            self.pending_from[i as usize] = Some(self.peers[k].id);
+            let p = &mut self.peers[k];
+            p.requested.push(i);
+            p.ctrl.push_back(Frame::Request { index: i });
+        }
+    }
+
+    /// Hybrid endgame: once every missing piece is requested (or left to push), a piece
+    /// pending at another peer may be requested from this one too; the first copy to arrive
+    /// wins and the other request is cancelled. This is the one place the hybrid may bring a
+    /// second copy into a cluster: when waiting for the first request (stuck behind a link
+    /// that slowed down) is slower.
+    fn endgame_pick(&mut self, k: usize, allowed: &[u64]) -> Option<u64> {
+        if self.cfg.strategy != Strategy::Hybrid {
+            return None;
+        }
+        let missing = self.cfg.pieces - self.have.len();
+        if missing > self.pending.count() + self.cfg.requests_per_peer as u64 {
+            return None;
+        }
+        let me = self.peers[k].id;
+        let mut seconded = Bits::new(self.cfg.pieces);
+        for &(i, _) in &self.second {
+            seconded.set(i);
+        }
+        for &i in &self.peers[k].requested {
+            seconded.set(i);
+        }
+        let (have, pending, has) = (&self.have_bits, &self.pending, &self.peers[k].has);
+        let i = bits::pick_random(have.words(), &mut self.rng, |w| {
+            has.word(w) & !have.word(w) & pending.word(w) & !seconded.word(w) & allowed[w]
+        })?;
+        (self.pending_from[i as usize] != Some(me)).then_some(i)
+    }
+
+    /// Picks the initial peers to dial.
+    fn choose_peers(&mut self) -> Vec<NodeId> {
+        let n = self.alive.len();
+        let me = self.me;
+        let mut out: Vec<NodeId> = Vec::new();
+        let my_cluster = self.my_cluster();
+        let locals: Vec<NodeId> = self
+            .mobs
+            .members(my_cluster)
+            .iter()
+            .copied()
+            .filter(|&m| m != me)
+            .collect();
+        match self.cfg.strategy {
+            Strategy::TreePush => {}
+            Strategy::Swarm => {
+                let mut all: Vec<NodeId> = (0..n).filter(|&m| m != me).collect();
+                all.shuffle(&mut self.rng);
+                out.extend(all.into_iter().take(self.cfg.swarm_peers));
+            }
+            Strategy::Mob | Strategy::Hybrid => {
+                let mut l = locals.clone();
+                l.shuffle(&mut self.rng);
+                out.extend(l.into_iter().take(self.cfg.local_peers));
+                let mut g = self.mobs.global_candidates(me);
+                g.shuffle(&mut self.rng);
+                out.extend(g.into_iter().take(self.cfg.global_peers));
+                if self.cfg.strategy == Strategy::Hybrid {
+                    out.extend(self.wan_entries.iter().copied().filter(|&m| m != me));
+                }
+            }
+        }
+        out.extend(self.tree_parent);
+        out.extend(self.ack.parent);
+        let mut seen = vec![false; n];
+        out.retain(|&m| m != me && !std::mem::replace(&mut seen[m], true));
+        out
+    }
+
+    /// The binary completion tree over the live members in node-id order.
+    fn layout_ack(&mut self) {
+        let live: Vec<NodeId> = (0..self.alive.len()).filter(|&m| self.alive[m]).collect();
+        let Some(pos) = live.iter().position(|&m| m == self.me) else {
+            return;
+        };
+        self.ack.parent = (pos > 0).then(|| live[(pos - 1) / 2]);
+        self.ack.children = [2 * pos + 1, 2 * pos + 2]
+            .iter()
+            .filter_map(|&c| live.get(c).copied())
+            .collect();
+    }
+
+    /// Sends `Complete` up (or, at the root, `AllDone` down) once this node and its
+    /// completion subtree are done.
+    fn try_ack(&mut self) {
+        if !self.complete || self.ack.sent || self.ack.all_done {
+            return;
+        }
+        if !self.ack.children.iter().all(|c| self.ack.done.contains(c)) {
+            return;
+        }
+        self.ack.sent = true;
+        match self.ack.parent {
+            None => self.on_all_done(),
+            Some(parent) => {
+                let node = self.me as u32;
+                self.send_ctrl(parent, Frame::Swarm(SwarmMsg::Complete { node }));
+            }
+        }
+    }
+
+    fn on_all_done(&mut self) {
+        if self.ack.all_done {
+            return;
+        }
+        self.ack.all_done = true;
+        self.events.push_back(SwarmEvent::AllDone);
+        for c in self.ack.children.clone() {
+            self.send_ctrl(c, Frame::Swarm(SwarmMsg::AllDone));
+        }
+    }
+
+    /// Queues a control frame to a member, asking the driver to connect if need be.
+    fn send_ctrl(&mut self, to: NodeId, f: Frame) {
+        let k = self.ensure_peer(to);
+        if !self.peers[k].connected {
+            self.events.push_back(SwarmEvent::Connect { peer: to });
+        }
+        self.peers[k].ctrl.push_back(f);
+    }
+}

@@ -1,0 +1,347 @@
+//! The swarm strategies on the simulated four-cluster network (MOB paper, section 4.1):
+//! delivery, WAN efficiency, losses, adaptation to a slowed tree edge, and hostile input.
+
+use std::time::{Duration, Instant};
+
+use bulkcast_proto::auth::{Keys, Secret};
+use bulkcast_proto::swarm::sim::{
+    self, plan_tree, Condition, SwarmSimReport, SwarmSimSpec, Topology, WanChange,
+};
+use bulkcast_proto::swarm::{Strategy, SwarmConfig, SwarmError, SwarmMsg, SwarmNode};
+use bulkcast_proto::tree::NodeId;
+use bulkcast_proto::wire::{Frame, WireError};
+use bytes::Bytes;
+
+const MIB: u64 = 1 << 20;
+
+fn spec(strategy: Strategy, len: u64, cond: Condition) -> SwarmSimSpec {
+    let mut topo = Topology::four_clusters([4; 4], Duration::from_millis(20));
+    let changes = cond.apply(&mut topo, 7, Duration::from_secs(600));
+    let mut s = SwarmSimSpec::new(topo, strategy, len);
+    s.wan_changes = changes;
+    s.piece_len = 128 << 10;
+    s.time_limit = Duration::from_secs(600);
+    s
+}
+
+fn assert_all_done(r: &SwarmSimReport, what: &str) {
+    assert!(
+        r.incomplete().is_empty(),
+        "{what}: incomplete {:?}",
+        r.incomplete()
+    );
+    assert!(
+        r.all_done,
+        "{what}: the completion tree did not report everyone done"
+    );
+    for (i, ok) in r.verified.iter().enumerate() {
+        assert!(
+            *ok || r.lost[i],
+            "{what}: node {i} does not hold a verified copy"
+        );
+    }
+}
+
+#[test]
+fn every_strategy_ends_with_every_node_holding_every_verified_piece() {
+    for strategy in Strategy::ALL {
+        let mut s = spec(strategy, 6 * MIB + 12_345, Condition::FastLinks);
+        s.data = true;
+        let r = sim::run(s);
+        assert_all_done(&r, strategy.name());
+        // Each receiver got its bytes from peers the strategy allows: tree push only from
+        // its tree parent.
+        if strategy == Strategy::TreePush {
+            let tree = plan_tree(&Topology::four_clusters([4; 4], Duration::from_millis(20)));
+            for (i, from) in r.received_from.iter().enumerate().skip(1) {
+                assert_eq!(
+                    from.keys().copied().collect::<Vec<_>>(),
+                    vec![tree.parent(i).unwrap()]
+                );
+            }
+        }
+        let got: u64 = r
+            .received_from
+            .iter()
+            .map(|m| m.values().sum::<u64>())
+            .sum();
+        assert!(
+            got >= 15 * r.object_len,
+            "{}: {got} bytes received",
+            strategy.name()
+        );
+    }
+}
+
+#[test]
+fn mob_brings_each_piece_into_each_cluster_exactly_once() {
+    for cond in [Condition::FastLinks, Condition::Mayhem] {
+        let r = sim::run(spec(Strategy::Mob, 8 * MIB, cond));
+        assert_all_done(&r, cond.name());
+        assert_eq!(r.wan_into[0], 0, "nothing enters the source's cluster");
+        for c in 1..4 {
+            assert_eq!(
+                r.wan_into[c],
+                r.object_len,
+                "{}: WAN bytes into cluster {c}",
+                cond.name()
+            );
+            assert!(
+                r.entries[c].iter().all(|&e| e == 1),
+                "{}: a piece entered cluster {c} twice",
+                cond.name()
+            );
+        }
+        // The WAN load is spread: with stable links, every cluster pair carried part of it.
+        for x in (0..4).filter(|_| cond == Condition::FastLinks) {
+            for y in 1..4 {
+                if x != y {
+                    assert!(
+                        r.wan_bytes[x][y] > 0,
+                        "{}: link {x}->{y} unused",
+                        cond.name()
+                    );
+                }
+            }
+        }
+    }
+    // The BitTorrent baseline, on the same network, brings duplicates in.
+    let bt = sim::run(spec(Strategy::Swarm, 8 * MIB, Condition::FastLinks));
+    assert!(bt.wan_into[1..].iter().any(|&b| b > bt.object_len));
+}
+
+#[test]
+fn no_strategy_livelocks_when_a_member_disappears() {
+    let topo = Topology::four_clusters([4; 4], Duration::from_millis(20));
+    let tree = plan_tree(&topo);
+    // An interior node of cluster B's local tree (it has a tree child), lost mid-transfer.
+    let lost: NodeId = 5;
+    let orphans: Vec<NodeId> = tree
+        .subtree(lost)
+        .into_iter()
+        .filter(|&n| n != lost)
+        .collect();
+    assert!(!orphans.is_empty());
+    for strategy in Strategy::ALL {
+        let mut s = spec(strategy, 8 * MIB, Condition::FastLinks);
+        s.lost = vec![(Duration::from_millis(700), lost)];
+        let t0 = Instant::now();
+        let r = sim::run(s);
+        assert!(r.lost[lost]);
+        assert!(
+            r.done_at[lost].is_none(),
+            "{}: lost before it finished",
+            strategy.name()
+        );
+        assert!(
+            r.elapsed < Duration::from_secs(600),
+            "{}: ran to the time limit",
+            strategy.name()
+        );
+        assert!(t0.elapsed() < Duration::from_secs(20));
+        if strategy == Strategy::TreePush {
+            // Pure push has no way around a lost relay: exactly its subtree is stranded, and
+            // the run ends (nothing is left to happen) instead of spinning.
+            assert_eq!(r.incomplete(), orphans);
+            assert!(!r.all_done);
+        } else {
+            assert_all_done(&r, strategy.name());
+        }
+    }
+}
+
+/// The tree edge into the cluster that feeds another cluster in the plan, its rate, and the
+/// clusters at its ends.
+fn busiest_wan_edge(topo: &Topology) -> (usize, usize) {
+    let tree = plan_tree(topo);
+    let first = topo.first_nodes();
+    let cluster = |n: NodeId| first.iter().rposition(|&f| f <= n).unwrap();
+    let mut best = None;
+    for &f in &first[1..] {
+        let p = tree.parent(f).unwrap();
+        let below = tree.subtree(f).len();
+        if best.is_none_or(|(b, _, _)| below > b) {
+            best = Some((below, cluster(p), cluster(f)));
+        }
+    }
+    let (_, x, y) = best.unwrap();
+    (x, y)
+}
+
+#[test]
+fn hybrid_outruns_tree_push_when_a_tree_edge_drops_to_a_tenth() {
+    let len = 24 * MIB;
+    let base = spec(Strategy::Hybrid, len, Condition::FastLinks);
+    let (x, y) = busiest_wan_edge(&base.topology);
+    let nominal = base.topology.wan[x][y];
+    let slowed = |strategy| {
+        let mut s = spec(strategy, len, Condition::FastLinks);
+        s.wan_changes = vec![WanChange {
+            at: Duration::from_millis(500),
+            from: x,
+            to: y,
+            rate: nominal / 10.0,
+        }];
+        sim::run(s)
+    };
+    let hybrid_static = sim::run(base);
+    let hybrid = slowed(Strategy::Hybrid);
+    let tree = slowed(Strategy::TreePush);
+    let mob = slowed(Strategy::Mob);
+    assert_all_done(&hybrid, "hybrid");
+    assert_all_done(&mob, "mob");
+    assert_all_done(&tree, "tree push");
+    let (th, tt, ts) = (
+        hybrid.last_done().unwrap().as_secs_f64(),
+        tree.last_done().unwrap().as_secs_f64(),
+        hybrid_static.last_done().unwrap().as_secs_f64(),
+    );
+    let tm = mob.last_done().unwrap().as_secs_f64();
+    eprintln!(
+        "edge {x}->{y} at 10%: hybrid {th:.2} s, mob {tm:.2} s, tree push {tt:.2} s; \
+         hybrid without the slowdown {ts:.2} s"
+    );
+    // Far ahead of the same plan pushed alone, and on par with MOB.
+    assert!(th < 0.4 * tt, "hybrid {th:.2} s vs tree push {tt:.2} s");
+    assert!(th < 1.15 * tm, "hybrid {th:.2} s vs mob {tm:.2} s");
+    // NOT yet close to the time without the slowdown (about 3.5x today): each receiver keeps
+    // R requests queued at its rank-matched peer behind the slowed link whatever that peer's
+    // rate (MOB does the same). This bound only guards against regressions; the target
+    // (within 1.3x) needs a per-peer request window sized by measured rate.
+    assert!(th < 4.5 * ts, "hybrid {th:.2} s slowed vs {ts:.2} s not");
+    // It still brings (almost) one copy per cluster.
+    for c in 1..4 {
+        assert!(
+            hybrid.wan_multiples()[c] < 1.25,
+            "cluster {c}: {:?}",
+            hybrid.wan_multiples()
+        );
+    }
+}
+
+#[test]
+fn mob_beats_the_swarm_baseline_and_a_fixed_tree_when_links_change() {
+    let len = 24 * MIB;
+    let run = |s| sim::run(spec(s, len, Condition::Mayhem)).throughput();
+    let (tree, swarm, mob) = (
+        run(Strategy::TreePush),
+        run(Strategy::Swarm),
+        run(Strategy::Mob),
+    );
+    eprintln!("mayhem: tree {tree:.0} B/s, swarm {swarm:.0} B/s, mob {mob:.0} B/s");
+    assert!(mob > swarm && mob > tree);
+}
+
+#[test]
+fn malformed_swarm_messages_are_errors() {
+    let decode = |body: &[u8]| Frame::decode(Bytes::copy_from_slice(body));
+    // A bitfield that claims 2^64-1 pieces in a few bytes.
+    let mut b = vec![0x50, 0x01];
+    b.extend_from_slice(&u64::MAX.to_be_bytes());
+    b.extend_from_slice(&[0xff; 4]);
+    assert_eq!(decode(&b), Err(WireError::Truncated("Swarm")));
+    // Bits set beyond the last piece.
+    let mut b = vec![0x50, 0x01];
+    b.extend_from_slice(&3u64.to_be_bytes());
+    b.push(0b1111_0000);
+    assert!(matches!(decode(&b), Err(WireError::BadValue("Swarm", _))));
+    // Unknown sub-type, missing sub-type, trailing bytes, truncated index.
+    assert!(matches!(
+        decode(&[0x50, 0x77]),
+        Err(WireError::BadValue("Swarm", _))
+    ));
+    assert_eq!(decode(&[0x50]), Err(WireError::Truncated("Swarm")));
+    assert!(matches!(
+        decode(&[0x50, 0x05, 0]),
+        Err(WireError::Trailing("Swarm", 1))
+    ));
+    assert_eq!(
+        decode(&[0x50, 0x02, 0, 0, 0]),
+        Err(WireError::Truncated("Swarm"))
+    );
+    // Every truncation of every message is an error.
+    for m in [
+        SwarmMsg::bitfield(20, |i| i % 2 == 0),
+        SwarmMsg::Have { index: 3 },
+        SwarmMsg::Complete { node: 9 },
+    ] {
+        let wire = Frame::Swarm(m.clone()).encode().to_vec();
+        for cut in 0..wire.len() - 4 {
+            assert!(
+                decode(&wire[4..4 + cut]).is_err(),
+                "{} cut at {cut}",
+                m.kind()
+            );
+        }
+    }
+    // Random garbage after the type byte never panics.
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(9);
+    for _ in 0..20_000 {
+        let n = rng.gen_range(0..40);
+        let mut v: Vec<u8> = vec![0x50];
+        v.extend((0..n).map(|_| rng.gen::<u8>()));
+        if v.len() > 1 && rng.gen_bool(0.5) {
+            v[1] = rng.gen_range(0..12);
+        }
+        let _ = decode(&v);
+    }
+
+    // Well-formed frames with values a node must refuse.
+    let keys = Keys::derive(&Secret::from_bytes([1; 32]));
+    let now = Instant::now();
+    let labels = [0, 0, 1, 1];
+    let mut node = SwarmNode::new(
+        SwarmConfig::new(Strategy::Mob, 5, 10),
+        keys.clone(),
+        &labels,
+        2,
+        None,
+        now,
+    )
+    .unwrap();
+    let have = Frame::Swarm(SwarmMsg::Have { index: 1 });
+    assert_eq!(
+        node.handle_frame(3, have.clone(), now),
+        Err(SwarmError::UnknownPeer(3))
+    );
+    node.handle_connected(3, now);
+    assert_eq!(node.handle_frame(3, have, now), Ok(()));
+    assert!(matches!(
+        node.handle_frame(3, Frame::Swarm(SwarmMsg::Have { index: 10 }), now),
+        Err(SwarmError::OutOfRange(..))
+    ));
+    assert!(matches!(
+        node.handle_frame(3, Frame::Request { index: 99 }, now),
+        Err(SwarmError::OutOfRange(..))
+    ));
+    assert_eq!(
+        node.handle_frame(3, Frame::Swarm(SwarmMsg::bitfield(11, |_| true)), now),
+        Err(SwarmError::BadBitfield(11, 10))
+    );
+    assert!(matches!(
+        node.handle_frame(3, Frame::Ping { nonce: 1 }, now),
+        Err(SwarmError::Unexpected(_))
+    ));
+    // A forged chunk is dropped and reported, never stored.
+    let mut c = keys.seal(5, 1, Bytes::from_static(b"piece"));
+    c.data = Bytes::from_static(b"forge");
+    node.handle_frame(3, Frame::Chunk(c), now).unwrap();
+    assert!(matches!(
+        node.poll_event(),
+        Some(bulkcast_proto::swarm::SwarmEvent::Corrupt { index: 1, .. })
+    ));
+    assert!(!node.have().contains(1));
+    // Tree strategies need a tree.
+    assert!(matches!(
+        SwarmNode::new(
+            SwarmConfig::new(Strategy::Hybrid, 5, 10),
+            keys,
+            &labels,
+            2,
+            None,
+            now
+        ),
+        Err(SwarmError::NoTree(_))
+    ));
+}
