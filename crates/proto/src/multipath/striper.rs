@@ -867,6 +867,71 @@ mod tests {
     }
 
     #[test]
+    fn pull_measures_a_rate_when_one_item_fills_the_minimum_cap() {
+        // Items as large as `pull_min_inflight`: one alone would reach the cap, and a
+        // connection that only ever has one item in flight never gets a rate sample.
+        let (mut s, t0) = striper(Scheduler::Pull, 64, 1);
+        for _ in 0..4 {
+            s.handle_input((256 << 10) + 96, t0).unwrap();
+        }
+        let first = s.poll_assign(0, t0).expect("first item");
+        let second = s.poll_assign(0, t0).expect("a second item in flight");
+        s.handle_acked(0, first.index, t0 + Duration::from_millis(5))
+            .unwrap();
+        s.handle_acked(0, second.index, t0 + Duration::from_millis(7))
+            .unwrap();
+        assert!(s.stats()[0].rate > 0.0, "{:?}", s.stats()[0]);
+    }
+
+    #[test]
+    fn a_small_item_after_large_ones_is_taken_by_some_connection() {
+        // Two measured connections, one ten times faster, then a window of large items and a
+        // small one last (an end marker). Judged by its own length, the window ahead of the
+        // small item is a few hundred bytes, which no connection could deliver within; the
+        // fastest must take it anyway, or the edge stalls.
+        let (mut s, t0) = striper(Scheduler::Pull, 8, 2);
+        for _ in 0..4 {
+            s.handle_input(256 << 10, t0).expect("wanted");
+        }
+        let a = [s.poll_assign(0, t0).unwrap(), s.poll_assign(0, t0).unwrap()];
+        let b = [s.poll_assign(1, t0).unwrap(), s.poll_assign(1, t0).unwrap()];
+        for (k, i) in a.iter().enumerate() {
+            s.handle_acked(0, i.index, t0 + Duration::from_millis(20 * (k as u64 + 1)))
+                .unwrap();
+        }
+        for (k, i) in b.iter().enumerate() {
+            s.handle_acked(1, i.index, t0 + Duration::from_millis(2 * (k as u64 + 1)))
+                .unwrap();
+        }
+        let now = t0 + Duration::from_millis(50);
+        while s.items_in() < s.acked_below() + 7 {
+            s.handle_input(256 << 10, now).unwrap();
+        }
+        let small = s.handle_input(64, now).unwrap();
+        assert!(!s.wants_input(), "the window is full");
+        let mut sent = Vec::new();
+        for _ in 0..16 {
+            for c in 0..2 {
+                if let Some(i) = s.poll_assign(c, now) {
+                    sent.push((c, i.index));
+                }
+            }
+        }
+        // Acknowledge all but the small one, then it must go.
+        for &(c, i) in &sent {
+            s.handle_acked(c, i, now + Duration::from_millis(60))
+                .unwrap();
+        }
+        let later = now + Duration::from_millis(60);
+        let took: Vec<_> = (0..2)
+            .filter_map(|c| s.poll_assign(c, later).map(|i| (c, i.index)))
+            .chain(sent.iter().copied())
+            .filter(|&(_, i)| i == small)
+            .collect();
+        assert_eq!(took.len(), 1, "the small item went out once: {took:?}");
+    }
+
+    #[test]
     fn input_stops_at_the_window_past_the_oldest_unacknowledged_item() {
         let (mut s, now) = striper(Scheduler::Pull, 4, 2);
         fill(&mut s, now);
