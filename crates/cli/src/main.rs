@@ -110,6 +110,26 @@ impl Common {
         })
     }
 
+    /// An agent's settings with these options.
+    fn agent_config(
+        &self,
+        dir: PathBuf,
+        secret: &Secret,
+        tuning: TcpTuning,
+        stdout: bool,
+    ) -> AgentConfig {
+        AgentConfig {
+            dir,
+            keys: Keys::derive(secret),
+            node: self.node(),
+            tuning,
+            stored: None,
+            groups: Default::default(),
+            attachments: Default::default(),
+            stdout,
+        }
+    }
+
     fn node(&self) -> NodeConfig {
         NodeConfig {
             buffer_budget: (self.budget_mib << 20) as usize,
@@ -223,27 +243,13 @@ async fn run_agent(a: AgentArgs) -> Result<i32> {
     let secret = a.common.require_secret()?;
     std::fs::create_dir_all(&a.dir).with_context(|| format!("creating {}", a.dir.display()))?;
     let tuning = a.common.tuning()?;
-    let listeners = listen_all(&a.listen, &tuning).await?;
-    let addrs = listeners
-        .iter()
-        .map(|l| l.local_addr().map(|a| a.to_string()))
-        .collect::<std::io::Result<Vec<_>>>()?
-        .join(", ");
+    let (listeners, addrs) = listen_all(&a.listen, &tuning).await?;
     // The first line of stdout says where we listen (scripts and the demo read it).
     println!(
         "bulkcast agent listening on {addrs}, storing into {}",
         a.dir.display()
     );
-    let cfg = Arc::new(AgentConfig {
-        dir: a.dir,
-        keys: Keys::derive(&secret),
-        node: a.common.node(),
-        tuning,
-        stored: None,
-        groups: Default::default(),
-        attachments: Default::default(),
-        stdout: false,
-    });
+    let cfg = Arc::new(a.common.agent_config(a.dir, &secret, tuning, false));
     match agent::serve(listeners, cfg, a.once, shutdown_signal()).await {
         Some(Err(e)) => {
             eprintln!("error: {e}");
@@ -253,22 +259,22 @@ async fn run_agent(a: AgentArgs) -> Result<i32> {
     }
 }
 
-/// Listens on every address given.
+/// Listens on every address given; also returns the bound addresses, comma-separated.
 pub async fn listen_all(
     addrs: &[String],
     tuning: &TcpTuning,
-) -> Result<Vec<tokio::net::TcpListener>> {
+) -> Result<(Vec<tokio::net::TcpListener>, String)> {
     let mut out = Vec::new();
+    let mut bound = Vec::new();
     for a in addrs {
-        out.push(
-            transport::listen(a, tuning)
-                .await
-                .with_context(|| format!("listening on {a}"))?,
-        );
+        let l = transport::listen(a, tuning)
+            .await
+            .with_context(|| format!("listening on {a}"))?;
+        bound.push(l.local_addr()?.to_string());
+        out.push(l);
     }
-    Ok(out)
+    Ok((out, bound.join(", ")))
 }
-
 async fn recv(a: RecvArgs) -> Result<i32> {
     let t = Ticket::parse(&a.ticket)?;
     let target = match (&a.out, a.stdout) {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use bulkcast_node::agent::{self, AgentConfig};
+use bulkcast_node::agent;
 use bulkcast_node::input::Input;
 use bulkcast_node::source::{self, SendConfig};
 use bulkcast_proto::auth::Keys;
@@ -157,23 +157,13 @@ async fn send(a: PipeSendArgs) -> Result<i32> {
 async fn recv(a: PipeRecvArgs) -> Result<i32> {
     let secret = a.common.require_secret()?;
     let tuning = a.common.tuning()?;
-    let listeners = listen_all(&a.listen, &tuning).await?;
-    let addrs = listeners
-        .iter()
-        .map(|l| l.local_addr().map(|a| a.to_string()))
-        .collect::<std::io::Result<Vec<_>>>()?;
+    let (listeners, addrs) = listen_all(&a.listen, &tuning).await?;
     // stdout is the stream: where we listen goes to stderr, first line (scripts read it).
-    eprintln!("bulkcast pipe listening on {}", addrs.join(", "));
-    let cfg = Arc::new(AgentConfig {
-        dir: PathBuf::from("."),
-        keys: Keys::derive(&secret),
-        node: a.common.node(),
-        tuning,
-        stored: None,
-        groups: Default::default(),
-        attachments: Default::default(),
-        stdout: true,
-    });
+    eprintln!("bulkcast pipe listening on {addrs}");
+    let cfg = Arc::new(
+        a.common
+            .agent_config(PathBuf::from("."), &secret, tuning, true),
+    );
     match agent::serve(listeners, cfg, true, shutdown_signal()).await {
         Some(Ok(_)) => Ok(0),
         Some(Err(e)) => {
