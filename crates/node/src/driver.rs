@@ -519,6 +519,9 @@ impl Driver {
                 let reader = tokio::spawn(read_child(r, link, conn, tx));
                 self.tasks.entry(link).or_default().push(reader);
                 if let Some(e) = self.out_edges.get_mut(&k) {
+                    if let Err(err) = transport::set_notsent_lowat(w.as_ref(), e.lowat()) {
+                        tracing::debug!("TCP_NOTSENT_LOWAT: {err}");
+                    }
                     let (ftx, frx) = mpsc::channel(WRITE_SLOTS + 1);
                     let ev = self.ev_tx.clone();
                     let task = tokio::spawn(write_link(w, frx, None, link, conn, ev));

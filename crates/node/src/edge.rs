@@ -22,6 +22,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use bulkcast_proto::multipath::grow::{Decision, Grow};
 use bulkcast_proto::multipath::{
     ConnStats, JoinError, Joiner, Scheduler, StripeError, Striper, StriperConfig,
 };
@@ -41,9 +42,9 @@ pub const AUTO_MAX_STREAMS: u16 = 8;
 
 /// How often `--streams auto` compares the edge's rate with the rate before its last added
 /// connection. Long enough for a new connection to leave slow start on a 100 ms path.
-pub const AUTO_INTERVAL: Duration = Duration::from_millis(1500);
+pub const AUTO_INTERVAL: Duration = Duration::from_millis(1000);
 
-/// An added connection must raise the rate by this fraction to be followed by another.
+/// An added connection must raise the settled rate by this fraction to be followed by another.
 pub const AUTO_GAIN: f64 = 0.10;
 
 /// Frames queued to one connection's writer at once (as for plain links).
@@ -135,18 +136,15 @@ struct OutConn {
     sent: u64,
 }
 
-/// `--streams auto`: adds a connection while the last one added raised the rate.
-struct Grow {
-    max: u16,
+/// `--streams auto`: the growth state and the current measurement interval.
+struct AutoStreams {
+    grow: Grow,
     /// Start of the current measurement.
     since: Instant,
     bytes_at_since: u64,
-    /// Rate before the last connection was added (bytes/s).
-    before: Option<f64>,
     /// Whether the edge had data waiting for the connections during the measurement (a rate
     /// measured while the source had nothing to send says nothing about connections).
     limited: bool,
-    done: bool,
 }
 
 /// The parent side of a striped edge.
@@ -163,7 +161,8 @@ pub struct OutEdge {
     pub window: u32,
     addrs: Vec<String>,
     target: u16,
-    grow: Option<Grow>,
+    grow: Option<AutoStreams>,
+    chunk_size: u32,
     closed: bool,
     /// Whether the last connection lost had frames in flight (worth a warning).
     pub lost_busy: bool,
@@ -180,24 +179,32 @@ impl OutEdge {
         now: Instant,
     ) -> Self {
         let window = window_for(chunk_size);
+        // Each connection's socket keeps at most `lowat` unsent bytes, so "its writer has
+        // room" already follows its congestion window; the striper's own in-flight cap only
+        // has to stop a slow connection from holding much more than a round trip of data, and
+        // must not slow a new connection's start (its rate estimate lags behind slow start).
         let config = StriperConfig {
             window: u64::from(window),
+            pull_queue_delay: Duration::from_secs(1),
+            pull_min_inflight: 4 * u64::from(chunk_size),
+            // A rate estimate that follows a connection's slow start within a few round
+            // trips; the in-flight cap is derived from it.
+            rate_tau: Duration::from_millis(150),
             ..StriperConfig::with(scheduler(mode.scheduler))
         };
         let paths = addrs.len().max(1) as u16;
         let (target, grow) = match mode.streams {
             // One connection per path to start with; more while they add throughput.
-            0 => (
-                paths.min(AUTO_MAX_STREAMS),
-                Some(Grow {
-                    max: AUTO_MAX_STREAMS.max(paths),
+            0 => {
+                let start = paths.min(AUTO_MAX_STREAMS);
+                let grow = AutoStreams {
+                    grow: Grow::new(start, AUTO_MAX_STREAMS.max(start), AUTO_GAIN),
                     since: now,
                     bytes_at_since: 0,
-                    before: None,
                     limited: false,
-                    done: false,
-                }),
-            ),
+                };
+                (start, Some(grow))
+            }
             n => (n, None),
         };
         Self {
@@ -211,9 +218,15 @@ impl OutEdge {
             addrs,
             target,
             grow,
+            chunk_size,
             closed: false,
             lost_busy: false,
         }
+    }
+
+    /// The unsent backlog each connection's socket may hold (`TCP_NOTSENT_LOWAT`): one frame.
+    pub fn lowat(&self) -> u32 {
+        self.chunk_size.max(64 << 10)
     }
 
     /// The `Attach` frame that introduces connection `conn`.
@@ -287,12 +300,18 @@ impl OutEdge {
 
     /// The child took frame `seq` from connection `conn`.
     pub fn handle_got(&mut self, conn: u16, seq: u64, now: Instant) -> Result<(), StripeError> {
-        let id = self
+        let c = self
             .conns
             .get(conn as usize)
-            .and_then(|c| c.id)
-            .filter(|&id| id != usize::MAX)
             .ok_or(StripeError::UnknownConn(conn as usize))?;
+        let Some(id) = c.id.filter(|&id| id != usize::MAX) else {
+            return Err(StripeError::UnknownConn(conn as usize));
+        };
+        if c.tx.is_none() {
+            // A connection lost or retired: its frames were handed to the others, and what it
+            // still delivers is a second copy the child drops.
+            return Ok(());
+        }
         self.striper.handle_acked(id, seq, now)?;
         let below = self.striper.acked_below();
         while self.base < below {
@@ -348,12 +367,16 @@ impl OutEdge {
                 break;
             }
         }
-        if self.grow.as_ref().is_some_and(|g| !g.done && !g.limited) {
+        if self
+            .grow
+            .as_ref()
+            .is_some_and(|a| !a.grow.is_done() && !a.limited)
+        {
             // Data waiting that no connection could take: the connections are the limit.
             let limited =
                 !self.striper.wants_input() || self.frames.len() as u64 > self.in_flight_items();
-            if let Some(g) = &mut self.grow {
-                g.limited = limited;
+            if let Some(a) = &mut self.grow {
+                a.limited = limited;
             }
         }
         Ok(())
@@ -371,42 +394,56 @@ impl OutEdge {
         self.striper.stats().iter().map(|s| s.bytes_acked).sum()
     }
 
-    /// `--streams auto`: at the end of each measurement, add a connection if the last one
-    /// added raised the rate by [`AUTO_GAIN`] (or it is the first measurement), else stop.
+    /// `--streams auto`: at the end of each measurement interval, let [`Grow`] decide.
     fn check_growth(&mut self, now: Instant) {
         let acked = self.acked_bytes();
         let opened = self.conns.len() as u16;
-        let Some(g) = &mut self.grow else { return };
-        if g.done || opened < self.target || now < g.since + AUTO_INTERVAL {
+        let Some(a) = &mut self.grow else { return };
+        if a.grow.is_done() || opened < self.target || now < a.since + AUTO_INTERVAL {
             return;
         }
-        let secs = now.duration_since(g.since).as_secs_f64();
-        let rate = (acked - g.bytes_at_since) as f64 / secs;
-        let limited = std::mem::take(&mut g.limited);
-        g.since = now;
-        g.bytes_at_since = acked;
-        if !limited {
-            // Nothing was waiting: the source or the child set the pace, not the connections.
-            return;
-        }
-        let gained = g.before.is_none_or(|b| rate > b * (1.0 + AUTO_GAIN));
-        if gained && self.target < g.max {
-            g.before = Some(rate);
-            self.target += 1;
-            tracing::debug!(
-                "edge to {}: {:.1} Mbit/s, opening connection {}",
-                self.name,
-                rate * 8e-6,
-                self.target
-            );
-        } else {
-            g.done = true;
-            tracing::debug!(
+        let secs = now.duration_since(a.since).as_secs_f64();
+        let rate = (acked - a.bytes_at_since) as f64 / secs;
+        let limited = std::mem::take(&mut a.limited);
+        a.since = now;
+        a.bytes_at_since = acked;
+        match a.grow.handle_interval(rate, limited) {
+            Decision::Add => {
+                self.target = a.grow.conns();
+                tracing::debug!(
+                    "edge to {}: settled at {:.1} Mbit/s; opening connection {}",
+                    self.name,
+                    rate * 8e-6,
+                    self.target
+                );
+            }
+            Decision::Retire => {
+                tracing::debug!(
+                    "edge to {}: {:.1} Mbit/s, no better with connection {}; closing it",
+                    self.name,
+                    rate * 8e-6,
+                    opened
+                );
+                self.retire(opened - 1, now);
+            }
+            Decision::Stop => tracing::debug!(
                 "edge to {}: {:.1} Mbit/s with {} connections; no more",
                 self.name,
                 rate * 8e-6,
                 self.target
-            );
+            ),
+            Decision::Wait => {}
+        }
+    }
+
+    /// Closes connection `conn` on purpose: its frames go to the others, its socket is shut
+    /// once its writer has sent what it holds.
+    fn retire(&mut self, conn: u16, now: Instant) {
+        if let Some(c) = self.conns.get_mut(conn as usize) {
+            c.tx = None;
+            if let Some(id) = c.id {
+                let _ = self.striper.handle_conn_lost(id, now);
+            }
         }
     }
 
@@ -425,7 +462,7 @@ impl OutEdge {
 
     /// Whether the edge wants a timer (auto growth still deciding).
     pub fn wants_tick(&self) -> bool {
-        self.grow.as_ref().is_some_and(|g| !g.done)
+        self.grow.as_ref().is_some_and(|a| !a.grow.is_done())
     }
 
     /// The edge's connections now.

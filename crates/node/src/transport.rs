@@ -93,6 +93,30 @@ pub fn set_cc(stream: &impl AsRawFd, cc: &str) -> io::Result<()> {
     }
 }
 
+/// Keeps at most `bytes` of not-yet-sent data in a socket's send buffer (`TCP_NOTSENT_LOWAT`):
+/// the socket reports room only when its unsent backlog is below that, so a connection takes
+/// new data at the pace its congestion window drains it instead of queueing megabytes. This is
+/// what makes "take the next frame when the socket has room" a real measure of a connection's
+/// speed on a striped edge.
+pub fn set_notsent_lowat(stream: &impl AsRawFd, bytes: u32) -> io::Result<()> {
+    let v = bytes as libc::c_int;
+    // SAFETY: the fd is a valid socket for the duration of the call; `v` outlives it.
+    let rc = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_NOTSENT_LOWAT,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// Connects with a deadline and the tuning applied.
 pub async fn connect(addr: &str, tuning: &TcpTuning) -> Result<TcpStream, ConnError> {
     let addrs: Vec<SocketAddr> =

@@ -12,6 +12,7 @@
 //! - [`Joiner`] (receiver): takes items from any connection in any order, drops second
 //!   copies, refuses items beyond its reorder window ([`JoinError`], a protocol violation)
 //!   and releases the rest strictly in order, each once.
+//! - [`grow`]: `--streams auto`, one more connection at a time while the settled rate rises.
 //! - [`sim`]: N connections over shared rate-limited channels on an event-driven clock, with
 //!   rate steps, random delays, lost and joining connections; it reports throughput as a
 //!   fraction of the channels' summed rate, a time series and re-convergence after steps.
@@ -110,6 +111,7 @@
 //! - Connections sharing a bottleneck see each other's traffic as a rate change; neither
 //!   scheduler models the sharing.
 
+pub mod grow;
 mod joiner;
 pub mod sim;
 mod striper;
