@@ -301,6 +301,8 @@ struct Peer {
     /// Pieces received from it / sent to it since the last rechoke.
     down_window: u64,
     up_window: u64,
+    /// Hybrid: measured delivery rate and round trip of our requests to it.
+    rate: hybrid::PeerRate,
 }
 
 /// Completion-tree state (MOB's phase 4, used by every strategy).
@@ -334,6 +336,8 @@ pub struct SwarmNode {
     have_bits: Bits,
     pending: Bits,
     pending_from: Vec<Option<NodeId>>,
+    /// When the request of `pending_from` was sent.
+    req_at: Vec<Option<Instant>>,
     /// Hybrid: pieces announced to the tree parent as held by our cluster (not by us).
     covered: Bits,
     /// Hybrid endgame: second requests, (piece, peer).
@@ -412,6 +416,7 @@ impl SwarmNode {
             have_bits,
             pending: Bits::new(p),
             pending_from: vec![None; p as usize],
+            req_at: vec![None; p as usize],
             covered: Bits::new(p),
             second: Vec::new(),
             connect_to: Vec::new(),
@@ -735,6 +740,7 @@ impl SwarmNode {
             peer_interested: false,
             down_window: 0,
             up_window: 0,
+            rate: hybrid::PeerRate::default(),
         });
         self.index[id] = Some(k);
         k
@@ -787,11 +793,23 @@ impl SwarmNode {
     fn unpend(&mut self, i: u64) {
         self.pending.clear(i);
         self.pending_from[i as usize] = None;
+        self.req_at[i as usize] = None;
     }
 
     /// A verified piece from peer k.
     fn on_piece(&mut self, k: usize, i: u64, now: Instant) {
         let from = self.peers[k].id;
+        if self.cfg.strategy == Strategy::Hybrid {
+            let rtt = match (self.pending_from[i as usize], self.req_at[i as usize]) {
+                (Some(q), Some(t)) if q == from => Some(now.saturating_duration_since(t)),
+                _ => None,
+            };
+            let p = &mut self.peers[k];
+            if p.requested.contains(&i) {
+                let idle = p.requested.len() == 1;
+                p.rate.on_delivery(now, rtt, idle);
+            }
+        }
         let was_requested = {
             let p = &mut self.peers[k];
             let before = p.requested.len();
@@ -994,7 +1012,10 @@ impl SwarmNode {
         if self.complete || self.cfg.strategy == Strategy::TreePush {
             return;
         }
-        if self.cfg.strategy == Strategy::Hybrid && !self.push.pulling(now) {
+        if self.cfg.strategy == Strategy::Hybrid {
+            if self.push.pulling(now) {
+                self.hybrid_top_up(k, now);
+            }
             return;
         }
         if self.peers[k].requested.len() >= self.cfg.requests_per_peer {
