@@ -72,7 +72,7 @@ impl PushMeter {
         match self.rate {
             None => pieces,
             Some(r) => {
-                let ahead = (r * self.horizon).ceil();
+                let ahead = (r * self.horizon).floor();
                 if ahead >= (pieces - prefix.min(pieces)) as f64 {
                     pieces
                 } else {

@@ -650,6 +650,7 @@ impl SwarmNode {
             return None;
         }
         self.top_up(k, now);
+        let push = self.peers[k].child && self.cfg.strategy.pushes();
         let p = &mut self.peers[k];
         if let Some(f) = p.ctrl.pop_front() {
             return Some(Transmit::Frame(f));
@@ -660,7 +661,7 @@ impl SwarmNode {
             p.up_window += 1;
             return Some(Transmit::Piece(i));
         }
-        if p.child && self.cfg.strategy.pushes() {
+        if push {
             // Push is the front-to-back stream: only the contiguous prefix is pushed, so what
             // this node pulled beyond its horizon is not pushed on into a child that pulls
             // the same far end itself (a second copy over the WAN).
