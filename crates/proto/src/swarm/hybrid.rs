@@ -175,14 +175,15 @@ impl SwarmNode {
         let my_cluster = self.my_cluster();
         let src = self.source_cluster;
         let pk = &self.peers[k];
-        let from_source_cluster =
-            !pk.local && my_cluster != src && self.mobs.cluster(pk.id) == src;
+        let from_source_cluster = !pk.local && my_cluster != src && self.mobs.cluster(pk.id) == src;
         let stripes = if from_source_cluster {
             // What another cluster's peer already holds is fetched there: the source
             // cluster's egress carries each piece out once.
-            for q in self.peers.iter().filter(|q| {
-                q.connected && !q.local && self.mobs.cluster(q.id) != src
-            }) {
+            for q in self
+                .peers
+                .iter()
+                .filter(|q| q.connected && !q.local && self.mobs.cluster(q.id) != src)
+            {
                 for (w, a) in allowed.iter_mut().enumerate() {
                     *a &= !q.has.word(w);
                 }
@@ -289,7 +290,8 @@ fn continue_steal(node: &mut SwarmNode, k: usize, i: u64, now: Instant) {
         let q = &mut node.peers[j];
         q.requested.retain(|&r| r != i);
         if q.connected {
-            q.ctrl.push_back(Frame::Swarm(SwarmMsg::Cancel { index: i }));
+            q.ctrl
+                .push_back(Frame::Swarm(SwarmMsg::Cancel { index: i }));
         }
     }
     node.pending_from[i as usize] = Some(node.peers[k].id);
