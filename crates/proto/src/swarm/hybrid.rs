@@ -1,10 +1,13 @@
-//! The hybrid's push meter: how fast the tree parent's push brings new pieces, and from it
-//! the push horizon beyond which a receiver pulls (see the module documentation of
-//! [`crate::swarm`] for the design).
+//! The hybrid's pull side (see the module documentation of [`crate::swarm`] for the design).
 //!
-//! The rate is an exponentially weighted mean (weight 1/2) of the pieces pushed per
-//! [`SwarmConfig::tick`], measured from [`SwarmConfig::warmup`] after the start; before the
-//! first measurement nothing is pulled. The horizon is `prefix + rate * push_horizon`.
+//! - The push meter: how fast the tree parent's push brings new pieces, and from it the push
+//!   horizon beyond which a receiver pulls. The rate is an exponentially weighted mean
+//!   (weight 1/2) of the pieces pushed per [`SwarmConfig::tick`], measured from
+//!   [`SwarmConfig::warmup`] after the start; before the first measurement nothing is
+//!   pulled. The horizon is `prefix + floor(rate * push_horizon)` (floor: a push that
+//!   stalled must not keep the piece at the prefix to itself while its rate decays).
+//! - Per-peer delivery rate and round trip, and the request window sized from them.
+//! - Piece choice: source-cluster stripes, moving requests off slow peers, endgame.
 
 use std::ops::Range;
 use std::time::{Duration, Instant};
