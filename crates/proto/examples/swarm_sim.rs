@@ -9,6 +9,9 @@
 //! Throughput is the object size over the time until the last receiver finished (the paper's
 //! measure); WAN is the piece bytes that entered clusters B, C and D, as multiples of the
 //! object size (1.00 is the ideal: each piece enters each cluster once).
+//! Each throughput is also printed as a fraction of the condition's bound
+//! ([`sim::bound_rate`]: the max-flow broadcast capacity, time-averaged when links change),
+//! next to the targets for the hybrid.
 
 use std::time::Duration;
 

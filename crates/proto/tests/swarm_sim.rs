@@ -174,14 +174,16 @@ fn hybrid_outruns_tree_push_when_a_tree_edge_drops_to_a_tenth() {
     let base = spec(Strategy::Hybrid, len, Condition::FastLinks);
     let (x, y) = busiest_wan_edge(&base.topology);
     let nominal = base.topology.wan[x][y];
+    let base_topo = base.topology.clone();
+    let change = vec![WanChange {
+        at: Duration::from_millis(500),
+        from: x,
+        to: y,
+        rate: nominal / 10.0,
+    }];
     let slowed = |strategy| {
         let mut s = spec(strategy, len, Condition::FastLinks);
-        s.wan_changes = vec![WanChange {
-            at: Duration::from_millis(500),
-            from: x,
-            to: y,
-            rate: nominal / 10.0,
-        }];
+        s.wan_changes = change.clone();
         sim::run(s)
     };
     let hybrid_static = sim::run(base);
@@ -201,14 +203,21 @@ fn hybrid_outruns_tree_push_when_a_tree_edge_drops_to_a_tenth() {
         "edge {x}->{y} at 10%: hybrid {th:.2} s, mob {tm:.2} s, tree push {tt:.2} s; \
          hybrid without the slowdown {ts:.2} s"
     );
-    // Far ahead of the same plan pushed alone, and on par with MOB.
+    // Far ahead of the same plan pushed alone, and of MOB under the same slowdown (MOB keeps
+    // R = 5 requests queued behind the slowed link whatever its rate; the hybrid sizes each
+    // peer's window by its measured rate and moves requests off a slow peer).
     assert!(th < 0.4 * tt, "hybrid {th:.2} s vs tree push {tt:.2} s");
-    assert!(th < 1.15 * tm, "hybrid {th:.2} s vs mob {tm:.2} s");
-    // NOT yet close to the time without the slowdown (about 3.5x today): each receiver keeps
-    // R requests queued at its rank-matched peer behind the slowed link whatever that peer's
-    // rate (MOB does the same). This bound only guards against regressions; the target
-    // (within 1.3x) needs a per-peer request window sized by measured rate.
-    assert!(th < 4.5 * ts, "hybrid {th:.2} s slowed vs {ts:.2} s not");
+    assert!(th < 0.6 * tm, "hybrid {th:.2} s vs mob {tm:.2} s");
+    // Within a real factor of its time without the slowdown: 1.8x today (4.7 s vs 2.7 s).
+    // The slowdown itself costs at least 1.35x: the bound goes from 1.66 s to 2.23 s, since
+    // the source's cluster loses a third of its WAN egress. The issue's 1.3x is not met.
+    let (bs, bt) = (
+        sim::bound_time(&base_topo, &[], len).as_secs_f64(),
+        sim::bound_time(&base_topo, &change, len).as_secs_f64(),
+    );
+    eprintln!("bound: {bs:.2} s without the slowdown, {bt:.2} s with it");
+    assert!(bt > bs && th > bt, "the bound is a bound");
+    assert!(th < 2.0 * ts, "hybrid {th:.2} s slowed vs {ts:.2} s not");
     // It still brings (almost) one copy per cluster.
     for c in 1..4 {
         assert!(
@@ -230,6 +239,84 @@ fn mob_beats_the_swarm_baseline_and_a_fixed_tree_when_links_change() {
     );
     eprintln!("mayhem: tree {tree:.0} B/s, swarm {swarm:.0} B/s, mob {mob:.0} B/s");
     assert!(mob > swarm && mob > tree);
+}
+
+#[test]
+fn hybrid_beats_mob_and_the_swarm_baseline_when_links_change() {
+    let len = 24 * MIB;
+    let s = spec(Strategy::Hybrid, len, Condition::Mayhem);
+    let bound = sim::bound_rate(&s.topology, &s.wan_changes, len);
+    let hybrid = sim::run(s);
+    assert_all_done(&hybrid, "hybrid");
+    let run = |s| sim::run(spec(s, len, Condition::Mayhem)).throughput();
+    let (swarm, mob, h) = (
+        run(Strategy::Swarm),
+        run(Strategy::Mob),
+        hybrid.throughput(),
+    );
+    eprintln!(
+        "mayhem, fractions of the bound: swarm {:.2}, mob {:.2}, hybrid {:.2}",
+        swarm / bound,
+        mob / bound,
+        h / bound
+    );
+    assert!(h < bound, "the bound is a bound");
+    assert!(h > 1.1 * mob, "hybrid {h:.0} B/s vs mob {mob:.0} B/s");
+    assert!(h > 1.5 * swarm, "hybrid {h:.0} B/s vs swarm {swarm:.0} B/s");
+    // Pieces mostly enter each cluster once (a second copy only where it came sooner).
+    for c in 1..4 {
+        assert!(
+            hybrid.wan_multiples()[c] < 1.3,
+            "cluster {c}: {:?}",
+            hybrid.wan_multiples()
+        );
+    }
+}
+
+#[test]
+fn broadcast_bound_is_the_min_cut_of_a_hand_computed_topology() {
+    // Three clusters of one node: A (the source), B, C. A->B 4, A->C 1, B->C 2, C->B 0.5
+    // (B->A and C->A 9, useless to a broadcast from A), access links 100.
+    let topo = Topology {
+        clusters: vec![1, 1, 1],
+        access_up: 100.0,
+        access_down: 100.0,
+        lan_latency: Duration::ZERO,
+        wan: vec![
+            vec![0.0, 4.0, 1.0],
+            vec![9.0, 0.0, 2.0],
+            vec![9.0, 0.5, 0.0],
+        ],
+        wan_latency: Duration::ZERO,
+    };
+    // To B: 4 direct + 0.5 via C; to C: 1 direct + 2 via B.
+    assert!((sim::max_flow(&topo, 0, 1) - 4.5).abs() < 1e-9);
+    assert!((sim::max_flow(&topo, 0, 2) - 3.0).abs() < 1e-9);
+    assert!((sim::broadcast_bound(&topo) - 3.0).abs() < 1e-9);
+    // Two arborescences carry it (Edmonds): A->B->C at 2, A->C plus A->B at 1.
+    // A slow source uplink caps everything.
+    let mut slow = topo.clone();
+    slow.access_up = 2.5;
+    assert!((sim::broadcast_bound(&slow) - 2.5).abs() < 1e-9);
+    // A second node in B adds nothing across the WAN, but is reached by the LAN.
+    let mut two = topo.clone();
+    two.clusters = vec![1, 2, 1];
+    assert!((sim::max_flow(&two, 0, 2) - 4.5).abs() < 1e-9);
+    assert!((sim::broadcast_bound(&two) - 3.0).abs() < 1e-9);
+    // Time-varying: 30 bytes at 3/s while A->C and B->C are cut to nothing for the first
+    // 5 s, then back: C gets nothing for 5 s, then 3/s for 10 s; B is done sooner.
+    let change = |at: u64, from: usize, to: usize, rate: f64| WanChange {
+        at: Duration::from_secs(at),
+        from,
+        to,
+        rate,
+    };
+    let mut cut = topo.clone();
+    cut.wan[0][2] = 0.0;
+    cut.wan[1][2] = 0.0;
+    let t = sim::bound_time(&cut, &[change(5, 0, 2, 1.0), change(5, 1, 2, 2.0)], 30);
+    assert!((t.as_secs_f64() - 15.0).abs() < 1e-6, "{t:?}");
+    assert!((sim::bound_rate(&topo, &[], 30) - 3.0).abs() < 1e-9);
 }
 
 #[test]

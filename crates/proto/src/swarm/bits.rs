@@ -139,6 +139,14 @@ pub(crate) fn pick_lowest(words: usize, f: impl Fn(usize) -> u64) -> Option<u64>
     })
 }
 
+/// The highest set bit of the mask `f(word)`.
+pub(crate) fn pick_highest(words: usize, f: impl Fn(usize) -> u64) -> Option<u64> {
+    (0..words).rev().find_map(|w| {
+        let m = f(w);
+        (m != 0).then(|| w as u64 * 64 + 63 - m.leading_zeros() as u64)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,6 +162,7 @@ mod tests {
         assert_eq!(range_word(1, 0, 200), u64::MAX);
         assert_eq!(range_word(2, 0, 130), 0b11);
         assert_eq!(pick_lowest(b.words(), |k| b.word(k)), Some(0));
+        assert_eq!(pick_highest(b.words(), |k| b.word(k)), Some(129));
         let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
         for _ in 0..50 {
             let p = pick_random(b.words(), &mut rng, |k| b.word(k)).unwrap();
