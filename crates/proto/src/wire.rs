@@ -15,8 +15,8 @@
 //! today and by receiver-driven strategies later), network probing for the planner (`Ping`,
 //! `Pong`, `Probe`, `Probed`), multi-stream edges (`Attach` a connection to an edge, `Striped`
 //! frames of the edge's sequence, `Got` back on the connection that carried one),
-//! receiver-driven swarming (`Swarm`, see [`crate::swarm`]) and `Error` for a fatal protocol
-//! error.
+//! receiver-driven swarming (`Swarm`, see [`crate::swarm`]; its session set-up, peer
+//! connections and reports are `SwarmSetup`) and `Error` for a fatal protocol error.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
@@ -183,6 +183,9 @@ pub enum Frame {
     /// Receiver-driven swarming (MOB, the BitTorrent-style baseline, the hybrid): a control
     /// message with its own sub-type (see [`crate::swarm::msg`]); pieces travel as `Chunk`.
     Swarm(crate::swarm::SwarmMsg),
+    /// Swarm sessions on the network: the source's set-up, the first frame of a connection
+    /// between two members, a member's final report (see [`SwarmSetup`]).
+    SwarmSetup(SwarmSetup),
     /// A fatal error; the sender of this frame closes the connection after it.
     Error {
         /// Human-readable reason.
@@ -213,6 +216,85 @@ pub struct Open {
     /// How every edge of the session is carried (the source's choice, like `cc`).
     pub edges: EdgeMode,
 }
+
+/// The frames that set up a swarm session over the network (type `0x51`, sub-type byte).
+///
+/// ```text
+/// setup  = sub:u8 | body
+/// Open   = 0x01 | session:u64 | node:u32 | chunk_size:u32 | stall_timeout_ms:u32
+///               | strategy:u8 (0 tree-push, 1 swarm, 2 mob, 3 hybrid) | seed:u64 | manifest
+///               | count:u32 | (node:u32 | parent:u32 | cluster:u32 | name | addr)*
+/// Peer   = 0x02 | session:u64 | node:u32
+/// Report = 0x03 | node:u32 | count:u32 | (peer:u32 | bytes:u64)*
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SwarmSetup {
+    /// Source to every member, on the source's connection to it: the session and everyone in
+    /// it. The connection stays open for the member's [`SwarmSetup::Report`] (and carries
+    /// swarm traffic too when the two are swarm peers).
+    Open(Box<SwarmOpen>),
+    /// The first frame (after the handshake) of a connection a member opens to another:
+    /// which session it is for and who is dialling.
+    Peer {
+        /// Session.
+        session: SessionId,
+        /// The dialling member's node id.
+        node: u32,
+    },
+    /// Member to source, once its copy is verified and in place: the bytes of verified
+    /// pieces received from each peer (duplicates included).
+    Report {
+        /// The reporting member.
+        node: u32,
+        /// Per peer: its node id and the piece bytes received from it.
+        received: Vec<(u32, u64)>,
+    },
+}
+
+/// A swarm session's set-up (see [`SwarmSetup::Open`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SwarmOpen {
+    /// Session identifier (chunk tags are bound to it).
+    pub session: SessionId,
+    /// The recipient's node id.
+    pub node: u32,
+    /// Chunk size in bytes.
+    pub chunk_size: u32,
+    /// A member that hears nothing for this long gives up (milliseconds).
+    pub stall_timeout_ms: u32,
+    /// The strategy every member runs.
+    pub strategy: crate::swarm::Strategy,
+    /// Seed for peer and piece choice (the same on every member, so that each can work out
+    /// every member's connections).
+    pub seed: u64,
+    /// What is being sent.
+    pub manifest: Manifest,
+    /// Every member, in node-id order (node 0 is the source).
+    pub members: Vec<SwarmMember>,
+}
+
+/// One member of a swarm session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SwarmMember {
+    /// Node id (its position in the list).
+    pub node: u32,
+    /// Tree parent for the strategies that push ([`NO_PARENT`] for the source, or everyone
+    /// when no tree is used).
+    pub parent: u32,
+    /// Cluster label (hosts of one `site` share one).
+    pub cluster: u32,
+    /// Display name.
+    pub name: String,
+    /// Agent address (`host:port`; empty for the source, which does not listen).
+    pub addr: String,
+}
+
+/// [`SwarmMember::parent`] of a member without one.
+pub const NO_PARENT: u32 = u32::MAX;
+
+const S_SETUP_OPEN: u8 = 0x01;
+const S_SETUP_PEER: u8 = 0x02;
+const S_SETUP_REPORT: u8 = 0x03;
 
 /// How the edges of a session are carried: connections per edge and how frames are dealt to
 /// them (see [`crate::multipath`]).
@@ -361,6 +443,7 @@ const T_BWRESULT: u8 = 0x45;
 const T_SINK: u8 = 0x46;
 const T_SINKREPORT: u8 = 0x47;
 const T_SWARM: u8 = 0x50;
+const T_SWARM_SETUP: u8 = 0x51;
 const T_ERROR: u8 = 0x7f;
 
 /// An RTT that could not be measured, in a `Probed` frame.
@@ -424,6 +507,7 @@ impl Frame {
             Frame::Striped { .. } => "Striped",
             Frame::Got { .. } => "Got",
             Frame::Swarm(_) => "Swarm",
+            Frame::SwarmSetup(_) => "SwarmSetup",
             Frame::Error { .. } => "Error",
         }
     }
@@ -564,6 +648,10 @@ impl Frame {
             Frame::Swarm(m) => {
                 b.put_u8(T_SWARM);
                 m.encode(&mut b);
+            }
+            Frame::SwarmSetup(s) => {
+                b.put_u8(T_SWARM_SETUP);
+                put_swarm_setup(&mut b, s);
             }
             Frame::Error { reason } => {
                 b.put_u8(T_ERROR);
@@ -747,6 +835,10 @@ impl Frame {
                 r.what = "Swarm";
                 Frame::Swarm(crate::swarm::SwarmMsg::decode(&mut r.b)?)
             }
+            T_SWARM_SETUP => {
+                r.what = "SwarmSetup";
+                Frame::SwarmSetup(r.swarm_setup()?)
+            }
             T_ERROR => {
                 r.what = "Error";
                 Frame::Error {
@@ -826,6 +918,53 @@ fn put_open(b: &mut BytesMut, o: &Open) {
         EdgeScheduler::Weighted => 1,
         EdgeScheduler::Equal => 2,
     });
+}
+
+fn strategy_code(s: crate::swarm::Strategy) -> u8 {
+    use crate::swarm::Strategy;
+    match s {
+        Strategy::TreePush => 0,
+        Strategy::Swarm => 1,
+        Strategy::Mob => 2,
+        Strategy::Hybrid => 3,
+    }
+}
+
+fn put_swarm_setup(b: &mut BytesMut, s: &SwarmSetup) {
+    match s {
+        SwarmSetup::Open(o) => {
+            b.put_u8(S_SETUP_OPEN);
+            b.put_u64(o.session);
+            b.put_u32(o.node);
+            b.put_u32(o.chunk_size);
+            b.put_u32(o.stall_timeout_ms);
+            b.put_u8(strategy_code(o.strategy));
+            b.put_u64(o.seed);
+            put_manifest(b, &o.manifest);
+            b.put_u32(o.members.len() as u32);
+            for m in &o.members {
+                b.put_u32(m.node);
+                b.put_u32(m.parent);
+                b.put_u32(m.cluster);
+                put_str(b, &m.name);
+                put_str(b, &m.addr);
+            }
+        }
+        SwarmSetup::Peer { session, node } => {
+            b.put_u8(S_SETUP_PEER);
+            b.put_u64(*session);
+            b.put_u32(*node);
+        }
+        SwarmSetup::Report { node, received } => {
+            b.put_u8(S_SETUP_REPORT);
+            b.put_u32(*node);
+            b.put_u32(received.len() as u32);
+            for (peer, bytes) in received {
+                b.put_u32(*peer);
+                b.put_u64(*bytes);
+            }
+        }
+    }
 }
 
 fn put_manifest(b: &mut BytesMut, m: &Manifest) {
@@ -959,6 +1098,62 @@ impl Reader {
             members,
             stripe,
             edges,
+        })
+    }
+
+    fn swarm_setup(&mut self) -> Result<SwarmSetup, WireError> {
+        use crate::swarm::Strategy;
+        Ok(match self.u8()? {
+            S_SETUP_OPEN => {
+                let session = self.u64()?;
+                let node = self.u32()?;
+                let chunk_size = self.u32()?;
+                let stall_timeout_ms = self.u32()?;
+                let strategy = match self.u8()? {
+                    0 => Strategy::TreePush,
+                    1 => Strategy::Swarm,
+                    2 => Strategy::Mob,
+                    3 => Strategy::Hybrid,
+                    _ => return Err(WireError::BadValue(self.what, "unknown strategy")),
+                };
+                let seed = self.u64()?;
+                let manifest = self.manifest()?;
+                let n = self.count(4 + 4 + 4 + 4 + 4)?;
+                let mut members = Vec::with_capacity(n);
+                for _ in 0..n {
+                    members.push(SwarmMember {
+                        node: self.u32()?,
+                        parent: self.u32()?,
+                        cluster: self.u32()?,
+                        name: self.string()?,
+                        addr: self.string()?,
+                    });
+                }
+                SwarmSetup::Open(Box::new(SwarmOpen {
+                    session,
+                    node,
+                    chunk_size,
+                    stall_timeout_ms,
+                    strategy,
+                    seed,
+                    manifest,
+                    members,
+                }))
+            }
+            S_SETUP_PEER => SwarmSetup::Peer {
+                session: self.u64()?,
+                node: self.u32()?,
+            },
+            S_SETUP_REPORT => {
+                let node = self.u32()?;
+                let n = self.count(4 + 8)?;
+                let mut received = Vec::with_capacity(n);
+                for _ in 0..n {
+                    received.push((self.u32()?, self.u64()?));
+                }
+                SwarmSetup::Report { node, received }
+            }
+            _ => return Err(WireError::BadValue(self.what, "unknown sub-type")),
         })
     }
 
@@ -1127,6 +1322,44 @@ mod tests {
                 inner: Box::new(Frame::Ack { node: 1, upto: 2 }),
             },
             Frame::Got { seq: 41 },
+            Frame::SwarmSetup(SwarmSetup::Open(Box::new(SwarmOpen {
+                session: 77,
+                node: 2,
+                chunk_size: 1 << 16,
+                stall_timeout_ms: 30_000,
+                strategy: crate::swarm::Strategy::Mob,
+                seed: 0xdead_beef,
+                manifest: Manifest {
+                    name: "obj".into(),
+                    kind: ObjectKind::File,
+                    total_len: Some(1 << 20),
+                    entries: vec![],
+                },
+                members: vec![
+                    SwarmMember {
+                        node: 0,
+                        parent: NO_PARENT,
+                        cluster: 0,
+                        name: "source".into(),
+                        addr: String::new(),
+                    },
+                    SwarmMember {
+                        node: 1,
+                        parent: 0,
+                        cluster: 1,
+                        name: "fra-1".into(),
+                        addr: "127.0.0.1:7001".into(),
+                    },
+                ],
+            }))),
+            Frame::SwarmSetup(SwarmSetup::Peer {
+                session: 77,
+                node: 3,
+            }),
+            Frame::SwarmSetup(SwarmSetup::Report {
+                node: 3,
+                received: vec![(0, 1 << 20), (4, 65_536)],
+            }),
             Frame::Error {
                 reason: "bad".into(),
             },
@@ -1211,6 +1444,34 @@ mod tests {
             Frame::decode(Bytes::from(body)),
             Err(WireError::Truncated("Open"))
         );
+        // A swarm set-up whose member count claims 2^32-1 members in a few bytes.
+        let mut body = vec![T_SWARM_SETUP, S_SETUP_OPEN];
+        body.extend_from_slice(&[0; 8 + 4 + 4 + 4]);
+        body.push(2); // mob
+        body.extend_from_slice(&[0; 8]);
+        body.extend_from_slice(&0u32.to_be_bytes()); // empty name
+        body.extend_from_slice(&[0, 0]); // file, no length
+        body.extend_from_slice(&0u32.to_be_bytes()); // no entries
+        body.extend_from_slice(&u32::MAX.to_be_bytes());
+        assert_eq!(
+            Frame::decode(Bytes::from(body)),
+            Err(WireError::Truncated("SwarmSetup"))
+        );
+        for bad in [&[T_SWARM_SETUP, 0x09][..], &[T_SWARM_SETUP][..]] {
+            assert!(Frame::decode(Bytes::copy_from_slice(bad)).is_err());
+        }
+        let mut body = Frame::SwarmSetup(SwarmSetup::Peer {
+            session: 1,
+            node: 1,
+        })
+        .encode()
+        .to_vec()[4..]
+            .to_vec();
+        body.push(0);
+        assert_eq!(
+            Frame::decode(Bytes::from(body)),
+            Err(WireError::Trailing("SwarmSetup", 1))
+        );
         assert_eq!(
             Frame::decode(Bytes::from_static(&[0x66])),
             Err(WireError::UnknownType(0x66))
@@ -1229,7 +1490,15 @@ mod tests {
             let n = rng.gen_range(0..64);
             let mut v: Vec<u8> = (0..n).map(|_| rng.gen()).collect();
             if !v.is_empty() && rng.gen_bool(0.7) {
-                v[0] = [T_HELLO, T_OPEN, T_CHUNK, T_FAILED, T_JOIN, T_STRIPED][rng.gen_range(0..6)];
+                v[0] = [
+                    T_HELLO,
+                    T_OPEN,
+                    T_CHUNK,
+                    T_FAILED,
+                    T_JOIN,
+                    T_STRIPED,
+                    T_SWARM_SETUP,
+                ][rng.gen_range(0..7)];
             }
             let _ = Frame::decode(Bytes::from(v));
         }
