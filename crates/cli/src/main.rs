@@ -126,6 +126,7 @@ impl Common {
             stored: None,
             groups: Default::default(),
             attachments: Default::default(),
+            swarms: Default::default(),
             stdout,
         }
     }
@@ -291,6 +292,7 @@ async fn recv(a: RecvArgs) -> Result<i32> {
         stored: Some(stored.clone()),
         groups: Default::default(),
         attachments: Default::default(),
+        swarms: Default::default(),
         stdout: false,
     };
     let name = a.name.clone().unwrap_or_else(progress::hostname);

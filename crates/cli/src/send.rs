@@ -8,10 +8,11 @@ use bulkcast_node::input::Input;
 use bulkcast_node::report::Report;
 use bulkcast_node::source::{self, SendConfig};
 use bulkcast_node::ticket::{self, Ticket};
-use bulkcast_node::transport;
+use bulkcast_node::{swarm, transport};
 use bulkcast_proto::auth::{Keys, Secret};
 use bulkcast_proto::hosts::HostsFile;
 use bulkcast_proto::node::CHUNK_SIZE_RANGE;
+use bulkcast_proto::swarm::Strategy as SwarmStrategy;
 use bulkcast_proto::tree::Tree;
 use clap::{Args, ValueEnum};
 
@@ -79,6 +80,15 @@ enum Strategy {
     /// Several trees at once, each carrying a share of the chunks in proportion to its planned
     /// rate, so that together they use every access link (the planner's balanced multi-trees).
     Balanced,
+    /// MOB: receivers pull, each cluster (`site` in the hosts file) gets each piece once over
+    /// the WAN and shares it locally. Holds the object in memory (at most 2 GiB).
+    Mob,
+    /// BitTorrent-style swarm (random peers, random pieces, tit-for-tat choking). Holds the
+    /// object in memory.
+    Swarm,
+    /// Push down the planned tree (or `--fanout`), pull from peers what push will not bring in
+    /// time.
+    Hybrid,
 }
 
 pub async fn run(a: SendArgs) -> Result<i32> {
@@ -160,6 +170,64 @@ pub async fn run(a: SendArgs) -> Result<i32> {
         hosts: hosts.clone(),
     };
     // One tree, or several with their rates (balanced).
+    if let Some(strategy) = swarm_strategy(a.strategy) {
+        if a.expect.is_some() {
+            bail!(
+                "--strategy {} needs --to (ticket receivers cannot reach each other)",
+                strategy.name()
+            );
+        }
+        let tree = match (strategy, a.fanout) {
+            (SwarmStrategy::Hybrid, Some(k)) => Some(Tree::kary(n, k as usize)),
+            (SwarmStrategy::Hybrid, None) => {
+                let (p, note) = plan::for_send(
+                    &file,
+                    a.matrix.as_deref(),
+                    &Keys::derive(&secret),
+                    &tuning,
+                    input.manifest.total_len,
+                    planned_chunk,
+                    false,
+                )
+                .await?;
+                if !a.quiet {
+                    eprintln!("{note}\nplan: {} ({})", p.algorithm, p.reason);
+                }
+                Some(p.tree().clone())
+            }
+            _ => None,
+        };
+        let chunk_size = match a.chunk_kib {
+            Some(k) => k * 1024,
+            None => auto_chunk_size(
+                input.manifest.total_len,
+                tree.as_ref().unwrap_or(&Tree::flat(n)),
+            ),
+        };
+        let cfg = swarm::SwarmSendConfig {
+            strategy,
+            chunk_size,
+            stall_timeout: Duration::from_secs(a.stall_timeout.max(1)),
+            tuning,
+            seed: rand::random(),
+        };
+        let status = swarm::new_status(&hosts, tree.as_ref(), chunk_size, input.manifest.total_len);
+        let display = (!a.quiet).then(|| progress::sender(status.clone()));
+        let result = tokio::select! {
+            r = swarm::send(input, source_spec.as_ref(), &hosts, tree.as_ref(), Keys::derive(&secret), session, &cfg, status.clone()) => r,
+            _ = shutdown_signal() => {
+                if let Some(d) = display { d.abort(); }
+                bail!("interrupted: receivers discard their partial copies");
+            }
+        };
+        if let Some(d) = display {
+            d.abort();
+            progress::clear();
+        }
+        let report = result.map_err(anyhow::Error::msg)?;
+        print_report(&report, a.json)?;
+        return Ok(if report.ok { 0 } else { 1 });
+    }
     let (trees, strategy): (Vec<(Tree, f64)>, String) = match (a.strategy, a.fanout) {
         (Strategy::Flat, _) => (vec![(Tree::flat(n), 0.0)], "flat".to_string()),
         (Strategy::Tree, Some(k)) => (
@@ -239,6 +307,16 @@ pub async fn run(a: SendArgs) -> Result<i32> {
     Ok(if report.ok { 0 } else { 1 })
 }
 
+/// The swarm strategy behind a `--strategy` value, if it is one.
+fn swarm_strategy(s: Strategy) -> Option<SwarmStrategy> {
+    match s {
+        Strategy::Mob => Some(SwarmStrategy::Mob),
+        Strategy::Swarm => Some(SwarmStrategy::Swarm),
+        Strategy::Hybrid => Some(SwarmStrategy::Hybrid),
+        Strategy::Flat | Strategy::Tree | Strategy::Balanced => None,
+    }
+}
+
 /// The default chunk size. Every relay forwards a chunk only once it is whole and verified, so
 /// each hop adds one chunk's serialization time: a tree of depth d costs about
 /// `d * chunk / size` of the transfer time. Pick the largest power of two that keeps that under
@@ -285,6 +363,18 @@ pub fn print_report(r: &Report, json: bool) -> Result<()> {
         r.aggregate_mbps
     );
     let failed: Vec<_> = r.receivers.iter().filter(|x| !x.verified).collect();
+    if !json {
+        for c in &r.clusters {
+            eprintln!(
+                "  site {:<18} {:>2} receivers{}: {:>12} WAN bytes in ({:.2} copies)",
+                c.site,
+                c.receivers,
+                if c.has_source { " + source" } else { "" },
+                c.wan_bytes_in,
+                c.copies
+            );
+        }
+    }
     if !failed.is_empty() || !json {
         eprintln!(
             "  {:<24} {:<16} {:>12} {:>8} {:>10}  status",

@@ -915,3 +915,150 @@ fn striped_tree_edges_use_every_path_of_a_host() {
     assert_eq!(last["conns"].as_array().unwrap().len(), 4);
     assert!(last["t_s"].as_f64().unwrap() > 0.0);
 }
+
+/// A hosts file putting `ags` into sites: the source is in `source_site`, agent i in
+/// `sites[i]`.
+fn sited_hosts(path: &Path, ags: &[Agent], source_site: &str, sites: &[&str]) {
+    let mut toml = format!("[source]\nname = \"src\"\nsite = \"{source_site}\"\n");
+    for (i, a) in ags.iter().enumerate() {
+        toml += &format!(
+            "[[host]]\nname = \"h{i}\"\naddr = \"{}\"\nsite = \"{}\"\n",
+            a.addr, sites[i]
+        );
+    }
+    std::fs::write(path, toml).unwrap();
+}
+
+/// Sends `len` bytes to 6 agents in 3 sites (the source's site holds 2 of them) by a swarm
+/// strategy; checks every copy and returns the report.
+fn swarm_send(tag: &str, strategy: &str, len: u64, extra: &[&str]) -> serde_json::Value {
+    let s = Scratch::new(tag);
+    let key = secret(21);
+    let ags = agents(&s.0, 6, &key);
+    let hosts = s.0.join("hosts.toml");
+    sited_hosts(
+        &hosts,
+        &ags,
+        "lon",
+        &["lon", "lon", "fra", "fra", "nyc", "nyc"],
+    );
+    let src = s.0.join("obj.bin");
+    make_file(&src, len, tag.as_bytes());
+    let mut args = vec![
+        src.to_str().unwrap(),
+        "--to",
+        hosts.to_str().unwrap(),
+        "--strategy",
+        strategy,
+        "--chunk-kib",
+        "64",
+        "--stall-timeout",
+        "10",
+    ];
+    args.extend(extra);
+    let started = Instant::now();
+    let out = send(&args, &key, None);
+    assert!(
+        out.status.success(),
+        "{strategy}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{strategy} took {:?}",
+        started.elapsed()
+    );
+    let r = report(&out);
+    assert_eq!(r["ok"], true, "{r}");
+    assert_eq!(r["strategy"], strategy);
+    assert_eq!(r["object"]["bytes"], len);
+    let want = hash(&src);
+    for a in &ags {
+        assert_eq!(
+            hash(&a.dir.join("obj.bin")),
+            want,
+            "{strategy}: copy at {}",
+            a.addr
+        );
+        assert_eq!(
+            leftovers(&a.dir),
+            vec!["obj.bin".to_string()],
+            "temporary files left"
+        );
+    }
+    let receivers = r["receivers"].as_array().unwrap();
+    assert_eq!(receivers.len(), 6);
+    for x in receivers {
+        assert_eq!(x["bytes"], len, "{r}");
+        assert_eq!(x["verified"], true);
+        assert!(x["seconds"].as_f64().unwrap() > 0.0);
+        // Every byte of the copy came from some peer, at least once.
+        let from: u64 = x["received_from"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["bytes"].as_u64().unwrap())
+            .sum();
+        assert!(from >= len, "{strategy}: {x}");
+    }
+    let clusters = r["clusters"].as_array().unwrap();
+    assert_eq!(clusters.len(), 3, "{r}");
+    for c in clusters {
+        let wan = c["wan_bytes_in"].as_u64().unwrap();
+        if c["has_source"] == true {
+            assert_eq!(c["site"], "lon");
+        } else {
+            // Each piece enters every other cluster at least once.
+            assert!(wan >= len, "{strategy}: {c}");
+        }
+    }
+    r
+}
+
+#[test]
+fn mob_delivers_to_three_sites_and_each_piece_enters_a_site_once() {
+    let len = 6 * MIB + 12345;
+    let r = swarm_send("mob", "mob", len, &[]);
+    for c in r["clusters"].as_array().unwrap() {
+        let wan = c["wan_bytes_in"].as_u64().unwrap();
+        if c["has_source"] == true {
+            // Nothing needs to enter the source's site.
+            assert_eq!(wan, 0, "{c}");
+        } else {
+            // The MOB invariant: the object crosses the WAN into each site exactly once.
+            assert_eq!(wan, len, "{c}");
+        }
+    }
+}
+
+#[test]
+fn swarm_baseline_delivers_to_three_sites() {
+    swarm_send("bt", "swarm", 3 * MIB + 777, &[]);
+}
+
+#[test]
+fn hybrid_over_a_fixed_tree_delivers_to_three_sites() {
+    let r = swarm_send("hybrid", "hybrid", 6 * MIB + 1, &["--fanout", "2"]);
+    // Fan-out 2: two receivers hang off the source.
+    let from_source = r["receivers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["parent"] == "source")
+        .count();
+    assert_eq!(from_source, 2, "{r}");
+}
+
+#[test]
+fn swarm_strategies_refuse_a_stream() {
+    let s = Scratch::new("swarmstream");
+    let key = secret(22);
+    let ags = agents(&s.0, 2, &key);
+    let list = to_list(&ags);
+    let src = s.0.join("in.bin");
+    make_file(&src, 1000, b"s");
+    let out = send(&["-", "--to", &list, "--strategy", "mob"], &key, Some(&src));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("known length"), "{err}");
+}

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use bulkcast_proto::auth::Keys;
 use bulkcast_proto::node::{Node, NodeConfig};
-use bulkcast_proto::wire::{Frame, SessionId};
+use bulkcast_proto::wire::{Frame, SessionId, SwarmSetup};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
@@ -38,6 +38,8 @@ pub struct AgentConfig {
     pub attachments: Attachments,
     /// Write every object to stdout instead of `dir` (`pipe recv`).
     pub stdout: bool,
+    /// Swarm sessions running here, for their peers' connections.
+    pub swarms: crate::swarm::SwarmSessions,
 }
 
 /// Serves until `shutdown` completes, or with `once` until the first object is received
@@ -211,6 +213,35 @@ pub async fn session(
         } => {
             cfg.attachments
                 .deliver(session, token, conn, stream)
+                .await
+                .map_err(SessionError::Refused)?;
+            return Ok(Served::Attached);
+        }
+        // Swarm sessions: the source's set-up, or another member's connection.
+        Frame::SwarmSetup(SwarmSetup::Open(open)) if expect.is_none() && !cfg.stdout => {
+            let session = open.session;
+            tracing::info!(
+                "swarm session {session:016x}: receiving {:?} by {} as node {}",
+                open.manifest.name,
+                open.strategy.name(),
+                open.node
+            );
+            crate::swarm::serve(
+                stream,
+                *open,
+                cfg.keys.clone(),
+                cfg.tuning.clone(),
+                Target::Dir(cfg.dir.clone()),
+                &cfg.swarms,
+                cfg.stored.clone(),
+            )
+            .await
+            .map_err(|e| SessionError::Aborted(session, e))?;
+            return Ok(Served::Session(session));
+        }
+        Frame::SwarmSetup(SwarmSetup::Peer { session, node }) if expect.is_none() => {
+            cfg.swarms
+                .deliver(session, node, stream)
                 .await
                 .map_err(SessionError::Refused)?;
             return Ok(Served::Attached);

@@ -11,6 +11,7 @@
 //! - [`stripes`]: receiving a balanced multi-tree send into one shared copy.
 //! - [`store`]: a receiver's local copy (temporary name, moved into place when verified).
 //! - [`source`]: a send from start to report.
+//! - [`swarm`]: swarm sessions (MOB, BitTorrent-style, hybrid) on the network.
 //! - [`agent`]: the receiving daemon.
 //! - [`ticket`]: ad-hoc sessions that receivers join with a ticket.
 //! - [`report`]: live status and the final report.
@@ -25,5 +26,6 @@ pub mod report;
 pub mod source;
 pub mod store;
 pub mod stripes;
+pub mod swarm;
 pub mod ticket;
 pub mod transport;

@@ -90,6 +90,9 @@ pub struct Report {
     pub receivers: Vec<ReceiverReport>,
     /// Per tree edge.
     pub edges: Vec<EdgeReport>,
+    /// Swarm strategies: per cluster.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub clusters: Vec<ClusterReport>,
 }
 
 /// The object in a report.
@@ -123,6 +126,38 @@ pub struct ReceiverReport {
     /// What went wrong, if anything.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Swarm strategies: the receiver's site (cluster).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub site: Option<String>,
+    /// Swarm strategies: bytes of verified pieces received from each peer (duplicates
+    /// included).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub received_from: Vec<PeerBytes>,
+}
+
+/// Bytes a receiver got from one peer (swarm strategies).
+#[derive(Debug, Clone, Serialize)]
+pub struct PeerBytes {
+    /// The peer's name.
+    pub peer: String,
+    /// Bytes of verified pieces received from it.
+    pub bytes: u64,
+}
+
+/// One cluster (site) of a swarm send.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClusterReport {
+    /// The site label.
+    pub site: String,
+    /// Receivers in it.
+    pub receivers: usize,
+    /// The source is in it.
+    pub has_source: bool,
+    /// Piece bytes its receivers got from members of other clusters (ideal: the object size
+    /// once for a cluster without the source, 0 for the source's).
+    pub wan_bytes_in: u64,
+    /// `wan_bytes_in` in object sizes.
+    pub copies: f64,
 }
 
 /// One edge of the tree in a report.
@@ -172,6 +207,8 @@ impl Report {
                         .failed
                         .clone()
                         .or_else(|| r.done.is_none().then(|| "did not finish".to_string())),
+                    site: None,
+                    received_from: Vec::new(),
                 }
             })
             .collect();
@@ -209,6 +246,7 @@ impl Report {
             aggregate_mbps: mbps(delivered, seconds),
             receivers,
             edges,
+            clusters: Vec::new(),
         }
     }
 }

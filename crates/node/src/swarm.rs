@@ -1,0 +1,1051 @@
+//! Swarming on the network: the event loop around one [`SwarmNode`] (MOB, the BitTorrent-style
+//! baseline, the tree+pull hybrid), for the source ([`send`]) and for an agent ([`serve`]).
+//!
+//! # Set-up and connections
+//! The source dials every agent, passes the handshake and sends a
+//! [`SwarmSetup::Open`]: session, chunk size, strategy, seed, manifest and every member (node
+//! id, name, address, cluster label from the hosts file's `site`, tree parent for the
+//! strategies that push). That connection stays open: it carries the member's progress
+//! (`Ack`), its final [`SwarmSetup::Report`] (or `Failed`), and, when the source and the
+//! member are swarm peers, the swarm traffic between them.
+//!
+//! Every member builds the same [`SwarmNode`]s for every member (same seed), so each knows
+//! every member's [`SwarmNode::connect_to`]: two members are peers when either names the
+//! other. Between two agents the lower node id dials, passes the handshake and sends
+//! [`SwarmSetup::Peer`] (session, its node id); the agent's accept loop hands the connection
+//! to the running session through [`SwarmSessions`] (waiting a little when the peer was
+//! faster than the source's `Open`). The source never listens: its links are the set-up
+//! connections.
+//!
+//! # The loop
+//! One reader and one writer task per connection, as in [`crate::driver`]. Readers verify
+//! chunks themselves (off the event loop) and pass them on as verified; the loop keeps every
+//! piece in memory (to serve it), writes it to the [`Store`] (temporary name, moved into
+//! place once every piece is stored), feeds the node, and fills each writer's
+//! [`WRITE_SLOTS`] from [`SwarmNode::poll_transmit`]. Once the copy is in place the agent
+//! reports the bytes it received from each peer; it ends when the completion tree says every
+//! member is done, or when the source closes the session. The source ends when every agent
+//! reported (or failed) and the completion tree is done.
+//!
+//! # Limitations
+//! - Pieces are held in memory on every member (the source reads the whole object first):
+//!   objects above [`MAX_SWARM_BYTES`] are refused with an error, and streams of unknown
+//!   length cannot be swarmed.
+//! - A member that fails or disconnects is not removed from the session
+//!   ([`SwarmNode::handle_member_lost`] is never called): its peers move their requests
+//!   elsewhere, but the completion tree may wait for it, so the others end when the source
+//!   gives up on it (the stall timeout) and closes the session.
+//! - One connection per pair of members; no striping, no extra paths.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bulkcast_proto::auth::Keys;
+use bulkcast_proto::hosts::{HostSpec, SourceSpec};
+use bulkcast_proto::manifest::{Manifest, ObjectKind};
+use bulkcast_proto::swarm::{Strategy, SwarmConfig, SwarmEvent, SwarmNode, Transmit};
+use bulkcast_proto::tree::{NodeId, Tree};
+use bulkcast_proto::wire::{
+    self, Chunk, Frame, SessionId, SwarmMember, SwarmOpen, SwarmSetup, NO_PARENT,
+};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::input::{Input, InputEvent};
+use crate::report::{ClusterReport, PeerBytes, ReceiverStatus, Report, Status};
+use crate::store::{Store, StoreEvent, Target};
+use crate::transport::{self, TcpTuning};
+
+/// Largest object a swarm session takes: every member holds the whole object in memory.
+pub const MAX_SWARM_BYTES: u64 = 2 << 30;
+
+/// Frames queued to one connection's writer at once.
+pub const WRITE_SLOTS: usize = 4;
+
+/// How long an agent holds a peer's connection that arrived before the source's `Open`.
+const EARLY_PEER_WAIT: Duration = Duration::from_secs(10);
+
+/// How often an agent tells the source how many pieces it holds.
+const PROGRESS_EVERY: Duration = Duration::from_millis(250);
+
+/// The swarm sessions running at an agent, so that connections from other members reach
+/// theirs.
+#[derive(Clone, Default)]
+pub struct SwarmSessions(
+    Arc<Mutex<HashMap<SessionId, mpsc::UnboundedSender<(NodeId, TcpStream)>>>>,
+);
+
+impl std::fmt::Debug for SwarmSessions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SwarmSessions")
+    }
+}
+
+impl SwarmSessions {
+    /// Hands a member's connection (its `Peer` frame already read) to session `session`,
+    /// waiting up to 10 s for that session to start here.
+    pub async fn deliver(
+        &self,
+        session: SessionId,
+        node: u32,
+        stream: TcpStream,
+    ) -> Result<(), String> {
+        let until = Instant::now() + EARLY_PEER_WAIT;
+        let mut stream = Some(stream);
+        loop {
+            {
+                let map = self.0.lock().expect("swarm sessions lock");
+                if let Some(tx) = map.get(&session) {
+                    let s = stream.take().expect("delivered once");
+                    return tx
+                        .send((node as NodeId, s))
+                        .map_err(|_| format!("swarm session {session:016x} has ended"));
+                }
+            }
+            if Instant::now() >= until {
+                return Err(format!("no swarm session {session:016x} here"));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn register(
+        &self,
+        session: SessionId,
+    ) -> (Registered, mpsc::UnboundedReceiver<(NodeId, TcpStream)>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.0
+            .lock()
+            .expect("swarm sessions lock")
+            .insert(session, tx);
+        (
+            Registered {
+                sessions: self.clone(),
+                session,
+            },
+            rx,
+        )
+    }
+}
+
+/// Removes a session from [`SwarmSessions`] when it ends.
+struct Registered {
+    sessions: SwarmSessions,
+    session: SessionId,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.sessions
+            .0
+            .lock()
+            .expect("swarm sessions lock")
+            .remove(&self.session);
+    }
+}
+
+/// Settings of a swarm send.
+#[derive(Debug, Clone)]
+pub struct SwarmSendConfig {
+    /// The strategy every member runs.
+    pub strategy: Strategy,
+    /// Chunk (piece) size in bytes.
+    pub chunk_size: u32,
+    /// A member that makes no progress for this long is given up.
+    pub stall_timeout: Duration,
+    /// TCP options.
+    pub tuning: TcpTuning,
+    /// Seed for peer and piece choice.
+    pub seed: u64,
+}
+
+/// The cluster labels of the source and the hosts: one per distinct `site` (the source's
+/// first); hosts without a site share one, a source without one is alone in its own.
+pub fn cluster_labels(source: Option<&SourceSpec>, hosts: &[HostSpec]) -> (Vec<u32>, Vec<String>) {
+    let mut names: Vec<String> = Vec::new();
+    let mut label = |site: String| -> u32 {
+        match names.iter().position(|n| *n == site) {
+            Some(i) => i as u32,
+            None => {
+                names.push(site);
+                (names.len() - 1) as u32
+            }
+        }
+    };
+    let mut labels = vec![label(
+        source
+            .and_then(|s| s.site.clone())
+            .unwrap_or_else(|| "(source)".into()),
+    )];
+    for h in hosts {
+        labels.push(label(h.site.clone().unwrap_or_else(|| "(no site)".into())));
+    }
+    (labels, names)
+}
+
+/// Sends `input` to `hosts` (node `i` is `hosts[i - 1]`) by `cfg.strategy`; `tree` (over the
+/// source and the hosts) is needed by the strategies that push. Returns the report once every
+/// receiver finished or failed.
+#[allow(clippy::too_many_arguments)]
+pub async fn send(
+    input: Input,
+    source: Option<&SourceSpec>,
+    hosts: &[HostSpec],
+    tree: Option<&Tree>,
+    keys: Keys,
+    session: SessionId,
+    cfg: &SwarmSendConfig,
+    status: Arc<Mutex<Status>>,
+) -> Result<Report, String> {
+    let manifest = input.manifest.clone();
+    let len = check_size(&manifest)?;
+    let (labels, sites) = cluster_labels(source, hosts);
+    let n = hosts.len() + 1;
+    if let Some(t) = tree {
+        if t.len() != n {
+            return Err(format!("the tree has {} nodes, the session {n}", t.len()));
+        }
+    }
+    let source_name = source.map_or("source".to_string(), |s| s.name.clone());
+    let members: Vec<SwarmMember> = (0..n)
+        .map(|i| SwarmMember {
+            node: i as u32,
+            parent: tree
+                .and_then(|t| t.parent(i))
+                .map_or(NO_PARENT, |p| p as u32),
+            cluster: labels[i],
+            name: if i == 0 {
+                source_name.clone()
+            } else {
+                hosts[i - 1].name.clone()
+            },
+            addr: if i == 0 {
+                String::new()
+            } else {
+                hosts[i - 1].addr.clone()
+            },
+        })
+        .collect();
+    let open = SwarmOpen {
+        session,
+        node: 0,
+        chunk_size: cfg.chunk_size,
+        stall_timeout_ms: cfg.stall_timeout.as_millis().min(u32::MAX as u128) as u32,
+        strategy: cfg.strategy,
+        seed: cfg.seed,
+        manifest: manifest.clone(),
+        members,
+    };
+    // Every piece in memory, sealed once.
+    let pieces = manifest.chunks(cfg.chunk_size).unwrap_or(0);
+    let mut rx = input.spawn(cfg.chunk_size as usize, keys.clone(), session);
+    let mut held: Vec<Option<Chunk>> = Vec::with_capacity(pieces as usize);
+    loop {
+        match rx.recv().await {
+            Some(InputEvent::Data(c)) => held.push(Some(c)),
+            Some(InputEvent::End) => break,
+            Some(InputEvent::Failed(e)) => return Err(format!("reading the input: {e}")),
+            None => return Err("the input reader stopped".into()),
+        }
+    }
+    if held.len() as u64 != pieces {
+        return Err(format!(
+            "the input changed while it was read ({} chunks, {pieces} expected for {len} bytes)",
+            held.len()
+        ));
+    }
+    {
+        let mut st = status.lock().expect("status lock");
+        st.started = Instant::now();
+        st.total_len = Some(len);
+        st.read = len;
+    }
+    let mut net = Net::new(&open, 0, keys.clone(), cfg.tuning.clone(), held)?;
+    // Set-up connections, all at once.
+    let mut dials = Vec::new();
+    for j in 1..n {
+        let mut o = open.clone();
+        o.node = j as u32;
+        let addr = hosts[j - 1].addr.clone();
+        let (keys, tuning) = (keys.clone(), cfg.tuning.clone());
+        dials.push(tokio::spawn(async move {
+            let r = async {
+                let mut s = transport::connect(&addr, &tuning).await?;
+                transport::handshake_connect(&mut s, &keys).await?;
+                transport::write_frame(&mut s, &Frame::SwarmSetup(SwarmSetup::Open(Box::new(o))))
+                    .await?;
+                Ok::<_, transport::ConnError>(s)
+            }
+            .await;
+            (j, r.map_err(|e| format!("{addr}: {e}")))
+        }));
+    }
+    let mut reports: Vec<Option<Result<Vec<(u32, u64)>, String>>> = vec![None; n];
+    for d in dials {
+        let (j, r) = d.await.map_err(|e| e.to_string())?;
+        match r {
+            Ok(s) => net.add_conn(j, s),
+            Err(e) => {
+                status.lock().expect("status lock").receivers[j - 1].failed = Some(e.clone());
+                reports[j] = Some(Err(e));
+            }
+        }
+    }
+    let stall = cfg.stall_timeout;
+    let mut last_progress = Instant::now();
+    let mut timer = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        let pending = (1..n).any(|j| reports[j].is_none());
+        let failed = (1..n).any(|j| matches!(reports[j], Some(Err(_))));
+        if !pending && (net.node.is_all_done() || failed) {
+            break;
+        }
+        if last_progress.elapsed() > stall {
+            for (j, r) in reports.iter_mut().enumerate().skip(1) {
+                if r.is_none() {
+                    let e = format!("no progress for {} s", stall.as_secs());
+                    status.lock().expect("status lock").receivers[j - 1].failed = Some(e.clone());
+                    *r = Some(Err(e));
+                }
+            }
+            break;
+        }
+        let deadline = net.node.poll_timeout();
+        tokio::select! {
+            Some(ev) = net.ev_rx.recv() => {
+                let mut batch = vec![ev];
+                while batch.len() < 64 {
+                    match net.ev_rx.try_recv() {
+                        Ok(e) => batch.push(e),
+                        Err(_) => break,
+                    }
+                }
+                for ev in batch {
+                    let now = Instant::now();
+                    match ev {
+                        Ev::Frame(j, Frame::Ack { node, upto }) if node as usize == j => {
+                            last_progress = now;
+                            let mut st = status.lock().expect("status lock");
+                            let r = &mut st.receivers[j - 1];
+                            r.chunks = r.chunks.max(upto);
+                        }
+                        Ev::Frame(j, Frame::SwarmSetup(SwarmSetup::Report { node, received }))
+                            if node as usize == j =>
+                        {
+                            last_progress = now;
+                            let mut st = status.lock().expect("status lock");
+                            let t = st.started.elapsed();
+                            let r = &mut st.receivers[j - 1];
+                            r.chunks = pieces;
+                            r.done.get_or_insert(t);
+                            reports[j].get_or_insert(Ok(received));
+                        }
+                        Ev::Frame(j, Frame::Failed { node, reason }) if node as usize == j => {
+                            last_progress = now;
+                            status.lock().expect("status lock").receivers[j - 1].failed =
+                                Some(reason.clone());
+                            reports[j].get_or_insert(Err(reason));
+                        }
+                        Ev::Closed(j, reason) if reports[j].is_none() => {
+                            net.handle(Ev::Closed(j, reason.clone()), now);
+                            let e = format!("connection lost: {reason}");
+                            status.lock().expect("status lock").receivers[j - 1].failed =
+                                Some(e.clone());
+                            reports[j] = Some(Err(e));
+                        }
+                        ev => net.handle(ev, now),
+                    }
+                }
+            }
+            _ = sleep_until_opt(deadline) => net.node.handle_timeout(Instant::now()),
+            _ = timer.tick() => {}
+        }
+        net.after_input(Instant::now());
+        if let Some(e) = net.fatal.take() {
+            return Err(e);
+        }
+    }
+    net.close().await;
+    let st = status.lock().expect("status lock");
+    let mut report = Report::build(
+        &st,
+        session,
+        &manifest.name,
+        kind_name(manifest.kind),
+        cfg.strategy.name(),
+    );
+    // Bytes received per peer, and WAN bytes into each cluster.
+    let name_of = |i: usize| open.members[i].name.clone();
+    let mut wan = vec![0u64; sites.len()];
+    for (j, r) in reports.iter().enumerate().skip(1) {
+        let rr = &mut report.receivers[j - 1];
+        rr.site = Some(sites[labels[j] as usize].clone());
+        if let Some(Ok(received)) = r {
+            for &(peer, bytes) in received {
+                let p = peer as usize;
+                if p < n && labels[p] != labels[j] {
+                    wan[labels[j] as usize] += bytes;
+                }
+                rr.received_from.push(PeerBytes {
+                    peer: if p < n {
+                        name_of(p)
+                    } else {
+                        format!("node {p}")
+                    },
+                    bytes,
+                });
+            }
+        }
+    }
+    report.clusters = sites
+        .iter()
+        .enumerate()
+        .map(|(c, site)| ClusterReport {
+            site: site.clone(),
+            receivers: (1..n).filter(|&j| labels[j] as usize == c).count(),
+            has_source: labels[0] as usize == c,
+            wan_bytes_in: wan[c],
+            copies: if len > 0 {
+                wan[c] as f64 / len as f64
+            } else {
+                0.0
+            },
+        })
+        .collect();
+    Ok(report)
+}
+
+fn check_size(manifest: &Manifest) -> Result<u64, String> {
+    let Some(len) = manifest.total_len else {
+        return Err(
+            "the swarm strategies need an input of known length (not a stream): use tree or flat"
+                .into(),
+        );
+    };
+    if len > MAX_SWARM_BYTES {
+        return Err(format!(
+            "the swarm strategies hold the whole object in memory on every member and take at \
+             most {} MiB; this one is {} MiB: use tree or balanced",
+            MAX_SWARM_BYTES >> 20,
+            len >> 20
+        ));
+    }
+    Ok(len)
+}
+
+fn kind_name(kind: ObjectKind) -> &'static str {
+    match kind {
+        ObjectKind::File => "file",
+        ObjectKind::Dir => "dir",
+        ObjectKind::Stream => "stream",
+    }
+}
+
+/// An agent's side of a swarm session: `stream` is the source's connection, its `Open`
+/// already read. Stores the object into `target`; returns once the copy is in place and the
+/// session over, or with why it failed.
+pub async fn serve(
+    stream: TcpStream,
+    open: SwarmOpen,
+    keys: Keys,
+    tuning: TcpTuning,
+    target: Target,
+    sessions: &SwarmSessions,
+    stored: Option<Arc<AtomicU64>>,
+) -> Result<(), String> {
+    let me = open.node as NodeId;
+    if me == 0 || me >= open.members.len() {
+        return Err(format!("set-up names this agent node {me}"));
+    }
+    check_size(&open.manifest)?;
+    let (_registered, mut peers_rx) = sessions.register(open.session);
+    let pieces = open.manifest.chunks(open.chunk_size).unwrap_or(0);
+    let (store_tx, mut store_rx) = mpsc::unbounded_channel();
+    let store = Store::open(target, &open.manifest, open.session, store_tx, stored)
+        .map_err(|e| format!("cannot store the object: {e}"))?;
+    let mut net = Net::new(
+        &open,
+        me,
+        keys.clone(),
+        tuning.clone(),
+        vec![None; pieces as usize],
+    )?;
+    net.store = Some(store);
+    net.add_conn(0, stream);
+    // Dial the peers with a higher id (the lower id of each pair dials).
+    for j in (me + 1)..open.members.len() {
+        if net.linked[j] {
+            net.dial(j, open.members[j].addr.clone());
+        }
+    }
+    let stall = Duration::from_millis(open.stall_timeout_ms as u64).max(Duration::from_secs(1));
+    let mut last_heard = Instant::now();
+    let mut progress = tokio::time::interval(PROGRESS_EVERY);
+    let mut sent_upto = u64::MAX;
+    let outcome = loop {
+        if net.finished() {
+            break Ok(());
+        }
+        if let Some(e) = net.fatal.take() {
+            break Err(e);
+        }
+        // Once the copy is in place, only the source decides that the session is over.
+        if last_heard.elapsed() > stall && !net.finalized {
+            break Err(format!("nothing heard for {} s", stall.as_secs()));
+        }
+        let deadline = net.node.poll_timeout();
+        tokio::select! {
+            Some(ev) = net.ev_rx.recv() => {
+                let mut batch = vec![ev];
+                while batch.len() < 64 {
+                    match net.ev_rx.try_recv() {
+                        Ok(e) => batch.push(e),
+                        Err(_) => break,
+                    }
+                }
+                for ev in batch {
+                    if matches!(ev, Ev::Frame(..) | Ev::Verified(..)) {
+                        last_heard = Instant::now();
+                    }
+                    net.handle(ev, Instant::now());
+                }
+            }
+            Some((j, s)) = peers_rx.recv() => {
+                if j == 0 || j >= net.members.len() || j == me || net.conns.contains_key(&j) {
+                    tracing::warn!("swarm session {:016x}: refused a connection claiming node {j}", open.session);
+                } else {
+                    net.add_conn(j, s);
+                    net.link(j, Instant::now());
+                }
+            }
+            Some(ev) = store_rx.recv() => net.handle_store(ev),
+            _ = sleep_until_opt(deadline) => net.node.handle_timeout(Instant::now()),
+            _ = progress.tick() => {
+                let upto = net.node.have().len();
+                if upto != sent_upto && !net.reported {
+                    sent_upto = upto;
+                    net.to_source(Frame::Ack { node: me as u32, upto });
+                }
+            }
+        }
+        net.after_input(Instant::now());
+    };
+    let ok = outcome.is_ok() && net.finalized;
+    if let Err(e) = &outcome {
+        net.to_source(Frame::Failed {
+            node: me as u32,
+            reason: e.clone(),
+        });
+        net.after_input(Instant::now());
+    }
+    net.close().await;
+    match outcome {
+        Ok(()) if ok => Ok(()),
+        Ok(()) => Err(net
+            .copy_failed
+            .clone()
+            .unwrap_or_else(|| "the session ended before the copy was complete".into())),
+        Err(e) => Err(e),
+    }
+}
+
+async fn sleep_until_opt(t: Option<Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Events from the connection tasks.
+enum Ev {
+    Frame(NodeId, Frame),
+    /// A chunk its reader verified.
+    Verified(NodeId, Chunk),
+    Written(NodeId),
+    Closed(NodeId, String),
+    Dialled(NodeId, Result<TcpStream, String>),
+}
+
+struct Conn {
+    tx: mpsc::Sender<Frame>,
+    inflight: usize,
+    /// Frames of this driver's own (progress, report) sent before the node's.
+    urgent: VecDeque<Frame>,
+    reader: JoinHandle<()>,
+    writer: JoinHandle<()>,
+}
+
+/// One member's connections, pieces and node.
+struct Net {
+    node: SwarmNode,
+    me: NodeId,
+    session: SessionId,
+    keys: Keys,
+    tuning: TcpTuning,
+    members: Vec<SwarmMember>,
+    chunk_size: u32,
+    /// Swarm peers of this member (either names the other in `connect_to`).
+    linked: Vec<bool>,
+    /// Peers the node was told about (connection up).
+    connected: Vec<bool>,
+    held: Vec<Option<Chunk>>,
+    conns: HashMap<NodeId, Conn>,
+    ev_tx: mpsc::Sender<Ev>,
+    ev_rx: mpsc::Receiver<Ev>,
+    /// Bytes of verified pieces received per peer.
+    received: Vec<u64>,
+    store: Option<Store>,
+    stored: u64,
+    finalize_sent: bool,
+    finalized: bool,
+    reported: bool,
+    copy_failed: Option<String>,
+    /// The source closed the set-up connection.
+    source_gone: bool,
+    fatal: Option<String>,
+    dials: Vec<JoinHandle<()>>,
+}
+
+impl Net {
+    fn new(
+        open: &SwarmOpen,
+        me: NodeId,
+        keys: Keys,
+        tuning: TcpTuning,
+        held: Vec<Option<Chunk>>,
+    ) -> Result<Net, String> {
+        let n = open.members.len();
+        if open
+            .members
+            .iter()
+            .enumerate()
+            .any(|(i, m)| m.node as usize != i)
+        {
+            return Err("members out of order in the set-up".into());
+        }
+        let labels: Vec<u32> = open.members.iter().map(|m| m.cluster).collect();
+        let tree = if open.members.iter().all(|m| m.parent == NO_PARENT) {
+            None
+        } else {
+            let parents = open
+                .members
+                .iter()
+                .map(|m| (m.parent != NO_PARENT).then_some(m.parent as NodeId))
+                .collect();
+            Some(Tree::from_parents(parents).map_err(|e| format!("bad tree in the set-up: {e}"))?)
+        };
+        let pieces = open.manifest.chunks(open.chunk_size).unwrap_or(0);
+        let mut cfg = SwarmConfig::new(open.strategy, open.session, pieces);
+        cfg.seed = open.seed;
+        let now = Instant::now();
+        let node = SwarmNode::new(cfg.clone(), keys.clone(), &labels, me, tree.as_ref(), now)
+            .map_err(|e| e.to_string())?;
+        // Every member's initial connections, worked out as each member works them out.
+        let mut linked = vec![false; n];
+        for &j in node.connect_to() {
+            linked[j] = true;
+        }
+        for j in (0..n).filter(|&j| j != me) {
+            let other = SwarmNode::new(cfg.clone(), keys.clone(), &labels, j, tree.as_ref(), now)
+                .map_err(|e| e.to_string())?;
+            if other.connect_to().contains(&me) {
+                linked[j] = true;
+            }
+        }
+        let (ev_tx, ev_rx) = mpsc::channel(256);
+        Ok(Net {
+            node,
+            me,
+            session: open.session,
+            keys,
+            tuning,
+            members: open.members.clone(),
+            chunk_size: open.chunk_size,
+            linked,
+            connected: vec![false; n],
+            held,
+            conns: HashMap::new(),
+            ev_tx,
+            ev_rx,
+            received: vec![0; n],
+            store: None,
+            stored: 0,
+            finalize_sent: false,
+            finalized: false,
+            reported: false,
+            copy_failed: None,
+            source_gone: false,
+            fatal: None,
+            dials: Vec::new(),
+        })
+    }
+
+    /// Starts the reader and writer of the connection to `j`; the source's connections (and an
+    /// agent's connection to the source) become swarm links here when the two are peers.
+    fn add_conn(&mut self, j: NodeId, stream: TcpStream) {
+        let (r, w) = stream.into_split();
+        let (tx, rx) = mpsc::channel(WRITE_SLOTS);
+        let reader = tokio::spawn(read_conn(
+            r,
+            j,
+            self.keys.clone(),
+            self.session,
+            self.ev_tx.clone(),
+        ));
+        let writer = tokio::spawn(write_conn(w, rx, j, self.ev_tx.clone()));
+        self.conns.insert(
+            j,
+            Conn {
+                tx,
+                inflight: 0,
+                urgent: VecDeque::new(),
+                reader,
+                writer,
+            },
+        );
+        if (j == 0 || self.me == 0) && self.linked[j] {
+            self.link(j, Instant::now());
+        }
+    }
+
+    fn link(&mut self, j: NodeId, now: Instant) {
+        self.linked[j] = true;
+        self.connected[j] = true;
+        self.node.handle_connected(j, now);
+    }
+
+    fn dial(&mut self, j: NodeId, addr: String) {
+        let (keys, tuning, tx) = (self.keys.clone(), self.tuning.clone(), self.ev_tx.clone());
+        let hello = Frame::SwarmSetup(SwarmSetup::Peer {
+            session: self.session,
+            node: self.me as u32,
+        });
+        self.dials.push(tokio::spawn(async move {
+            let r = async {
+                let mut s = transport::connect(&addr, &tuning).await?;
+                transport::handshake_connect(&mut s, &keys).await?;
+                transport::write_frame(&mut s, &hello).await?;
+                Ok::<_, transport::ConnError>(s)
+            }
+            .await
+            .map_err(|e| format!("{addr}: {e}"));
+            let _ = tx.send(Ev::Dialled(j, r)).await;
+        }));
+    }
+
+    fn to_source(&mut self, f: Frame) {
+        if let Some(c) = self.conns.get_mut(&0) {
+            c.urgent.push_back(f);
+        }
+    }
+
+    /// Done at an agent: copy in place and reported, and the session over.
+    fn finished(&self) -> bool {
+        let over = self.node.is_all_done() || self.source_gone;
+        let copy_done = (self.finalized && self.reported) || self.copy_failed.is_some();
+        over && (copy_done || self.source_gone) && self.drained()
+    }
+
+    /// Nothing left to send: every writer has room, so the node had nothing more to give.
+    fn drained(&self) -> bool {
+        self.conns
+            .values()
+            .all(|c| c.urgent.is_empty() && c.inflight < WRITE_SLOTS)
+    }
+
+    fn handle(&mut self, ev: Ev, now: Instant) {
+        match ev {
+            Ev::Written(j) => {
+                if let Some(c) = self.conns.get_mut(&j) {
+                    c.inflight = c.inflight.saturating_sub(1);
+                }
+            }
+            Ev::Closed(j, reason) => {
+                if self.conns.remove(&j).is_some() {
+                    tracing::debug!(
+                        "swarm {:016x}: connection to node {j} closed: {reason}",
+                        self.session
+                    );
+                }
+                if self.connected[j] {
+                    self.connected[j] = false;
+                    self.node.handle_peer_lost(j, now);
+                }
+                if j == 0 && self.me != 0 {
+                    self.source_gone = true;
+                }
+            }
+            Ev::Dialled(j, Ok(s)) => {
+                if self.conns.contains_key(&j) {
+                    return;
+                }
+                self.add_conn(j, s);
+                self.link(j, now);
+            }
+            Ev::Dialled(j, Err(e)) => {
+                tracing::warn!("swarm {:016x}: cannot reach peer {j}: {e}", self.session);
+            }
+            Ev::Verified(j, c) => {
+                if !self.connected[j] {
+                    return self.drop_conn(j, "a piece from a node that is not a peer", now);
+                }
+                let index = c.index;
+                if index >= self.held.len() as u64 {
+                    return self.drop_conn(j, "a piece beyond the object", now);
+                }
+                self.received[j] += c.data.len() as u64;
+                self.keep(c);
+                if let Err(e) = self.node.handle_verified_piece(j, index, now) {
+                    self.drop_conn(j, &e.to_string(), now);
+                }
+            }
+            Ev::Frame(j, f) => match f {
+                Frame::Error { reason } if j == 0 && self.me != 0 => {
+                    self.fatal = Some(format!("the source ended the session: {reason}"));
+                }
+                f if self.connected[j] => {
+                    if let Err(e) = self.node.handle_frame(j, f, now) {
+                        self.drop_conn(j, &e.to_string(), now);
+                    }
+                }
+                f => {
+                    let what = format!("unexpected {} frame", f.kind());
+                    self.drop_conn(j, &what, now);
+                }
+            },
+        }
+    }
+
+    /// A verified piece: held in memory (to serve it) and written to the store once.
+    fn keep(&mut self, c: Chunk) {
+        let i = c.index as usize;
+        if self.held[i].is_some() {
+            return;
+        }
+        if let Some(s) = &self.store {
+            s.write(c.index, c.index * self.chunk_size as u64, c.data.clone());
+        }
+        self.held[i] = Some(c);
+    }
+
+    fn handle_store(&mut self, ev: StoreEvent) {
+        match ev {
+            StoreEvent::Stored(_) => self.stored += 1,
+            StoreEvent::Failed(e) => {
+                tracing::error!("swarm {:016x}: storing failed: {e}", self.session);
+                self.copy_failed = Some(e.clone());
+                self.to_source(Frame::Failed {
+                    node: self.me as u32,
+                    reason: e,
+                });
+            }
+            StoreEvent::Finalized(Ok(path)) => {
+                tracing::info!("swarm {:016x}: {} in place", self.session, path.display());
+                self.finalized = true;
+                let received = (0..self.received.len())
+                    .filter(|&j| self.received[j] > 0)
+                    .map(|j| (j as u32, self.received[j]))
+                    .collect();
+                self.to_source(Frame::SwarmSetup(SwarmSetup::Report {
+                    node: self.me as u32,
+                    received,
+                }));
+                self.reported = true;
+            }
+            StoreEvent::Finalized(Err(e)) => {
+                self.copy_failed = Some(e.clone());
+                self.to_source(Frame::Failed {
+                    node: self.me as u32,
+                    reason: e,
+                });
+            }
+        }
+    }
+
+    fn drop_conn(&mut self, j: NodeId, why: &str, now: Instant) {
+        tracing::warn!("swarm {:016x}: dropping node {j}: {why}", self.session);
+        if let Some(c) = self.conns.remove(&j) {
+            c.reader.abort();
+            let _ = c.tx.try_send(Frame::Error { reason: why.into() });
+        }
+        if self.connected[j] {
+            self.connected[j] = false;
+            self.node.handle_peer_lost(j, now);
+        }
+        if j == 0 && self.me != 0 {
+            self.source_gone = true;
+            self.fatal = Some(format!("the source's connection: {why}"));
+        }
+    }
+
+    /// Acts on the node's events, then fills every writer.
+    fn after_input(&mut self, now: Instant) {
+        while let Some(ev) = self.node.poll_event() {
+            match ev {
+                SwarmEvent::Piece { from, chunk } => {
+                    self.received[from] += chunk.data.len() as u64;
+                    self.keep(chunk);
+                }
+                SwarmEvent::Corrupt { from, index, error } => {
+                    tracing::warn!(
+                        "swarm {:016x}: piece {index} from node {from} rejected ({error})",
+                        self.session
+                    );
+                }
+                SwarmEvent::Connect { peer } => {
+                    if peer != 0 && self.me != 0 && !self.conns.contains_key(&peer) {
+                        let addr = self.members[peer].addr.clone();
+                        self.dial(peer, addr);
+                    }
+                }
+                SwarmEvent::Complete | SwarmEvent::AllDone => {}
+            }
+        }
+        if self.me != 0
+            && self.store.is_some()
+            && !self.finalize_sent
+            && self.stored == self.held.len() as u64
+            && self.node.is_complete()
+        {
+            self.finalize_sent = true;
+            if let Some(s) = &self.store {
+                s.finalize();
+            }
+        }
+        let ids: Vec<NodeId> = self.conns.keys().copied().collect();
+        for j in ids {
+            let linked = self.connected[j];
+            let mut missing = None;
+            let c = self.conns.get_mut(&j).expect("listed");
+            while c.inflight < WRITE_SLOTS {
+                let f = if let Some(f) = c.urgent.pop_front() {
+                    f
+                } else if linked {
+                    match self.node.poll_transmit(j, now) {
+                        Some(Transmit::Frame(f)) => f,
+                        Some(Transmit::Piece(i)) => {
+                            match self.held.get(i as usize).cloned().flatten() {
+                                Some(c) => Frame::Chunk(c),
+                                None => {
+                                    missing = Some(i);
+                                    break;
+                                }
+                            }
+                        }
+                        None => break,
+                    }
+                } else {
+                    break;
+                };
+                if c.tx.try_send(f).is_err() {
+                    break;
+                }
+                c.inflight += 1;
+            }
+            if let Some(i) = missing {
+                self.fatal = Some(format!(
+                    "the node asked to send piece {i}, which is not held"
+                ));
+            }
+        }
+    }
+
+    /// Ends every connection once its writer has sent what it holds.
+    async fn close(&mut self) {
+        for d in self.dials.drain(..) {
+            d.abort();
+        }
+        let conns: Vec<Conn> = self.conns.drain().map(|(_, c)| c).collect();
+        let mut writers = Vec::new();
+        for c in conns {
+            c.reader.abort();
+            drop(c.tx);
+            writers.push(c.writer);
+        }
+        self.ev_rx.close();
+        for w in writers {
+            let _ = tokio::time::timeout(Duration::from_secs(5), w).await;
+        }
+        // Dropping the store without finalize removes a partial copy.
+        drop(self.store.take());
+    }
+}
+
+async fn read_conn<R: AsyncRead + Unpin>(
+    mut r: R,
+    j: NodeId,
+    keys: Keys,
+    session: SessionId,
+    tx: mpsc::Sender<Ev>,
+) {
+    loop {
+        let ev = match transport::read_frame(&mut r, wire::MAX_FRAME).await {
+            Ok(Some(Frame::Chunk(c))) => match keys.verify(session, &c) {
+                Ok(()) => Ev::Verified(j, c),
+                // The node verifies it again, and reports it corrupt.
+                Err(_) => Ev::Frame(j, Frame::Chunk(c)),
+            },
+            Ok(Some(f)) => Ev::Frame(j, f),
+            Ok(None) => Ev::Closed(j, "closed".into()),
+            Err(e) => Ev::Closed(j, e.to_string()),
+        };
+        let end = matches!(ev, Ev::Closed(..));
+        if tx.send(ev).await.is_err() || end {
+            return;
+        }
+    }
+}
+
+async fn write_conn<W: AsyncWrite + Unpin>(
+    w: W,
+    mut rx: mpsc::Receiver<Frame>,
+    j: NodeId,
+    ev: mpsc::Sender<Ev>,
+) {
+    let mut w = BufWriter::with_capacity(64 << 10, w);
+    while let Some(f) = rx.recv().await {
+        let mut r = transport::write_frame(&mut w, &f).await;
+        if r.is_ok() && rx.is_empty() {
+            r = w.flush().await;
+        }
+        if let Err(e) = r {
+            let _ = ev.send(Ev::Closed(j, format!("writing: {e}"))).await;
+            return;
+        }
+        // The loop may be gone (closing): the remaining frames are still written.
+        let _ = ev.send(Ev::Written(j)).await;
+    }
+    let _ = w.flush().await;
+    let _ = w.shutdown().await;
+}
+
+/// Creates the status a swarm send updates (receivers' parents from `tree`, or the source).
+pub fn new_status(
+    hosts: &[HostSpec],
+    tree: Option<&Tree>,
+    chunk_size: u32,
+    total_len: Option<u64>,
+) -> Arc<Mutex<Status>> {
+    Arc::new(Mutex::new(Status {
+        started: Instant::now(),
+        chunk_size,
+        total_len,
+        read: 0,
+        receivers: hosts
+            .iter()
+            .enumerate()
+            .map(|(i, h)| ReceiverStatus {
+                name: h.name.clone(),
+                addr: h.addr.clone(),
+                parent: tree.and_then(|t| t.parent(i + 1)).unwrap_or(0),
+                chunks: 0,
+                done: None,
+                failed: None,
+            })
+            .collect(),
+    }))
+}
