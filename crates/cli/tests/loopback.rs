@@ -916,14 +916,14 @@ fn striped_tree_edges_use_every_path_of_a_host() {
     assert!(last["t_s"].as_f64().unwrap() > 0.0);
 }
 
-/// A hosts file putting `ags` into sites: the source is in `source_site`, agent i in
-/// `sites[i]`.
-fn sited_hosts(path: &Path, ags: &[Agent], source_site: &str, sites: &[&str]) {
+/// A hosts file putting agents (by address) into sites: the source is in `source_site`,
+/// host i in `sites[i]`.
+fn sited_hosts(path: &Path, addrs: &[&str], source_site: &str, sites: &[&str]) {
     let mut toml = format!("[source]\nname = \"src\"\nsite = \"{source_site}\"\n");
-    for (i, a) in ags.iter().enumerate() {
+    for (i, a) in addrs.iter().enumerate() {
         toml += &format!(
-            "[[host]]\nname = \"h{i}\"\naddr = \"{}\"\nsite = \"{}\"\n",
-            a.addr, sites[i]
+            "[[host]]\nname = \"h{i}\"\naddr = \"{a}\"\nsite = \"{}\"\n",
+            sites[i]
         );
     }
     std::fs::write(path, toml).unwrap();
@@ -936,9 +936,10 @@ fn swarm_send(tag: &str, strategy: &str, len: u64, extra: &[&str]) -> serde_json
     let key = secret(21);
     let ags = agents(&s.0, 6, &key);
     let hosts = s.0.join("hosts.toml");
+    let addrs: Vec<&str> = ags.iter().map(|a| a.addr.as_str()).collect();
     sited_hosts(
         &hosts,
-        &ags,
+        &addrs,
         "lon",
         &["lon", "lon", "fra", "fra", "nyc", "nyc"],
     );
@@ -1061,4 +1062,58 @@ fn swarm_strategies_refuse_a_stream() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("known length"), "{err}");
+}
+
+#[test]
+fn mob_with_an_unreachable_member_delivers_to_the_others_and_reports_it() {
+    let s = Scratch::new("moblost");
+    let key = secret(23);
+    let ags = agents(&s.0, 5, &key);
+    // An address nobody listens on any more.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let mut addrs: Vec<&str> = ags.iter().map(|a| a.addr.as_str()).collect();
+    addrs.insert(3, &dead);
+    let hosts = s.0.join("hosts.toml");
+    sited_hosts(
+        &hosts,
+        &addrs,
+        "lon",
+        &["lon", "lon", "fra", "fra", "nyc", "nyc"],
+    );
+    let src = s.0.join("obj.bin");
+    let len = 2 * MIB + 99;
+    make_file(&src, len, b"lost");
+    let started = Instant::now();
+    let out = send(
+        &[
+            src.to_str().unwrap(),
+            "--to",
+            hosts.to_str().unwrap(),
+            "--strategy",
+            "mob",
+            "--chunk-kib",
+            "64",
+        ],
+        &key,
+        None,
+    );
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert_eq!(out.status.code(), Some(1));
+    let r = report(&out);
+    assert_eq!(r["ok"], false);
+    for (i, x) in r["receivers"].as_array().unwrap().iter().enumerate() {
+        assert_eq!(x["verified"], i != 3, "{x}");
+    }
+    for a in &ags {
+        assert_eq!(
+            hash(&a.dir.join("obj.bin")),
+            hash(&src),
+            "copy at {}",
+            a.addr
+        );
+    }
 }

@@ -31,10 +31,12 @@
 //! - Pieces are held in memory on every member (the source reads the whole object first):
 //!   objects above [`MAX_SWARM_BYTES`] are refused with an error, and streams of unknown
 //!   length cannot be swarmed.
-//! - A member that fails or disconnects is not removed from the session
-//!   ([`SwarmNode::handle_member_lost`] is never called): its peers move their requests
-//!   elsewhere, but the completion tree may wait for it, so the others end when the source
-//!   gives up on it (the stall timeout) and closes the session.
+//! - A member is removed from the session ([`SwarmSetup::Lost`] from the source, then
+//!   [`SwarmNode::handle_member_lost`] everywhere) only when the source learns it failed: it
+//!   could not be reached, it reported a failure, or its set-up connection dropped. A member
+//!   that stops moving while its connection stays up holds up its peers until the source's
+//!   stall timeout ends the session; a connection between two agents that drops is only a
+//!   lost peer (its requests move elsewhere), never retried.
 //! - One connection per pair of members; no striping, no extra paths.
 
 use std::collections::{HashMap, VecDeque};
@@ -295,6 +297,11 @@ pub async fn send(
             }
         }
     }
+    for j in 1..n {
+        if reports[j].is_some() {
+            net.member_lost(j, Instant::now());
+        }
+    }
     let stall = cfg.stall_timeout;
     let mut last_progress = Instant::now();
     let mut timer = tokio::time::interval(Duration::from_millis(100));
@@ -348,7 +355,10 @@ pub async fn send(
                             last_progress = now;
                             status.lock().expect("status lock").receivers[j - 1].failed =
                                 Some(reason.clone());
-                            reports[j].get_or_insert(Err(reason));
+                            if reports[j].is_none() {
+                                reports[j] = Some(Err(reason));
+                                net.member_lost(j, now);
+                            }
                         }
                         Ev::Closed(j, reason) if reports[j].is_none() => {
                             net.handle(Ev::Closed(j, reason.clone()), now);
@@ -356,6 +366,7 @@ pub async fn send(
                             status.lock().expect("status lock").receivers[j - 1].failed =
                                 Some(e.clone());
                             reports[j] = Some(Err(e));
+                            net.member_lost(j, now);
                         }
                         ev => net.handle(ev, now),
                     }
@@ -378,6 +389,13 @@ pub async fn send(
         kind_name(manifest.kind),
         cfg.strategy.name(),
     );
+    // Tree edges say little here (pieces come from any peer): per-peer bytes replace them.
+    report.edges.clear();
+    if tree.is_none() {
+        for r in &mut report.receivers {
+            r.parent = "-".into();
+        }
+    }
     // Bytes received per peer, and WAN bytes into each cluster.
     let name_of = |i: usize| open.members[i].name.clone();
     let mut wan = vec![0u64; sites.len()];
@@ -807,6 +825,11 @@ impl Net {
                 Frame::Error { reason } if j == 0 && self.me != 0 => {
                     self.fatal = Some(format!("the source ended the session: {reason}"));
                 }
+                Frame::SwarmSetup(SwarmSetup::Lost { node })
+                    if j == 0 && self.me != 0 && (node as usize) < self.members.len() =>
+                {
+                    self.member_lost(node as NodeId, now);
+                }
                 f if self.connected[j] => {
                     if let Err(e) = self.node.handle_frame(j, f, now) {
                         self.drop_conn(j, &e.to_string(), now);
@@ -862,6 +885,25 @@ impl Net {
                     node: self.me as u32,
                     reason: e,
                 });
+            }
+        }
+    }
+
+    /// Member `j` left the session for good: the node redistributes its share and its place
+    /// in the completion tree; the source tells every other member.
+    fn member_lost(&mut self, j: NodeId, now: Instant) {
+        if j == self.me {
+            return;
+        }
+        if let Some(c) = self.conns.remove(&j) {
+            c.reader.abort();
+        }
+        self.connected[j] = false;
+        self.node.handle_member_lost(j, now);
+        if self.me == 0 {
+            for c in self.conns.values_mut() {
+                c.urgent
+                    .push_back(Frame::SwarmSetup(SwarmSetup::Lost { node: j as u32 }));
             }
         }
     }

@@ -226,6 +226,7 @@ pub struct Open {
 ///               | count:u32 | (node:u32 | parent:u32 | cluster:u32 | name | addr)*
 /// Peer   = 0x02 | session:u64 | node:u32
 /// Report = 0x03 | node:u32 | count:u32 | (peer:u32 | bytes:u64)*
+/// Lost   = 0x04 | node:u32
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SwarmSetup {
@@ -248,6 +249,12 @@ pub enum SwarmSetup {
         node: u32,
         /// Per peer: its node id and the piece bytes received from it.
         received: Vec<(u32, u64)>,
+    },
+    /// Source to every member: member `node` failed or could not be reached, and left the
+    /// session for good (its mob share and completion-tree place are redistributed).
+    Lost {
+        /// The member that left.
+        node: u32,
     },
 }
 
@@ -295,6 +302,7 @@ pub const NO_PARENT: u32 = u32::MAX;
 const S_SETUP_OPEN: u8 = 0x01;
 const S_SETUP_PEER: u8 = 0x02;
 const S_SETUP_REPORT: u8 = 0x03;
+const S_SETUP_LOST: u8 = 0x04;
 
 /// How the edges of a session are carried: connections per edge and how frames are dealt to
 /// them (see [`crate::multipath`]).
@@ -964,6 +972,10 @@ fn put_swarm_setup(b: &mut BytesMut, s: &SwarmSetup) {
                 b.put_u64(*bytes);
             }
         }
+        SwarmSetup::Lost { node } => {
+            b.put_u8(S_SETUP_LOST);
+            b.put_u32(*node);
+        }
     }
 }
 
@@ -1153,6 +1165,7 @@ impl Reader {
                 }
                 SwarmSetup::Report { node, received }
             }
+            S_SETUP_LOST => SwarmSetup::Lost { node: self.u32()? },
             _ => return Err(WireError::BadValue(self.what, "unknown sub-type")),
         })
     }
@@ -1360,6 +1373,7 @@ mod tests {
                 node: 3,
                 received: vec![(0, 1 << 20), (4, 65_536)],
             }),
+            Frame::SwarmSetup(SwarmSetup::Lost { node: 5 }),
             Frame::Error {
                 reason: "bad".into(),
             },
