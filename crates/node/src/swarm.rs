@@ -77,9 +77,13 @@ const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 /// The swarm sessions running at an agent, so that connections from other members reach
 /// theirs.
 #[derive(Clone, Default)]
-pub struct SwarmSessions(
-    Arc<Mutex<HashMap<SessionId, mpsc::UnboundedSender<(NodeId, TcpStream)>>>>,
-);
+pub struct SwarmSessions(Arc<Mutex<HashMap<SessionId, PeerSender>>>);
+
+/// Where a session takes the connections of its peers.
+type PeerSender = mpsc::UnboundedSender<(NodeId, TcpStream)>;
+
+/// What became of a receiver: the bytes it got per peer, or why it failed.
+type Outcome = Option<Result<Vec<(u32, u64)>, String>>;
 
 impl std::fmt::Debug for SwarmSessions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -286,7 +290,7 @@ pub async fn send(
             (j, r.map_err(|e| format!("{addr}: {e}")))
         }));
     }
-    let mut reports: Vec<Option<Result<Vec<(u32, u64)>, String>>> = vec![None; n];
+    let mut reports: Vec<Outcome> = vec![None; n];
     for d in dials {
         let (j, r) = d.await.map_err(|e| e.to_string())?;
         match r {
@@ -297,10 +301,9 @@ pub async fn send(
             }
         }
     }
-    for j in 1..n {
-        if reports[j].is_some() {
-            net.member_lost(j, Instant::now());
-        }
+    let unreachable: Vec<NodeId> = (1..n).filter(|&j| reports[j].is_some()).collect();
+    for j in unreachable {
+        net.member_lost(j, Instant::now());
     }
     let stall = cfg.stall_timeout;
     let mut last_progress = Instant::now();
@@ -546,7 +549,7 @@ pub async fn serve(
                 let upto = net.node.have().len();
                 if upto != sent_upto && !net.reported {
                     sent_upto = upto;
-                    net.to_source(Frame::Ack { node: me as u32, upto });
+                    net.tell_source(Frame::Ack { node: me as u32, upto });
                 }
             }
         }
@@ -554,7 +557,7 @@ pub async fn serve(
     };
     let ok = outcome.is_ok() && net.finalized;
     if let Err(e) = &outcome {
-        net.to_source(Frame::Failed {
+        net.tell_source(Frame::Failed {
             node: me as u32,
             reason: e.clone(),
         });
@@ -755,7 +758,7 @@ impl Net {
         }));
     }
 
-    fn to_source(&mut self, f: Frame) {
+    fn tell_source(&mut self, f: Frame) {
         if let Some(c) = self.conns.get_mut(&0) {
             c.urgent.push_back(f);
         }
@@ -861,7 +864,7 @@ impl Net {
             StoreEvent::Failed(e) => {
                 tracing::error!("swarm {:016x}: storing failed: {e}", self.session);
                 self.copy_failed = Some(e.clone());
-                self.to_source(Frame::Failed {
+                self.tell_source(Frame::Failed {
                     node: self.me as u32,
                     reason: e,
                 });
@@ -873,7 +876,7 @@ impl Net {
                     .filter(|&j| self.received[j] > 0)
                     .map(|j| (j as u32, self.received[j]))
                     .collect();
-                self.to_source(Frame::SwarmSetup(SwarmSetup::Report {
+                self.tell_source(Frame::SwarmSetup(SwarmSetup::Report {
                     node: self.me as u32,
                     received,
                 }));
@@ -881,7 +884,7 @@ impl Net {
             }
             StoreEvent::Finalized(Err(e)) => {
                 self.copy_failed = Some(e.clone());
-                self.to_source(Frame::Failed {
+                self.tell_source(Frame::Failed {
                     node: self.me as u32,
                     reason: e,
                 });
@@ -939,7 +942,8 @@ impl Net {
                     );
                 }
                 SwarmEvent::Connect { peer } => {
-                    if peer != 0 && self.me != 0 && !self.conns.contains_key(&peer) {
+                    // The lower id of a pair dials (the higher one's node asks too).
+                    if peer > self.me && self.me != 0 && !self.conns.contains_key(&peer) {
                         let addr = self.members[peer].addr.clone();
                         self.dial(peer, addr);
                     }
