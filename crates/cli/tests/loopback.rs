@@ -1038,7 +1038,7 @@ fn swarm_baseline_delivers_to_three_sites() {
 }
 
 #[test]
-fn hybrid_over_a_fixed_tree_delivers_to_three_sites() {
+fn hybrid_over_a_fixed_and_the_planned_tree_delivers_to_three_sites() {
     let r = swarm_send("hybrid", "hybrid", 6 * MIB + 1, &["--fanout", "2"]);
     // Fan-out 2: two receivers hang off the source.
     let from_source = r["receivers"]
@@ -1048,10 +1048,20 @@ fn hybrid_over_a_fixed_tree_delivers_to_three_sites() {
         .filter(|x| x["parent"] == "source")
         .count();
     assert_eq!(from_source, 2, "{r}");
+    // Without --fanout the source probes the agents and uses the planner's tree.
+    let r = swarm_send("hybridplan", "hybrid", 2 * MIB + 3, &[]);
+    let parents: Vec<&str> = r["receivers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["parent"].as_str().unwrap())
+        .collect();
+    assert!(parents.contains(&"source"), "{r}");
+    assert!(!parents.contains(&"-"), "{r}");
 }
 
 #[test]
-fn swarm_strategies_refuse_a_stream() {
+fn swarm_strategies_refuse_a_stream_and_an_object_above_the_memory_limit() {
     let s = Scratch::new("swarmstream");
     let key = secret(22);
     let ags = agents(&s.0, 2, &key);
@@ -1062,6 +1072,25 @@ fn swarm_strategies_refuse_a_stream() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("known length"), "{err}");
+    // Above the in-memory limit (a sparse file: nothing is read).
+    let big = s.0.join("big.bin");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len((2 << 30) + 1)
+        .unwrap();
+    let started = Instant::now();
+    let out = send(
+        &[big.to_str().unwrap(), "--to", &list, "--strategy", "swarm"],
+        &key,
+        None,
+    );
+    assert!(!out.status.success());
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("at most 2048 MiB"), "{err}");
+    for a in &ags {
+        assert!(leftovers(&a.dir).is_empty());
+    }
 }
 
 #[test]
