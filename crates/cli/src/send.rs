@@ -177,6 +177,12 @@ pub async fn run(a: SendArgs) -> Result<i32> {
                 strategy.name()
             );
         }
+        if a.fanout.is_some() && strategy != SwarmStrategy::Hybrid && !a.quiet {
+            eprintln!(
+                "note: --fanout is ignored by --strategy {} (no tree)",
+                strategy.name()
+            );
+        }
         let tree = match (strategy, a.fanout) {
             (SwarmStrategy::Hybrid, Some(k)) => Some(Tree::kary(n, k as usize)),
             (SwarmStrategy::Hybrid, None) => {
