@@ -47,6 +47,7 @@ use std::time::{Duration, Instant};
 use bulkcast_proto::auth::Keys;
 use bulkcast_proto::hosts::{HostSpec, SourceSpec};
 use bulkcast_proto::manifest::{Manifest, ObjectKind};
+use bulkcast_proto::node::CHUNK_SIZE_RANGE;
 use bulkcast_proto::swarm::{Strategy, SwarmConfig, SwarmEvent, SwarmNode, Transmit};
 use bulkcast_proto::tree::{NodeId, Tree};
 use bulkcast_proto::wire::{
@@ -481,6 +482,16 @@ pub async fn serve(
     let me = open.node as NodeId;
     if me == 0 || me >= open.members.len() {
         return Err(format!("set-up names this agent node {me}"));
+    }
+    // Everything the store relies on is checked before a file is created.
+    open.manifest
+        .validate()
+        .map_err(|e| format!("bad manifest: {e}"))?;
+    if !CHUNK_SIZE_RANGE.contains(&open.chunk_size) {
+        return Err(format!(
+            "chunk size {} outside {CHUNK_SIZE_RANGE:?}",
+            open.chunk_size
+        ));
     }
     check_size(&open.manifest)?;
     let (_registered, mut peers_rx) = sessions.register(open.session);
