@@ -176,7 +176,7 @@ impl Ctx {
             Some("nc") => ("nc -l {port}", "nc -N {addr0_ip} {port}"),
             _ => (
                 "{bulkcast} pipe recv {listen_args}",
-                "{bulkcast} pipe send {addr0} {path_args} {opts} --json --stats {stats_file} --stats-interval-ms {stats_ms}",
+                "{bulkcast} pipe send {addr0} {path_args} {opts} --quiet --json --stats {stats_file} --stats-interval-ms {stats_ms}",
             ),
         };
         (
@@ -194,19 +194,41 @@ fn render(t: &str, vars: &BTreeMap<&str, String>) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-/// The last line of `s` that is a JSON object.
+/// The last JSON object in `s` (a report printed on one line or pretty-printed, possibly after
+/// other output).
 fn last_json(s: &str) -> Option<Value> {
-    s.lines()
-        .rev()
-        .filter_map(|l| serde_json::from_str::<Value>(l.trim()).ok())
-        .find(Value::is_object)
-        .or_else(|| serde_json::from_str::<Value>(s.trim()).ok())
+    let mut found = None;
+    let mut pos = 0;
+    while let Some(i) = s[pos..].find('{') {
+        let start = pos + i;
+        let mut it = serde_json::Deserializer::from_str(&s[start..]).into_iter::<Value>();
+        match it.next() {
+            Some(Ok(v)) if v.is_object() => {
+                found = Some(v);
+                pos = start + it.byte_offset();
+            }
+            _ => pos = start + 1,
+        }
+    }
+    found
 }
 
 /// Mean of the present values.
 fn mean(v: &[Option<f64>]) -> Option<f64> {
     let x: Vec<f64> = v.iter().flatten().copied().collect();
     (!x.is_empty()).then(|| x.iter().sum::<f64>() / x.len() as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn finds_the_report() {
+        let pretty = "progress\n{\n  \"bytes\": 5,\n  \"conns\": [\n    {\"conn\": 0}\n  ]\n}\n";
+        assert_eq!(super::last_json(pretty).unwrap()["bytes"], 5);
+        let lines = "{\"a\": 1}\nnoise {\n{\"a\": 2}";
+        assert_eq!(super::last_json(lines).unwrap()["a"], 2);
+        assert!(super::last_json("none").is_none());
+    }
 }
 
 fn parse_counts(s: &str) -> Result<Vec<usize>, String> {
