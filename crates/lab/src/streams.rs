@@ -173,31 +173,67 @@ pub fn window_mbps(bins: &[u64], bin_s: f64, window: usize) -> Vec<f64> {
     out
 }
 
+/// When a rate counts as settled at a new capacity (see [`reconvergence`]).
+#[derive(Debug, Clone, Copy)]
+pub struct SettleRule {
+    /// Length of the windows the rate is measured over, in seconds.
+    pub window_s: f64,
+    /// Largest relative distance from the capacity.
+    pub tol: f64,
+    /// For how long (window starts) the rate must stay within `tol`, in seconds.
+    pub hold_s: f64,
+}
+
 /// Re-convergence after a step of the capacity to `new_mbps` at `step_s`: the smallest delay
-/// `d >= 0` (a multiple of the bin width) such that the rate over every 1 s window starting
-/// between `step_s + d` and `step_s + d + hold_s` is within `tol` (relative) of `new_mbps`. Only
-/// windows that end by `until_s` (the next step, or the end of the data) count; `None` when no
-/// such `d` exists (the rate never settled near the new capacity before the next step).
+/// `d >= 0` (a multiple of the bin width) such that the rate over every window of
+/// `rule.window_s` starting between `step_s + d` and `step_s + d + rule.hold_s` is within
+/// `rule.tol` (relative) of `new_mbps`. Only windows that end by `until_s` (the next step, or
+/// the end of the data) count; `None` when no such `d` exists (the rate never settled near the
+/// new capacity before the next step).
 pub fn reconvergence(
     bins: &[u64],
     bin_s: f64,
     step_s: f64,
     until_s: f64,
     new_mbps: f64,
-    tol: f64,
-    hold_s: f64,
+    rule: &SettleRule,
 ) -> Option<f64> {
-    let per_s = (1.0 / bin_s).round() as usize;
-    let w = window_mbps(bins, bin_s, per_s);
+    let win = ((rule.window_s / bin_s).round() as usize).max(1);
+    let w = window_mbps(bins, bin_s, win);
     let first = (step_s / bin_s).round() as usize;
-    // Window starting at bin i ends at i + per_s.
-    let last_start = ((until_s / bin_s).round() as usize).checked_sub(per_s)?;
+    // Window starting at bin i ends at i + win.
+    let last_start = ((until_s / bin_s).round() as usize).checked_sub(win)?;
     let last_start = last_start.min(w.len().checked_sub(1)?);
-    let hold = (hold_s / bin_s).round() as usize;
-    let ok = |i: usize| (w[i] - new_mbps).abs() <= tol * new_mbps;
+    let hold = (rule.hold_s / bin_s).round() as usize;
+    let ok = |i: usize| (w[i] - new_mbps).abs() <= rule.tol * new_mbps;
     (first..=last_start)
         .find(|&d| (d..=(d + hold).min(last_start)).all(ok))
         .map(|d| (d - first) as f64 * bin_s)
+}
+
+/// The IP bytes that left the watched links (all of them together) per bin of `bin_s` seconds
+/// since the sender started, interpolated from the samples.
+pub fn carried_bins(samples: &[LinkSample], bin_s: f64) -> Vec<u64> {
+    let Some(last) = samples.last() else {
+        return Vec::new();
+    };
+    let total = |s: &LinkSample| s.bytes_out.iter().sum::<u64>() as f64;
+    let at = |t: f64| -> f64 {
+        let i = samples.partition_point(|s| s.t_s <= t);
+        if i == 0 {
+            return total(&samples[0]);
+        }
+        if i == samples.len() {
+            return total(&samples[i - 1]);
+        }
+        let (a, b) = (&samples[i - 1], &samples[i]);
+        let f = (t - a.t_s) / (b.t_s - a.t_s).max(1e-9);
+        total(a) + f * (total(b) - total(a))
+    };
+    let n = (last.t_s / bin_s).floor() as usize;
+    (0..n)
+        .map(|k| (at((k + 1) as f64 * bin_s) - at(k as f64 * bin_s)).max(0.0) as u64)
+        .collect()
 }
 
 /// What to run for one transfer.
@@ -741,13 +777,28 @@ mod tests {
         assert!((w[0] - 30.0).abs() < 0.01);
         // Within 10% of 40 (36..44): a window starting at bin 41 holds 4 bins of 30 and 6 of 40
         // = 36 Mbit/s; so d = 41 - 30 = 1.1 s.
-        let d = reconvergence(&bins, BIN_S, 3.0, 9.0, 40.0, 0.1, 2.0).unwrap();
+        let rule = SettleRule {
+            window_s: 1.0,
+            tol: 0.1,
+            hold_s: 2.0,
+        };
+        let d = reconvergence(&bins, BIN_S, 3.0, 9.0, 40.0, &rule).unwrap();
         assert!((d - 1.1).abs() < 1e-9, "{d}");
         // Never reaching 60: None.
-        assert_eq!(reconvergence(&bins, BIN_S, 3.0, 9.0, 60.0, 0.1, 2.0), None);
+        assert_eq!(reconvergence(&bins, BIN_S, 3.0, 9.0, 60.0, &rule), None);
         // Already there: 0.
         assert_eq!(
-            reconvergence(&bins, BIN_S, 0.0, 3.0, 30.0, 0.1, 1.0),
+            reconvergence(
+                &bins,
+                BIN_S,
+                0.0,
+                3.0,
+                30.0,
+                &SettleRule {
+                    hold_s: 1.0,
+                    ..rule
+                }
+            ),
             Some(0.0)
         );
     }
@@ -768,5 +819,20 @@ mod tests {
         for x in v {
             assert!((x[0] - 10.0).abs() < 1e-6);
         }
+        let b = carried_bins(&samples, BIN_S);
+        assert_eq!(b.len(), 30);
+        assert!(b.iter().all(|&x| x.abs_diff(125_000) <= 1), "{b:?}");
+        // A 3 s window over alternating bins smooths them.
+        let bursty: Vec<u64> = (0..60).map(|i| if i % 10 < 5 { 2 } else { 0 }).collect();
+        let rule = SettleRule {
+            window_s: 1.0,
+            tol: 0.1,
+            hold_s: 2.0,
+        };
+        let mbps = 10.0 * 8.0 / 1e6; // 1 byte per bin on average
+        assert_eq!(
+            reconvergence(&bursty, BIN_S, 0.0, 6.0, mbps, &rule),
+            Some(0.0)
+        );
     }
 }
