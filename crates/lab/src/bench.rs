@@ -380,9 +380,15 @@ pub fn render(lab: &Lab, size: u64, results: &[BenchResult]) -> String {
         size as f64 / (1u64 << 20) as f64,
         ideal.map_or("unknown".into(), |i| format!("{:.1} Mbit/s", i / 1e6))
     );
+    let w = results
+        .iter()
+        .map(|r| r.method.len())
+        .max()
+        .unwrap_or(0)
+        .max(16);
     let _ = writeln!(
         s,
-        "{:<16} {:>9} {:>10} {:>22} {:>10} {:>9} {:>9}  notes",
+        "{:<w$} {:>9} {:>10} {:>22} {:>10} {:>9} {:>9}  notes",
         "method",
         "receivers",
         "last (s)",
@@ -420,7 +426,7 @@ pub fn render(lab: &Lab, size: u64, results: &[BenchResult]) -> String {
             .map_or("-".into(), |c| format!("{:.0}%", c * 100.0));
         let _ = writeln!(
             s,
-            "{:<16} {:>9} {:>10} {:>22} {:>10} {:>9} {:>9}  {}",
+            "{:<w$} {:>9} {:>10} {:>22} {:>10} {:>9} {:>9}  {}",
             r.method,
             r.receivers,
             last,

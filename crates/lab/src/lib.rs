@@ -17,6 +17,7 @@ mod forwarder;
 mod lab;
 mod netns;
 pub mod scenario;
+pub mod streams;
 
 pub use check::{CheckOptions, CheckReport};
 pub use cli::{run, LabCommand};
