@@ -180,12 +180,14 @@ impl OutEdge {
     ) -> Self {
         let window = window_for(chunk_size);
         // Each connection's socket keeps at most `lowat` unsent bytes, so "its writer has
-        // room" already follows its congestion window; the striper's own in-flight cap only
-        // has to stop a slow connection from holding much more than a round trip of data, and
-        // must not slow a new connection's start (its rate estimate lags behind slow start).
+        // room" already follows its congestion window, as TCP's own self-clocking. The
+        // striper's in-flight cap (made for sockets with deep buffers) would only hold a
+        // connection below its window while the rate estimate catches up with slow start, so it
+        // is set out of the way; the window and the blocking estimate still keep a connection
+        // too slow for the join from stalling it.
         let config = StriperConfig {
             window: u64::from(window),
-            pull_queue_delay: Duration::from_secs(1),
+            pull_queue_delay: Duration::from_secs(10),
             pull_min_inflight: 4 * u64::from(chunk_size),
             // A rate estimate that follows a connection's slow start within a few round
             // trips; the in-flight cap is derived from it.
