@@ -37,6 +37,11 @@ use tokio::sync::mpsc;
 /// (1 Gbit/s × 100 ms = 12.5 MB); it also bounds what the child holds for reordering.
 pub const WINDOW_BYTES: u64 = 32 << 20;
 
+/// The connections `--streams auto` starts with on a single path: two, because waiting for a
+/// lone connection's rate to settle before trying another costs seconds under loss (BBR's start
+/// is slow there), while a second connection on a path one flow fills costs a few percent.
+pub const AUTO_MIN_START: u16 = 2;
+
 /// The most connections `--streams auto` opens per edge.
 pub const AUTO_MAX_STREAMS: u16 = 8;
 
@@ -198,7 +203,7 @@ impl OutEdge {
         let (target, grow) = match mode.streams {
             // One connection per path to start with; more while they add throughput.
             0 => {
-                let start = paths.min(AUTO_MAX_STREAMS);
+                let start = paths.clamp(AUTO_MIN_START, AUTO_MAX_STREAMS);
                 let grow = AutoStreams {
                     grow: Grow::new(start, AUTO_MAX_STREAMS.max(start), AUTO_GAIN),
                     since: now,
