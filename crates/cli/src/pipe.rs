@@ -105,19 +105,19 @@ async fn send(a: PipeSendArgs) -> Result<i32> {
         observer: a.edges.observer()?,
     };
     let status = source::new_status(&hosts, &tree, chunk_size, None);
-    let display = (!a.quiet).then(|| progress::sender(status.clone()));
     let session: u64 = rand::random();
-    let result = tokio::select! {
-        r = source::send(input, &hosts, &tree, Keys::derive(&secret), session, &cfg, status.clone()) => r,
-        _ = shutdown_signal() => {
-            if let Some(d) = display { d.abort(); }
-            bail!("interrupted");
-        }
+    let work = source::send(
+        input,
+        &hosts,
+        &tree,
+        Keys::derive(&secret),
+        session,
+        &cfg,
+        status.clone(),
+    );
+    let Some(result) = progress::sending(status.clone(), a.quiet, work).await else {
+        bail!("interrupted");
     };
-    if let Some(d) = display {
-        d.abort();
-        progress::clear();
-    }
     let report = result?;
     let rx = &report.receivers[0];
     let conns = report

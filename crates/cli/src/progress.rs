@@ -70,6 +70,25 @@ pub fn receiver(name: &str, stored: Arc<AtomicU64>) -> ProgressBar {
     b
 }
 
+/// Runs `work` under the sender's progress display (none when `quiet`) and clears the display
+/// after. `None` if Ctrl-C or SIGTERM came first (the work is dropped).
+pub async fn sending<T>(
+    status: SharedStatus,
+    quiet: bool,
+    work: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    let display = (!quiet).then(|| sender(status));
+    let r = tokio::select! {
+        r = work => Some(r),
+        _ = crate::shutdown_signal() => None,
+    };
+    if let Some(d) = display {
+        d.abort();
+        clear();
+    }
+    r
+}
+
 /// Erases a progress line left by an aborted display.
 pub fn clear() {
     use std::io::IsTerminal;

@@ -186,19 +186,16 @@ pub async fn run(a: SendArgs) -> Result<i32> {
         let tree = match (strategy, a.fanout) {
             (SwarmStrategy::Hybrid, Some(k)) => Some(Tree::kary(n, k as usize)),
             (SwarmStrategy::Hybrid, None) => {
-                let (p, note) = plan::for_send(
+                let p = planned(
+                    &a,
                     &file,
-                    a.matrix.as_deref(),
-                    &Keys::derive(&secret),
+                    &secret,
                     &tuning,
                     input.manifest.total_len,
                     planned_chunk,
                     false,
                 )
                 .await?;
-                if !a.quiet {
-                    eprintln!("{note}\nplan: {} ({})", p.algorithm, p.reason);
-                }
                 Some(p.tree().clone())
             }
             _ => None,
@@ -217,19 +214,27 @@ pub async fn run(a: SendArgs) -> Result<i32> {
             tuning,
             seed: rand::random(),
         };
-        let status = swarm::new_status(&hosts, tree.as_ref(), chunk_size, input.manifest.total_len);
-        let display = (!a.quiet).then(|| progress::sender(status.clone()));
-        let result = tokio::select! {
-            r = swarm::send(input, source_spec.as_ref(), &hosts, tree.as_ref(), Keys::derive(&secret), session, &cfg, status.clone()) => r,
-            _ = shutdown_signal() => {
-                if let Some(d) = display { d.abort(); }
-                bail!("interrupted: receivers discard their partial copies");
-            }
+        // Without a tree every receiver hangs off the source, as in a flat tree.
+        let flat = Tree::flat(n);
+        let status = source::new_status(
+            &hosts,
+            tree.as_ref().unwrap_or(&flat),
+            chunk_size,
+            input.manifest.total_len,
+        );
+        let work = swarm::send(
+            input,
+            source_spec.as_ref(),
+            &hosts,
+            tree.as_ref(),
+            Keys::derive(&secret),
+            session,
+            &cfg,
+            status.clone(),
+        );
+        let Some(result) = progress::sending(status.clone(), a.quiet, work).await else {
+            bail!("interrupted: receivers discard their partial copies");
         };
-        if let Some(d) = display {
-            d.abort();
-            progress::clear();
-        }
         let report = result.map_err(anyhow::Error::msg)?;
         print_report(&report, a.json)?;
         return Ok(if report.ok { 0 } else { 1 });
@@ -246,19 +251,16 @@ pub async fn run(a: SendArgs) -> Result<i32> {
         }
         (strategy, _) => {
             let balanced = strategy == Strategy::Balanced;
-            let (p, note) = plan::for_send(
+            let p = planned(
+                &a,
                 &file,
-                a.matrix.as_deref(),
-                &Keys::derive(&secret),
+                &secret,
                 &tuning,
                 input.manifest.total_len,
                 planned_chunk,
                 balanced,
             )
             .await?;
-            if !a.quiet {
-                eprintln!("{note}\nplan: {} ({})", p.algorithm, p.reason);
-            }
             if balanced {
                 (p.trees, "balanced".to_string())
             } else {
@@ -290,27 +292,62 @@ pub async fn run(a: SendArgs) -> Result<i32> {
         strategy,
     };
     let status = source::new_status(&hosts, &tree, chunk_size, input.manifest.total_len);
-    let display = (!a.quiet).then(|| progress::sender(status.clone()));
-    let result = tokio::select! {
-        r = async {
-            if trees.len() > 1 {
-                source::send_balanced(input, &hosts, &trees, Keys::derive(&secret), &cfg, status.clone()).await
-            } else {
-                source::send(input, &hosts, &trees[0].0, Keys::derive(&secret), session, &cfg, status.clone()).await
-            }
-        } => r,
-        _ = shutdown_signal() => {
-            if let Some(d) = display { d.abort(); }
-            bail!("interrupted: receivers discard their partial copies");
+    let work = async {
+        if trees.len() > 1 {
+            source::send_balanced(
+                input,
+                &hosts,
+                &trees,
+                Keys::derive(&secret),
+                &cfg,
+                status.clone(),
+            )
+            .await
+        } else {
+            source::send(
+                input,
+                &hosts,
+                &trees[0].0,
+                Keys::derive(&secret),
+                session,
+                &cfg,
+                status.clone(),
+            )
+            .await
         }
     };
-    if let Some(d) = display {
-        d.abort();
-        progress::clear();
-    }
+    let Some(result) = progress::sending(status.clone(), a.quiet, work).await else {
+        bail!("interrupted: receivers discard their partial copies");
+    };
     let report = result?;
     print_report(&report, a.json)?;
     Ok(if report.ok { 0 } else { 1 })
+}
+
+/// Probes (or reads `--matrix`) and plans, saying what it did unless `--quiet`.
+async fn planned(
+    a: &SendArgs,
+    file: &HostsFile,
+    secret: &Secret,
+    tuning: &transport::TcpTuning,
+    size: Option<u64>,
+    chunk: u32,
+    balanced: bool,
+) -> Result<bulkcast_planner::Plan> {
+    let (p, note) = plan::for_send(
+        file,
+        a.matrix.as_deref(),
+        &Keys::derive(secret),
+        tuning,
+        size,
+        chunk,
+        balanced,
+    )
+    .await?;
+    if !a.quiet {
+        eprintln!("{note}\nplan: {} ({})", p.algorithm, p.reason);
+    }
+    Ok(p)
 }
 
 /// The swarm strategy behind a `--strategy` value, if it is one.

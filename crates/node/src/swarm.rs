@@ -59,7 +59,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::input::{Input, InputEvent};
-use crate::report::{ClusterReport, PeerBytes, ReceiverStatus, Report, Status};
+use crate::report::{ClusterReport, PeerBytes, Report, Status};
 use crate::store::{Store, StoreEvent, Target};
 use crate::transport::{self, TcpTuning};
 
@@ -328,13 +328,7 @@ pub async fn send(
         let deadline = net.node.poll_timeout();
         tokio::select! {
             Some(ev) = net.ev_rx.recv() => {
-                let mut batch = vec![ev];
-                while batch.len() < 64 {
-                    match net.ev_rx.try_recv() {
-                        Ok(e) => batch.push(e),
-                        Err(_) => break,
-                    }
-                }
+                let batch = with_queued(ev, &mut net.ev_rx);
                 for ev in batch {
                     let now = Instant::now();
                     match ev {
@@ -532,13 +526,7 @@ pub async fn serve(
         let deadline = net.node.poll_timeout();
         tokio::select! {
             Some(ev) = net.ev_rx.recv() => {
-                let mut batch = vec![ev];
-                while batch.len() < 64 {
-                    match net.ev_rx.try_recv() {
-                        Ok(e) => batch.push(e),
-                        Err(_) => break,
-                    }
-                }
+                let batch = with_queued(ev, &mut net.ev_rx);
                 for ev in batch {
                     if matches!(ev, Ev::Frame(..) | Ev::Verified(..)) {
                         last_heard = Instant::now();
@@ -1080,29 +1068,14 @@ async fn write_conn<W: AsyncWrite + Unpin>(
     let _ = w.shutdown().await;
 }
 
-/// Creates the status a swarm send updates (receivers' parents from `tree`, or the source).
-pub fn new_status(
-    hosts: &[HostSpec],
-    tree: Option<&Tree>,
-    chunk_size: u32,
-    total_len: Option<u64>,
-) -> Arc<Mutex<Status>> {
-    Arc::new(Mutex::new(Status {
-        started: Instant::now(),
-        chunk_size,
-        total_len,
-        read: 0,
-        receivers: hosts
-            .iter()
-            .enumerate()
-            .map(|(i, h)| ReceiverStatus {
-                name: h.name.clone(),
-                addr: h.addr.clone(),
-                parent: tree.and_then(|t| t.parent(i + 1)).unwrap_or(0),
-                chunks: 0,
-                done: None,
-                failed: None,
-            })
-            .collect(),
-    }))
+/// `first` and up to 63 more events already queued behind it, taken in one go.
+fn with_queued(first: Ev, rx: &mut mpsc::Receiver<Ev>) -> Vec<Ev> {
+    let mut batch = vec![first];
+    while batch.len() < 64 {
+        match rx.try_recv() {
+            Ok(e) => batch.push(e),
+            Err(_) => break,
+        }
+    }
+    batch
 }
