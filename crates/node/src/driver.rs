@@ -527,6 +527,9 @@ impl Driver {
                     let task = tokio::spawn(write_link(w, frx, None, link, conn, ev));
                     self.tasks.entry(link).or_default().push(task);
                     e.handle_connected(conn, ftx, now);
+                    if conn == 0 {
+                        self.connect_edge(k, now);
+                    }
                 } else {
                     self.attach_writer(link, w, None, 0);
                 }

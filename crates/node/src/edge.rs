@@ -246,15 +246,19 @@ impl OutEdge {
         }
     }
 
-    /// Connections to open now: their numbers and addresses (round-robin over the paths).
-    /// Each is counted as opening from here on.
+    /// Connections to open now: their numbers and addresses (round-robin over the paths);
+    /// connection 0 alone until it is up. Each is counted as opening from here on.
     pub fn poll_connect(&mut self, now: Instant) -> Vec<(u16, String)> {
         if self.closed {
             return Vec::new();
         }
         self.check_growth(now);
         let mut out = Vec::new();
-        while (self.conns.len() as u16) < self.target {
+        // The others only once connection 0 is up: it carries `Open`, so the child has the
+        // session before any `Attach` (a ticket receiver takes its first connection as the
+        // session's), and the child's acceptance of it orders them.
+        let first_up = self.conns.first().is_some_and(|c| c.id.is_some());
+        while (self.conns.len() as u16) < self.target && (self.conns.is_empty() || first_up) {
             let n = self.conns.len() as u16;
             let addr = self.addrs[n as usize % self.addrs.len()].clone();
             self.conns.push(OutConn {
