@@ -562,10 +562,10 @@ impl Driver {
         }
     }
 
-    fn attach_writer<W: AsyncWrite + Unpin + Send + 'static>(
+    fn attach_writer(
         &mut self,
         link: Link,
-        w: W,
+        w: tokio::net::tcp::OwnedWriteHalf,
         acks: Option<mpsc::UnboundedReceiver<Frame>>,
         conn: u16,
     ) {
@@ -693,8 +693,8 @@ async fn read_child<R: AsyncRead + Unpin>(mut r: R, link: Link, conn: u16, tx: m
 
 /// Writes a link's frames, reporting each one written; `acks` (`Got` frames of a striped
 /// parent edge) go first and are not reported.
-async fn write_link<W: AsyncWrite + Unpin>(
-    w: W,
+async fn write_link(
+    w: tokio::net::tcp::OwnedWriteHalf,
     mut rx: mpsc::Receiver<Frame>,
     mut acks: Option<mpsc::UnboundedReceiver<Frame>>,
     link: Link,
@@ -711,7 +711,7 @@ async fn write_link<W: AsyncWrite + Unpin>(
                 None => break,
             },
         };
-        let mut r = transport::write_frame(&mut w, &f).await;
+        let mut r = transport::write_frame_tcp(&mut w, &f).await;
         // A reported frame is flushed before it is reported when nothing else of the node's
         // waits (the driver may end the session once its last frame is reported written);
         // acknowledgements are flushed when no more follow.

@@ -152,6 +152,13 @@ impl Input {
             .name("bulkcast-input".into())
             .spawn(move || {
                 let expected = self.manifest.total_len;
+                if self.manifest.kind == ObjectKind::File && self.files.len() == 1 {
+                    let ev = match pump_mapped(&self.files[0], chunk_size, expected, &txs, route) {
+                        Ok(()) => InputEvent::End,
+                        Err(e) => InputEvent::Failed(e),
+                    };
+                    return finish(&txs, ev);
+                }
                 let r: Box<dyn Read> = if self.stdin {
                     Box::new(io::stdin())
                 } else {
@@ -164,16 +171,110 @@ impl Input {
                     Ok(()) => InputEvent::End,
                     Err(e) => InputEvent::Failed(e),
                 };
-                for tx in &txs {
-                    let _ = tx.blocking_send(match &ev {
-                        InputEvent::End => InputEvent::End,
-                        InputEvent::Failed(e) => InputEvent::Failed(e.clone()),
-                        InputEvent::Data(_) => unreachable!("pump ends with End or Failed"),
-                    });
-                }
+                finish(&txs, ev);
             })
             .expect("spawning the input thread");
     }
+}
+
+/// Tells every channel how the input ended.
+fn finish(txs: &[mpsc::Sender<InputEvent>], ev: InputEvent) {
+    for tx in txs {
+        let _ = tx.blocking_send(match &ev {
+            InputEvent::End => InputEvent::End,
+            InputEvent::Failed(e) => InputEvent::Failed(e.clone()),
+            InputEvent::Data(_) => unreachable!("pumps end with End or Failed"),
+        });
+    }
+}
+
+/// Hands each chunk of one regular file on as its own read-only mapping of the page cache
+/// ([`crate::mapped`]): no copy into a buffer before the chunk is hashed, none into the socket
+/// after. A mapping lives only as long as its chunk is held (by the send window), so resident
+/// memory stays bounded as with buffers.
+///
+/// A file that shrinks under a mapping raises SIGBUS when the missing page is touched; the
+/// handler installed here turns that into a clear message and exit status 1 (the receivers
+/// keep their verified chunks and can resume), and the size is checked before each chunk so the
+/// usual case of a file rewritten between chunks gets the ordinary error.
+fn pump_mapped(
+    path: &Path,
+    cs: usize,
+    expected: Option<u64>,
+    txs: &[mpsc::Sender<InputEvent>],
+    mut route: impl FnMut(bytes::Bytes) -> (usize, Chunk),
+) -> Result<(), String> {
+    let f = File::open(path).map_err(|e| format!("reading the input: {}", with_path(e, path)))?;
+    let f = std::sync::Arc::new(f);
+    let len = expected.unwrap_or(0);
+    let stamp = |f: &File| -> Result<(u64, Option<std::time::SystemTime>), String> {
+        let m = f
+            .metadata()
+            .map_err(|e| format!("reading the input: {e}"))?;
+        Ok((m.len(), m.modified().ok()))
+    };
+    let (_, mtime) = stamp(&f)?;
+    install_sigbus_message();
+    let mut dead = vec![false; txs.len()];
+    let mut off = 0u64;
+    loop {
+        // Checked before every chunk and at the end: a file rewritten while it is sent fails
+        // with this error instead of with chunks that fail verification.
+        let (now, m) = stamp(&f)?;
+        if now < len {
+            return Err(format!(
+                "the input shrank while being sent ({now} of {len} bytes)"
+            ));
+        }
+        if now > len {
+            return Err(format!(
+                "the input grew while being sent (more than {len} bytes)"
+            ));
+        }
+        if m != mtime {
+            return Err("the input file was modified while being sent".to_string());
+        }
+        if off == len {
+            return Ok(());
+        }
+        let n = (len - off).min(cs as u64) as usize;
+        // SAFETY: what the file does to the mapping meanwhile is the SIGBUS case above, or
+        // changed bytes that fail their hash at every receiver (and the check above on the next
+        // chunk); wrong bytes never pass as good.
+        let data = unsafe { crate::mapped::chunk(&f, off, n) }
+            .map_err(|e| format!("mapping {}: {e}", path.display()))?;
+        off += n as u64;
+        let (t, chunk) = route(data);
+        if !dead[t] && txs[t].blocking_send(InputEvent::Data(chunk)).is_err() {
+            dead[t] = true;
+            if dead.iter().all(|&d| d) {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Installs (once) a SIGBUS handler that says what a bus error means here and exits 1.
+fn install_sigbus_message() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    extern "C" fn on_sigbus(_: libc::c_int) {
+        const MSG: &[u8] = b"bulkcast: error: the input file shrank while being sent (SIGBUS \
+reading its mapping); the receivers keep what they verified: send it again to resume\n";
+        // SAFETY: write(2) and _exit(2) are async-signal-safe.
+        unsafe {
+            libc::write(2, MSG.as_ptr().cast(), MSG.len());
+            libc::_exit(1);
+        }
+    }
+    ONCE.call_once(|| {
+        // SAFETY: a plain handler that only calls async-signal-safe functions.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_sigbus as extern "C" fn(libc::c_int) as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut());
+        }
+    });
 }
 
 fn pump(
@@ -311,4 +412,78 @@ fn walk(
 
 fn with_path(e: io::Error, p: &Path) -> io::Error {
     io::Error::new(e.kind(), format!("{}: {e}", p.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bulkcast_proto::auth::Secret;
+    use std::io::Write;
+
+    fn keys() -> Keys {
+        Keys::derive(&Secret::from_bytes([7; 32]))
+    }
+
+    fn temp_file(tag: &str, len: usize) -> (PathBuf, Vec<u8>) {
+        let p = std::env::temp_dir().join(format!("bulkcast-input-{tag}-{}", std::process::id()));
+        let body: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
+        std::fs::write(&p, &body).unwrap();
+        (p, body)
+    }
+
+    fn drain(rx: &mut mpsc::Receiver<InputEvent>) -> (Vec<Chunk>, InputEvent) {
+        let mut chunks = Vec::new();
+        loop {
+            match rx
+                .blocking_recv()
+                .expect("the input ends with End or Failed")
+            {
+                InputEvent::Data(c) => chunks.push(c),
+                ev => return (chunks, ev),
+            }
+        }
+    }
+
+    #[test]
+    fn a_mapped_file_arrives_whole_in_sealed_chunks() {
+        let cs = 8192;
+        let (p, body) = temp_file("whole", 5 * cs + 123);
+        let input = Input::open(&p, None).unwrap();
+        let mut rx = input.spawn(cs, keys(), 9);
+        let (chunks, end) = drain(&mut rx);
+        assert!(matches!(end, InputEvent::End), "{end:?}");
+        assert_eq!(chunks.len(), 6);
+        let joined: Vec<u8> = chunks.iter().flat_map(|c| c.data.iter().copied()).collect();
+        assert_eq!(joined, body);
+        for (i, c) in chunks.iter().enumerate() {
+            assert_eq!(c.index, i as u64);
+            keys().verify(9, c).expect("sealed for the session");
+        }
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn a_file_that_grows_while_sent_fails_clearly() {
+        let cs = 4096;
+        let (p, _) = temp_file("grows", 64 * cs);
+        let input = Input::open(&p, None).unwrap();
+        let mut rx = input.spawn(cs, keys(), 1);
+        // The reader stops two chunks ahead; change the file while it waits.
+        let first = rx.blocking_recv();
+        assert!(matches!(first, Some(InputEvent::Data(_))));
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&p)
+            .unwrap()
+            .write_all(b"more")
+            .unwrap();
+        let (chunks, end) = drain(&mut rx);
+        assert!(chunks.len() < 63, "the change was noticed late");
+        match end {
+            // The size or, caught between the two updates of the write, the time.
+            InputEvent::Failed(e) => assert!(e.contains("grew") || e.contains("modified"), "{e}"),
+            other => panic!("expected a failure, got {other:?}"),
+        }
+        std::fs::remove_file(&p).unwrap();
+    }
 }

@@ -7,6 +7,7 @@
 //! - [`driver`]: the event loop around one [`bulkcast_proto::node::Node`].
 //! - [`edge`]: an edge over several connections (and paths): striping, join, `--streams auto`.
 //! - [`input`]: the source's file, directory or stdin reader.
+//! - [`mapped`]: a file's chunks as page-cache mappings, sent with `sendfile(2)`.
 //! - [`probe`]: RTT measurement between all session hosts, for the planner.
 //! - [`stripes`]: receiving a balanced multi-tree send into one shared copy.
 //! - [`store`]: a receiver's local copy (temporary name, moved into place when verified).
@@ -21,6 +22,7 @@ pub mod agent;
 pub mod driver;
 pub mod edge;
 pub mod input;
+pub mod mapped;
 pub mod probe;
 pub mod report;
 pub mod source;

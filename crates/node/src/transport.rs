@@ -222,6 +222,59 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, f: &Frame) -> io::Res
     Ok(())
 }
 
+/// Writes one frame to a TCP connection behind a buffer: a chunk that is a mapped range of the
+/// source's file ([`crate::mapped`]) goes with `sendfile(2)`, from the page cache straight into
+/// the socket; everything else as [`write_frame`].
+pub async fn write_frame_tcp(
+    w: &mut tokio::io::BufWriter<tokio::net::tcp::OwnedWriteHalf>,
+    f: &Frame,
+) -> io::Result<()> {
+    let e = f.encode();
+    let Some((file, offset)) = crate::mapped::file_range(&e.data) else {
+        w.write_all(&e.head).await?;
+        if !e.data.is_empty() {
+            w.write_all(&e.data).await?;
+        }
+        return Ok(());
+    };
+    w.write_all(&e.head).await?;
+    w.flush().await?;
+    let tcp: &TcpStream = w.get_ref().as_ref();
+    let mut sent = 0usize;
+    while sent < e.data.len() {
+        let r = tcp
+            .async_io(tokio::io::Interest::WRITABLE, || {
+                let mut off = (offset + sent as u64) as libc::off_t;
+                // SAFETY: both fds are open for the call (the socket is borrowed, the file is
+                // held by `file`); `off` outlives it.
+                let n = unsafe {
+                    libc::sendfile(
+                        tcp.as_raw_fd(),
+                        file.as_raw_fd(),
+                        &mut off,
+                        e.data.len() - sent,
+                    )
+                };
+                if n < 0 {
+                    Err(io::Error::last_os_error())
+                } else {
+                    Ok(n as usize)
+                }
+            })
+            .await;
+        match r {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => sent += n,
+            // A file system without sendfile support: copy from the mapping instead.
+            Err(err) if sent == 0 && err.raw_os_error() == Some(libc::EINVAL) => {
+                return w.write_all(&e.data).await;
+            }
+            Err(err) => return Err(err),
+        }
+    }
+    Ok(())
+}
+
 /// The connecting side's handshake.
 pub async fn handshake_connect<S: AsyncRead + AsyncWrite + Unpin>(
     s: &mut S,

@@ -1,0 +1,118 @@
+//! Chunks of a regular file held as read-only mappings of the page cache, and the lookup that
+//! lets a TCP writer send such a chunk with `sendfile(2)` instead of copying it.
+//!
+//! Why: on a fast path the source's CPU goes to three passes over every byte (read into a
+//! buffer, hash, copy into the socket) and, in a flat send, the last one once per receiver. A
+//! mapped chunk is hashed where it lies in the page cache and handed to the socket by reference,
+//! so the source touches each byte once (to hash it) however many receivers it feeds.
+//!
+//! The chunk stays an ordinary [`Bytes`] for the rest of the stack (the core, the striper, the
+//! retransmit window); only the writer asks [`file_range`] whether the bytes it is about to write
+//! are a whole mapped chunk.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use bytes::Bytes;
+
+/// One mapped chunk: the mapping and where it came from. Registered while it lives.
+struct MappedChunk {
+    map: memmap2::Mmap,
+}
+
+impl AsRef<[u8]> for MappedChunk {
+    fn as_ref(&self) -> &[u8] {
+        &self.map
+    }
+}
+
+impl Drop for MappedChunk {
+    fn drop(&mut self) {
+        // Unregistered before the mapping goes, so an address reused by a later mapping is
+        // never looked up as this one.
+        registry()
+            .lock()
+            .expect("mapped registry")
+            .remove(&(self.map.as_ptr() as usize));
+    }
+}
+
+/// Where a mapped chunk's bytes live in their file.
+struct Origin {
+    file: Arc<File>,
+    offset: u64,
+    len: usize,
+}
+
+fn registry() -> &'static Mutex<HashMap<usize, Origin>> {
+    static R: OnceLock<Mutex<HashMap<usize, Origin>>> = OnceLock::new();
+    R.get_or_init(Default::default)
+}
+
+/// Maps `len` bytes of `file` at `offset` (a multiple of the page size), populated up front.
+///
+/// # Safety
+/// The caller must accept what a mapping of a file that others may change means: a page
+/// truncated away raises SIGBUS when touched, and bytes written by others meanwhile show
+/// through (the chunk is hashed from the mapping, so changed bytes fail verification at the
+/// receivers rather than pass as good).
+pub unsafe fn chunk(file: &Arc<File>, offset: u64, len: usize) -> io::Result<Bytes> {
+    // SAFETY: see the function's contract; the mapping is read-only.
+    let map = unsafe {
+        memmap2::MmapOptions::new()
+            .offset(offset)
+            .len(len)
+            .populate()
+            .map(&**file)?
+    };
+    registry().lock().expect("mapped registry").insert(
+        map.as_ptr() as usize,
+        Origin {
+            file: file.clone(),
+            offset,
+            len,
+        },
+    );
+    Ok(Bytes::from_owner(MappedChunk { map }))
+}
+
+/// The file and offset of `data` when it is a whole chunk made by [`chunk`] (and still alive,
+/// which holding `data` guarantees).
+pub fn file_range(data: &Bytes) -> Option<(Arc<File>, u64)> {
+    if data.is_empty() {
+        return None;
+    }
+    let r = registry().lock().expect("mapped registry");
+    let o = r.get(&(data.as_ptr() as usize))?;
+    (o.len == data.len()).then(|| (o.file.clone(), o.offset))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn a_mapped_chunk_is_found_whole_and_forgotten_when_dropped() {
+        let dir = std::env::temp_dir().join(format!("bulkcast-mapped-{}", std::process::id()));
+        let mut f = File::create(&dir).unwrap();
+        let page = 4096;
+        let body: Vec<u8> = (0..3 * page).map(|i| (i % 251) as u8).collect();
+        f.write_all(&body).unwrap();
+        let file = Arc::new(File::open(&dir).unwrap());
+        // SAFETY: nobody else touches the file.
+        let c = unsafe { chunk(&file, page as u64, 2 * page) }.unwrap();
+        assert_eq!(&c[..], &body[page..]);
+        let (_, off) = file_range(&c).expect("a whole mapped chunk");
+        assert_eq!(off, page as u64);
+        // A part of it, or a copy of it, is not the file's chunk.
+        assert!(file_range(&c.slice(1..)).is_none());
+        assert!(file_range(&Bytes::copy_from_slice(&c)).is_none());
+        let addr = c.as_ptr() as usize;
+        drop(c);
+        assert!(!registry().lock().unwrap().contains_key(&addr));
+        std::fs::remove_file(&dir).unwrap();
+    }
+}
