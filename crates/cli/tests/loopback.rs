@@ -1061,7 +1061,7 @@ fn hybrid_over_a_fixed_and_the_planned_tree_delivers_to_three_sites() {
 }
 
 #[test]
-fn swarm_strategies_refuse_a_stream_and_an_object_above_the_memory_limit() {
+fn swarm_strategies_refuse_a_stream_and_a_directory_above_the_memory_limit() {
     let s = Scratch::new("swarmstream");
     let key = secret(22);
     let ags = agents(&s.0, 2, &key);
@@ -1072,15 +1072,17 @@ fn swarm_strategies_refuse_a_stream_and_an_object_above_the_memory_limit() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("known length"), "{err}");
-    // Above the in-memory limit (a sparse file: nothing is read).
-    let big = s.0.join("big.bin");
-    std::fs::File::create(&big)
+    // A directory is held in memory: above the limit it is refused (a sparse file: nothing
+    // is read).
+    let dir = s.0.join("big");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::File::create(dir.join("big.bin"))
         .unwrap()
         .set_len((2 << 30) + 1)
         .unwrap();
     let started = Instant::now();
     let out = send(
-        &[big.to_str().unwrap(), "--to", &list, "--strategy", "swarm"],
+        &[dir.to_str().unwrap(), "--to", &list, "--strategy", "swarm"],
         &key,
         None,
     );
@@ -1090,6 +1092,52 @@ fn swarm_strategies_refuse_a_stream_and_an_object_above_the_memory_limit() {
     assert!(err.contains("at most 2048 MiB"), "{err}");
     for a in &ags {
         assert!(leftovers(&a.dir).is_empty());
+    }
+}
+
+/// Peak resident memory of a process, from /proc.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/PID/status");
+    kib << 10
+}
+
+#[test]
+fn swarm_members_serve_a_file_from_disk_not_from_memory() {
+    let s = Scratch::new("swarmdisk");
+    let key = secret(24);
+    let ags = agents(&s.0, 3, &key);
+    let src = s.0.join("obj.bin");
+    let len = 160 * MIB;
+    make_file(&src, len, b"disk");
+    let out = send(
+        &[
+            src.to_str().unwrap(),
+            "--to",
+            &to_list(&ags),
+            "--strategy",
+            "mob",
+        ],
+        &key,
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = report(&out);
+    assert_eq!(r["ok"], true, "{r}");
+    for a in &ags {
+        assert_eq!(hash(&a.dir.join("obj.bin")), hash(&src));
+        // Every piece was served to the others, yet no member ever held the object: pieces
+        // live in memory only until stored, then go out of the file with sendfile.
+        let peak = peak_rss(a.child.id());
+        assert!(peak < len / 2, "agent peaked at {} MiB", peak >> 20);
     }
 }
 

@@ -100,6 +100,13 @@ impl Input {
         })
     }
 
+    /// The file when the object is one regular file (which can be mapped and sent with
+    /// `sendfile`, see [`crate::mapped`]).
+    pub fn single_file(&self) -> Option<&Path> {
+        (self.manifest.kind == ObjectKind::File && self.files.len() == 1)
+            .then(|| self.files[0].as_path())
+    }
+
     /// Starts reading on a thread that also hashes and authenticates each chunk (off the event
     /// loop); chunks arrive on the returned channel (two in flight, so the reader runs ahead of
     /// the network only a little).
@@ -241,7 +248,7 @@ fn pump_mapped(
         // SAFETY: what the file does to the mapping meanwhile is the SIGBUS case above, or
         // changed bytes that fail their hash at every receiver (and the check above on the next
         // chunk); wrong bytes never pass as good.
-        let data = unsafe { crate::mapped::chunk(&f, off, n) }
+        let data = unsafe { crate::mapped::chunk(&f, off, n, true) }
             .map_err(|e| format!("mapping {}: {e}", path.display()))?;
         off += n as u64;
         let (t, chunk) = route(data);
@@ -255,11 +262,12 @@ fn pump_mapped(
 }
 
 /// Installs (once) a SIGBUS handler that says what a bus error means here and exits 1.
-fn install_sigbus_message() {
+pub(crate) fn install_sigbus_message() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     extern "C" fn on_sigbus(_: libc::c_int) {
-        const MSG: &[u8] = b"bulkcast: error: the input file shrank while being sent (SIGBUS \
-reading its mapping); the receivers keep what they verified: send it again to resume\n";
+        const MSG: &[u8] = b"bulkcast: error: a file shrank while mapped (SIGBUS): the input \
+file, or a copy being served to peers, was truncated by another program; the receivers keep \
+what they verified: send it again to resume\n";
         // SAFETY: write(2) and _exit(2) are async-signal-safe.
         unsafe {
             libc::write(2, MSG.as_ptr().cast(), MSG.len());

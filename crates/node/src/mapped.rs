@@ -51,22 +51,28 @@ fn registry() -> &'static Mutex<HashMap<usize, Origin>> {
     R.get_or_init(Default::default)
 }
 
-/// Maps `len` bytes of `file` at `offset` (a multiple of the page size), populated up front.
+/// Maps `len` bytes of `file` at `offset` (a multiple of the page size); `populate` faults
+/// the pages in up front (for bytes about to be read here, e.g. hashed), otherwise the mapping
+/// costs nothing until touched (for bytes only handed to `sendfile`).
 ///
 /// # Safety
 /// The caller must accept what a mapping of a file that others may change means: a page
 /// truncated away raises SIGBUS when touched, and bytes written by others meanwhile show
 /// through (the chunk is hashed from the mapping, so changed bytes fail verification at the
 /// receivers rather than pass as good).
-pub unsafe fn chunk(file: &Arc<File>, offset: u64, len: usize) -> io::Result<Bytes> {
+pub unsafe fn chunk(
+    file: &Arc<File>,
+    offset: u64,
+    len: usize,
+    populate: bool,
+) -> io::Result<Bytes> {
+    let mut opts = memmap2::MmapOptions::new();
+    opts.offset(offset).len(len);
+    if populate {
+        opts.populate();
+    }
     // SAFETY: see the function's contract; the mapping is read-only.
-    let map = unsafe {
-        memmap2::MmapOptions::new()
-            .offset(offset)
-            .len(len)
-            .populate()
-            .map(&**file)?
-    };
+    let map = unsafe { opts.map(&**file)? };
     registry().lock().expect("mapped registry").insert(
         map.as_ptr() as usize,
         Origin {
@@ -103,7 +109,7 @@ mod tests {
         f.write_all(&body).unwrap();
         let file = Arc::new(File::open(&dir).unwrap());
         // SAFETY: nobody else touches the file.
-        let c = unsafe { chunk(&file, page as u64, 2 * page) }.unwrap();
+        let c = unsafe { chunk(&file, page as u64, 2 * page, true) }.unwrap();
         assert_eq!(&c[..], &body[page..]);
         let (_, off) = file_range(&c).expect("a whole mapped chunk");
         assert_eq!(off, page as u64);

@@ -72,6 +72,9 @@ impl LocalCopy for Store {
 pub struct Store {
     tx: Option<std_mpsc::Sender<Cmd>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// A read-only handle on the temporary file of a one-file copy: what a swarm member serves
+    /// its stored pieces from. Stays valid through the rename into place.
+    reader: Option<Arc<File>>,
 }
 
 impl Store {
@@ -84,6 +87,10 @@ impl Store {
         stored: Option<Arc<AtomicU64>>,
     ) -> io::Result<Store> {
         let mut sink = Sink::open(&target, manifest, session)?;
+        let reader = match &sink {
+            Sink::File { tmp, .. } => Some(Arc::new(File::open(tmp)?)),
+            _ => None,
+        };
         let (tx, rx) = std_mpsc::channel::<Cmd>();
         let thread = std::thread::Builder::new()
             .name("bulkcast-store".into())
@@ -126,7 +133,14 @@ impl Store {
         Ok(Store {
             tx: Some(tx),
             thread: Some(thread),
+            reader,
         })
+    }
+
+    /// The copy's file, for reading back stored chunks, when it is one file (not a tree or
+    /// standard output). A chunk is there once its [`StoreEvent::Stored`] came.
+    pub fn reader(&self) -> Option<Arc<File>> {
+        self.reader.clone()
     }
 
     /// Queues a verified chunk for writing.

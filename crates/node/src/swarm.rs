@@ -19,18 +19,22 @@
 //!
 //! # The loop
 //! One reader and one writer task per connection, as in [`crate::driver`]. Readers verify
-//! chunks themselves (off the event loop) and pass them on as verified; the loop keeps every
-//! piece in memory (to serve it), writes it to the [`Store`] (temporary name, moved into
-//! place once every piece is stored), feeds the node, and fills each writer's
-//! [`WRITE_SLOTS`] from [`SwarmNode::poll_transmit`]. Once the copy is in place the agent
+//! chunks themselves (off the event loop) and pass them on as verified; the loop writes each
+//! piece to the [`Store`] (temporary name, moved into place once every piece is stored),
+//! feeds the node, and fills each writer's [`WRITE_SLOTS`] from [`SwarmNode::poll_transmit`].
+//! A piece is served from memory until it is stored, then from the file (mapped, handed to
+//! `sendfile`: see [`crate::mapped`]); the source serves a one-file object from its input
+//! file the same way. Pieces not yet stored are bounded ([`UNSTORED_BUDGET`]): past it the
+//! loop stops reading from peers until the disk catches up. Once the copy is in place the agent
 //! reports the bytes it received from each peer; it ends when the completion tree says every
 //! member is done, or when the source closes the session. The source ends when every agent
 //! reported (or failed) and the completion tree is done.
 //!
 //! # Limitations
-//! - Pieces are held in memory on every member (the source reads the whole object first):
-//!   objects above [`MAX_SWARM_BYTES`] are refused with an error, and streams of unknown
-//!   length cannot be swarmed.
+//! - A directory's pieces are held in memory on every member (they straddle its files):
+//!   directories above [`MAX_SWARM_BYTES`] are refused with an error (send a tar of it, or use
+//!   a tree); streams of unknown length cannot be swarmed. The source reads (hashes) the
+//!   whole object before the session starts.
 //! - A member is removed from the session ([`SwarmSetup::Lost`] from the source, then
 //!   [`SwarmNode::handle_member_lost`] everywhere) only when the source learns it failed: it
 //!   could not be reached, it reported a failure, or its set-up connection dropped. A member
@@ -53,7 +57,7 @@ use bulkcast_proto::tree::{NodeId, Tree};
 use bulkcast_proto::wire::{
     self, Chunk, Frame, SessionId, SwarmMember, SwarmOpen, SwarmSetup, NO_PARENT,
 };
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncRead, AsyncWriteExt, BufWriter};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -63,11 +67,19 @@ use crate::report::{ClusterReport, PeerBytes, Report, Status};
 use crate::store::{Store, StoreEvent, Target};
 use crate::transport::{self, TcpTuning};
 
-/// Largest object a swarm session takes: every member holds the whole object in memory.
+/// Largest directory a swarm session takes: every member holds its pieces in memory (a file
+/// has no limit: its pieces are served from disk).
 pub const MAX_SWARM_BYTES: u64 = 2 << 30;
 
 /// Frames queued to one connection's writer at once.
 pub const WRITE_SLOTS: usize = 4;
+
+/// Bytes of verified pieces an agent holds in memory before they are stored; above it, it reads
+/// nothing more from its peers until the store catches up.
+pub const UNSTORED_BUDGET: u64 = 32 << 20;
+
+/// Events queued from the connection tasks to the loop (each may be a piece).
+const EVENT_SLOTS: usize = 32;
 
 /// How long an agent holds a peer's connection that arrived before the source's `Open`.
 const EARLY_PEER_WAIT: Duration = Duration::from_secs(10);
@@ -209,7 +221,14 @@ pub async fn send(
     status: Arc<Mutex<Status>>,
 ) -> Result<Report, String> {
     let manifest = input.manifest.clone();
-    let len = check_size(&manifest)?;
+    // A one-file object is served from the file (page cache) once sealed; a tree is held.
+    let disk = match input.single_file() {
+        Some(p) => Some(Arc::new(
+            std::fs::File::open(p).map_err(|e| format!("{}: {e}", p.display()))?,
+        )),
+        None => None,
+    };
+    let len = check_size(&manifest, disk.is_some())?;
     let (labels, sites) = cluster_labels(source, hosts);
     let n = hosts.len() + 1;
     if let Some(t) = tree {
@@ -247,13 +266,16 @@ pub async fn send(
         manifest: manifest.clone(),
         members,
     };
-    // Every piece in memory, sealed once.
+    // Every piece sealed once, then held (a one-file object: only its hash and tag).
     let pieces = manifest.chunks(cfg.chunk_size).unwrap_or(0);
     let mut rx = input.spawn(cfg.chunk_size as usize, keys.clone(), session);
-    let mut held: Vec<Option<Chunk>> = Vec::with_capacity(pieces as usize);
+    let mut held: Vec<Option<Held>> = Vec::with_capacity(pieces as usize);
     loop {
         match rx.recv().await {
-            Some(InputEvent::Data(c)) => held.push(Some(c)),
+            Some(InputEvent::Data(c)) => held.push(Some(match disk {
+                Some(_) => Held::on_disk(&c),
+                None => Held::Mem(c),
+            })),
             Some(InputEvent::End) => break,
             Some(InputEvent::Failed(e)) => return Err(format!("reading the input: {e}")),
             None => return Err("the input reader stopped".into()),
@@ -272,6 +294,7 @@ pub async fn send(
         st.read = len;
     }
     let mut net = Net::new(&open, 0, keys.clone(), cfg.tuning.clone(), held)?;
+    net.disk = disk;
     // Set-up connections, all at once.
     let mut dials = Vec::new();
     for j in 1..n {
@@ -435,17 +458,21 @@ pub async fn send(
     Ok(report)
 }
 
-fn check_size(manifest: &Manifest) -> Result<u64, String> {
+/// The object's length, when a swarm can take it: of known length, and within
+/// [`MAX_SWARM_BYTES`] unless it is one file (`from_disk`: pieces served from the file, not
+/// held in memory).
+fn check_size(manifest: &Manifest, from_disk: bool) -> Result<u64, String> {
     let Some(len) = manifest.total_len else {
         return Err(
             "the swarm strategies need an input of known length (not a stream): use tree or flat"
                 .into(),
         );
     };
-    if len > MAX_SWARM_BYTES {
+    if len > MAX_SWARM_BYTES && !from_disk {
         return Err(format!(
-            "the swarm strategies hold the whole object in memory on every member and take at \
-             most {} MiB; this one is {} MiB: use tree or balanced",
+            "the swarm strategies hold a directory in memory on every member and take at most \
+             {} MiB of it; this one is {} MiB: send it as one file (e.g. a tar), or use tree or \
+             balanced",
             MAX_SWARM_BYTES >> 20,
             len >> 20
         ));
@@ -487,7 +514,8 @@ pub async fn serve(
             open.chunk_size
         ));
     }
-    check_size(&open.manifest)?;
+    // Agents store into a directory: a one-file object has a file to serve pieces from.
+    check_size(&open.manifest, open.manifest.kind == ObjectKind::File)?;
     let (_registered, mut peers_rx) = sessions.register(open.session);
     let pieces = open.manifest.chunks(open.chunk_size).unwrap_or(0);
     let (store_tx, mut store_rx) = mpsc::unbounded_channel();
@@ -500,6 +528,10 @@ pub async fn serve(
         tuning.clone(),
         vec![None; pieces as usize],
     )?;
+    net.disk = store.reader();
+    if net.disk.is_some() {
+        crate::input::install_sigbus_message();
+    }
     net.store = Some(store);
     net.add_conn(0, stream);
     // Dial the peers with a higher id (the lower id of each pair dials).
@@ -525,7 +557,9 @@ pub async fn serve(
         }
         let deadline = net.node.poll_timeout();
         tokio::select! {
-            Some(ev) = net.ev_rx.recv() => {
+            // A disk slower than the network: the readers wait (and TCP holds the peers back)
+            // until the store catches up, so memory stays bounded.
+            Some(ev) = net.ev_rx.recv(), if net.unstored < UNSTORED_BUDGET => {
                 let batch = with_queued(ev, &mut net.ev_rx);
                 for ev in batch {
                     if matches!(ev, Ev::Frame(..) | Ev::Verified(..)) {
@@ -599,6 +633,58 @@ struct Conn {
     writer: JoinHandle<()>,
 }
 
+/// A verified piece a member can serve.
+#[derive(Debug, Clone)]
+enum Held {
+    /// In memory: not stored yet, or a piece of a directory.
+    Mem(Chunk),
+    /// In the member's file ([`Net::disk`]): only what the piece's frame needs besides its
+    /// bytes.
+    Disk {
+        hash: [u8; 32],
+        tag: [u8; 32],
+        len: u32,
+    },
+}
+
+impl Held {
+    fn on_disk(c: &Chunk) -> Held {
+        Held::Disk {
+            hash: c.hash,
+            tag: c.tag,
+            len: c.data.len() as u32,
+        }
+    }
+}
+
+/// Piece `i` to send: from memory, or mapped from `disk` (handed to `sendfile` by the writer,
+/// never copied here).
+fn piece(
+    held: &[Option<Held>],
+    disk: &Option<Arc<std::fs::File>>,
+    chunk_size: u32,
+    i: u64,
+) -> Result<Option<Chunk>, String> {
+    let Some(h) = held.get(i as usize).and_then(|h| h.as_ref()) else {
+        return Ok(None);
+    };
+    let (hash, tag, len) = match h {
+        Held::Mem(c) => return Ok(Some(c.clone())),
+        Held::Disk { hash, tag, len } => (*hash, *tag, *len as usize),
+    };
+    let file = disk.as_ref().ok_or("a stored piece without a file")?;
+    // SAFETY: the file is ours (the source's input, checked while it was read, or our own
+    // copy); a truncation by another program is the SIGBUS case `input` reports.
+    let data = unsafe { crate::mapped::chunk(file, i * chunk_size as u64, len, false) }
+        .map_err(|e| format!("reading piece {i} back: {e}"))?;
+    Ok(Some(Chunk {
+        index: i,
+        hash,
+        tag,
+        data,
+    }))
+}
+
 /// One member's connections, pieces and node.
 struct Net {
     node: SwarmNode,
@@ -612,7 +698,13 @@ struct Net {
     linked: Vec<bool>,
     /// Peers the node was told about (connection up).
     connected: Vec<bool>,
-    held: Vec<Option<Chunk>>,
+    /// Verified pieces, to serve them: in memory until stored, then (with `disk`) read back.
+    held: Vec<Option<Held>>,
+    /// The file the pieces are served from once stored (the source's input, an agent's copy);
+    /// none for a directory, whose pieces stay in memory.
+    disk: Option<Arc<std::fs::File>>,
+    /// Bytes of pieces handed to the store and not yet stored.
+    unstored: u64,
     conns: HashMap<NodeId, Conn>,
     ev_tx: mpsc::Sender<Ev>,
     ev_rx: mpsc::Receiver<Ev>,
@@ -636,7 +728,7 @@ impl Net {
         me: NodeId,
         keys: Keys,
         tuning: TcpTuning,
-        held: Vec<Option<Chunk>>,
+        held: Vec<Option<Held>>,
     ) -> Result<Net, String> {
         let n = open.members.len();
         if open
@@ -676,7 +768,7 @@ impl Net {
                 linked[j] = true;
             }
         }
-        let (ev_tx, ev_rx) = mpsc::channel(256);
+        let (ev_tx, ev_rx) = mpsc::channel(EVENT_SLOTS);
         Ok(Net {
             node,
             me,
@@ -688,6 +780,8 @@ impl Net {
             linked,
             connected: vec![false; n],
             held,
+            disk: None,
+            unstored: 0,
             conns: HashMap::new(),
             ev_tx,
             ev_rx,
@@ -853,13 +947,27 @@ impl Net {
         }
         if let Some(s) = &self.store {
             s.write(c.index, c.index * self.chunk_size as u64, c.data.clone());
+            self.unstored += c.data.len() as u64;
         }
-        self.held[i] = Some(c);
+        self.held[i] = Some(Held::Mem(c));
     }
 
     fn handle_store(&mut self, ev: StoreEvent) {
         match ev {
-            StoreEvent::Stored(_) => self.stored += 1,
+            StoreEvent::Stored(i) => {
+                self.stored += 1;
+                if let Some(Some(Held::Mem(c))) = self.held.get(i as usize) {
+                    self.unstored = self.unstored.saturating_sub(c.data.len() as u64);
+                }
+                // On disk now: served from there, the memory goes.
+                if self.disk.is_some() {
+                    if let Some(h) = self.held.get_mut(i as usize) {
+                        if let Some(Held::Mem(c)) = h {
+                            *h = Some(Held::on_disk(c));
+                        }
+                    }
+                }
+            }
             StoreEvent::Failed(e) => {
                 tracing::error!("swarm {:016x}: storing failed: {e}", self.session);
                 self.copy_failed = Some(e.clone());
@@ -973,10 +1081,16 @@ impl Net {
                     match self.node.poll_transmit(j, now) {
                         Some(Transmit::Frame(f)) => f,
                         Some(Transmit::Piece(i)) => {
-                            match self.held.get(i as usize).cloned().flatten() {
-                                Some(c) => Frame::Chunk(c),
-                                None => {
-                                    missing = Some(i);
+                            match piece(&self.held, &self.disk, self.chunk_size, i) {
+                                Ok(Some(c)) => Frame::Chunk(c),
+                                Ok(None) => {
+                                    missing = Some(format!(
+                                        "the node asked to send piece {i}, which is not held"
+                                    ));
+                                    break;
+                                }
+                                Err(e) => {
+                                    missing = Some(e);
                                     break;
                                 }
                             }
@@ -991,10 +1105,8 @@ impl Net {
                 }
                 c.inflight += 1;
             }
-            if let Some(i) = missing {
-                self.fatal = Some(format!(
-                    "the node asked to send piece {i}, which is not held"
-                ));
+            if let Some(e) = missing {
+                self.fatal = Some(e);
             }
         }
     }
@@ -1045,15 +1157,15 @@ async fn read_conn<R: AsyncRead + Unpin>(
     }
 }
 
-async fn write_conn<W: AsyncWrite + Unpin>(
-    w: W,
+async fn write_conn(
+    w: tokio::net::tcp::OwnedWriteHalf,
     mut rx: mpsc::Receiver<Frame>,
     j: NodeId,
     ev: mpsc::Sender<Ev>,
 ) {
     let mut w = BufWriter::with_capacity(64 << 10, w);
     while let Some(f) = rx.recv().await {
-        let mut r = transport::write_frame(&mut w, &f).await;
+        let mut r = transport::write_frame_tcp(&mut w, &f).await;
         if r.is_ok() && rx.is_empty() {
             r = w.flush().await;
         }
