@@ -37,16 +37,31 @@ start_agent() { # dir -> prints address
 gen() { head -c "$(($2 * 1048576))" /dev/urandom >"$1"; }
 
 # (a) iperf3 single stream vs bulkcast 1-to-1 -----------------------------------------------
-iperf3 -s -1 -B 127.0.0.1 -p 5299 >/dev/null 2>&1 & PIDS+=($!)
+# Both timed with their CPU (user+system seconds of sender and receiver), so the table can put
+# the cost of verification beside the cost of moving the bytes.
+cpu() { awk '{print $1 + $2}' "$1"; }   # a /usr/bin/time -f "%U %S" file -> seconds
+/usr/bin/time -f "%U %S" -o "$W/ip.srv" iperf3 -s -1 -B 127.0.0.1 -p 5299 >/dev/null 2>&1 & PIDS+=($!)
+IPSRV=$!
 sleep 0.5
-IPERF=$(iperf3 -c 127.0.0.1 -p 5299 -t 8 -J | jq '.end.sum_received.bits_per_second / 1e6')
+/usr/bin/time -f "%U %S" -o "$W/ip.cli" iperf3 -c 127.0.0.1 -p 5299 -t 8 -J >"$W/ip.json"
+wait $IPSRV 2>/dev/null || true
+IPERF=$(jq '.end.sum_received.bits_per_second / 1e6' "$W/ip.json")
+IP_GIB=$(jq '.end.sum_received.bytes / 1073741824' "$W/ip.json")
+IP_CPU=$(echo "($(cpu "$W/ip.cli") + $(cpu "$W/ip.srv")) / $IP_GIB" | bc -l)
 
 gen "$W/one.bin" "$ONE_MIB"
 cat "$W/one.bin" >/dev/null   # page cache, as iperf3's memory source
 # to /dev/null: the like-for-like with iperf3 (memory to memory, but every chunk verified)
-T=$( { "$BC" send "$W/one.bin" --expect 1 --listen 127.0.0.1:0 --json --quiet >"$W/a1.json" 2>/dev/null & echo $! >"$W/spid"; } ; sleep 0.3
-     TICKET=$(head -1 "$W/a1.json"); "$BC" recv "$TICKET" --stdout --quiet >/dev/null; wait "$(cat "$W/spid")" 2>/dev/null || true )
+T=$( { /usr/bin/time -f "%U %S" -o "$W/a1.send" "$BC" send "$W/one.bin" --expect 1 --listen 127.0.0.1:0 --json --quiet >"$W/a1.json" 2>/dev/null & echo $! >"$W/spid"; } ; sleep 0.3
+     TICKET=$(head -1 "$W/a1.json"); /usr/bin/time -f "%U %S" -o "$W/a1.recv" "$BC" recv "$TICKET" --stdout --quiet >/dev/null
+     while kill -0 "$(cat "$W/spid")" 2>/dev/null; do sleep 0.05; done )
 A1=$(tail -n +2 "$W/a1.json" | jq '.receivers[0].rate_mbps')
+BC_CPU=$(echo "($(cpu "$W/a1.send") + $(cpu "$W/a1.recv")) / ($ONE_MIB / 1024)" | bc -l)
+# BLAKE3 on one core, CPU seconds per GiB; every byte is hashed twice (source and receiver).
+HASH=$(cargo run --release -q -p bulkcast-proto --example hash_rate 2>/dev/null)
+# bulkcast's CPU less the two hashes: what moving the bytes costs it, beside iperf3's cost.
+BC_MOVE=$(echo "$BC_CPU - 2 * $HASH" | bc -l)
+
 # to disk through an agent
 mkdir -p "$W/a2"; ADDR=$(start_agent "$W/a2")
 A2=$("$BC" send "$W/one.bin" --to "$ADDR" --json --quiet 2>/dev/null | jq '.receivers[0].rate_mbps')
@@ -78,8 +93,11 @@ wait $SENDER $R1 $R2
 S_RSS=$(rss "$W/rss.send"); R1_RSS=$(rss "$W/rss.r1"); R2_RSS=$(rss "$W/rss.r2")
 
 printf '\n%-58s %12s %12s %8s\n' "loopback benchmark ($(nproc) cores)" "measured" "baseline" "ratio"
-printf '%-58s %12s %12s %8s\n' "(a) iperf3 single stream, Mbit/s" "$IPERF" "" ""
+printf '%-58s %12.0f %12s %8s\n' "(a) iperf3 single stream, Mbit/s" "$IPERF" "" ""
 printf '%-58s %12.0f %12.0f %8.2f\n' "(a) bulkcast 1-to-1, ${ONE_MIB} MiB, verified, to /dev/null, Mbit/s" "$A1" "$IPERF" "$(echo "$A1 / $IPERF" | bc -l)"
+printf '%-58s %12.2f %12.2f %8.2f\n' "(a) CPU seconds per GiB, bulkcast (both ends) vs iperf3" "$BC_CPU" "$IP_CPU" "$(echo "$BC_CPU / $IP_CPU" | bc -l)"
+printf '%-58s %12.2f %12s %8s\n' "(a)   of which verification: BLAKE3 one core, x2 per byte" "$(echo "2 * $HASH" | bc -l)" "" ""
+printf '%-58s %12.2f %12.2f %8.2f\n' "(a)   the rest (moving the bytes) vs iperf3" "$BC_MOVE" "$IP_CPU" "$(echo "$BC_MOVE / $IP_CPU" | bc -l)"
 printf '%-58s %12.0f %12.0f %8.2f\n' "(a) bulkcast 1-to-1, ${ONE_MIB} MiB, verified, to disk, Mbit/s" "$A2" "$IPERF" "$(echo "$A2 / $IPERF" | bc -l)"
 printf '%-58s %12.2f %12.2f %8.2f\n' "(b) 1-to-8 chain (fan-out 1) vs flat, ${TREE_MIB} MiB, s" "${SECS[tree --fanout 1]}" "${SECS[flat]}" "$(echo "${SECS[tree --fanout 1]} / ${SECS[flat]}" | bc -l)"
 printf '%-58s %12.2f %12.2f %8.2f\n' "(b) 1-to-8 tree (fan-out 2) vs flat, ${TREE_MIB} MiB, s" "${SECS[tree --fanout 2]}" "${SECS[flat]}" "$(echo "${SECS[tree --fanout 2]} / ${SECS[flat]}" | bc -l)"
