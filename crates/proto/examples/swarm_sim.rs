@@ -132,6 +132,7 @@ fn main() {
 /// One condition in detail, for MOB and the hybrid: bytes carried per WAN link (multiples of
 /// the object), each link's utilisation (fraction of its rate) per second bucket, and when
 /// each receiver finished.
+#[allow(clippy::needless_range_loop)]
 fn show_detail(cond: Condition, per_cluster: usize, len: u64, piece_kib: u32, rtt_ms: u64) {
     for strategy in [Strategy::Mob, Strategy::Hybrid] {
         let mut topo = Topology::four_clusters([per_cluster; 4], Duration::from_millis(rtt_ms));

@@ -354,8 +354,8 @@ pub struct SwarmNode {
     source_cluster: usize,
     tree_parent: Option<NodeId>,
     tree_children: Vec<NodeId>,
-    /// Nodes of this node's cluster whose tree parent is in another cluster.
-    wan_entries: Vec<NodeId>,
+    /// Hybrid, at the source: the node of each other cluster it deals pieces to.
+    targets: Vec<NodeId>,
     peers: Vec<Peer>,
     index: Vec<Option<usize>>,
     have: ChunkMap,
@@ -364,8 +364,11 @@ pub struct SwarmNode {
     pending_from: Vec<Option<NodeId>>,
     /// When the request of `pending_from` was sent.
     req_at: Vec<Option<Instant>>,
-    /// Hybrid: pieces announced to the tree parent as held by our cluster (not by us).
-    covered: Bits,
+    /// Hybrid, at the source: pieces dealt out of the source's cluster.
+    exported: Bits,
+    /// Hybrid, in the source's cluster: every piece was dealt once (its members then serve
+    /// requests from other clusters too).
+    dealt_all: bool,
     /// Hybrid endgame: second requests, (piece, peer).
     second: Vec<(u64, NodeId)>,
     connect_to: Vec<NodeId>,
@@ -375,7 +378,6 @@ pub struct SwarmNode {
     ack: Ack,
     duplicates: u64,
     bt: bt::Choker,
-    push: hybrid::PushMeter,
 }
 
 impl SwarmNode {
@@ -403,11 +405,18 @@ impl SwarmNode {
         let alive = vec![true; n];
         let mobs = Mobs::new(clusters, &alive);
         let my_cluster = mobs.cluster(me);
-        let wan_entries = match tree {
-            Some(t) if t.len() == n => (0..n)
-                .filter(|&m| {
-                    mobs.cluster(m) == my_cluster
-                        && t.parent(m).is_some_and(|p| mobs.cluster(p) != my_cluster)
+        // The hybrid's source deals to each other cluster's WAN entry in the planned tree (its
+        // first member whose parent is outside it), or its first member.
+        let targets = match tree {
+            Some(t) if t.len() == n && me == SOURCE && cfg.strategy == Strategy::Hybrid => (0
+                ..mobs.clusters())
+                .filter(|&c| c != my_cluster)
+                .filter_map(|c| {
+                    let m = mobs.members(c);
+                    m.iter()
+                        .copied()
+                        .find(|&x| t.parent(x).is_some_and(|p| mobs.cluster(p) != c))
+                        .or(m.first().copied())
                 })
                 .collect(),
             _ => Vec::new(),
@@ -426,7 +435,6 @@ impl SwarmNode {
         let mut node = Self {
             source_cluster: mobs.cluster(SOURCE),
             bt: bt::Choker::new(&cfg, now),
-            push: hybrid::PushMeter::new(&cfg, now),
             cfg,
             keys,
             me,
@@ -435,7 +443,7 @@ impl SwarmNode {
             mobs,
             tree_parent,
             tree_children,
-            wan_entries,
+            targets,
             peers: Vec::new(),
             index: vec![None; n],
             have,
@@ -443,7 +451,8 @@ impl SwarmNode {
             pending: Bits::new(p),
             pending_from: vec![None; p as usize],
             req_at: vec![None; p as usize],
-            covered: Bits::new(p),
+            exported: Bits::new(p),
+            dealt_all: false,
             second: Vec::new(),
             connect_to: Vec::new(),
             rng,
@@ -545,6 +554,9 @@ impl SwarmNode {
             if self.pending_from[i as usize] == Some(peer) {
                 self.unpend(i);
             }
+        }
+        if self.targets.contains(&peer) {
+            self.retarget(peer);
         }
         if self.cfg.strategy == Strategy::Swarm {
             self.rechoke(now, false);
@@ -676,13 +688,31 @@ impl SwarmNode {
             return None;
         }
         self.top_up(k, now);
-        let push = self.peers[k].child && self.cfg.strategy.pushes();
+        let hybrid = self.cfg.strategy == Strategy::Hybrid;
+        let deal = hybrid && self.targets.contains(&peer);
+        let push = self.peers[k].child
+            && self.cfg.strategy.pushes()
+            // The hybrid's push stays inside clusters; out of the source's, it deals.
+            && (!hybrid || self.peers[k].local);
         let p = &mut self.peers[k];
         if let Some(f) = p.ctrl.pop_front() {
             return Some(Transmit::Frame(f));
         }
         if let Some(i) = p.uploads.pop_front() {
             p.has.set(i);
+            p.pushed.set(i);
+            p.up_window += 1;
+            return Some(Transmit::Piece(i));
+        }
+        if deal && !self.dealt_all {
+            return self.deal(k);
+        }
+        if push && hybrid {
+            // Within a cluster the hybrid pushes everything it holds down the local tree.
+            let (have, has, pushed) = (&self.have_bits, &p.has, &p.pushed);
+            let i = bits::pick_lowest(have.words(), |w| {
+                have.word(w) & !has.word(w) & !pushed.word(w)
+            })?;
             p.pushed.set(i);
             p.up_window += 1;
             return Some(Transmit::Piece(i));
@@ -717,10 +747,6 @@ impl SwarmNode {
         if self.cfg.strategy == Strategy::Swarm {
             t = Some(self.bt.next());
         }
-        if self.cfg.strategy == Strategy::Hybrid && !self.complete {
-            let h = self.push.next();
-            t = Some(t.map_or(h, |t: Instant| t.min(h)));
-        }
         t
     }
 
@@ -731,10 +757,6 @@ impl SwarmNode {
         }
         if self.cfg.strategy == Strategy::Swarm {
             self.bt_timeout(now);
-        }
-        if self.cfg.strategy == Strategy::Hybrid {
-            let prefix = self.have.prefix();
-            self.push.tick(now, prefix);
         }
     }
 
@@ -751,7 +773,7 @@ impl SwarmNode {
             local: self.mobs.cluster(id) == self.mobs.cluster(self.me),
             connected: false,
             child: self.tree_children.contains(&id),
-            has: if id == SOURCE {
+            has: if id == SOURCE && self.cfg.strategy != Strategy::Hybrid {
                 Bits::full(p)
             } else {
                 Bits::new(p)
@@ -783,10 +805,19 @@ impl SwarmNode {
         match self.cfg.strategy {
             Strategy::TreePush => 0,
             Strategy::Swarm => u64::MAX,
+            Strategy::Hybrid if !p.local && self.my_cluster() == self.source_cluster => {
+                // Out of the source's cluster pieces are dealt; the source serves requests
+                // only once it dealt everything (the endgame, or a piece lost with its
+                // target), and its cluster mates never.
+                if self.dealt_all {
+                    let s = self.mobs.share(p.id, self.cfg.pieces);
+                    bits::range_word(w, s.start, s.end)
+                } else {
+                    0
+                }
+            }
             Strategy::Mob | Strategy::Hybrid => {
-                if p.local
-                    || (self.cfg.strategy == Strategy::Hybrid && self.tree_parent == Some(p.id))
-                {
+                if p.local {
                     u64::MAX
                 } else {
                     let s = self.mobs.share(p.id, self.cfg.pieces);
@@ -837,14 +868,12 @@ impl SwarmNode {
                 p.rate.on_delivery(now, rtt, idle);
             }
         }
-        let was_requested = {
+        {
             let p = &mut self.peers[k];
-            let before = p.requested.len();
             p.requested.retain(|&r| r != i);
             p.has.set(i);
             p.down_window += 1;
-            p.requested.len() != before
-        };
+        }
         if let Some(other) = self.pending_from[i as usize] {
             if other != from {
                 if let Some(ko) = self.index[other] {
@@ -882,9 +911,6 @@ impl SwarmNode {
             return;
         }
         self.have_bits.set(i);
-        if self.tree_parent == Some(from) && !was_requested {
-            self.push.count(now);
-        }
         for j in 0..self.peers.len() {
             if j == k || !self.peers[j].connected {
                 continue;
@@ -963,6 +989,16 @@ impl SwarmNode {
                 self.try_ack();
             }
             SwarmMsg::AllDone => self.on_all_done(),
+            SwarmMsg::Dealt => {
+                if self.cfg.strategy == Strategy::Hybrid && !self.dealt_all {
+                    self.dealt_all = true;
+                    for j in 0..self.peers.len() {
+                        if self.peers[j].connected && !self.peers[j].local {
+                            self.announce_all(j);
+                        }
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -970,21 +1006,6 @@ impl SwarmNode {
     /// Peer k announced piece i.
     fn peer_has(&mut self, k: usize, i: u64) {
         self.peers[k].has.set(i);
-        // Hybrid, at a cluster's WAN entry: a cluster mate's piece is "covered"; the tree
-        // parent need not push it into the cluster again.
-        if self.cfg.strategy == Strategy::Hybrid && self.peers[k].local && !self.have.contains(i) {
-            if let Some(parent) = self.tree_parent {
-                if self.mobs.cluster(parent) != self.my_cluster() && self.covered.set(i) {
-                    if let Some(kp) = self.index[parent] {
-                        if self.peers[kp].connected {
-                            self.peers[kp]
-                                .ctrl
-                                .push_back(Frame::Swarm(SwarmMsg::Have { index: i }));
-                        }
-                    }
-                }
-            }
-        }
     }
 
     /// Which pieces we may request from peer k (word w of the mask).
@@ -1005,25 +1026,20 @@ impl SwarmNode {
                 }
             }
             Strategy::Hybrid => {
-                let base = if p.local {
-                    u64::MAX
+                if p.local {
+                    // What the local tree parent holds it pushes: not pulled.
+                    match self.tree_parent.and_then(|t| self.index[t]) {
+                        Some(kp) if self.peers[kp].local && self.peers[kp].connected => {
+                            !self.peers[kp].has.word(w)
+                        }
+                        _ => u64::MAX,
+                    }
                 } else if in_source_cluster {
                     0
                 } else {
                     let s = self.mobs.share(self.me, self.cfg.pieces);
                     bits::range_word(w, s.start, s.end)
-                };
-                // Pieces the tree parent will push soon are left to it.
-                let expect_push = match self.tree_parent {
-                    Some(_) => !self.covered.word(w),
-                    None => 0,
-                };
-                let beyond = bits::range_word(
-                    w,
-                    self.push.horizon(self.have.prefix(), self.cfg.pieces),
-                    self.cfg.pieces,
-                );
-                base & (!expect_push | beyond)
+                }
             }
         }
     }
@@ -1040,9 +1056,7 @@ impl SwarmNode {
             return;
         }
         if self.cfg.strategy == Strategy::Hybrid {
-            if self.push.pulling(now) {
-                self.hybrid_top_up(k, now);
-            }
+            self.hybrid_top_up(k, now);
             return;
         }
         if self.peers[k].requested.len() >= self.cfg.requests_per_peer {
@@ -1130,9 +1144,7 @@ impl SwarmNode {
                 let mut g = self.mobs.global_candidates(me);
                 g.shuffle(&mut self.rng);
                 out.extend(g.into_iter().take(self.cfg.global_peers));
-                if self.cfg.strategy == Strategy::Hybrid {
-                    out.extend(self.wan_entries.iter().copied().filter(|&m| m != me));
-                }
+                out.extend(self.targets.iter().copied());
             }
         }
         out.extend(self.tree_parent);
