@@ -35,73 +35,70 @@
 //! recomputing ranks over the live members ([`SwarmNode::handle_member_lost`]).
 //!
 //! # The hybrid
-//! Push along the planned tree is the fast path: no request round trips, no per-piece
-//! overhead beyond the piece. Every receiver also pulls, MOB-style (own-cluster peers for
-//! anything, global peers only for its mob share), but only pieces that push will not bring
-//! in time: those at or beyond its *push horizon*, `prefix + floor(push_rate * horizon)`,
-//! where `prefix` is its contiguous prefix and `push_rate` the measured rate of pieces its
-//! tree parent pushed (an EWMA over [`SwarmConfig::tick`]s). Pull rises only while push falls
-//! behind: when a tree edge slows down, `push_rate` falls, the horizon closes in, and the
-//! receivers below it pull more of the object over other WAN links; if the parent is lost,
-//! everything is pulled. A relay pushes only its contiguous prefix.
+//! What bounds a broadcast here is a cut of WAN links ([`sim::broadcast_bound`]): in the
+//! paper's "fast links" the source cluster's egress (A->B + A->C + A->D = 15.2 MB/s), and
+//! the links into C carry exactly as much. Reaching it means every piece leaves the source's
+//! cluster once, every link out of it and into every other cluster is busy all the time, and
+//! every piece enters every cluster once: Balanced Multicasting's several trees, one per link
+//! out of the source's cluster, but found by the traffic itself.
 //!
-//! Where it departs from MOB (the reference, left as the paper has it):
-//!
-//! - **Per-peer request windows sized by measured delivery** (`hybrid::PeerRate`, BBR-like):
-//!   each peer's window is `2 * rate * min_rtt + 2` pieces (at most 64), where `rate` is the
-//!   pieces it delivered per interval of at least a round trip (EWMA) and `min_rtt` the
-//!   smallest request-to-piece time seen; 3 before the first measurement. MOB's fixed `R = 5`
-//!   at every peer is what leaves a receiver's share queued behind a link that slowed down;
-//!   `requests_per_peer` is not used by the hybrid.
-//! - **Requests move off slow peers.** A peer with room in its window and nothing new to
-//!   fetch takes over the last queued request of the peer whose queue would drain slowest
-//!   (expected time `queued * seconds_per_piece`, the latter growing while nothing arrives),
-//!   when that is more than twice its own; the slow peer gets a `Cancel`. Once every missing
-//!   piece is requested, a piece pending elsewhere may also be requested a second time
-//!   (endgame): first copy wins, the other request is cancelled.
-//! - **Each piece leaves the source's cluster about once.** That cluster's WAN egress is
-//!   what bounds a broadcast in the paper's scenarios (see [`sim::broadcast_bound`]); MOB,
-//!   whose receivers in every cluster steal random pieces of the same share range from the
-//!   same source-cluster node, sends many pieces out of it two or three times. A hybrid
-//!   receiver fetches from a source-cluster peer only pieces no peer in another cluster
-//!   already holds (those it fetches there), and in *stripe* order: its share is split in one
-//!   stripe per receiving cluster, it takes its own stripe lowest first, then the next
-//!   clusters' stripes from their far ends, so that clusters served at different rates meet
-//!   with little overlap. Everything else crosses the WAN between receiving clusters.
-//! - **One copy per cluster, and the rule for a second.** WAN pulls are made only by the
-//!   piece's mob-share owner, and a node tells its tree parent every piece it got otherwise
-//!   (a cluster's WAN entry also forwards its cluster mates' `Have`s), so the parent does not
-//!   push it into the cluster again. A second copy enters a cluster only (a) when a request
-//!   is moved or doubled because the new holder is expected to deliver sooner (above) and the
-//!   first copy was already on the wire, or (b) when push and a pull of the same piece race at
-//!   the horizon. The simulator counts them: 1.09-1.25 copies per cluster in the table below.
+//! - **The deal (push out of the source's cluster).** The source holds one *target* in each
+//!   other cluster: the cluster's entry in the planned tree (or its first member). Whenever a
+//!   target's connection has room, the source pushes it the lowest piece not yet dealt to
+//!   anyone, so each piece leaves the source's cluster exactly once and each link gets pieces
+//!   at the rate it drains (TCP back-pressure does the balancing; a link that slows down gets
+//!   fewer). A target that is lost has its pieces dealt again, to another member of its
+//!   cluster. Once everything is dealt the source tells its cluster mates (`Dealt`), and from
+//!   then on they serve other clusters' requests too (the endgame: the source's links are
+//!   idle then, and the last pieces dealt are still crossing the slowest links).
+//! - **Push inside clusters.** Every node pushes every piece it holds down its cluster's part
+//!   of the planned tree; a node does not pull from cluster mates what its local tree parent
+//!   holds. Tree edges between clusters other than the deal carry no push: a piece that
+//!   entered cluster X reaches the others by pull, so the next two rules can route it.
+//! - **Pull between clusters (MOB's teamwork).** Each receiver pulls its mob share from its
+//!   rank-matched global peers, everything else from cluster mates, with per-peer request
+//!   windows sized by measured delivery (`hybrid::PeerRate`, BBR-like: twice the
+//!   rate-delay product plus two pieces, at most 64). Of what a global peer can give it asks
+//!   first for what none of its other global peers holds, so pieces several clusters hold
+//!   stay free for whichever link has room.
+//! - **Complementary order.** Of the receiving clusters that fetch from cluster X, every
+//!   second one takes X's pieces newest first, the others oldest first. Two clusters that
+//!   fetch what X holds thus take different pieces and can pass them on to each other over
+//!   links X is not on (with both oldest first they fetched the same pieces, X's outgoing
+//!   links capped both, and the links between them idled: 0.82 of the bound instead of 0.88).
+//! - **One copy per cluster.** A piece enters a cluster only through its share owner's
+//!   request, or the deal, which never repeats a piece. A second copy enters only when a
+//!   request is moved off a peer that stopped delivering (no delivery for four expected piece
+//!   times and three round trips) or doubled in the endgame (every missing piece already
+//!   requested): first copy wins, the other request is cancelled. 1.01-1.03 copies per
+//!   cluster in the simulator.
 //!
 //! Why this and not MOB alone: MOB's fixed request windows cannot follow a link that slows
-//! down, its random piece choice spends the source cluster's scarce egress on duplicates, and
-//! it pays a request round trip per piece, while a tree streams without asking; why not a
-//! tree alone: it cannot use a link that speeds up and is stuck behind one that slows down.
+//! down, and its receivers in every cluster steal random pieces of the same share range from
+//! the same source-cluster node, so many pieces leave the source's cluster two or three times
+//! (1.5 times the object in "fast links"), where the bound allows once. Why not a tree alone:
+//! it uses two or three of the nine WAN links, cannot use a link that speeds up, and is stuck
+//! behind one that slows down.
 //!
 //! **What the simulator shows** (example `swarm_sim`, 4 clusters x 4 nodes, 600 MB, 512 KiB
 //! pieces, the paper's five conditions at 20 and 100 ms RTT, each throughput also as a
 //! fraction of [`sim::bound_rate`]): MOB is ahead of the swarm baseline everywhere (0.54-0.78
 //! of the bound against 0.40-0.64) and brings exactly one copy into each cluster. The hybrid
-//! is ahead of MOB in every cell, by 7% (mayhem, 100 ms) to 42% (fast->slow, 100 ms), at
-//! 0.76-0.80 of the bound in the static conditions and 0.76-0.86 in the changing ones. The
-//! issue's targets are met for slow->fast and mayhem (>= 0.80) and **missed** for fast links
-//! and slow links (0.80 and 0.76 against 0.90) and fast->slow (0.76-0.77 against 0.80).
-//! When the busiest tree edge drops to 10% half a second in (`tests/swarm_sim.rs`, 24 MiB),
-//! the hybrid finishes in 4.7 s against 2.7 s without the slowdown (1.8x; the bound itself
-//! moves from 1.66 s to 2.23 s, 1.35x), MOB in 10.1 s and the tree alone in 40.6 s.
+//! is ahead of MOB in every cell, at 0.87-0.94 of the bound in the static conditions and
+//! 0.79-0.99 in the changing ones, with 1.01-1.03 copies per cluster. Short of the issue's
+//! targets: slow links at 100 ms (0.87 against 0.90) and fast->slow at 100 ms (0.79 against
+//! 0.80). When the busiest tree edge drops to 10% half a second in (`tests/swarm_sim.rs`,
+//! 24 MiB), the hybrid finishes in 2.7 s against 2.0 s without the slowdown (1.36x; the bound
+//! itself moves from 1.66 s to 2.23 s, 1.35x), MOB in 10.1 s and the tree alone in 40.6 s.
 //!
-//! Limitations: the stripe rule knows what other clusters *hold*, not what they have
-//! *requested*, so clusters still overlap where their stripes meet, and the tree push out of
-//! the source's cluster sends the same prefix to every WAN child (switching it off made the
-//! slowed-edge case faster, 4.2 s, and the other cells about even, but fast->slow fell to
-//! 7.2 MB/s); a receiver's rate estimate
-//! moves only on deliveries, so a request already on the wire at a peer that slows down
-//! still arrives late (and may arrive twice); the bound of a changing condition is the time
-//! average of the instantaneous bound, a reference rather than a strict bound (storage lets a
-//! schedule beat a per-instant cut); and nothing here has met a real network yet.
+//! Limitations: the deal splits pieces by how fast each link out of the source's cluster
+//! drains, not by how fast the receiving clusters can pass them on, so with "slow links" it
+//! gives B more (5.6 MB/s) than B can forward to C (B->C 0.8 + B->D->C 4.1), and C waits for
+//! the endgame; a request already queued at a peer that slows down still arrives late; small
+//! objects pay start-up and endgame (64 MiB: about 0.84 of the bound on fast links); the
+//! bound of a changing condition is the time average of the instantaneous bound, a reference
+//! rather than a strict bound (storage lets a schedule beat a per-instant cut: mayhem reaches
+//! 0.99 of it); and nothing here has met a real network yet.
 //!
 //! # Driving it (sans-IO)
 //! Construct one [`SwarmNode`] per member with [`SwarmNode::new`]. Dial every node in
@@ -206,11 +203,12 @@ pub struct SwarmConfig {
     pub rechoke_every: Duration,
     /// BitTorrent baseline: optimistic unchoke period (30 s).
     pub optimistic_every: Duration,
-    /// Hybrid: pull only pieces push is not expected to bring within this long.
+    /// Unused since the hybrid deals pieces out of the source's cluster instead of pulling
+    /// beyond a push horizon (kept so that configurations still build).
     pub push_horizon: Duration,
-    /// Hybrid: how often the push rate is measured.
+    /// Unused (was: how often the hybrid measured its push rate).
     pub tick: Duration,
-    /// Hybrid: no pulls before the first push measurement, this long after the start.
+    /// Unused (was: the hybrid's delay before its first pull).
     pub warmup: Duration,
     /// Seed for peer and piece choice (each node mixes in its id).
     pub seed: u64,
@@ -718,9 +716,7 @@ impl SwarmNode {
             return Some(Transmit::Piece(i));
         }
         if push {
-            // Push is the front-to-back stream: only the contiguous prefix is pushed, so what
-            // this node pulled beyond its horizon is not pushed on into a child that pulls
-            // the same far end itself (a second copy over the WAN).
+            // Tree push alone: the front-to-back stream of the contiguous prefix.
             let (have, has, pushed) = (&self.have_bits, &p.has, &p.pushed);
             let prefix = self.have.prefix();
             let i = bits::pick_lowest(have.words(), |w| {
