@@ -22,6 +22,7 @@ fn main() {
     let mut per_cluster = 4usize;
     let mut mb = 600u64;
     let mut piece_kib = 512u32;
+    let mut detail: Option<(usize, u64)> = None;
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -30,13 +31,29 @@ fn main() {
             ("--per-cluster", Some(v)) => per_cluster = v as usize,
             ("--mb", Some(v)) => mb = v,
             ("--piece-kib", Some(v)) => piece_kib = v as u32,
+            ("--detail", Some(v)) => {
+                let rtt = it.next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(20);
+                detail = Some((v as usize, rtt));
+            }
             _ => {
-                eprintln!("usage: swarm_sim [--per-cluster N] [--mb M] [--piece-kib K]");
+                eprintln!(
+                    "usage: swarm_sim [--per-cluster N] [--mb M] [--piece-kib K] [--detail CONDITION RTT_MS]"
+                );
                 std::process::exit(2);
             }
         }
     }
     let len = mb * 1_000_000;
+    if let Some((c, rtt_ms)) = detail {
+        show_detail(
+            Condition::ALL[c.min(4)],
+            per_cluster,
+            len,
+            piece_kib,
+            rtt_ms,
+        );
+        return;
+    }
     println!(
         "4 clusters x {per_cluster} nodes, {mb} MB from node 0 in cluster A, {piece_kib} KiB pieces, 1 Gbit/s access links"
     );
@@ -110,4 +127,79 @@ fn main() {
         "hybrid, worst fraction of the bound: {:.2} static (target 0.90), {:.2} changing (target 0.80); mob > swarm everywhere: {}",
         worst[0], worst[1], mob_over_swarm
     );
+}
+
+/// One condition in detail, for MOB and the hybrid: bytes carried per WAN link (multiples of
+/// the object), each link's utilisation (fraction of its rate) per second bucket, and when
+/// each receiver finished.
+#[allow(clippy::needless_range_loop)]
+fn show_detail(cond: Condition, per_cluster: usize, len: u64, piece_kib: u32, rtt_ms: u64) {
+    for strategy in [Strategy::Mob, Strategy::Hybrid] {
+        let mut topo = Topology::four_clusters([per_cluster; 4], Duration::from_millis(rtt_ms));
+        let changes = cond.apply(&mut topo, 4, Duration::from_secs(3600));
+        let bound = sim::bound_rate(&topo, &changes, len);
+        let rates = topo.wan.clone();
+        let mut spec = SwarmSimSpec::new(topo, strategy, len);
+        spec.piece_len = piece_kib << 10;
+        spec.wan_changes = changes;
+        spec.seed = 4;
+        let r = sim::run(spec);
+        let tp = r.throughput();
+        println!(
+            "{} {} {rtt_ms} ms: {:.2} MB/s, {:.2} of the bound {:.2}",
+            strategy.name(),
+            cond.name(),
+            tp / MB_S,
+            tp / bound,
+            bound / MB_S
+        );
+        let c = rates.len();
+        println!("bytes carried x->y as multiples of the object (initial rate MB/s):");
+        for x in 0..c {
+            let row: Vec<String> = (0..c)
+                .map(|y| {
+                    if x == y {
+                        "       -      ".to_string()
+                    } else {
+                        format!(
+                            "{:5.2} ({:4.1})  ",
+                            r.wan_bytes[x][y] as f64 / len as f64,
+                            rates[x][y] / MB_S
+                        )
+                    }
+                })
+                .collect();
+            println!("  {}: {}", (b'A' + x as u8) as char, row.join(""));
+        }
+        let secs = r.elapsed.as_secs() as usize + 1;
+        let step = secs.div_ceil(20).max(1);
+        println!("utilisation per {step} s (fraction of the initial rate):");
+        for x in 0..c {
+            for y in (0..c).filter(|&y| y != x) {
+                let tl = &r.wan_timeline[x][y];
+                let cells: Vec<String> = (0..secs)
+                    .step_by(step)
+                    .map(|s| {
+                        let b: u64 = (s..(s + step).min(secs))
+                            .map(|k| tl.get(k).copied().unwrap_or(0))
+                            .sum();
+                        format!("{:4.2}", b as f64 / (step as f64 * rates[x][y]))
+                    })
+                    .collect();
+                println!(
+                    "  {}->{}: {}",
+                    (b'A' + x as u8) as char,
+                    (b'A' + y as u8) as char,
+                    cells.join(" ")
+                );
+            }
+        }
+        let done: Vec<String> = r
+            .done_at
+            .iter()
+            .map(|d| d.map_or("-".into(), |d| format!("{:.1}", d.as_secs_f64())))
+            .collect();
+        println!("done at (s): {}", done.join(" "));
+        println!();
+    }
 }

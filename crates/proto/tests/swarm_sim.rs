@@ -208,16 +208,16 @@ fn hybrid_outruns_tree_push_when_a_tree_edge_drops_to_a_tenth() {
     // peer's window by its measured rate and moves requests off a slow peer).
     assert!(th < 0.4 * tt, "hybrid {th:.2} s vs tree push {tt:.2} s");
     assert!(th < 0.6 * tm, "hybrid {th:.2} s vs mob {tm:.2} s");
-    // Within a real factor of its time without the slowdown: 1.8x today (4.7 s vs 2.7 s).
-    // The slowdown itself costs at least 1.35x: the bound goes from 1.66 s to 2.23 s, since
-    // the source's cluster loses a third of its WAN egress. The 1.3x is not met.
+    // Within the slowdown's own cost of its time without it: 1.36x today (2.74 s vs 2.01 s),
+    // while the bound itself goes from 1.66 s to 2.23 s (1.35x), since the source's cluster
+    // loses a third of its WAN egress. (The 1.3x is below what the bound allows.)
     let (bs, bt) = (
         sim::bound_time(&base_topo, &[], len).as_secs_f64(),
         sim::bound_time(&base_topo, &change, len).as_secs_f64(),
     );
     eprintln!("bound: {bs:.2} s without the slowdown, {bt:.2} s with it");
     assert!(bt > bs && th > bt, "the bound is a bound");
-    assert!(th < 2.0 * ts, "hybrid {th:.2} s slowed vs {ts:.2} s not");
+    assert!(th < 1.5 * ts, "hybrid {th:.2} s slowed vs {ts:.2} s not");
     // It still brings (almost) one copy per cluster.
     for c in 1..4 {
         assert!(
@@ -271,6 +271,68 @@ fn hybrid_beats_mob_and_the_swarm_baseline_when_links_change() {
             hybrid.wan_multiples()
         );
     }
+}
+
+/// The static conditions at 20 ms, 128 MiB in 256 KiB pieces: the hybrid's fraction of the
+/// bound, and its WAN copies.
+#[test]
+fn hybrid_reaches_most_of_the_bound_with_one_copy_per_cluster_on_static_links() {
+    let len = 128 * MIB;
+    for (cond, floor) in [(Condition::FastLinks, 0.86), (Condition::SlowLinks, 0.77)] {
+        let mut s = spec(Strategy::Hybrid, len, cond);
+        s.piece_len = 256 << 10;
+        s.seed = 4;
+        let bound = sim::bound_rate(&s.topology, &s.wan_changes, len);
+        let r = sim::run(s);
+        assert_all_done(&r, cond.name());
+        let f = r.throughput() / bound;
+        eprintln!(
+            "{}: hybrid at {f:.3} of the bound, WAN copies {:?}, out of A {:.3}",
+            cond.name(),
+            r.wan_multiples(),
+            r.wan_bytes[0].iter().sum::<u64>() as f64 / len as f64
+        );
+        assert!(
+            f >= floor && f < 1.0,
+            "{}: {f:.3} of the bound",
+            cond.name()
+        );
+        // Each piece is dealt out of the source's cluster once; after the deal its idle links
+        // also serve the endgame (11% more on fast links at this size, 2-3% at 600 MB).
+        let out_of_source: u64 = r.wan_bytes[0].iter().sum();
+        assert!(
+            out_of_source as f64 <= 1.2 * len as f64,
+            "{}: {out_of_source} bytes out of the source's cluster",
+            cond.name()
+        );
+        // And enters every other cluster about once: never more than twice, in all at most
+        // 5% more than the object.
+        for c in 1..4 {
+            assert!(
+                r.entries[c].iter().all(|&e| (1..=2).contains(&e)),
+                "{}: a piece entered cluster {c} three times or never",
+                cond.name()
+            );
+            assert!(
+                r.wan_multiples()[c] <= 1.05,
+                "{}: cluster {c}: {:?}",
+                cond.name(),
+                r.wan_multiples()
+            );
+        }
+    }
+}
+
+#[test]
+fn hybrid_deals_again_what_a_lost_target_held() {
+    // The source deals to cluster B's tree entry (node 4); it disappears mid-transfer.
+    let len = 16 * MIB;
+    let mut s = spec(Strategy::Hybrid, len, Condition::FastLinks);
+    s.lost = vec![(Duration::from_millis(600), 4)];
+    let r = sim::run(s);
+    assert!(r.lost[4]);
+    assert_all_done(&r, "hybrid, target lost");
+    assert!(r.elapsed < Duration::from_secs(60));
 }
 
 #[test]

@@ -69,7 +69,6 @@ impl Bits {
     }
 
     /// Set bits in increasing order.
-    #[cfg(test)]
     pub(crate) fn ones(&self) -> impl Iterator<Item = u64> + '_ {
         self.w.iter().enumerate().flat_map(|(k, &w)| {
             let mut w = w;

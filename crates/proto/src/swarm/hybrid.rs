@@ -1,90 +1,16 @@
 //! The hybrid's pull side (see the module documentation of [`crate::swarm`] for the design).
 //!
-//! - The push meter: how fast the tree parent's push brings new pieces, and from it the push
-//!   horizon beyond which a receiver pulls. The rate is an exponentially weighted mean
-//!   (weight 1/2) of the pieces pushed per [`SwarmConfig::tick`], measured from
-//!   [`SwarmConfig::warmup`] after the start; before the first measurement nothing is
-//!   pulled. The horizon is `prefix + floor(rate * push_horizon)` (floor: a push that
-//!   stalled must not keep the piece at the prefix to itself while its rate decays).
+//! - The source's deal: each piece leaves the source's cluster once, to whichever other
+//!   cluster's target connection has room first; a lost target's pieces are dealt again.
 //! - Per-peer delivery rate and round trip, and the request window sized from them.
-//! - Piece choice: source-cluster stripes, moving requests off slow peers, endgame.
+//! - Piece choice: pieces only this peer can give first, moving requests off slow peers,
+//!   endgame.
 
-use std::ops::Range;
 use std::time::{Duration, Instant};
 
-use super::{bits, SwarmConfig, SwarmMsg, SwarmNode};
+use super::{bits, Bits, SwarmEvent, SwarmMsg, SwarmNode, Transmit};
+use crate::tree::NodeId;
 use crate::wire::Frame;
-
-/// Measures the push rate of a hybrid receiver.
-#[derive(Debug)]
-pub(crate) struct PushMeter {
-    tick: Duration,
-    horizon: f64,
-    next_tick: Instant,
-    last_tick: Instant,
-    count: u64,
-    /// Pieces per second, once measured.
-    rate: Option<f64>,
-}
-
-impl PushMeter {
-    pub(crate) fn new(cfg: &SwarmConfig, now: Instant) -> Self {
-        Self {
-            tick: cfg.tick.max(Duration::from_millis(1)),
-            horizon: cfg.push_horizon.as_secs_f64(),
-            next_tick: now + cfg.warmup,
-            last_tick: now,
-            count: 0,
-            rate: None,
-        }
-    }
-
-    pub(crate) fn next(&self) -> Instant {
-        self.next_tick
-    }
-
-    /// A piece arrived by push.
-    pub(crate) fn count(&mut self, _now: Instant) {
-        self.count += 1;
-    }
-
-    pub(crate) fn tick(&mut self, now: Instant, _prefix: u64) {
-        if now < self.next_tick {
-            return;
-        }
-        let dt = now.saturating_duration_since(self.last_tick).as_secs_f64();
-        if dt > 0.0 {
-            let inst = self.count as f64 / dt;
-            self.rate = Some(match self.rate {
-                None => inst,
-                Some(r) => 0.5 * r + 0.5 * inst,
-            });
-        }
-        self.count = 0;
-        self.last_tick = now;
-        self.next_tick = now + self.tick;
-    }
-
-    /// True once the push rate is known (pulls start then).
-    pub(crate) fn pulling(&self, _now: Instant) -> bool {
-        self.rate.is_some()
-    }
-
-    /// The first piece index push is not expected to bring within the horizon.
-    pub(crate) fn horizon(&self, prefix: u64, pieces: u64) -> u64 {
-        match self.rate {
-            None => pieces,
-            Some(r) => {
-                let ahead = (r * self.horizon).floor();
-                if ahead >= (pieces - prefix.min(pieces)) as f64 {
-                    pieces
-                } else {
-                    prefix + ahead as u64
-                }
-            }
-        }
-    }
-}
 
 /// The hybrid's view of one peer as a server of its requests: the smallest round trip seen
 /// (request to piece) and the rate at which it delivers, from which the request window is
@@ -100,6 +26,8 @@ pub(crate) struct PeerRate {
     last: Option<Instant>,
 }
 
+/// A peer is stalled after this many expected piece times without a delivery.
+const STALL_PIECES: f64 = 4.0;
 /// Smallest request window, pieces.
 const MIN_WINDOW: usize = 2;
 /// Largest request window, pieces.
@@ -154,6 +82,17 @@ impl PeerRate {
         }
     }
 
+    /// True when requests are outstanding and nothing arrived for several times the
+    /// expected time per piece (and at least a few round trips): the link behind it has
+    /// slowed down or stalled.
+    pub(crate) fn stalled(&self, now: Instant) -> bool {
+        let (Some(r), Some(l)) = (self.rate, self.last) else {
+            return false;
+        };
+        let rtt = self.min_rtt.unwrap_or(Duration::ZERO).as_secs_f64();
+        now.saturating_duration_since(l).as_secs_f64() > (STALL_PIECES / r).max(3.0 * rtt)
+    }
+
     /// Expected seconds per piece now: the measured rate, or longer while nothing arrives.
     pub(crate) fn piece_time(&self, now: Instant, outstanding: bool) -> Option<f64> {
         let base = 1.0 / self.rate?;
@@ -174,34 +113,36 @@ impl SwarmNode {
             return;
         }
         let words = self.have_bits.words();
-        let mut allowed: Vec<u64> = (0..words).map(|w| self.allowed_word(k, w)).collect();
-        let my_cluster = self.my_cluster();
+        let allowed: Vec<u64> = (0..words).map(|w| self.allowed_word(k, w)).collect();
         let src = self.source_cluster;
         let pk = &self.peers[k];
-        let from_source_cluster = !pk.local && my_cluster != src && self.mobs.cluster(pk.id) == src;
-        let stripes = if from_source_cluster {
-            // What another cluster's peer already holds is fetched there: the source
-            // cluster's egress carries each piece out once.
+        // What other clusters' peers can give (pieces only this peer has are asked first, so
+        // that those several peers hold stay free for whichever has room).
+        let mut others = Bits::new(self.cfg.pieces);
+        if !pk.local {
             for q in self
                 .peers
                 .iter()
-                .filter(|q| q.connected && !q.local && self.mobs.cluster(q.id) != src)
+                .filter(|q| q.connected && !q.local && q.id != pk.id)
+                .filter(|q| self.mobs.cluster(q.id) != src)
             {
-                for (w, a) in allowed.iter_mut().enumerate() {
-                    *a &= !q.has.word(w);
+                for w in 0..words {
+                    others.or_word(w, q.has.word(w));
                 }
             }
-            Some(self.stripes())
-        } else {
-            None
+        }
+        let high_first = !pk.local && self.high_first(self.mobs.cluster(pk.id));
+        let pick_in = |f: &dyn Fn(usize) -> u64| {
+            if high_first {
+                bits::pick_highest(words, f)
+            } else {
+                bits::pick_lowest(words, f)
+            }
         };
         while self.peers[k].requested.len() < window {
             let (have, pending, has) = (&self.have_bits, &self.pending, &self.peers[k].has);
             let cand = |w: usize| has.word(w) & !have.word(w) & !pending.word(w) & allowed[w];
-            let pick = match &stripes {
-                Some(st) => stripe_pick(words, st, cand),
-                None => bits::pick_random(words, &mut self.rng, cand),
-            };
+            let pick = pick_in(&|w| cand(w) & !others.word(w)).or_else(|| pick_in(&cand));
             if let Some(i) = pick {
                 self.pending.set(i);
                 self.pending_from[i as usize] = Some(self.peers[k].id);
@@ -222,6 +163,76 @@ impl SwarmNode {
         }
     }
 
+    /// Whether this node takes cluster x's pieces newest first: of the receiving clusters
+    /// that fetch from x, every second one does, so that two clusters fetching what x holds
+    /// take different pieces and can pass them on to each other (over links x is not on).
+    fn high_first(&self, x: usize) -> bool {
+        let me = self.my_cluster();
+        let rank = (0..self.mobs.clusters())
+            .filter(|&c| c != x && c != self.source_cluster && !self.mobs.members(c).is_empty())
+            .position(|c| c == me);
+        x != self.source_cluster && rank.is_some_and(|r| r % 2 == 1)
+    }
+
+    /// The source deals the next piece not yet out of its cluster to target peer k.
+    pub(crate) fn deal(&mut self, k: usize) -> Option<Transmit> {
+        let (exported, p) = (&self.exported, &self.peers[k]);
+        let i = bits::pick_lowest(exported.words(), |w| !exported.word(w) & !p.has.word(w))
+            .filter(|&i| i < self.cfg.pieces)?;
+        self.exported.set(i);
+        let p = &mut self.peers[k];
+        p.pushed.set(i);
+        p.up_window += 1;
+        if self.exported.count() == self.cfg.pieces {
+            self.dealt_all = true;
+            for j in 0..self.peers.len() {
+                if !self.peers[j].connected {
+                    continue;
+                }
+                if self.peers[j].local {
+                    self.peers[j].ctrl.push_back(Frame::Swarm(SwarmMsg::Dealt));
+                } else {
+                    self.announce_all(j);
+                }
+            }
+        }
+        Some(Transmit::Piece(i))
+    }
+
+    /// Target `lost` is gone: what was dealt to it is dealt again, to another live member of
+    /// its cluster.
+    pub(crate) fn retarget(&mut self, lost: NodeId) {
+        let Some(at) = self.targets.iter().position(|&t| t == lost) else {
+            return;
+        };
+        if let Some(k) = self.index[lost] {
+            let pushed = std::mem::replace(&mut self.peers[k].pushed, Bits::new(self.cfg.pieces));
+            for i in pushed.ones() {
+                self.exported.clear(i);
+            }
+            self.dealt_all = false;
+        }
+        let c = self.mobs.cluster(lost);
+        let next = self
+            .mobs
+            .members(c)
+            .iter()
+            .copied()
+            .find(|&m| m != lost && self.alive[m]);
+        match next {
+            Some(m) => {
+                self.targets[at] = m;
+                let k = self.ensure_peer(m);
+                if !self.peers[k].connected {
+                    self.events.push_back(SwarmEvent::Connect { peer: m });
+                }
+            }
+            None => {
+                self.targets.remove(at);
+            }
+        }
+    }
+
     fn send_request(&mut self, k: usize, i: u64, now: Instant) {
         let p = &mut self.peers[k];
         if p.requested.is_empty() {
@@ -229,29 +240,6 @@ impl SwarmNode {
         }
         p.requested.push(i);
         p.ctrl.push_back(Frame::Request { index: i });
-    }
-
-    /// This node's share split into one stripe per receiving cluster, its own first: from
-    /// the source's cluster it fetches its own stripe lowest first, then helps with the
-    /// next clusters' stripes from their far ends, so that clusters fetching from the
-    /// source's cluster at different rates meet with little overlap.
-    fn stripes(&self) -> Vec<Range<u64>> {
-        let share = self.mobs.share(self.me, self.cfg.pieces);
-        let receiving: Vec<usize> = (0..self.mobs.clusters())
-            .filter(|&c| c != self.source_cluster && !self.mobs.members(c).is_empty())
-            .collect();
-        let m = receiving.len().max(1) as u64;
-        let j = receiving
-            .iter()
-            .position(|&c| c == self.my_cluster())
-            .unwrap_or(0) as u64;
-        let len = share.end - share.start;
-        (0..m)
-            .map(|d| {
-                let s = (j + d) % m;
-                share.start + s * len / m..share.start + (s + 1) * len / m
-            })
-            .collect()
     }
 
     /// A piece whose request waits at a slower peer and that peer k, with room in its
@@ -262,7 +250,9 @@ impl SwarmNode {
         let my_eta = (pk.requested.len() + 1) as f64 * mine;
         let mut best: Option<(f64, u64)> = None;
         for (j, q) in self.peers.iter().enumerate() {
-            if j == k || q.requested.is_empty() {
+            // Only from a peer that stopped delivering: moving a request that is merely
+            // queued at a slower peer brings a second copy when the first was on the wire.
+            if j == k || q.requested.is_empty() || !q.rate.stalled(now) {
                 continue;
             }
             let Some(t) = q.rate.piece_time(now, true) else {
@@ -300,14 +290,4 @@ fn continue_steal(node: &mut SwarmNode, k: usize, i: u64, now: Instant) {
     node.pending_from[i as usize] = Some(node.peers[k].id);
     node.req_at[i as usize] = Some(now);
     node.send_request(k, i, now);
-}
-
-/// Own stripe lowest first, then the others from their top.
-fn stripe_pick(words: usize, stripes: &[Range<u64>], cand: impl Fn(usize) -> u64) -> Option<u64> {
-    let (own, rest) = stripes.split_first()?;
-    bits::pick_lowest(words, |w| cand(w) & bits::range_word(w, own.start, own.end)).or_else(|| {
-        rest.iter().find_map(|s| {
-            bits::pick_highest(words, |w| cand(w) & bits::range_word(w, s.start, s.end))
-        })
-    })
 }

@@ -35,73 +35,70 @@
 //! recomputing ranks over the live members ([`SwarmNode::handle_member_lost`]).
 //!
 //! # The hybrid
-//! Push along the planned tree is the fast path: no request round trips, no per-piece
-//! overhead beyond the piece. Every receiver also pulls, MOB-style (own-cluster peers for
-//! anything, global peers only for its mob share), but only pieces that push will not bring
-//! in time: those at or beyond its *push horizon*, `prefix + floor(push_rate * horizon)`,
-//! where `prefix` is its contiguous prefix and `push_rate` the measured rate of pieces its
-//! tree parent pushed (an EWMA over [`SwarmConfig::tick`]s). Pull rises only while push falls
-//! behind: when a tree edge slows down, `push_rate` falls, the horizon closes in, and the
-//! receivers below it pull more of the object over other WAN links; if the parent is lost,
-//! everything is pulled. A relay pushes only its contiguous prefix.
+//! What bounds a broadcast here is a cut of WAN links ([`sim::broadcast_bound`]): in the
+//! paper's "fast links" the source cluster's egress (A->B + A->C + A->D = 15.2 MB/s), and
+//! the links into C carry exactly as much. Reaching it means every piece leaves the source's
+//! cluster once, every link out of it and into every other cluster is busy all the time, and
+//! every piece enters every cluster once: Balanced Multicasting's several trees, one per link
+//! out of the source's cluster, but found by the traffic itself.
 //!
-//! Where it departs from MOB (the reference, left as the paper has it):
-//!
-//! - **Per-peer request windows sized by measured delivery** (`hybrid::PeerRate`, BBR-like):
-//!   each peer's window is `2 * rate * min_rtt + 2` pieces (at most 64), where `rate` is the
-//!   pieces it delivered per interval of at least a round trip (EWMA) and `min_rtt` the
-//!   smallest request-to-piece time seen; 3 before the first measurement. MOB's fixed `R = 5`
-//!   at every peer is what leaves a receiver's share queued behind a link that slowed down;
-//!   `requests_per_peer` is not used by the hybrid.
-//! - **Requests move off slow peers.** A peer with room in its window and nothing new to
-//!   fetch takes over the last queued request of the peer whose queue would drain slowest
-//!   (expected time `queued * seconds_per_piece`, the latter growing while nothing arrives),
-//!   when that is more than twice its own; the slow peer gets a `Cancel`. Once every missing
-//!   piece is requested, a piece pending elsewhere may also be requested a second time
-//!   (endgame): first copy wins, the other request is cancelled.
-//! - **Each piece leaves the source's cluster about once.** That cluster's WAN egress is
-//!   what bounds a broadcast in the paper's scenarios (see [`sim::broadcast_bound`]); MOB,
-//!   whose receivers in every cluster steal random pieces of the same share range from the
-//!   same source-cluster node, sends many pieces out of it two or three times. A hybrid
-//!   receiver fetches from a source-cluster peer only pieces no peer in another cluster
-//!   already holds (those it fetches there), and in *stripe* order: its share is split in one
-//!   stripe per receiving cluster, it takes its own stripe lowest first, then the next
-//!   clusters' stripes from their far ends, so that clusters served at different rates meet
-//!   with little overlap. Everything else crosses the WAN between receiving clusters.
-//! - **One copy per cluster, and the rule for a second.** WAN pulls are made only by the
-//!   piece's mob-share owner, and a node tells its tree parent every piece it got otherwise
-//!   (a cluster's WAN entry also forwards its cluster mates' `Have`s), so the parent does not
-//!   push it into the cluster again. A second copy enters a cluster only (a) when a request
-//!   is moved or doubled because the new holder is expected to deliver sooner (above) and the
-//!   first copy was already on the wire, or (b) when push and a pull of the same piece race at
-//!   the horizon. The simulator counts them: 1.09-1.25 copies per cluster in the table below.
+//! - **The deal (push out of the source's cluster).** The source holds one *target* in each
+//!   other cluster: the cluster's entry in the planned tree (or its first member). Whenever a
+//!   target's connection has room, the source pushes it the lowest piece not yet dealt to
+//!   anyone, so each piece leaves the source's cluster exactly once and each link gets pieces
+//!   at the rate it drains (TCP back-pressure does the balancing; a link that slows down gets
+//!   fewer). A target that is lost has its pieces dealt again, to another member of its
+//!   cluster. Once everything is dealt the source tells its cluster mates (`Dealt`), and from
+//!   then on they serve other clusters' requests too (the endgame: the source's links are
+//!   idle then, and the last pieces dealt are still crossing the slowest links).
+//! - **Push inside clusters.** Every node pushes every piece it holds down its cluster's part
+//!   of the planned tree; a node does not pull from cluster mates what its local tree parent
+//!   holds. Tree edges between clusters other than the deal carry no push: a piece that
+//!   entered cluster X reaches the others by pull, so the next two rules can route it.
+//! - **Pull between clusters (MOB's teamwork).** Each receiver pulls its mob share from its
+//!   rank-matched global peers, everything else from cluster mates, with per-peer request
+//!   windows sized by measured delivery (`hybrid::PeerRate`, BBR-like: twice the
+//!   rate-delay product plus two pieces, at most 64). Of what a global peer can give it asks
+//!   first for what none of its other global peers holds, so pieces several clusters hold
+//!   stay free for whichever link has room.
+//! - **Complementary order.** Of the receiving clusters that fetch from cluster X, every
+//!   second one takes X's pieces newest first, the others oldest first. Two clusters that
+//!   fetch what X holds thus take different pieces and can pass them on to each other over
+//!   links X is not on (with both oldest first they fetched the same pieces, X's outgoing
+//!   links capped both, and the links between them idled: 0.82 of the bound instead of 0.88).
+//! - **One copy per cluster.** A piece enters a cluster only through its share owner's
+//!   request, or the deal, which never repeats a piece. A second copy enters only when a
+//!   request is moved off a peer that stopped delivering (no delivery for four expected piece
+//!   times and three round trips) or doubled in the endgame (every missing piece already
+//!   requested): first copy wins, the other request is cancelled. 1.01-1.03 copies per
+//!   cluster in the simulator.
 //!
 //! Why this and not MOB alone: MOB's fixed request windows cannot follow a link that slows
-//! down, its random piece choice spends the source cluster's scarce egress on duplicates, and
-//! it pays a request round trip per piece, while a tree streams without asking; why not a
-//! tree alone: it cannot use a link that speeds up and is stuck behind one that slows down.
+//! down, and its receivers in every cluster steal random pieces of the same share range from
+//! the same source-cluster node, so many pieces leave the source's cluster two or three times
+//! (1.5 times the object in "fast links"), where the bound allows once. Why not a tree alone:
+//! it uses two or three of the nine WAN links, cannot use a link that speeds up, and is stuck
+//! behind one that slows down.
 //!
 //! **What the simulator shows** (example `swarm_sim`, 4 clusters x 4 nodes, 600 MB, 512 KiB
 //! pieces, the paper's five conditions at 20 and 100 ms RTT, each throughput also as a
 //! fraction of [`sim::bound_rate`]): MOB is ahead of the swarm baseline everywhere (0.54-0.78
 //! of the bound against 0.40-0.64) and brings exactly one copy into each cluster. The hybrid
-//! is ahead of MOB in every cell, by 7% (mayhem, 100 ms) to 42% (fast->slow, 100 ms), at
-//! 0.76-0.80 of the bound in the static conditions and 0.76-0.86 in the changing ones. The
-//! issue's targets are met for slow->fast and mayhem (>= 0.80) and **missed** for fast links
-//! and slow links (0.80 and 0.76 against 0.90) and fast->slow (0.76-0.77 against 0.80).
-//! When the busiest tree edge drops to 10% half a second in (`tests/swarm_sim.rs`, 24 MiB),
-//! the hybrid finishes in 4.7 s against 2.7 s without the slowdown (1.8x; the bound itself
-//! moves from 1.66 s to 2.23 s, 1.35x), MOB in 10.1 s and the tree alone in 40.6 s.
+//! is ahead of MOB in every cell, at 0.87-0.94 of the bound in the static conditions and
+//! 0.79-0.99 in the changing ones, with 1.01-1.03 copies per cluster. Short of the issue's
+//! targets: slow links at 100 ms (0.87 against 0.90) and fast->slow at 100 ms (0.79 against
+//! 0.80). When the busiest tree edge drops to 10% half a second in (`tests/swarm_sim.rs`,
+//! 24 MiB), the hybrid finishes in 2.7 s against 2.0 s without the slowdown (1.36x; the bound
+//! itself moves from 1.66 s to 2.23 s, 1.35x), MOB in 10.1 s and the tree alone in 40.6 s.
 //!
-//! Limitations: the stripe rule knows what other clusters *hold*, not what they have
-//! *requested*, so clusters still overlap where their stripes meet, and the tree push out of
-//! the source's cluster sends the same prefix to every WAN child (switching it off made the
-//! slowed-edge case faster, 4.2 s, and the other cells about even, but fast->slow fell to
-//! 7.2 MB/s); a receiver's rate estimate
-//! moves only on deliveries, so a request already on the wire at a peer that slows down
-//! still arrives late (and may arrive twice); the bound of a changing condition is the time
-//! average of the instantaneous bound, a reference rather than a strict bound (storage lets a
-//! schedule beat a per-instant cut); and nothing here has met a real network yet.
+//! Limitations: the deal splits pieces by how fast each link out of the source's cluster
+//! drains, not by how fast the receiving clusters can pass them on, so with "slow links" it
+//! gives B more (5.6 MB/s) than B can forward to C (B->C 0.8 + B->D->C 4.1), and C waits for
+//! the endgame; a request already queued at a peer that slows down still arrives late; small
+//! objects pay start-up and endgame (64 MiB: about 0.84 of the bound on fast links); the
+//! bound of a changing condition is the time average of the instantaneous bound, a reference
+//! rather than a strict bound (storage lets a schedule beat a per-instant cut: mayhem reaches
+//! 0.99 of it); and nothing here has met a real network yet.
 //!
 //! # Driving it (sans-IO)
 //! Construct one [`SwarmNode`] per member with [`SwarmNode::new`]. Dial every node in
@@ -206,11 +203,12 @@ pub struct SwarmConfig {
     pub rechoke_every: Duration,
     /// BitTorrent baseline: optimistic unchoke period (30 s).
     pub optimistic_every: Duration,
-    /// Hybrid: pull only pieces push is not expected to bring within this long.
+    /// Unused since the hybrid deals pieces out of the source's cluster instead of pulling
+    /// beyond a push horizon (kept so that configurations still build).
     pub push_horizon: Duration,
-    /// Hybrid: how often the push rate is measured.
+    /// Unused (was: how often the hybrid measured its push rate).
     pub tick: Duration,
-    /// Hybrid: no pulls before the first push measurement, this long after the start.
+    /// Unused (was: the hybrid's delay before its first pull).
     pub warmup: Duration,
     /// Seed for peer and piece choice (each node mixes in its id).
     pub seed: u64,
@@ -354,8 +352,8 @@ pub struct SwarmNode {
     source_cluster: usize,
     tree_parent: Option<NodeId>,
     tree_children: Vec<NodeId>,
-    /// Nodes of this node's cluster whose tree parent is in another cluster.
-    wan_entries: Vec<NodeId>,
+    /// Hybrid, at the source: the node of each other cluster it deals pieces to.
+    targets: Vec<NodeId>,
     peers: Vec<Peer>,
     index: Vec<Option<usize>>,
     have: ChunkMap,
@@ -364,8 +362,11 @@ pub struct SwarmNode {
     pending_from: Vec<Option<NodeId>>,
     /// When the request of `pending_from` was sent.
     req_at: Vec<Option<Instant>>,
-    /// Hybrid: pieces announced to the tree parent as held by our cluster (not by us).
-    covered: Bits,
+    /// Hybrid, at the source: pieces dealt out of the source's cluster.
+    exported: Bits,
+    /// Hybrid, in the source's cluster: every piece was dealt once (its members then serve
+    /// requests from other clusters too).
+    dealt_all: bool,
     /// Hybrid endgame: second requests, (piece, peer).
     second: Vec<(u64, NodeId)>,
     connect_to: Vec<NodeId>,
@@ -375,7 +376,6 @@ pub struct SwarmNode {
     ack: Ack,
     duplicates: u64,
     bt: bt::Choker,
-    push: hybrid::PushMeter,
 }
 
 impl SwarmNode {
@@ -403,11 +403,18 @@ impl SwarmNode {
         let alive = vec![true; n];
         let mobs = Mobs::new(clusters, &alive);
         let my_cluster = mobs.cluster(me);
-        let wan_entries = match tree {
-            Some(t) if t.len() == n => (0..n)
-                .filter(|&m| {
-                    mobs.cluster(m) == my_cluster
-                        && t.parent(m).is_some_and(|p| mobs.cluster(p) != my_cluster)
+        // The hybrid's source deals to each other cluster's WAN entry in the planned tree (its
+        // first member whose parent is outside it), or its first member.
+        let targets = match tree {
+            Some(t) if t.len() == n && me == SOURCE && cfg.strategy == Strategy::Hybrid => (0
+                ..mobs.clusters())
+                .filter(|&c| c != my_cluster)
+                .filter_map(|c| {
+                    let m = mobs.members(c);
+                    m.iter()
+                        .copied()
+                        .find(|&x| t.parent(x).is_some_and(|p| mobs.cluster(p) != c))
+                        .or(m.first().copied())
                 })
                 .collect(),
             _ => Vec::new(),
@@ -426,7 +433,6 @@ impl SwarmNode {
         let mut node = Self {
             source_cluster: mobs.cluster(SOURCE),
             bt: bt::Choker::new(&cfg, now),
-            push: hybrid::PushMeter::new(&cfg, now),
             cfg,
             keys,
             me,
@@ -435,7 +441,7 @@ impl SwarmNode {
             mobs,
             tree_parent,
             tree_children,
-            wan_entries,
+            targets,
             peers: Vec::new(),
             index: vec![None; n],
             have,
@@ -443,7 +449,8 @@ impl SwarmNode {
             pending: Bits::new(p),
             pending_from: vec![None; p as usize],
             req_at: vec![None; p as usize],
-            covered: Bits::new(p),
+            exported: Bits::new(p),
+            dealt_all: false,
             second: Vec::new(),
             connect_to: Vec::new(),
             rng,
@@ -545,6 +552,9 @@ impl SwarmNode {
             if self.pending_from[i as usize] == Some(peer) {
                 self.unpend(i);
             }
+        }
+        if self.targets.contains(&peer) {
+            self.retarget(peer);
         }
         if self.cfg.strategy == Strategy::Swarm {
             self.rechoke(now, false);
@@ -676,7 +686,12 @@ impl SwarmNode {
             return None;
         }
         self.top_up(k, now);
-        let push = self.peers[k].child && self.cfg.strategy.pushes();
+        let hybrid = self.cfg.strategy == Strategy::Hybrid;
+        let deal = hybrid && self.targets.contains(&peer);
+        let push = self.peers[k].child
+            && self.cfg.strategy.pushes()
+            // The hybrid's push stays inside clusters; out of the source's, it deals.
+            && (!hybrid || self.peers[k].local);
         let p = &mut self.peers[k];
         if let Some(f) = p.ctrl.pop_front() {
             return Some(Transmit::Frame(f));
@@ -687,10 +702,21 @@ impl SwarmNode {
             p.up_window += 1;
             return Some(Transmit::Piece(i));
         }
+        if deal && !self.dealt_all {
+            return self.deal(k);
+        }
+        if push && hybrid {
+            // Within a cluster the hybrid pushes everything it holds down the local tree.
+            let (have, has, pushed) = (&self.have_bits, &p.has, &p.pushed);
+            let i = bits::pick_lowest(have.words(), |w| {
+                have.word(w) & !has.word(w) & !pushed.word(w)
+            })?;
+            p.pushed.set(i);
+            p.up_window += 1;
+            return Some(Transmit::Piece(i));
+        }
         if push {
-            // Push is the front-to-back stream: only the contiguous prefix is pushed, so what
-            // this node pulled beyond its horizon is not pushed on into a child that pulls
-            // the same far end itself (a second copy over the WAN).
+            // Tree push alone: the front-to-back stream of the contiguous prefix.
             let (have, has, pushed) = (&self.have_bits, &p.has, &p.pushed);
             let prefix = self.have.prefix();
             let i = bits::pick_lowest(have.words(), |w| {
@@ -717,10 +743,6 @@ impl SwarmNode {
         if self.cfg.strategy == Strategy::Swarm {
             t = Some(self.bt.next());
         }
-        if self.cfg.strategy == Strategy::Hybrid && !self.complete {
-            let h = self.push.next();
-            t = Some(t.map_or(h, |t: Instant| t.min(h)));
-        }
         t
     }
 
@@ -731,10 +753,6 @@ impl SwarmNode {
         }
         if self.cfg.strategy == Strategy::Swarm {
             self.bt_timeout(now);
-        }
-        if self.cfg.strategy == Strategy::Hybrid {
-            let prefix = self.have.prefix();
-            self.push.tick(now, prefix);
         }
     }
 
@@ -751,7 +769,7 @@ impl SwarmNode {
             local: self.mobs.cluster(id) == self.mobs.cluster(self.me),
             connected: false,
             child: self.tree_children.contains(&id),
-            has: if id == SOURCE {
+            has: if id == SOURCE && self.cfg.strategy != Strategy::Hybrid {
                 Bits::full(p)
             } else {
                 Bits::new(p)
@@ -783,10 +801,19 @@ impl SwarmNode {
         match self.cfg.strategy {
             Strategy::TreePush => 0,
             Strategy::Swarm => u64::MAX,
+            Strategy::Hybrid if !p.local && self.my_cluster() == self.source_cluster => {
+                // Out of the source's cluster pieces are dealt; the source serves requests
+                // only once it dealt everything (the endgame, or a piece lost with its
+                // target), and its cluster mates never.
+                if self.dealt_all {
+                    let s = self.mobs.share(p.id, self.cfg.pieces);
+                    bits::range_word(w, s.start, s.end)
+                } else {
+                    0
+                }
+            }
             Strategy::Mob | Strategy::Hybrid => {
-                if p.local
-                    || (self.cfg.strategy == Strategy::Hybrid && self.tree_parent == Some(p.id))
-                {
+                if p.local {
                     u64::MAX
                 } else {
                     let s = self.mobs.share(p.id, self.cfg.pieces);
@@ -837,14 +864,12 @@ impl SwarmNode {
                 p.rate.on_delivery(now, rtt, idle);
             }
         }
-        let was_requested = {
+        {
             let p = &mut self.peers[k];
-            let before = p.requested.len();
             p.requested.retain(|&r| r != i);
             p.has.set(i);
             p.down_window += 1;
-            p.requested.len() != before
-        };
+        }
         if let Some(other) = self.pending_from[i as usize] {
             if other != from {
                 if let Some(ko) = self.index[other] {
@@ -882,9 +907,6 @@ impl SwarmNode {
             return;
         }
         self.have_bits.set(i);
-        if self.tree_parent == Some(from) && !was_requested {
-            self.push.count(now);
-        }
         for j in 0..self.peers.len() {
             if j == k || !self.peers[j].connected {
                 continue;
@@ -963,6 +985,16 @@ impl SwarmNode {
                 self.try_ack();
             }
             SwarmMsg::AllDone => self.on_all_done(),
+            SwarmMsg::Dealt => {
+                if self.cfg.strategy == Strategy::Hybrid && !self.dealt_all {
+                    self.dealt_all = true;
+                    for j in 0..self.peers.len() {
+                        if self.peers[j].connected && !self.peers[j].local {
+                            self.announce_all(j);
+                        }
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -970,21 +1002,6 @@ impl SwarmNode {
     /// Peer k announced piece i.
     fn peer_has(&mut self, k: usize, i: u64) {
         self.peers[k].has.set(i);
-        // Hybrid, at a cluster's WAN entry: a cluster mate's piece is "covered"; the tree
-        // parent need not push it into the cluster again.
-        if self.cfg.strategy == Strategy::Hybrid && self.peers[k].local && !self.have.contains(i) {
-            if let Some(parent) = self.tree_parent {
-                if self.mobs.cluster(parent) != self.my_cluster() && self.covered.set(i) {
-                    if let Some(kp) = self.index[parent] {
-                        if self.peers[kp].connected {
-                            self.peers[kp]
-                                .ctrl
-                                .push_back(Frame::Swarm(SwarmMsg::Have { index: i }));
-                        }
-                    }
-                }
-            }
-        }
     }
 
     /// Which pieces we may request from peer k (word w of the mask).
@@ -1005,25 +1022,20 @@ impl SwarmNode {
                 }
             }
             Strategy::Hybrid => {
-                let base = if p.local {
-                    u64::MAX
+                if p.local {
+                    // What the local tree parent holds it pushes: not pulled.
+                    match self.tree_parent.and_then(|t| self.index[t]) {
+                        Some(kp) if self.peers[kp].local && self.peers[kp].connected => {
+                            !self.peers[kp].has.word(w)
+                        }
+                        _ => u64::MAX,
+                    }
                 } else if in_source_cluster {
                     0
                 } else {
                     let s = self.mobs.share(self.me, self.cfg.pieces);
                     bits::range_word(w, s.start, s.end)
-                };
-                // Pieces the tree parent will push soon are left to it.
-                let expect_push = match self.tree_parent {
-                    Some(_) => !self.covered.word(w),
-                    None => 0,
-                };
-                let beyond = bits::range_word(
-                    w,
-                    self.push.horizon(self.have.prefix(), self.cfg.pieces),
-                    self.cfg.pieces,
-                );
-                base & (!expect_push | beyond)
+                }
             }
         }
     }
@@ -1040,9 +1052,7 @@ impl SwarmNode {
             return;
         }
         if self.cfg.strategy == Strategy::Hybrid {
-            if self.push.pulling(now) {
-                self.hybrid_top_up(k, now);
-            }
+            self.hybrid_top_up(k, now);
             return;
         }
         if self.peers[k].requested.len() >= self.cfg.requests_per_peer {
@@ -1130,9 +1140,7 @@ impl SwarmNode {
                 let mut g = self.mobs.global_candidates(me);
                 g.shuffle(&mut self.rng);
                 out.extend(g.into_iter().take(self.cfg.global_peers));
-                if self.cfg.strategy == Strategy::Hybrid {
-                    out.extend(self.wan_entries.iter().copied().filter(|&m| m != me));
-                }
+                out.extend(self.targets.iter().copied());
             }
         }
         out.extend(self.tree_parent);

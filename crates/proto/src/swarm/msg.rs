@@ -12,6 +12,7 @@
 //! Choke 0x05, Unchoke 0x06, Interested 0x07, NotInterested 0x08: no body
 //! Complete = 0x09 | node:u32
 //! AllDone  = 0x0a
+//! Dealt    = 0x0b
 //! ```
 //!
 //! Like every decoder in [`crate::wire`], [`SwarmMsg::decode`] never trusts a length: a
@@ -33,6 +34,7 @@ const S_INTERESTED: u8 = 0x07;
 const S_NOT_INTERESTED: u8 = 0x08;
 const S_COMPLETE: u8 = 0x09;
 const S_ALL_DONE: u8 = 0x0a;
+const S_DEALT: u8 = 0x0b;
 
 const WHAT: &str = "Swarm";
 
@@ -82,6 +84,9 @@ pub enum SwarmMsg {
     /// Every member holds every piece: stop serving. Travels down the acknowledgement tree
     /// from the source.
     AllDone,
+    /// Hybrid: every piece has left the source's cluster once (the source tells its cluster
+    /// mates): from now on they serve other clusters too.
+    Dealt,
 }
 
 impl SwarmMsg {
@@ -98,6 +103,7 @@ impl SwarmMsg {
             SwarmMsg::NotInterested => "NotInterested",
             SwarmMsg::Complete { .. } => "Complete",
             SwarmMsg::AllDone => "AllDone",
+            SwarmMsg::Dealt => "Dealt",
         }
     }
 
@@ -162,6 +168,7 @@ impl SwarmMsg {
                 b.put_u32(*node);
             }
             SwarmMsg::AllDone => b.put_u8(S_ALL_DONE),
+            SwarmMsg::Dealt => b.put_u8(S_DEALT),
         }
     }
 
@@ -213,6 +220,7 @@ impl SwarmMsg {
                 SwarmMsg::Complete { node: b.get_u32() }
             }
             S_ALL_DONE => SwarmMsg::AllDone,
+            S_DEALT => SwarmMsg::Dealt,
             _ => return Err(WireError::BadValue(WHAT, "unknown swarm message")),
         })
     }
@@ -238,6 +246,7 @@ mod tests {
             SwarmMsg::NotInterested,
             SwarmMsg::Complete { node: 12 },
             SwarmMsg::AllDone,
+            SwarmMsg::Dealt,
         ]
     }
 

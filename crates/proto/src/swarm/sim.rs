@@ -484,6 +484,9 @@ pub struct SwarmSimReport {
     pub wan_bytes: Vec<Vec<u64>>,
     /// `entries[c][i]`: how many times piece i entered cluster c over the WAN.
     pub entries: Vec<Vec<u32>>,
+    /// `wan_timeline[x][y][s]`: piece bytes carried from cluster x to cluster y that arrived
+    /// during second s of the run (for utilisation over time).
+    pub wan_timeline: Vec<Vec<Vec<u64>>>,
     /// Per node: with data, the copy holds every piece, verified, equal to the object;
     /// without, it holds every piece.
     pub verified: Vec<bool>,
@@ -678,6 +681,7 @@ impl Sim {
             wan_into: vec![0; c],
             wan_bytes: vec![vec![0; c]; c],
             entries: vec![vec![0; pieces as usize]; c],
+            wan_timeline: vec![vec![Vec::new(); c]; c],
             verified: vec![false; n],
             duplicates: 0,
             control_bytes: 0,
@@ -957,6 +961,12 @@ impl Sim {
                     self.report.wan_into[y] += len;
                     self.report.wan_bytes[x][y] += len;
                     self.report.entries[y][i as usize] += 1;
+                    let sec = (now - self.start).as_secs() as usize;
+                    let tl = &mut self.report.wan_timeline[x][y];
+                    if tl.len() <= sec {
+                        tl.resize(sec + 1, 0);
+                    }
+                    tl[sec] += len;
                 }
                 match chunk {
                     Some(c) => self.nodes[b].node.handle_frame(a, Frame::Chunk(c), now),
