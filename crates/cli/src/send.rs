@@ -42,7 +42,7 @@ pub struct SendArgs {
     #[arg(long)]
     name: Option<String>,
     /// How to spread the data.
-    #[arg(long, value_enum, default_value_t = Strategy::Tree)]
+    #[arg(long, value_enum, default_value_t = Strategy::Auto)]
     strategy: Strategy,
     /// Children per node in a fixed tree over the hosts in the given order (1 is a chain).
     /// Without it, `tree` probes the agents and uses the planner's tree.
@@ -72,6 +72,9 @@ pub struct SendArgs {
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Strategy {
+    /// `hybrid` for a file (or a directory of at most 2 GiB) of at least `AUTO_SWARM_MIN_BYTES`
+    /// spread over two or more sites of the hosts file, `tree` otherwise (see `auto_strategy`).
+    Auto,
     /// The source sends to every receiver itself (the baseline).
     Flat,
     /// Receivers relay down a tree: the planner's (probed), or `--fanout` children per node in
@@ -164,6 +167,10 @@ pub async fn run(a: SendArgs) -> Result<i32> {
         (None, None) => bail!("give --to HOSTS or --expect N"),
     };
     let n = hosts.len();
+    let a = SendArgs {
+        strategy: auto_strategy(&a, &input, source_spec.as_ref(), &hosts),
+        ..a
+    };
     let planned_chunk = a.chunk_kib.map_or(1 << 20, |k| k * 1024);
     let file = HostsFile {
         source: source_spec.clone(),
@@ -356,8 +363,56 @@ fn swarm_strategy(s: Strategy) -> Option<SwarmStrategy> {
         Strategy::Mob => Some(SwarmStrategy::Mob),
         Strategy::Swarm => Some(SwarmStrategy::Swarm),
         Strategy::Hybrid => Some(SwarmStrategy::Hybrid),
-        Strategy::Flat | Strategy::Tree | Strategy::Balanced => None,
+        Strategy::Auto | Strategy::Flat | Strategy::Tree | Strategy::Balanced => None,
     }
+}
+
+/// Smallest object `--strategy auto` swarms. Below it a push tree wins: pulling costs request
+/// round trips and a start-up and endgame that a small object cannot amortise (seed 004's
+/// small-message result). Set from the size sweep in docs/benchmarks.md ("Issue 6").
+pub const AUTO_SWARM_MIN_BYTES: u64 = 16 << 20;
+
+/// What `--strategy auto` means for this send: `hybrid` where swarming pays (an object of known
+/// length of at least [`AUTO_SWARM_MIN_BYTES`], a file or a small enough directory, hosts in
+/// two or more sites, receivers that can reach each other: not ticket mode, no `--fanout`),
+/// `tree` otherwise. Any other strategy is kept.
+fn auto_strategy(
+    a: &SendArgs,
+    input: &Input,
+    source: Option<&bulkcast_proto::hosts::SourceSpec>,
+    hosts: &[bulkcast_proto::hosts::HostSpec],
+) -> Strategy {
+    if a.strategy != Strategy::Auto {
+        return a.strategy;
+    }
+    let m = &input.manifest;
+    let sites: std::collections::BTreeSet<&str> = hosts
+        .iter()
+        .filter_map(|h| h.site.as_deref())
+        .chain(source.and_then(|s| s.site.as_deref()))
+        .collect();
+    let swarm = a.expect.is_none()
+        && a.fanout.is_none()
+        && sites.len() >= 2
+        && m.total_len.is_some_and(|l| {
+            l >= AUTO_SWARM_MIN_BYTES
+                && (input.single_file().is_some() || l <= swarm::MAX_SWARM_BYTES)
+        });
+    let chosen = if swarm {
+        Strategy::Hybrid
+    } else {
+        Strategy::Tree
+    };
+    if !a.quiet {
+        eprintln!(
+            "strategy auto: {} ({} sites, {})",
+            if swarm { "hybrid" } else { "tree" },
+            sites.len(),
+            m.total_len
+                .map_or("unknown length".to_string(), |l| format!("{} MiB", l >> 20))
+        );
+    }
+    chosen
 }
 
 /// The default chunk size. Every relay forwards a chunk only once it is whole and verified, so

@@ -1194,3 +1194,47 @@ fn mob_with_an_unreachable_member_delivers_to_the_others_and_reports_it() {
         );
     }
 }
+
+/// `AUTO_SWARM_MIN_BYTES` in crates/cli/src/send.rs.
+const AUTO_SWARM_MIN: u64 = 16 * MIB;
+
+#[test]
+fn auto_strategy_swarms_large_objects_across_sites_and_pushes_the_rest() {
+    let s = Scratch::new("auto");
+    let key = secret(25);
+    let ags = agents(&s.0, 4, &key);
+    let addrs: Vec<&str> = ags.iter().map(|a| a.addr.as_str()).collect();
+    let sited = s.0.join("hosts.toml");
+    sited_hosts(&sited, &addrs, "lon", &["lon", "fra", "fra", "nyc"]);
+    let plain = to_list(&ags);
+    let cases = [
+        (sited.as_path(), MIB, "tree"),
+        (sited.as_path(), AUTO_SWARM_MIN, "hybrid"),
+        (Path::new(&plain), AUTO_SWARM_MIN, "tree"),
+    ];
+    for (i, (to, len, want)) in cases.into_iter().enumerate() {
+        let src = s.0.join(format!("obj{i}.bin"));
+        make_file(&src, len, b"auto");
+        let out = send(
+            &[src.to_str().unwrap(), "--to", to.to_str().unwrap()],
+            &key,
+            None,
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let r = report(&out);
+        assert_eq!(r["ok"], true, "{r}");
+        let strategy = r["strategy"].as_str().unwrap();
+        assert!(
+            strategy.starts_with(want),
+            "{len} bytes to {}: {strategy}",
+            to.display()
+        );
+        for a in &ags {
+            assert_eq!(hash(&a.dir.join(format!("obj{i}.bin"))), hash(&src));
+        }
+    }
+}
