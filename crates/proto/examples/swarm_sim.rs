@@ -23,9 +23,14 @@ fn main() {
     let mut mb = 600u64;
     let mut piece_kib = 512u32;
     let mut detail: Option<(usize, u64)> = None;
+    let mut sweep = false;
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
     while let Some(a) = it.next() {
+        if a == "--sweep" {
+            sweep = true;
+            continue;
+        }
         let v = it.next().and_then(|v| v.parse::<u64>().ok());
         match (a.as_str(), v) {
             ("--per-cluster", Some(v)) => per_cluster = v as usize,
@@ -37,13 +42,17 @@ fn main() {
             }
             _ => {
                 eprintln!(
-                    "usage: swarm_sim [--per-cluster N] [--mb M] [--piece-kib K] [--detail CONDITION RTT_MS]"
+                    "usage: swarm_sim [--per-cluster N] [--mb M] [--piece-kib K] [--detail CONDITION RTT_MS] [--sweep]"
                 );
                 std::process::exit(2);
             }
         }
     }
     let len = mb * 1_000_000;
+    if sweep {
+        show_sweep(per_cluster);
+        return;
+    }
     if let Some((c, rtt_ms)) = detail {
         show_detail(
             Condition::ALL[c.min(4)],
@@ -201,5 +210,54 @@ fn show_detail(cond: Condition, per_cluster: usize, len: u64, piece_kib: u32, rt
             .collect();
         println!("done at (s): {}", done.join(" "));
         println!();
+    }
+}
+
+/// The small-message result of seed 004, in the simulator: throughput of push (tree), MOB and
+/// the hybrid over object sizes from 32 KiB to 128 MiB, static conditions, 20 and 100 ms.
+/// Pieces are sized as `bulkcast send` sizes chunks (about 1/300 of the object, a power of two
+/// between 64 KiB and 1 MiB), so a small object is a few pieces.
+fn show_sweep(per_cluster: usize) {
+    println!("4 clusters x {per_cluster} nodes; MB/s (object / time until the last node finished); winner");
+    println!(
+        "{:>6} {:<11} {:>9} | {:>7} {:>7} {:>7} | winner",
+        "RTT", "condition", "size", "tree", "mob", "hybrid"
+    );
+    for rtt_ms in [20u64, 100] {
+        for cond in [Condition::FastLinks, Condition::SlowLinks] {
+            for kib in [32u64, 128, 512, 2048, 8192, 32768, 131072] {
+                let len = kib << 10;
+                let piece = ((len / 300).clamp(64 << 10, 1 << 20)).next_power_of_two() as u32;
+                let mut tps = Vec::new();
+                for strategy in [Strategy::TreePush, Strategy::Mob, Strategy::Hybrid] {
+                    let mut topo =
+                        Topology::four_clusters([per_cluster; 4], Duration::from_millis(rtt_ms));
+                    let changes = cond.apply(&mut topo, 4, Duration::from_secs(3600));
+                    let mut spec = SwarmSimSpec::new(topo, strategy, len);
+                    spec.piece_len = piece.min(len as u32);
+                    spec.wan_changes = changes;
+                    spec.seed = 4;
+                    let r = sim::run(spec);
+                    tps.push(if r.incomplete().is_empty() {
+                        r.throughput() / MB_S
+                    } else {
+                        0.0
+                    });
+                }
+                let best = (0..3)
+                    .max_by(|&a, &b| tps[a].total_cmp(&tps[b]))
+                    .expect("three");
+                println!(
+                    "{:>4}ms {:<11} {:>6} KiB | {:>7.2} {:>7.2} {:>7.2} | {}",
+                    rtt_ms,
+                    cond.name(),
+                    kib,
+                    tps[0],
+                    tps[1],
+                    tps[2],
+                    ["tree", "mob", "hybrid"][best]
+                );
+            }
+        }
     }
 }
