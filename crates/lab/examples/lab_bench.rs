@@ -35,6 +35,12 @@ struct Args {
     /// Work directory (object and copies).
     #[arg(long, default_value = "/tmp/bclab-bench")]
     work_dir: PathBuf,
+    /// Where methods' `{raw}` directories go (default: WORK_DIR/raw).
+    #[arg(long)]
+    raw_dir: Option<PathBuf>,
+    /// Also write the results as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 fn parse_size(s: &str) -> Option<u64> {
@@ -87,6 +93,7 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
         work_dir: a.work_dir.join("out"),
         timeout: Duration::from_secs(a.timeout),
         cc: a.cc.clone(),
+        raw_dir: a.raw_dir.clone().unwrap_or_else(|| a.work_dir.join("raw")),
     };
     let mut results = Vec::new();
     for (i, m) in methods.iter().enumerate() {
@@ -99,6 +106,24 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
         std::thread::sleep(Duration::from_secs(1));
     }
     print!("{}", render(&lab, size, &results));
+    if let Some(path) = &a.json {
+        let plan = lab.plan();
+        let hosts: Vec<_> = plan
+            .hosts
+            .iter()
+            .map(|h| serde_json::json!({"name": h.name, "site": plan.sites[h.site]}))
+            .collect();
+        let doc = serde_json::json!({
+            "scenario": plan.name,
+            "size": size,
+            "source": plan.hosts[plan.source].name,
+            "sites": plan.sites,
+            "hosts": hosts,
+            "ideal_bps": plan.ideal_bps,
+            "results": results,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")?;
+    }
     let _ = std::fs::remove_file(&object);
     lab.down()?;
     Ok(())

@@ -8,7 +8,8 @@
 //! `{size}` (bytes), `{hosts_file}`, `{port}`, `{src_ip}`, `{first_ip}` (first receiver),
 //! `{ip}` (this host), `{next_ip}` (the next receiver in scenario order; for the source: the
 //! first receiver), `{out}` (where this receiver must write its copy), `{host}`, `{index}`
-//! (receiver number from 1), `{cc}` (congestion control).
+//! (receiver number from 1), `{cc}` (congestion control), `{raw}` (a directory of this method's
+//! own, kept after the run: a template may write reports there, e.g. `--json > {raw}/source.json`).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -17,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::lab::Lab;
 use crate::LabError;
@@ -81,6 +82,10 @@ pub struct Method {
     /// Programs that must be installed.
     #[serde(default)]
     pub needs: Vec<String>,
+    /// Once every receiver is done, wait up to this long for the source to exit by itself
+    /// before stopping it (so that it can write its report). Not counted in the time.
+    #[serde(default)]
+    pub wait_source_ms: u64,
 }
 
 fn yes() -> bool {
@@ -101,10 +106,22 @@ pub struct BenchOptions {
     pub timeout: Duration,
     /// Congestion control for `{cc}`.
     pub cc: String,
+    /// Methods' `{raw}` directories are `raw_dir/<method>` (kept after the run).
+    pub raw_dir: PathBuf,
+}
+
+/// Bytes that crossed the WAN into one site during a method's run.
+#[derive(Debug, Clone, Serialize)]
+pub struct SiteBytes {
+    /// Site name.
+    pub site: String,
+    /// IP bytes that left every WAN link into this site (headers, retransmissions and the
+    /// acknowledgements of data the site sent out included).
+    pub bytes: u64,
 }
 
 /// Result of one method.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 pub struct BenchResult {
     /// Method name.
     pub method: String,
@@ -124,6 +141,8 @@ pub struct BenchResult {
     pub late_events: u64,
     /// What went wrong, if anything.
     pub error: Option<String>,
+    /// Per site: bytes the forwarder carried into it over WAN links during the run.
+    pub wan_bytes_in: Vec<SiteBytes>,
 }
 
 fn render_template(t: &str, vars: &HashMap<&str, String>) -> String {
@@ -192,6 +211,9 @@ pub fn run_method(
     let out_dir = opts.work_dir.join(&m.name);
     let _ = std::fs::remove_dir_all(&out_dir);
     std::fs::create_dir_all(&out_dir).map_err(|e| LabError::sys("create bench output dir", e))?;
+    let raw_dir = opts.raw_dir.join(&m.name);
+    let _ = std::fs::remove_dir_all(&raw_dir);
+    std::fs::create_dir_all(&raw_dir).map_err(|e| LabError::sys("create bench raw dir", e))?;
     let size = std::fs::metadata(&opts.object)
         .map_err(|e| LabError::sys("stat object", e))?
         .len();
@@ -220,6 +242,7 @@ pub fn run_method(
     base.insert("first_ip", ip(&receivers[0])?);
     base.insert("cc", opts.cc.clone());
     base.insert("agent_port", plan.agent_port.to_string());
+    base.insert("raw", raw_dir.display().to_string());
 
     let sh = |host: &str, cmd: &str| -> Result<Child, LabError> {
         let mut c = lab.command(host, "sh")?;
@@ -271,7 +294,8 @@ pub fn run_method(
         sh(&src, &render_template(&m.source, &vars))
     };
     let drops0: u64 = lab.tx_dropped()?.iter().map(|(_, d)| d).sum();
-    let (cpu0, late0) = (lab.forwarder_cpu_s(), lab.stats().late_events);
+    let stats0 = lab.stats();
+    let (cpu0, late0) = (lab.forwarder_cpu_s(), stats0.late_events);
     let gap = Duration::from_millis(m.start_gap_ms);
     let (mut rx, mut source, t0) = match m.order {
         Order::ReceiversFirst => {
@@ -325,13 +349,36 @@ pub fn run_method(
         std::thread::sleep(Duration::from_millis(10));
     }
     let run_s = t0.elapsed().as_secs_f64();
+    if !source_done && m.wait_source_ms > 0 && failed.is_none() {
+        let until = Instant::now() + Duration::from_millis(m.wait_source_ms);
+        while Instant::now() < until {
+            if let Ok(Some(_)) = source.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
     let forwarder_cpu = match (cpu0, lab.forwarder_cpu_s()) {
         (Some(a), Some(b)) => Some((b - a) / run_s),
         _ => None,
     };
     // Counters are published every 200 ms: wait for the last ones.
     std::thread::sleep(Duration::from_millis(250));
-    let late_events = lab.stats().late_events - late0;
+    let stats1 = lab.stats();
+    let late_events = stats1.late_events - late0;
+    let link_delta = |l: usize| {
+        let b = |s: &crate::EmuStats| s.links.get(l).map_or(0, |x| x.bytes_out);
+        b(&stats1).saturating_sub(b(&stats0))
+    };
+    let wan_bytes_in = (0..plan.sites.len())
+        .map(|y| SiteBytes {
+            site: plan.sites[y].clone(),
+            bytes: (0..plan.sites.len())
+                .filter_map(|x| plan.site_links[x][y])
+                .map(link_delta)
+                .sum(),
+        })
+        .collect();
     if failed.is_none() && done.iter().any(Option::is_none) {
         failed = Some(format!("timed out after {} s", opts.timeout.as_secs()));
     }
@@ -365,6 +412,7 @@ pub fn run_method(
         forwarder_cpu,
         late_events,
         error: failed,
+        wan_bytes_in,
     })
 }
 
