@@ -29,6 +29,7 @@ METHODS = {
     "mob": "bulkcast-mob",
     "hybrid": "bulkcast-hybrid",
     "aria2": "aria2",
+    "auto": "bulkcast-auto",
 }
 # Methods whose source writes a bulkcast JSON report with per-cluster WAN piece bytes.
 REPORTS = {"swarm", "mob", "hybrid"}
