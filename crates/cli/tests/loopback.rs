@@ -1196,7 +1196,7 @@ fn mob_with_an_unreachable_member_delivers_to_the_others_and_reports_it() {
 }
 
 /// `AUTO_SWARM_MIN_BYTES` in crates/cli/src/send.rs.
-const AUTO_SWARM_MIN: u64 = 16 * MIB;
+const AUTO_SWARM_MIN: u64 = 2 * MIB;
 
 #[test]
 fn auto_strategy_swarms_large_objects_across_sites_and_pushes_the_rest() {
