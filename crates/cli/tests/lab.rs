@@ -117,8 +117,9 @@ fn send_across_a_star_of_8() {
     if !lab_possible("send_across_a_star_of_8") {
         return;
     }
-    // The default: probe, plan (capacities known from the lab's hosts file), relay.
-    let r = send_across("star-8.toml", 8 << 20, &[]);
+    // The planned tree: probe, plan (capacities known from the lab's hosts file), relay. (The
+    // default, `auto`, would swarm here: every host is a site of its own.)
+    let r = send_across("star-8.toml", 8 << 20, &["--strategy", "tree"]);
     assert_eq!(r["ok"], true);
     assert_eq!(r["receivers"].as_array().unwrap().len(), 8);
     assert!(
@@ -142,8 +143,10 @@ fn send_across_the_seed_000_regions() {
     if !lab_possible("send_across_the_seed_000_regions") {
         return;
     }
+    // The default, `auto`: five regions and 4 MiB, so the hybrid swarm.
     let r = send_across("seed000-aws5.toml", 4 << 20, &[]);
     assert_eq!(r["ok"], true);
+    assert_eq!(r["strategy"], "hybrid", "{r}");
     assert_eq!(r["receivers"].as_array().unwrap().len(), 14);
 }
 
