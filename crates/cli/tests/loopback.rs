@@ -152,6 +152,18 @@ fn report(out: &Output) -> serde_json::Value {
     })
 }
 
+/// The report of a send that succeeded, every receiver included.
+fn report_ok(out: &Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = report(out);
+    assert_eq!(r["ok"], true, "{r}");
+    r
+}
+
 fn leftovers(dir: &Path) -> Vec<String> {
     std::fs::read_dir(dir)
         .map(|rd| {
@@ -1125,13 +1137,7 @@ fn swarm_members_serve_a_file_from_disk_not_from_memory() {
         &key,
         None,
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let r = report(&out);
-    assert_eq!(r["ok"], true, "{r}");
+    report_ok(&out);
     for a in &ags {
         assert_eq!(hash(&a.dir.join("obj.bin")), hash(&src));
         // Every piece was served to the others, yet no member ever held the object: pieces
@@ -1220,13 +1226,7 @@ fn auto_strategy_swarms_large_objects_across_sites_and_pushes_the_rest() {
             &key,
             None,
         );
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let r = report(&out);
-        assert_eq!(r["ok"], true, "{r}");
+        let r = report_ok(&out);
         let strategy = r["strategy"].as_str().unwrap();
         assert!(
             strategy.starts_with(want),
