@@ -159,8 +159,8 @@ impl Input {
             .name("bulkcast-input".into())
             .spawn(move || {
                 let expected = self.manifest.total_len;
-                if self.manifest.kind == ObjectKind::File && self.files.len() == 1 {
-                    let ev = match pump_mapped(&self.files[0], chunk_size, expected, &txs, route) {
+                if let Some(path) = self.single_file() {
+                    let ev = match pump_mapped(path, chunk_size, expected, &txs, route) {
                         Ok(()) => InputEvent::End,
                         Err(e) => InputEvent::Failed(e),
                     };
@@ -252,13 +252,19 @@ fn pump_mapped(
             .map_err(|e| format!("mapping {}: {e}", path.display()))?;
         off += n as u64;
         let (t, chunk) = route(data);
-        if !dead[t] && txs[t].blocking_send(InputEvent::Data(chunk)).is_err() {
-            dead[t] = true;
-            if dead.iter().all(|&d| d) {
-                return Ok(());
-            }
+        if hand_on(txs, &mut dead, t, chunk) {
+            return Ok(());
         }
     }
+}
+
+/// Sends `chunk` to tree `t` unless its session ended (every receiver below it failed: the
+/// others still get their stripes whole); true once every session has ended.
+fn hand_on(txs: &[mpsc::Sender<InputEvent>], dead: &mut [bool], t: usize, chunk: Chunk) -> bool {
+    if !dead[t] && txs[t].blocking_send(InputEvent::Data(chunk)).is_err() {
+        dead[t] = true;
+    }
+    dead.iter().all(|&d| d)
 }
 
 /// Installs (once) a SIGBUS handler that says what a bus error means here and exits 1.
@@ -318,11 +324,8 @@ fn pump(
             let (t, chunk) = route(buf.freeze());
             // A tree whose session ended (every receiver below it failed) is skipped; the
             // others still get their stripes whole.
-            if !dead[t] && txs[t].blocking_send(InputEvent::Data(chunk)).is_err() {
-                dead[t] = true;
-                if dead.iter().all(|&d| d) {
-                    return Ok(()); // every session ended first
-                }
+            if hand_on(txs, &mut dead, t, chunk) {
+                return Ok(()); // every session ended first
             }
         }
         if filled < cs {

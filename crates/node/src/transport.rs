@@ -214,7 +214,10 @@ pub async fn expect_frame<R: AsyncRead + Unpin>(
 
 /// Writes one frame (without copying a chunk's data).
 pub async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, f: &Frame) -> io::Result<()> {
-    let e = f.encode();
+    write_encoded(w, &f.encode()).await
+}
+
+async fn write_encoded<W: AsyncWrite + Unpin>(w: &mut W, e: &wire::Encoded) -> io::Result<()> {
     w.write_all(&e.head).await?;
     if !e.data.is_empty() {
         w.write_all(&e.data).await?;
@@ -231,11 +234,7 @@ pub async fn write_frame_tcp(
 ) -> io::Result<()> {
     let e = f.encode();
     let Some((file, offset)) = crate::mapped::file_range(&e.data) else {
-        w.write_all(&e.head).await?;
-        if !e.data.is_empty() {
-            w.write_all(&e.data).await?;
-        }
-        return Ok(());
+        return write_encoded(w, &e).await;
     };
     w.write_all(&e.head).await?;
     w.flush().await?;
