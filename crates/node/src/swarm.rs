@@ -620,7 +620,11 @@ enum Ev {
     /// A chunk its reader verified.
     Verified(NodeId, Chunk),
     Written(NodeId),
+    /// The reader's end: the connection is gone, and with it what the peer had to say.
     Closed(NodeId, String),
+    /// The writer's end: the peer stopped reading (it may have finished and closed first); its
+    /// reader may still have frames to deliver, the member's report among them.
+    WriteFailed(NodeId, String),
     Dialled(NodeId, Result<TcpStream, String>),
 }
 
@@ -878,7 +882,7 @@ impl Net {
                     c.inflight = c.inflight.saturating_sub(1);
                 }
             }
-            Ev::Closed(j, reason) => {
+            Ev::Closed(j, reason) | Ev::WriteFailed(j, reason) => {
                 if self.conns.remove(&j).is_some() {
                     tracing::debug!(
                         "swarm {:016x}: connection to node {j} closed: {reason}",
@@ -956,14 +960,12 @@ impl Net {
         match ev {
             StoreEvent::Stored(i) => {
                 self.stored += 1;
-                if let Some(Some(Held::Mem(c))) = self.held.get(i as usize) {
-                    self.unstored = self.unstored.saturating_sub(c.data.len() as u64);
-                }
-                // On disk now: served from there, the memory goes.
-                if self.disk.is_some() {
-                    if let Some(h) = self.held.get_mut(i as usize) {
-                        if let Some(Held::Mem(c)) = h {
-                            *h = Some(Held::on_disk(c));
+                if let Some(slot) = self.held.get_mut(i as usize) {
+                    if let Some(Held::Mem(c)) = slot {
+                        self.unstored = self.unstored.saturating_sub(c.data.len() as u64);
+                        // On disk now: served from there, the memory goes.
+                        if self.disk.is_some() {
+                            *slot = Some(Held::on_disk(c));
                         }
                     }
                 }
@@ -1170,7 +1172,7 @@ async fn write_conn(
             r = w.flush().await;
         }
         if let Err(e) = r {
-            let _ = ev.send(Ev::Closed(j, format!("writing: {e}"))).await;
+            let _ = ev.send(Ev::WriteFailed(j, format!("writing: {e}"))).await;
             return;
         }
         // The loop may be gone (closing): the remaining frames are still written.
