@@ -125,6 +125,7 @@ async fn send(a: PipeSendArgs) -> Result<i32> {
         .first()
         .map(|e| e.connections.clone())
         .unwrap_or_default();
+    let hedges = report.edges.first().map_or(0, |e| e.hedges);
     if a.json {
         let out = serde_json::json!({
             "bytes": report.object.bytes,
@@ -132,7 +133,10 @@ async fn send(a: PipeSendArgs) -> Result<i32> {
             "mbps": rx.rate_mbps,
             "verified": rx.verified,
             "streams": conns.len().max(1),
+            // When the first connection passed the handshake: what set-up cost before data.
+            "connected_s": conns.first().and_then(|c| c.opened_s),
             "scheduler": format!("{:?}", mode.scheduler).to_lowercase(),
+            "hedges": hedges,
             "conns": conns,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);

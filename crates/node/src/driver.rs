@@ -26,6 +26,10 @@ use crate::transport::{self, TcpTuning};
 /// Frames queued to one link's writer at once.
 pub const WRITE_SLOTS: usize = 2;
 
+/// See [`Driver::linger`]: a few round trips of the longest paths, so that the parent, which
+/// closes once it has our `Done`, normally closes first.
+const LINGER: Duration = Duration::from_secs(2);
+
 /// Events from the link tasks; `u16` is the connection's number on a striped edge (0 for a
 /// plain link).
 enum Ev {
@@ -267,6 +271,7 @@ impl Driver {
                     .is_none_or(|w| w.inflight == 0)
             {
                 self.emit_stats(true);
+                self.linger().await;
                 return Ok(());
             }
             let want = self.node.wants_input();
@@ -542,6 +547,29 @@ impl Driver {
 
     /// A connection of `link` ended. On a striped edge, a connection other than the first only
     /// hands its frames to the others.
+    /// A finished receiver reads and drops what its parent still sends (second copies of
+    /// frames it holds already) until the parent closes, for at most [`LINGER`]. Closing with
+    /// unread data makes TCP reset the connection, and the reset can reach the parent before
+    /// it has read our `Done`, which would then count us as failed.
+    async fn linger(&mut self) {
+        let Some(rx) = self.parent_rx.as_mut() else {
+            return;
+        };
+        let deadline = tokio::time::sleep(LINGER);
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                _ = &mut deadline => return,
+                f = rx.recv() => match f {
+                    None | Some(FromParent::Closed(0, _)) => return,
+                    Some(_) => {}
+                },
+                // Keeps the tasks that report to the driver from blocking meanwhile.
+                _ = self.ev_rx.recv() => {}
+            }
+        }
+    }
+
     fn conn_lost(&mut self, link: Link, conn: u16, reason: String, now: Instant) {
         if let Link::Child(k) = link {
             if let Some(e) = self.out_edges.get_mut(&k) {

@@ -96,6 +96,8 @@ pub struct ConnReport {
     pub inflight: usize,
     /// False once it failed (its frames went to the others).
     pub alive: bool,
+    /// Seconds from the edge's start until it passed the handshake (none: never did).
+    pub opened_s: Option<f64>,
 }
 
 /// One edge's connections at a moment.
@@ -107,6 +109,9 @@ pub struct EdgeStreams {
     pub total_mbps: f64,
     /// Every connection ever opened on the edge.
     pub conns: Vec<ConnReport>,
+    /// Frames sent a second time on another connection because the first was late with them
+    /// while the join waited.
+    pub hedges: u64,
 }
 
 /// What a [`StreamsObserver`] calls.
@@ -139,6 +144,8 @@ struct OutConn {
     tx: Option<mpsc::Sender<Frame>>,
     inflight: usize,
     sent: u64,
+    /// When it passed the handshake, from the edge's start.
+    opened: Option<Duration>,
 }
 
 /// `--streams auto`: the growth state and the current measurement interval.
@@ -171,6 +178,8 @@ pub struct OutEdge {
     closed: bool,
     /// Whether the last connection lost had frames in flight (worth a warning).
     pub lost_busy: bool,
+    /// When the edge was made (connection times are reported from here).
+    started: Instant,
 }
 
 impl OutEdge {
@@ -228,6 +237,7 @@ impl OutEdge {
             chunk_size,
             closed: false,
             lost_busy: false,
+            started: now,
         }
     }
 
@@ -267,6 +277,7 @@ impl OutEdge {
                 tx: None,
                 inflight: 0,
                 sent: 0,
+                opened: None,
             });
             out.push((n, addr));
         }
@@ -279,6 +290,7 @@ impl OutEdge {
         if let Some(c) = self.conns.get_mut(conn as usize) {
             c.id = Some(id);
             c.tx = Some(tx);
+            c.opened = Some(now.saturating_duration_since(self.started));
         }
     }
 
@@ -494,6 +506,7 @@ impl OutEdge {
                     weight: s.map_or(0.0, |s| s.weight),
                     inflight: s.map_or(0, |s| s.inflight_items),
                     alive: s.is_some_and(|s| s.alive) && c.tx.is_some(),
+                    opened_s: c.opened.map(|d| d.as_secs_f64()),
                 }
             })
             .collect();
@@ -501,6 +514,7 @@ impl OutEdge {
             edge: self.name.clone(),
             total_mbps: conns.iter().filter(|c| c.alive).map(|c| c.mbps).sum(),
             conns,
+            hedges: self.striper.hedges(),
         }
     }
 }

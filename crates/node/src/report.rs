@@ -176,6 +176,13 @@ pub struct EdgeReport {
     /// The edge's connections, where it is striped over several (the source's own edges).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub connections: Vec<crate::edge::ConnReport>,
+    /// Frames of a striped edge sent again on another connection because the first was late.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub hedges: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Report {
@@ -221,6 +228,7 @@ impl Report {
                 seconds: r.seconds,
                 rate_mbps: r.rate_mbps,
                 connections: Vec::new(),
+                hedges: 0,
             })
             .collect();
         let seconds = status
@@ -261,6 +269,7 @@ impl Report {
                 .find(|e| e.from == "source" && e.to == s.edge)
             {
                 e.connections = s.conns;
+                e.hedges = s.hedges;
             }
         }
     }

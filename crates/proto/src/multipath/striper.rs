@@ -77,6 +77,13 @@ pub struct StriperConfig {
     pub weighted: WeightedConfig,
     /// Time constant of the per-connection rate estimate (busy-time weighted).
     pub rate_tau: Duration,
+    /// Pull only: the items of a connection that delivered nothing for this many times its
+    /// usual time for a frame (round trip plus the frame at its rate) are sent again on the
+    /// others, oldest first, where later items have arrived past them: the join waits for
+    /// them. Under random loss one of N connections is often in a retransmission timeout
+    /// (hundreds of milliseconds, doubling), and without a second copy the whole edge waits
+    /// for it once the window fills. 0 turns this off.
+    pub hedge_after: f64,
 }
 
 impl Default for StriperConfig {
@@ -88,6 +95,7 @@ impl Default for StriperConfig {
             pull_min_inflight: 256 << 10,
             weighted: WeightedConfig::default(),
             rate_tau: Duration::from_millis(500),
+            hedge_after: 3.0,
         }
     }
 }
@@ -294,6 +302,10 @@ pub struct Striper {
     pending: VecDeque<(Item, Instant)>,
     /// Items of lost connections, handed out again first.
     orphans: BTreeMap<u64, (Item, Instant)>,
+    /// Unacknowledged items sent a second time (see [`StriperConfig::hedge_after`]), and how
+    /// many items were.
+    hedged: BTreeSet<u64>,
+    hedges: u64,
     /// Weighted deal: the connection being dealt to.
     cursor: usize,
     /// Whether `cursor` has had its quantum for this round.
@@ -317,6 +329,8 @@ impl Striper {
             acked_ahead: BTreeSet::new(),
             pending: VecDeque::new(),
             orphans: BTreeMap::new(),
+            hedged: BTreeSet::new(),
+            hedges: 0,
             cursor: 0,
             arrived: false,
             controller: Controller {
@@ -379,9 +393,18 @@ impl Striper {
         if pull && !self.pull_may_take(conn) {
             return None;
         }
+        let late = if pull {
+            self.late_item(conn, now)
+        } else {
+            None
+        };
+        if let Some((item, _)) = late {
+            self.hedged.insert(item.index);
+            self.hedges += 1;
+        }
         let c = self.conns.get_mut(conn).filter(|c| c.alive)?;
-        let (item, dealt_at) = match self.orphans.pop_first() {
-            Some((_, o)) => o,
+        let (item, dealt_at) = match late.or_else(|| self.orphans.pop_first().map(|(_, o)| o)) {
+            Some(o) => o,
             None if pull => self.pending.pop_front()?,
             None => {
                 let (item, at) = c.dealt.pop_front()?;
@@ -455,6 +478,9 @@ impl Striper {
             while self.acked_ahead.remove(&self.base) {
                 self.base += 1;
             }
+            if !self.hedged.is_empty() {
+                self.hedged = self.hedged.split_off(&self.base);
+            }
         } else if index > self.base {
             self.acked_ahead.insert(index);
         }
@@ -476,7 +502,10 @@ impl Striper {
         }
         c.alive = false;
         for s in c.inflight.drain(..) {
-            self.orphans.insert(s.item.index, (s.item, s.dealt_at));
+            // An item sent twice may have arrived by the other copy already.
+            if s.item.index >= self.base && !self.acked_ahead.contains(&s.item.index) {
+                self.orphans.insert(s.item.index, (s.item, s.dealt_at));
+            }
         }
         for (item, at) in c.dealt.drain(..) {
             self.orphans.insert(item.index, (item, at));
@@ -490,6 +519,11 @@ impl Striper {
         }
         self.fork(now);
         Ok(())
+    }
+
+    /// Items sent a second time because their first connection was late with them.
+    pub fn hedges(&self) -> u64 {
+        self.hedges
     }
 
     /// Every item below this index is acknowledged (its data may be freed).
@@ -610,6 +644,48 @@ impl Striper {
         let item = len.max(self.max_item as f64);
         let ahead = (self.base + self.config.window).saturating_sub(next.index) as f64 * item;
         done_in <= ahead / others
+    }
+
+    /// The oldest item the join waits for (unacknowledged while a later one was acknowledged)
+    /// on a connection other than `conn` that has stalled, and that was not sent twice
+    /// already. A connection has stalled when nothing it carries arrived for
+    /// [`StriperConfig::hedge_after`] times its usual time for its oldest frame (its round trip
+    /// plus the frame at its rate): a retransmission timeout, not a queue.
+    fn late_item(&self, conn: ConnId, now: Instant) -> Option<(Item, Instant)> {
+        if self.config.hedge_after <= 0.0 {
+            return None;
+        }
+        let newest_acked = *self.acked_ahead.last()?;
+        let mut late: Option<&Sent> = None;
+        for (i, c) in self.conns.iter().enumerate() {
+            let rate = c.rate();
+            let Some(head) = c.inflight.front() else {
+                continue;
+            };
+            if i == conn || !c.alive || rate <= 0.0 {
+                continue;
+            }
+            let usual =
+                c.min_rtt.unwrap_or_default().as_secs_f64() + f64::from(head.item.len) / rate;
+            let since = c.last_done.map_or(head.sent_at, |d| d.max(head.sent_at));
+            if now.saturating_duration_since(since).as_secs_f64() <= self.config.hedge_after * usual
+            {
+                continue;
+            }
+            for s in &c.inflight {
+                let index = s.item.index;
+                if index < self.base
+                    || index >= newest_acked
+                    || late.is_some_and(|l| l.item.index < index)
+                    || self.hedged.contains(&index)
+                    || self.acked_ahead.contains(&index)
+                {
+                    continue;
+                }
+                late = Some(s);
+            }
+        }
+        late.map(|s| (s.item, s.dealt_at))
     }
 
     /// The fork (weighted and equal): deals waiting input, in order, into the connections'
@@ -863,6 +939,58 @@ mod tests {
     fn fill(s: &mut Striper, now: Instant) {
         while s.wants_input() {
             s.handle_input(1000, now).expect("wanted");
+        }
+    }
+
+    #[test]
+    fn pull_sends_a_late_oldest_item_again_on_another_connection_once() {
+        let ms = Duration::from_millis;
+        for late_copy_arrives in [true, false] {
+            let (mut s, now) = striper(Scheduler::Pull, 64, 2);
+            fill(&mut s, now);
+            // Each connection: 100 kB/s, 10 ms round trip; a 1000-byte item usually takes 20 ms.
+            let (_, now) = prime(&mut s, now);
+            fill(&mut s, now);
+            let stuck = s.poll_assign(0, now).expect("an item");
+            assert_eq!(stuck.index, s.acked_below(), "the oldest");
+            let mut t = now;
+            let mut delivered = vec![stuck.index];
+            // Connection 1 delivers the next items while connection 0 holds the oldest.
+            for _ in 0..4 {
+                let i = s.poll_assign(1, t).expect("an item");
+                assert_ne!(i.index, stuck.index, "not late yet at {:?}", t - now);
+                t += ms(10);
+                s.handle_acked(1, i.index, t).expect("in flight");
+                delivered.push(i.index);
+            }
+            assert_eq!(s.hedges(), 0);
+            // At 100 ms it is five times late: connection 1 sends it again, once.
+            t = now + ms(100);
+            let again = s.poll_assign(1, t).expect("an item");
+            assert_eq!(again, stuck);
+            assert_eq!(s.hedges(), 1);
+            s.handle_acked(1, stuck.index, t + ms(10))
+                .expect("in flight");
+            assert_eq!(s.acked_below(), stuck.index + 5, "the join moves on");
+            if late_copy_arrives {
+                // The first copy arrives after all: acknowledged, nothing else changes.
+                s.handle_acked(0, stuck.index, t + ms(20))
+                    .expect("first copy in flight");
+            } else {
+                // Connection 0 fails with the first copy: it is not handed out a third time.
+                s.handle_conn_lost(0, t).expect("known");
+            }
+            let rest: Vec<u64> = std::iter::from_fn(|| s.poll_assign(1, t + ms(30)))
+                .map(|i| i.index)
+                .collect();
+            assert!(!rest.contains(&stuck.index), "{rest:?}");
+            delivered.extend(rest);
+            delivered.sort();
+            assert_eq!(
+                delivered,
+                (stuck.index..s.items_in()).collect::<Vec<_>>(),
+                "each item handed out, the late one twice only"
+            );
         }
     }
 
