@@ -422,3 +422,58 @@ fn pull_uses_a_long_path_beside_a_short_one_when_the_window_covers_it() {
     let share = r.carried[1] as f64 / (r.carried[0] + r.carried[1]) as f64;
     assert!(share > 0.07, "long path carried {share:.3}");
 }
+
+#[test]
+fn a_stalled_connection_has_its_frames_sent_again_instead_of_stalling_the_join() {
+    // Four 50 Mbit/s channels with 20 ms each way, one connection each; channel 0 carries
+    // 1 kB/s from 4 s to 7 s (a retransmission timeout, as seen above TCP). The 16 MiB
+    // reorder window is two thirds of a second of the edge's rate, so without second copies
+    // the join stops for most of the stall.
+    let mut spec = ForkJoinSpec::paper(&[50.0; 4], 4, Scheduler::Pull);
+    for ch in &mut spec.channels {
+        ch.latency = Duration::from_millis(20);
+    }
+    spec.bytes = Some(300 * MIB);
+    spec.duration = Duration::from_secs(30);
+    spec.rate_changes = vec![
+        (Duration::from_secs(4), 0, 1000.0),
+        (Duration::from_secs(7), 0, 50e6 / 8.0),
+    ];
+    let during = |r: &ForkJoinReport| {
+        let s: Vec<f64> = r
+            .samples
+            .iter()
+            .filter(|s| s.at > Duration::from_secs(5) && s.at <= Duration::from_secs(7))
+            .map(|s| s.throughput)
+            .collect();
+        s.iter().sum::<f64>() / s.len().max(1) as f64
+    };
+    let three = 3.0 * 50e6 / 8.0;
+    let r = run(&spec);
+    assert_exact(&r, 300 * MIB, "hedged");
+    assert!(
+        during(&r) >= 0.8 * three,
+        "with second copies: {:.1} Mbit/s during the stall",
+        during(&r) * 8e-6
+    );
+    // The frames the stalled connection held were sent again, and only those: it holds a
+    // few (its 256 KiB socket window is four 64 KiB items).
+    let copies = r.carried.iter().sum::<u64>() - r.released_items;
+    assert!((1..=8).contains(&copies), "{copies} second copies");
+    let mut off = spec.clone();
+    off.striper.hedge_after = 0.0;
+    // (The frame in service when the channel slowed takes a minute at its rate: without a
+    // second copy the stream does not even finish within the run.)
+    let r = run(&off);
+    assert!(
+        r.violations.is_empty() && r.order_errors == 0,
+        "{:?}",
+        r.violations
+    );
+    assert!(!r.complete);
+    assert!(
+        during(&r) <= 0.3 * three,
+        "without: {:.1} Mbit/s during the stall",
+        during(&r) * 8e-6
+    );
+}
