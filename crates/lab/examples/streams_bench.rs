@@ -122,8 +122,9 @@ enum Cmd {
         /// Loss percentages: scenario wan-100m-100ms-loss<L> each.
         #[arg(long, value_delimiter = ',', default_value = "0,1,5")]
         losses: Vec<String>,
-        /// Rows: pipe (default settings), pipe-streams<N> (N connections), pipe-cubic,
-        /// iperf3-cubic, iperf3-bbr, iperf3-p8-cubic, iperf3-p8-bbr.
+        /// Rows: pipe (default settings), pipe with options appended (`-streamsN`: N
+        /// connections, `-chunkK`: K KiB chunks, `-cubic`), iperf3-cubic, iperf3-bbr,
+        /// iperf3-p8-cubic, iperf3-p8-bbr.
         #[arg(
             long,
             value_delimiter = ',',
@@ -878,16 +879,24 @@ fn run_wan(
         for (mi, m) in methods.iter().enumerate() {
             let tag = format!("wan-loss{loss}-{m}");
             let (rate, note, rec) = if let Some(rest) = m.strip_prefix("pipe") {
-                let opts = match rest {
-                    "" => String::new(),
-                    "-streams1" => "--streams 1".into(),
-                    "-cubic" => "--cc cubic".into(),
-                    other => match other.strip_prefix("-streams") {
-                        // pipe-streams4: a fixed number of connections.
-                        Some(n) if n.parse::<u16>().is_ok() => format!("--streams {n}"),
-                        _ => other.trim_start_matches('-').replace('-', " "),
-                    },
-                };
+                // pipe[-streamsN][-chunkK][-cubic]: N connections, K KiB chunks, cubic.
+                let opts = rest
+                    .split('-')
+                    .filter(|t| !t.is_empty())
+                    .map(|t| {
+                        let num = |p: &str| t.strip_prefix(p).filter(|n| n.parse::<u32>().is_ok());
+                        if let Some(n) = num("streams") {
+                            Ok(format!("--streams {n}"))
+                        } else if let Some(k) = num("chunk") {
+                            Ok(format!("--chunk-kib {k}"))
+                        } else if t == "cubic" {
+                            Ok("--cc cubic".to_string())
+                        } else {
+                            Err(format!("unknown wan method {m:?}"))
+                        }
+                    })
+                    .collect::<Result<Vec<_>, _>>()?
+                    .join(" ");
                 let bytes = (link_mbps * 1e6 / 8.0 * secs) as u64;
                 let (o, stats) = run_pipe(
                     ctx,
