@@ -120,12 +120,9 @@ async fn send(a: PipeSendArgs) -> Result<i32> {
     };
     let report = result?;
     let rx = &report.receivers[0];
-    let conns = report
-        .edges
-        .first()
-        .map(|e| e.connections.clone())
-        .unwrap_or_default();
-    let hedges = report.edges.first().map_or(0, |e| e.hedges);
+    let edge = report.edges.first();
+    let conns = edge.map(|e| e.connections.clone()).unwrap_or_default();
+    let hedges = edge.map_or(0, |e| e.hedges);
     if a.json {
         let out = serde_json::json!({
             "bytes": report.object.bytes,

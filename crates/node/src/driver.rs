@@ -545,8 +545,6 @@ impl Driver {
         }
     }
 
-    /// A connection of `link` ended. On a striped edge, a connection other than the first only
-    /// hands its frames to the others.
     /// A finished receiver reads and drops what its parent still sends (second copies of
     /// frames it holds already) until the parent closes, for at most [`LINGER`]. Closing with
     /// unread data makes TCP reset the connection, and the reset can reach the parent before
@@ -570,6 +568,8 @@ impl Driver {
         }
     }
 
+    /// A connection of `link` ended. On a striped edge, a connection other than the first only
+    /// hands its frames to the others.
     fn conn_lost(&mut self, link: Link, conn: u16, reason: String, now: Instant) {
         if let Link::Child(k) = link {
             if let Some(e) = self.out_edges.get_mut(&k) {
