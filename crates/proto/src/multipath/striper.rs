@@ -300,6 +300,8 @@ pub struct Striper {
     acked_ahead: BTreeSet<u64>,
     /// Pull: numbered, not yet handed out.
     pending: VecDeque<(Item, Instant)>,
+    /// The bytes of `pending`.
+    pending_bytes: u64,
     /// Items of lost connections, handed out again first.
     orphans: BTreeMap<u64, (Item, Instant)>,
     /// Unacknowledged items sent a second time (see [`StriperConfig::hedge_after`]), and how
@@ -328,6 +330,7 @@ impl Striper {
             base: 0,
             acked_ahead: BTreeSet::new(),
             pending: VecDeque::new(),
+            pending_bytes: 0,
             orphans: BTreeMap::new(),
             hedged: BTreeSet::new(),
             hedges: 0,
@@ -382,6 +385,7 @@ impl Striper {
         self.next_index += 1;
         self.max_item = self.max_item.max(len);
         self.pending.push_back((item, now));
+        self.pending_bytes += u64::from(len);
         self.fork(now);
         Ok(item.index)
     }
@@ -405,7 +409,11 @@ impl Striper {
         let c = self.conns.get_mut(conn).filter(|c| c.alive)?;
         let (item, dealt_at) = match late.or_else(|| self.orphans.pop_first().map(|(_, o)| o)) {
             Some(o) => o,
-            None if pull => self.pending.pop_front()?,
+            None if pull => {
+                let p = self.pending.pop_front()?;
+                self.pending_bytes -= u64::from(p.0.len);
+                p
+            }
             None => {
                 let (item, at) = c.dealt.pop_front()?;
                 c.dealt_bytes -= u64::from(item.len);
@@ -618,14 +626,20 @@ impl Striper {
         if rate <= 0.0 {
             return c.inflight.len() < 2;
         }
-        let others: f64 = self
+        let others = self
             .conns
             .iter()
             .enumerate()
-            .filter(|&(i, o)| i != conn && o.alive)
-            .map(|(_, o)| o.rate())
-            .sum();
-        if others <= 0.0 {
+            .filter(|&(i, o)| i != conn && o.alive);
+        let (rate_others, inflight_others, rtt_others) =
+            others.fold((0.0, 0u64, None::<Duration>), |(r, b, t), (_, o)| {
+                let t = match (t, o.min_rtt) {
+                    (Some(a), Some(m)) => Some(a.min(m)),
+                    (a, m) => a.or(m),
+                };
+                (r + o.rate(), b + o.inflight_bytes, t)
+            });
+        if rate_others <= 0.0 {
             return true;
         }
         // The fastest connection always may: someone must, or a small item (an end marker,
@@ -640,10 +654,18 @@ impl Striper {
         }
         let len = f64::from(next.len);
         let done_in = (c.inflight_bytes as f64 + len) / rate + rtt.as_secs_f64() / 2.0;
-        // The window's items are as large as the largest seen so far.
+        // A slower connection takes the next item only if it delivers it before the others
+        // would stall: on the window (the join waits for this item while they fill it; the
+        // window's items are as large as the largest seen so far), or for want of anything
+        // else to send (what they carry and everything not handed out yet, this item
+        // included: at the end of a stream, or when the source is the limit, the slower
+        // connection would only make the last byte later).
         let item = len.max(self.max_item as f64);
-        let ahead = (self.base + self.config.window).saturating_sub(next.index) as f64 * item;
-        done_in <= ahead / others
+        let window = (self.base + self.config.window).saturating_sub(next.index) as f64 * item;
+        let orphaned: u64 = self.orphans.values().map(|(i, _)| u64::from(i.len)).sum();
+        let work = (inflight_others + self.pending_bytes + orphaned) as f64;
+        let others_done = work / rate_others + rtt_others.unwrap_or_default().as_secs_f64() / 2.0;
+        done_in <= (window / rate_others).min(others_done)
     }
 
     /// The oldest item the join waits for (unacknowledged while a later one was acknowledged)
@@ -708,6 +730,7 @@ impl Striper {
             c.dealt.push_back((item, now));
             c.dealt_bytes += u64::from(item.len);
             self.pending.pop_front();
+            self.pending_bytes -= u64::from(item.len);
         }
     }
 
