@@ -286,7 +286,9 @@ impl OutEdge {
 
     /// Connection `conn` is up; frames for it go to `tx`.
     pub fn handle_connected(&mut self, conn: u16, tx: mpsc::Sender<Frame>, now: Instant) {
-        let id = self.striper.add_conn(now);
+        // Connection i goes to address i mod P: that address is its path.
+        let path = conn as usize % self.addrs.len().max(1);
+        let id = self.striper.add_conn_on(path, now);
         if let Some(c) = self.conns.get_mut(conn as usize) {
             c.id = Some(id);
             c.tx = Some(tx);

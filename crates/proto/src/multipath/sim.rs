@@ -439,7 +439,7 @@ impl<'a> Sim<'a> {
             }
             Ev::Rate { ch, bits } => self.channels[ch].spec.rate = f64::from_bits(bits),
             Ev::Join(conn) => {
-                let id = self.striper.add_conn(now);
+                let id = self.striper.add_conn_on(self.conns[conn].spec.channel, now);
                 self.conns[conn].id = Some(id);
             }
             Ev::Lost(conn) => {

@@ -5,6 +5,11 @@ use std::time::{Duration, Instant};
 
 use super::{ConnId, Item};
 
+/// Pull: a connection is judged at least this fraction as fast as the mean of the others on
+/// its path ([`Striper::add_conn_on`]): half, because TCP flows sharing one bottleneck settle
+/// within a factor of two of each other, so a connection slower than that is in a transient.
+pub const SAME_PATH_FLOOR: f64 = 0.5;
+
 /// How items are dealt to connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scheduler {
@@ -206,6 +211,8 @@ struct Conn {
     /// Busy-time weighted moving sums for the rate estimate.
     ewma_bytes: f64,
     ewma_secs: f64,
+    /// The network path it runs over (a label from the driver).
+    path: usize,
     /// Relative weight, the fastest at 1 (eq. 2).
     weight: f64,
     deficit: f64,
@@ -219,9 +226,10 @@ struct Conn {
 }
 
 impl Conn {
-    fn new() -> Self {
+    fn new(path: usize) -> Self {
         Self {
             alive: true,
+            path,
             dealt: VecDeque::new(),
             dealt_bytes: 0,
             inflight: VecDeque::new(),
@@ -355,10 +363,16 @@ impl Striper {
         }
     }
 
-    /// A new connection; it takes part from now on. Under the weighted scheduler the weights
-    /// are measured again from equal blocks.
+    /// A new connection over the same path as the others (see [`add_conn_on`](Self::add_conn_on)).
     pub fn add_conn(&mut self, now: Instant) -> ConnId {
-        self.conns.push(Conn::new());
+        self.add_conn_on(0, now)
+    }
+
+    /// A new connection over network path `path` (any label: connections with the same label
+    /// share a bottleneck); it takes part from now on. Under the weighted scheduler the
+    /// weights are measured again from equal blocks.
+    pub fn add_conn_on(&mut self, path: usize, now: Instant) -> ConnId {
+        self.conns.push(Conn::new(path));
         if self.config.scheduler == Scheduler::Weighted {
             self.restart_measure(now);
         }
@@ -594,7 +608,37 @@ impl Striper {
         &self.config
     }
 
-    /// Pull: whether `conn` may take the next item now.
+    /// The rate `conn` is judged by: its own estimate, but at least [`SAME_PATH_FLOOR`] of the
+    /// mean of the other measured connections on its path. Connections over one path share
+    /// its bottleneck, and TCP shares it out evenly over seconds; one far below its siblings
+    /// is in a transient (slow start, a retransmission timeout, or the cold start of a
+    /// connection fed one frame at a time), and its own estimate only says how it did then.
+    /// Judged by that alone it would get one frame at a time, each of which, on a lossy path,
+    /// needs a timeout to complete: a connection judged slow stays slow (seen in the lab: one
+    /// of eight connections at 1% loss carried 4 frames in 30 s).
+    ///
+    /// Likewise its round trip: the path's smallest, since a laggard's own minimum may
+    /// include a timeout. Returns (rate in bytes per second, round trip).
+    fn judged(&self, conn: ConnId) -> (f64, Duration) {
+        let Some(c) = self.conns.get(conn) else {
+            return (0.0, Duration::ZERO);
+        };
+        let own = (c.rate(), c.min_rtt.unwrap_or_default());
+        let (sum, n, rtt) = self
+            .conns
+            .iter()
+            .enumerate()
+            .filter(|&(i, o)| i != conn && o.alive && o.path == c.path && o.rate() > 0.0)
+            .fold((0.0, 0u32, own.1), |(s, n, t), (_, o)| {
+                (s + o.rate(), n + 1, o.min_rtt.map_or(t, |m| t.min(m)))
+            });
+        if n == 0 || own.0 <= 0.0 {
+            return own;
+        }
+        (own.0.max(SAME_PATH_FLOOR * sum / f64::from(n)), rtt)
+    }
+
+    /// Pull: whether `conn` may take the next item now (judged by [`Self::judged`]).
     ///
     /// Two limits. Its bytes in flight stay under `rate * (min_rtt + pull_queue_delay)` (at
     /// least `pull_min_inflight`), so that it does not bury items deep in a socket buffer.
@@ -607,8 +651,7 @@ impl Striper {
         let Some(c) = self.conns.get(conn).filter(|c| c.alive) else {
             return false;
         };
-        let rate = c.rate();
-        let rtt = c.min_rtt.unwrap_or_default();
+        let (rate, rtt) = self.judged(conn);
         let cap = (rate * (rtt + self.config.pull_queue_delay).as_secs_f64()) as u64;
         // Two items may always be in flight: the second gives a rate sample, and with items as
         // large as the minimum cap a single one would otherwise never let the rate be measured.
@@ -631,6 +674,7 @@ impl Striper {
             .iter()
             .enumerate()
             .filter(|&(i, o)| i != conn && o.alive);
+        // The others at their own estimates: a laggard's credit is for itself only.
         let (rate_others, inflight_others, rtt_others) =
             others.fold((0.0, 0u64, None::<Duration>), |(r, b, t), (_, o)| {
                 let t = match (t, o.min_rtt) {
@@ -680,15 +724,14 @@ impl Striper {
         let newest_acked = *self.acked_ahead.last()?;
         let mut late: Option<&Sent> = None;
         for (i, c) in self.conns.iter().enumerate() {
-            let rate = c.rate();
+            let (rate, rtt) = self.judged(i);
             let Some(head) = c.inflight.front() else {
                 continue;
             };
             if i == conn || !c.alive || rate <= 0.0 {
                 continue;
             }
-            let usual =
-                c.min_rtt.unwrap_or_default().as_secs_f64() + f64::from(head.item.len) / rate;
+            let usual = rtt.as_secs_f64() + f64::from(head.item.len) / rate;
             let since = c.last_done.map_or(head.sent_at, |d| d.max(head.sent_at));
             if now.saturating_duration_since(since).as_secs_f64() <= self.config.hedge_after * usual
             {
@@ -1014,6 +1057,36 @@ mod tests {
                 (stuck.index..s.items_in()).collect::<Vec<_>>(),
                 "each item handed out, the late one twice only"
             );
+        }
+    }
+
+    #[test]
+    fn pull_judges_a_laggard_by_the_others_on_its_path() {
+        let ms = Duration::from_millis;
+        for same_path in [true, false] {
+            let now = Instant::now();
+            let mut s = Striper::new(StriperConfig {
+                window: 16,
+                ..StriperConfig::with(Scheduler::Pull)
+            });
+            for path in 0..3 {
+                s.add_conn_on(if same_path { 0 } else { path }, now);
+            }
+            fill(&mut s, now);
+            // Connections 0 and 1 deliver two items each within 20 ms (100 kB/s); connection
+            // 2 takes a second per item (a timeout in its first round trips): 1 kB/s.
+            for (c, gap) in [(0, ms(10)), (1, ms(10)), (2, ms(1000))] {
+                let a = s.poll_assign(c, now).expect("a first item");
+                let b = s.poll_assign(c, now).expect("a second item");
+                s.handle_acked(c, a.index, now + gap).expect("in flight");
+                s.handle_acked(c, b.index, now + 2 * gap).expect("in flight");
+            }
+            fill(&mut s, now + ms(2000));
+            // At its own rate, its next item would take a second, while the others run
+            // through the whole window in 80 ms: left idle. On the others' path it is judged
+            // at half their rate, and takes it.
+            let took = s.poll_assign(2, now + ms(2000)).is_some();
+            assert_eq!(took, same_path, "same path: {same_path}");
         }
     }
 
