@@ -1079,7 +1079,8 @@ mod tests {
                 let a = s.poll_assign(c, now).expect("a first item");
                 let b = s.poll_assign(c, now).expect("a second item");
                 s.handle_acked(c, a.index, now + gap).expect("in flight");
-                s.handle_acked(c, b.index, now + 2 * gap).expect("in flight");
+                s.handle_acked(c, b.index, now + 2 * gap)
+                    .expect("in flight");
             }
             fill(&mut s, now + ms(2000));
             // At its own rate, its next item would take a second, while the others run
