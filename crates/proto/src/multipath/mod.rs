@@ -18,8 +18,8 @@
 //!   fraction of the channels' summed rate, a time series and re-convergence after steps.
 //!
 //! # Driving it
-//! Sender, per edge: [`Striper::new`], then [`Striper::add_conn`] per connection. Then, after
-//! every event, until nothing moves:
+//! Sender, per edge: [`Striper::new`], then [`Striper::add_conn_on`] per connection (with its
+//! path). Then, after every event, until nothing moves:
 //! 1. while [`Striper::wants_input`], read an item and pass its length to
 //!    [`Striper::handle_input`], which returns its index (keep the bytes: they may have to be
 //!    sent again);

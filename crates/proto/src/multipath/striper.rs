@@ -8,7 +8,7 @@ use super::{ConnId, Item};
 /// Pull: a connection is judged at least this fraction as fast as the mean of the others on
 /// its path ([`Striper::add_conn_on`]): half, because TCP flows sharing one bottleneck settle
 /// within a factor of two of each other, so a connection slower than that is in a transient.
-pub const SAME_PATH_FLOOR: f64 = 0.5;
+const SAME_PATH_FLOOR: f64 = 0.5;
 
 /// How items are dealt to connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,7 +71,8 @@ pub struct StriperConfig {
     /// the striper never hands out an item at or beyond `oldest un-acknowledged + window`.
     pub window: u64,
     /// Pull only: a connection takes a new item only while its bytes in flight are under
-    /// `rate * (min_rtt + pull_queue_delay)` (its measured rate and round trip), so that a
+    /// `rate * (rtt + pull_queue_delay)` (its rate and round trip as judged against its path,
+    /// see [`Striper::add_conn_on`]), so that a
     /// slow connection does not queue seconds of data in a large socket buffer while the
     /// others wait for it at the join.
     pub pull_queue_delay: Duration,
@@ -83,7 +84,8 @@ pub struct StriperConfig {
     /// Time constant of the per-connection rate estimate (busy-time weighted).
     pub rate_tau: Duration,
     /// Pull only: the items of a connection that delivered nothing for this many times its
-    /// usual time for a frame (round trip plus the frame at its rate) are sent again on the
+    /// usual time for a frame (round trip plus the frame at its rate, as judged against its
+    /// path) are sent again on the
     /// others, oldest first, where later items have arrived past them: the join waits for
     /// them. Under random loss one of N connections is often in a retransmission timeout
     /// (hundreds of milliseconds, doubling), and without a second copy the whole edge waits
@@ -284,7 +286,8 @@ struct Controller {
 /// Deals a stream of items to N connections and tracks them until acknowledged.
 ///
 /// Driver loop, per edge:
-/// 1. [`add_conn`](Self::add_conn) for each connection (more may join later);
+/// 1. [`add_conn_on`](Self::add_conn_on) for each connection, with its path (more may join
+///    later);
 /// 2. while [`wants_input`](Self::wants_input), read an item from upstream and give its
 ///    length to [`handle_input`](Self::handle_input), which numbers it (keep the data
 ///    until it is acknowledged);
@@ -363,7 +366,8 @@ impl Striper {
         }
     }
 
-    /// A new connection over the same path as the others (see [`add_conn_on`](Self::add_conn_on)).
+    /// A new connection over path 0: with only these, every connection shares one path (see
+    /// [`add_conn_on`](Self::add_conn_on)).
     pub fn add_conn(&mut self, now: Instant) -> ConnId {
         self.add_conn_on(0, now)
     }
@@ -623,30 +627,37 @@ impl Striper {
         let Some(c) = self.conns.get(conn) else {
             return (0.0, Duration::ZERO);
         };
-        let own = (c.rate(), c.min_rtt.unwrap_or_default());
         let (sum, n, rtt) = self
             .conns
             .iter()
             .enumerate()
             .filter(|&(i, o)| i != conn && o.alive && o.path == c.path && o.rate() > 0.0)
-            .fold((0.0, 0u32, own.1), |(s, n, t), (_, o)| {
-                (s + o.rate(), n + 1, o.min_rtt.map_or(t, |m| t.min(m)))
+            .fold((0.0, 0u32, c.min_rtt), |(s, n, t), (_, o)| {
+                let t = match (t, o.min_rtt) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                (s + o.rate(), n + 1, t)
             });
-        if n == 0 || own.0 <= 0.0 {
-            return own;
+        let rtt = rtt.unwrap_or_default();
+        if n == 0 {
+            return (c.rate(), rtt);
         }
-        (own.0.max(SAME_PATH_FLOOR * sum / f64::from(n)), rtt)
+        // A connection not measured yet is judged so too: its path is known.
+        (c.rate().max(SAME_PATH_FLOOR * sum / f64::from(n)), rtt)
     }
 
     /// Pull: whether `conn` may take the next item now (judged by [`Self::judged`]).
     ///
-    /// Two limits. Its bytes in flight stay under `rate * (min_rtt + pull_queue_delay)` (at
-    /// least `pull_min_inflight`), so that it does not bury items deep in a socket buffer.
-    /// And it takes the item only if it would deliver it before the other connections, at
-    /// their rates, run out of window waiting for it (blocking estimation): a connection
-    /// too slow for the window is left idle rather than stalling the join. A connection
-    /// without a rate estimate yet takes two items at a time (two, so that the second gives
-    /// a rate sample).
+    /// Its bytes in flight stay under `rate * (rtt + pull_queue_delay)` (at least
+    /// `pull_min_inflight`), so that it does not bury items deep in a socket buffer. And
+    /// unless it is the fastest (someone must take each item), it takes the item only if it
+    /// would deliver it before the other connections, at their rates, run out of window
+    /// waiting for it (blocking estimation) or run out of work (what they carry and every
+    /// item not handed out yet): a connection too slow for the window, or for the end of the
+    /// stream, is left idle rather than holding up the join. A connection without a rate
+    /// estimate yet, and no measured connection on its path, takes two items at a time (two,
+    /// so that the second gives a rate sample).
     fn pull_may_take(&self, conn: ConnId) -> bool {
         let Some(c) = self.conns.get(conn).filter(|c| c.alive) else {
             return false;
@@ -724,11 +735,14 @@ impl Striper {
         let newest_acked = *self.acked_ahead.last()?;
         let mut late: Option<&Sent> = None;
         for (i, c) in self.conns.iter().enumerate() {
-            let (rate, rtt) = self.judged(i);
             let Some(head) = c.inflight.front() else {
                 continue;
             };
-            if i == conn || !c.alive || rate <= 0.0 {
+            if i == conn || !c.alive {
+                continue;
+            }
+            let (rate, rtt) = self.judged(i);
+            if rate <= 0.0 {
                 continue;
             }
             let usual = rtt.as_secs_f64() + f64::from(head.item.len) / rate;
@@ -1088,6 +1102,25 @@ mod tests {
             // at half their rate, and takes it.
             let took = s.poll_assign(2, now + ms(2000)).is_some();
             assert_eq!(took, same_path, "same path: {same_path}");
+        }
+    }
+
+    #[test]
+    fn pull_judges_a_new_connection_by_the_measured_ones_on_its_path() {
+        for same_path in [true, false] {
+            let (mut s, now) = striper(Scheduler::Pull, 64, 2);
+            fill(&mut s, now);
+            let (_, now) = prime(&mut s, now);
+            let new = s.add_conn_on(if same_path { 0 } else { 1 }, now);
+            fill(&mut s, now);
+            // Unmeasured: two items, for a rate sample; but on a path whose connections
+            // deliver 100 kB/s it is judged at half that from the start.
+            let took = std::iter::from_fn(|| s.poll_assign(new, now)).count();
+            if same_path {
+                assert!(took > 2, "took {took}");
+            } else {
+                assert_eq!(took, 2);
+            }
         }
     }
 
