@@ -139,6 +139,8 @@ impl std::fmt::Debug for StreamsObserver {
 
 struct OutConn {
     addr: String,
+    /// Which of the child's addresses it goes to: its path, for the striper.
+    path: usize,
     /// The striper's number for it, once connected.
     id: Option<usize>,
     tx: Option<mpsc::Sender<Frame>>,
@@ -270,9 +272,11 @@ impl OutEdge {
         let first_up = self.conns.first().is_some_and(|c| c.id.is_some());
         while (self.conns.len() as u16) < self.target && (self.conns.is_empty() || first_up) {
             let n = self.conns.len() as u16;
-            let addr = self.addrs[n as usize % self.addrs.len()].clone();
+            let path = n as usize % self.addrs.len();
+            let addr = self.addrs[path].clone();
             self.conns.push(OutConn {
                 addr: addr.clone(),
+                path,
                 id: None,
                 tx: None,
                 inflight: 0,
@@ -286,8 +290,7 @@ impl OutEdge {
 
     /// Connection `conn` is up; frames for it go to `tx`.
     pub fn handle_connected(&mut self, conn: u16, tx: mpsc::Sender<Frame>, now: Instant) {
-        // Connection i goes to address i mod P: that address is its path.
-        let path = conn as usize % self.addrs.len().max(1);
+        let path = self.conns.get(conn as usize).map_or(0, |c| c.path);
         let id = self.striper.add_conn_on(path, now);
         if let Some(c) = self.conns.get_mut(conn as usize) {
             c.id = Some(id);

@@ -484,7 +484,7 @@ impl Striper {
             .map_or(0.0, |d| now.saturating_duration_since(d).as_secs_f64());
         c.last_done = Some(now);
         let rtt = now.saturating_duration_since(sent.sent_at);
-        c.min_rtt = Some(c.min_rtt.map_or(rtt, |m| m.min(rtt)));
+        c.min_rtt = shorter(c.min_rtt, Some(rtt));
         if pipelined {
             let decay = if tau > 0.0 {
                 (-service / tau).exp()
@@ -633,11 +633,7 @@ impl Striper {
             .enumerate()
             .filter(|&(i, o)| i != conn && o.alive && o.path == c.path && o.rate() > 0.0)
             .fold((0.0, 0u32, c.min_rtt), |(s, n, t), (_, o)| {
-                let t = match (t, o.min_rtt) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                };
-                (s + o.rate(), n + 1, t)
+                (s + o.rate(), n + 1, shorter(t, o.min_rtt))
             });
         let rtt = rtt.unwrap_or_default();
         if n == 0 {
@@ -686,25 +682,24 @@ impl Striper {
             .enumerate()
             .filter(|&(i, o)| i != conn && o.alive);
         // The others at their own estimates: a laggard's credit is for itself only.
-        let (rate_others, inflight_others, rtt_others) =
-            others.fold((0.0, 0u64, None::<Duration>), |(r, b, t), (_, o)| {
-                let t = match (t, o.min_rtt) {
-                    (Some(a), Some(m)) => Some(a.min(m)),
-                    (a, m) => a.or(m),
-                };
-                (r + o.rate(), b + o.inflight_bytes, t)
-            });
+        let (rate_others, fastest_other, inflight_others, rtt_others) = others.fold(
+            (0.0, 0.0f64, 0u64, None::<Duration>),
+            |(r, f, b, t), (_, o)| {
+                (
+                    r + o.rate(),
+                    f.max(o.rate()),
+                    b + o.inflight_bytes,
+                    shorter(t, o.min_rtt),
+                )
+            },
+        );
         if rate_others <= 0.0 {
             return true;
         }
         // The fastest connection always may: someone must, or a small item (an end marker,
-        // whose length says nothing about the window's bytes) could stall the edge.
-        let fastest = self
-            .conns
-            .iter()
-            .filter(|o| o.alive)
-            .all(|o| o.rate() <= rate);
-        if fastest {
+        // whose length says nothing about the window's bytes) could stall the edge. (Its own
+        // estimate is never above the rate it is judged by.)
+        if fastest_other <= rate {
             return true;
         }
         let len = f64::from(next.len);
@@ -981,6 +976,14 @@ impl Striper {
             }
             Phase::Settle | Phase::Off => self.reset_periods(),
         }
+    }
+}
+
+/// The shorter of two round trips, either of which may be unknown.
+fn shorter(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 
