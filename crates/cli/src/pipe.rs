@@ -103,6 +103,7 @@ async fn send(a: PipeSendArgs) -> Result<i32> {
         strategy: "pipe".into(),
         edges: mode,
         observer: a.edges.observer()?,
+        uplink_mbps: None,
     };
     let status = source::new_status(&hosts, &tree, chunk_size, None);
     let session: u64 = rand::random();

@@ -297,6 +297,7 @@ pub async fn run(a: SendArgs) -> Result<i32> {
         node: a.common.node(),
         tuning,
         strategy,
+        uplink_mbps: source_spec.as_ref().and_then(|s| s.uplink_mbps),
     };
     let status = source::new_status(&hosts, &tree, chunk_size, input.manifest.total_len);
     let work = async {

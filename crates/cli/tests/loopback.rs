@@ -928,6 +928,60 @@ fn striped_tree_edges_use_every_path_of_a_host() {
     assert!(last["t_s"].as_f64().unwrap() > 0.0);
 }
 
+#[test]
+fn a_relay_paces_what_it_sends_below_its_declared_uplink() {
+    let s = Scratch::new("pace");
+    let src = s.0.join("input.bin");
+    make_file(&src, 12 * MIB, b"pace");
+    let key = secret(11);
+    let ags = agents(&s.0, 2, &key);
+    // A chain source -> r0 -> r1; r0 declares a 40 Mbit/s uplink, so it sends r1 at most
+    // 0.95 * 5 MB/s (about 2.6 s for 12 MiB), while the source, on loopback, is not held back.
+    let file = s.0.join("hosts.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[[host]]\nname = \"r0\"\naddr = \"{}\"\nuplink_mbps = 40\n\
+             [[host]]\nname = \"r1\"\naddr = \"{}\"\n",
+            ags[0].addr, ags[1].addr
+        ),
+    )
+    .unwrap();
+    let want = hash(&src);
+    for streams in ["1", "3"] {
+        let out = send(
+            &[
+                src.to_str().unwrap(),
+                "--to",
+                file.to_str().unwrap(),
+                "--fanout",
+                "1",
+                "--streams",
+                streams,
+            ],
+            &key,
+            None,
+        );
+        let r = report_ok(&out);
+        for a in &ags {
+            assert_eq!(hash(&a.dir.join("input.bin")), want);
+        }
+        let secs = |name: &str| {
+            r["receivers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|x| x["name"] == name)
+                .unwrap()["seconds"]
+                .as_f64()
+                .unwrap()
+        };
+        // 12 MiB at 4.75 MB/s is 2.65 s, over any number of connections.
+        assert!(secs("r1") > 2.4, "--streams {streams}: {r}");
+        assert!(secs("r0") < secs("r1") - 1.0, "--streams {streams}: {r}");
+    }
+}
+
 /// A hosts file putting agents (by address) into sites: the source is in `source_site`,
 /// host i in `sites[i]`.
 fn sited_hosts(path: &Path, addrs: &[&str], source_site: &str, sites: &[&str]) {

@@ -22,7 +22,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bulkcast_proto::multipath::grow::{Decision, Grow};
+use bulkcast_proto::multipath::grow::{start_for, Decision, Grow};
 use bulkcast_proto::multipath::{
     ConnStats, JoinError, Joiner, Scheduler, StripeError, Striper, StriperConfig,
 };
@@ -36,11 +36,6 @@ use tokio::sync::mpsc;
 /// window. It must cover the summed rate of the connections times the longest round trip
 /// (1 Gbit/s × 100 ms = 12.5 MB); it also bounds what the child holds for reordering.
 pub const WINDOW_BYTES: u64 = 32 << 20;
-
-/// The connections `--streams auto` starts with on a single path: two, because waiting for a
-/// lone connection's rate to settle before trying another costs seconds under loss (BBR's start
-/// is slow there), while a second connection on a path one flow fills costs a few percent.
-pub const AUTO_MIN_START: u16 = 2;
 
 /// The most connections `--streams auto` opens per edge.
 pub const AUTO_MAX_STREAMS: u16 = 8;
@@ -182,6 +177,8 @@ pub struct OutEdge {
     pub lost_busy: bool,
     /// When the edge was made (connection times are reported from here).
     started: Instant,
+    /// [`OutEdge::set_ceiling`], in bytes/s.
+    ceiling: Option<f64>,
 }
 
 impl OutEdge {
@@ -212,9 +209,10 @@ impl OutEdge {
         };
         let paths = addrs.len().max(1) as u16;
         let (target, grow) = match mode.streams {
-            // One connection per path to start with; more while they add throughput.
+            // Connection 0 first; once its round trip is known, as many as `start_for` says
+            // (see `handle_connected`), then more while they add throughput.
             0 => {
-                let start = paths.clamp(AUTO_MIN_START, AUTO_MAX_STREAMS);
+                let start = paths.min(AUTO_MAX_STREAMS);
                 let grow = AutoStreams {
                     grow: Grow::new(start, AUTO_MAX_STREAMS.max(start), AUTO_GAIN),
                     since: now,
@@ -240,6 +238,7 @@ impl OutEdge {
             closed: false,
             lost_busy: false,
             started: now,
+            ceiling: None,
         }
     }
 
@@ -289,7 +288,27 @@ impl OutEdge {
     }
 
     /// Connection `conn` is up; frames for it go to `tx`.
-    pub fn handle_connected(&mut self, conn: u16, tx: mpsc::Sender<Frame>, now: Instant) {
+    /// Connection `conn` passed the handshake; `rtt` is its round trip as TCP measured it. The
+    /// first one's decides how many `--streams auto` starts with ([`start_for`]).
+    pub fn handle_connected(
+        &mut self,
+        conn: u16,
+        tx: mpsc::Sender<Frame>,
+        rtt: Option<Duration>,
+        now: Instant,
+    ) {
+        if let (0, Some(a)) = (conn, &mut self.grow) {
+            let paths = self.addrs.len().max(1) as u16;
+            let start = start_for(rtt, paths).min(AUTO_MAX_STREAMS);
+            a.grow = Grow::new(start, AUTO_MAX_STREAMS.max(start), AUTO_GAIN);
+            a.grow.set_ceiling(self.ceiling);
+            self.target = start;
+            tracing::debug!(
+                "edge to {}: round trip {:?}; starting with {start} connections",
+                self.name,
+                rtt
+            );
+        }
         let path = self.conns.get(conn as usize).map_or(0, |c| c.path);
         let id = self.striper.add_conn_on(path, now);
         if let Some(c) = self.conns.get_mut(conn as usize) {
@@ -481,6 +500,26 @@ impl OutEdge {
         for c in &mut self.conns {
             c.tx = None;
         }
+    }
+
+    /// The most this edge may carry in bytes/s (its share of a relay's pacing cap; `None`: no
+    /// cap). `--streams auto` stops adding connections near it.
+    pub fn set_ceiling(&mut self, bytes_per_sec: Option<u64>) {
+        let c = bytes_per_sec.map(|b| b as f64);
+        if self.ceiling != c {
+            self.ceiling = c;
+            if let Some(a) = &mut self.grow {
+                a.grow.set_ceiling(c);
+            }
+        }
+    }
+
+    /// Connections up and not lost or retired.
+    pub fn live_conns(&self) -> usize {
+        self.conns
+            .iter()
+            .filter(|c| c.id.is_some() && c.tx.is_some())
+            .count()
     }
 
     /// Whether the link is still in use.

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use bulkcast_proto::auth::Keys;
 use bulkcast_proto::hosts::HostSpec;
 use bulkcast_proto::manifest::ObjectKind;
-use bulkcast_proto::node::{Event, Node, NodeConfig, SessionParams};
+use bulkcast_proto::node::{Event, Named, Node, NodeConfig, SessionParams};
 use bulkcast_proto::stripe::Stripes;
 use bulkcast_proto::tree::Tree;
 use bulkcast_proto::wire::{EdgeMode, SessionId, StripeInfo};
@@ -34,6 +34,9 @@ pub struct SendConfig {
     pub edges: EdgeMode,
     /// Told about the source's striped edges periodically.
     pub observer: Option<StreamsObserver>,
+    /// The source's own declared uplink in Mbit/s (the hosts file's `[source]`): `--streams
+    /// auto` adds no connection once its edges carry that much.
+    pub uplink_mbps: Option<f64>,
 }
 
 impl Default for SendConfig {
@@ -46,6 +49,7 @@ impl Default for SendConfig {
             strategy: "tree".into(),
             edges: EdgeMode::default(),
             observer: None,
+            uplink_mbps: None,
         }
     }
 }
@@ -112,11 +116,8 @@ pub async fn send(
         stripe: None,
         edges: cfg.edges,
     };
-    let names: Vec<(String, String)> = hosts
-        .iter()
-        .map(|h| (h.name.clone(), member_addr(h)))
-        .collect();
-    let node = Node::source(
+    let names: Vec<Named> = hosts.iter().map(|h| named(h, true)).collect();
+    let mut node = Node::source(
         params,
         keys.clone(),
         cfg.node.clone(),
@@ -124,6 +125,7 @@ pub async fn send(
         &names,
         Instant::now(),
     )?;
+    node.set_uplink_kbps(kbps(cfg.uplink_mbps));
     {
         let mut st = status.lock().expect("status lock");
         st.started = Instant::now();
@@ -162,11 +164,24 @@ fn observe_streams(driver: &mut Driver, cfg: &SendConfig) {
 }
 
 /// A host's addresses as a tree member carries them: the main one, then its extra paths.
-fn member_addr(h: &HostSpec) -> String {
-    std::iter::once(h.addr.as_str())
-        .chain(h.paths.iter().map(String::as_str))
-        .collect::<Vec<_>>()
-        .join(" ")
+/// How the source names receiver `h` to the tree: its addresses (main first, then the extra
+/// paths) and, with `uplink`, its declared uplink, so that it paces what it relays below it.
+fn named(h: &HostSpec, uplink: bool) -> Named {
+    Named {
+        name: h.name.clone(),
+        addr: std::iter::once(h.addr.as_str())
+            .chain(h.paths.iter().map(String::as_str))
+            .collect::<Vec<_>>()
+            .join(" "),
+        uplink_kbps: if uplink { kbps(h.uplink_mbps) } else { 0 },
+    }
+}
+
+/// A declared rate in Mbit/s as the wire carries it: kbit/s, 0 for none.
+fn kbps(mbps: Option<f64>) -> u32 {
+    mbps.map_or(0, |m| {
+        (m * 1000.0).round().clamp(1.0, u32::MAX as f64) as u32
+    })
 }
 
 /// Sends `input` over several trees at once (a balanced plan): `trees` with their planned rates
@@ -191,10 +206,9 @@ pub async fn send_balanced(
         .map_err(|e| SendError::Aborted(format!("planned rates: {e}")))?;
     let group: SessionId = rand::random();
     let sessions: Vec<SessionId> = trees.iter().map(|_| rand::random()).collect();
-    let names: Vec<(String, String)> = hosts
-        .iter()
-        .map(|h| (h.name.clone(), member_addr(h)))
-        .collect();
+    // No uplink pacing: a relay's trees share its uplink in the planned proportions, which
+    // one tree's session does not know.
+    let names: Vec<Named> = hosts.iter().map(|h| named(h, false)).collect();
     // The memory budget is shared by the trees' source nodes.
     let node_cfg = NodeConfig {
         buffer_budget: (cfg.node.buffer_budget / trees.len()).max(4 * cfg.chunk_size as usize),

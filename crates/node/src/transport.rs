@@ -117,6 +117,48 @@ pub fn set_notsent_lowat(stream: &impl AsRawFd, bytes: u32) -> io::Result<()> {
     }
 }
 
+/// The connection's smoothed round trip as TCP measured it (`TCP_INFO`); `None` if the kernel
+/// does not say.
+pub fn rtt(stream: &impl AsRawFd) -> Option<Duration> {
+    // SAFETY: `tcp_info` is plain data (all zeroes is valid); the kernel writes at most `len`
+    // bytes into it and the fd is a valid socket for the duration of the call.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0 && info.tcpi_rtt > 0).then(|| Duration::from_micros(u64::from(info.tcpi_rtt)))
+}
+
+/// Caps the rate at which a socket sends (`SO_MAX_PACING_RATE`, bytes per second; `u64::MAX`:
+/// no cap). Setting it also turns on the kernel's pacing for congestion controls that do not
+/// pace by themselves (cubic), so the cap holds packet by packet, not on average.
+pub fn set_max_pacing_rate(stream: &impl AsRawFd, bytes_per_sec: u64) -> io::Result<()> {
+    // The kernel takes 32 bits here; all ones means no cap.
+    let v: u32 = bytes_per_sec.try_into().unwrap_or(u32::MAX);
+    // SAFETY: the fd is a valid socket for the duration of the call; `v` outlives it.
+    let rc = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_MAX_PACING_RATE,
+            (&v as *const u32).cast(),
+            std::mem::size_of::<u32>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// Connects with a deadline and the tuning applied.
 pub async fn connect(addr: &str, tuning: &TcpTuning) -> Result<TcpStream, ConnError> {
     let addrs: Vec<SocketAddr> =
@@ -337,6 +379,38 @@ mod tests {
 
     fn keys(b: u8) -> Keys {
         Keys::derive(&Secret::from_bytes([b; 32]))
+    }
+
+    #[tokio::test]
+    async fn round_trip_and_pacing_cap_on_a_real_socket() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let (c, s) = tokio::join!(TcpStream::connect(addr), l.accept());
+        let (c, _s) = (c.unwrap(), s.unwrap());
+        // Loopback: a round trip is known, and short.
+        let rtt = rtt(&c).expect("TCP_INFO has a round trip");
+        assert!(rtt < Duration::from_secs(1), "{rtt:?}");
+        // The cap reads back as set; above 32 bits it means no cap.
+        let read = |c: &TcpStream| {
+            let mut v: u32 = 0;
+            let mut len = std::mem::size_of::<u32>() as libc::socklen_t;
+            // SAFETY: valid socket fd; `v` and `len` outlive the call.
+            let rc = unsafe {
+                libc::getsockopt(
+                    c.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    libc::SO_MAX_PACING_RATE,
+                    (&mut v as *mut u32).cast(),
+                    &mut len,
+                )
+            };
+            assert_eq!(rc, 0);
+            v
+        };
+        set_max_pacing_rate(&c, 1_250_000).unwrap();
+        assert_eq!(read(&c), 1_250_000);
+        set_max_pacing_rate(&c, u64::MAX).unwrap();
+        assert_eq!(read(&c), u32::MAX);
     }
 
     #[tokio::test]

@@ -258,16 +258,30 @@ pub struct Node {
     end: Option<End>,
     children: Vec<Child>,
     events: VecDeque<Event>,
+    /// This node's access uplink in kbit/s from its `Open` or [`Node::set_uplink_kbps`] (0: not
+    /// known).
+    uplink_kbps: u32,
+}
+
+/// A receiver as the source names it in [`Node::source`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Named {
+    /// Display name.
+    pub name: String,
+    /// Agent address(es), as [`Member::addr`].
+    pub addr: String,
+    /// Access uplink in kbit/s (0: not known), as [`Member::uplink_kbps`].
+    pub uplink_kbps: u32,
 }
 
 impl Node {
-    /// The source of a session over `tree`. `members[i]` names node `i + 1`.
+    /// The source of a session over `tree`. `names[i]` names node `i + 1`.
     pub fn source(
         params: SessionParams,
         keys: Keys,
         cfg: NodeConfig,
         tree: &Tree,
-        names: &[(String, String)],
+        names: &[Named],
         now: Instant,
     ) -> Result<Self, NodeError> {
         params.manifest.validate()?;
@@ -283,8 +297,9 @@ impl Node {
             .map(|i| Member {
                 node: i as u32,
                 parent: tree.parent(i).unwrap_or(0) as u32,
-                name: names[i - 1].0.clone(),
-                addr: names[i - 1].1.clone(),
+                name: names[i - 1].name.clone(),
+                addr: names[i - 1].addr.clone(),
+                uplink_kbps: names[i - 1].uplink_kbps,
             })
             .collect();
         let mut node = Self::new(
@@ -360,6 +375,7 @@ impl Node {
             },
         );
         node.children = children_of(me, &open.members[1..], now);
+        node.uplink_kbps = open.members[0].uplink_kbps;
         // Reject a subtree with nodes not reachable from the recipient (a cycle in the Open).
         let reachable: usize = node.children.iter().map(|c| c.members.len()).sum();
         if reachable + 1 != open.members.len() {
@@ -385,7 +401,18 @@ impl Node {
             end: None,
             children: Vec::new(),
             events: VecDeque::new(),
+            uplink_kbps: 0,
         }
+    }
+
+    /// This node's access uplink in kbit/s as its `Open` gave it; 0 where not known.
+    pub fn uplink_kbps(&self) -> u32 {
+        self.uplink_kbps
+    }
+
+    /// Declares the source's own uplink (kbit/s; 0: not known); a relay's comes in its `Open`.
+    pub fn set_uplink_kbps(&mut self, kbps: u32) {
+        self.uplink_kbps = kbps;
     }
 
     /// This node's id.

@@ -20,7 +20,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::auth::{Keys, Secret};
 use crate::manifest::{Manifest, ObjectKind};
-use crate::node::{Event, Link, Node, NodeConfig, SessionParams};
+use crate::node::{Event, Link, Named, Node, NodeConfig, SessionParams};
 use crate::tree::{NodeId, Tree};
 use crate::wire::{self, Frame};
 
@@ -279,8 +279,12 @@ impl Sim {
             stripe: None,
             edges: Default::default(),
         };
-        let names: Vec<(String, String)> = (1..n)
-            .map(|i| (format!("n{i}"), format!("sim:{i}")))
+        let names: Vec<Named> = (1..n)
+            .map(|i| Named {
+                name: format!("n{i}"),
+                addr: format!("sim:{i}"),
+                uplink_kbps: 0,
+            })
             .collect();
         let source = Node::source(
             params,

@@ -367,6 +367,9 @@ pub struct Member {
     /// Agent address (`host:port`); further addresses of the same agent (network paths, for
     /// edges over several connections) follow, separated by spaces.
     pub addr: String,
+    /// The member's access uplink in kbit/s as the hosts file declares it; 0: not known. A
+    /// relay paces what it sends below it (see `bulkcast_node::driver::RELAY_UPLINK_SHARE`).
+    pub uplink_kbps: u32,
 }
 
 /// One chunk: its position, content hash, authentication tag and bytes.
@@ -906,6 +909,7 @@ fn put_open(b: &mut BytesMut, o: &Open) {
         b.put_u32(mb.parent);
         put_str(b, &mb.name);
         put_str(b, &mb.addr);
+        b.put_u32(mb.uplink_kbps);
     }
     match &o.stripe {
         None => b.put_u8(0),
@@ -1062,7 +1066,7 @@ impl Reader {
         let stall_timeout_ms = self.u32()?;
         let cc = self.string()?;
         let manifest = self.manifest()?;
-        let n = self.count(4 + 4 + 4 + 4)?;
+        let n = self.count(4 + 4 + 4 + 4 + 4)?;
         let mut members = Vec::with_capacity(n);
         for _ in 0..n {
             members.push(Member {
@@ -1070,6 +1074,7 @@ impl Reader {
                 parent: self.u32()?,
                 name: self.string()?,
                 addr: self.string()?,
+                uplink_kbps: self.u32()?,
             });
         }
         let stripe = match self.u8()? {
@@ -1260,6 +1265,7 @@ mod tests {
                     parent: 1,
                     name: "h3".into(),
                     addr: "127.0.0.1:7003".into(),
+                    uplink_kbps: 100_000,
                 }],
                 stripe: Some(Box::new(StripeInfo {
                     group: 9,

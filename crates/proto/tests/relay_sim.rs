@@ -199,7 +199,7 @@ mod protocol_errors {
 
     use bulkcast_proto::auth::{Keys, Secret};
     use bulkcast_proto::manifest::{Manifest, ObjectKind};
-    use bulkcast_proto::node::{Link, Node, NodeConfig, NodeError, SessionParams};
+    use bulkcast_proto::node::{Link, Named, Node, NodeConfig, NodeError, SessionParams};
     use bulkcast_proto::tree::Tree;
     use bulkcast_proto::wire::{Frame, Member};
 
@@ -222,8 +222,12 @@ mod protocol_errors {
                 entries: vec![],
             },
         };
-        let names: Vec<(String, String)> = (1..=4)
-            .map(|i| (format!("h{i}"), format!("a:{i}")))
+        let names: Vec<Named> = (1..=4)
+            .map(|i| Named {
+                name: format!("h{i}"),
+                addr: format!("a:{i}"),
+                uplink_kbps: 0,
+            })
             .collect();
         Node::source(
             params,
@@ -281,6 +285,7 @@ mod protocol_errors {
                 parent: 0,
                 name: "x".into(),
                 addr: "x:1".into(),
+                uplink_kbps: 0,
             },
         );
         assert!(Node::relay(&open, keys(), NodeConfig::default(), Instant::now()).is_err());

@@ -9,6 +9,38 @@
 //! connection that did not help is closed again: on a path one flow already fills, more flows
 //! only add queueing and reordering.
 
+use std::time::Duration;
+
+/// [`start_for`]: one connection per this much of the path's round trip.
+pub const RTT_PER_START_CONN: Duration = Duration::from_millis(25);
+
+/// [`start_for`]: the most connections an edge starts with.
+pub const MAX_START: u16 = 4;
+
+/// A settled rate at this fraction of the edge's ceiling (its pacing cap) ends growth: more
+/// connections cannot raise it.
+pub const CEILING_SHARE: f64 = 0.9;
+
+/// How many connections an edge starts with, from its first connection's round trip `rtt`
+/// (`None`: not known) and its number of `paths`: one per [`RTT_PER_START_CONN`] of round trip,
+/// between one and [`MAX_START`], and at least one per path.
+///
+/// Why the round trip decides: a connection's slow start needs about log2(BDP / initial window)
+/// round trips to reach the path's rate, and data that arrives at a relay meanwhile is a delay
+/// that no later hop of a chain can make up. N connections start with N initial windows, so they
+/// get there log2(N) round trips sooner: 200 ms on a 100 ms path with four. On a short hop that
+/// saves almost nothing while each added connection costs reordering at the join (measured in
+/// the seed-000 lab tree: with four connections per edge the 13 ms and same-site hops fell
+/// 0.1-1.2 s behind their feed, with one they kept up, and the 87 and 162 ms hops the other way
+/// round). Loss points the same way: a flow's rate under random loss falls with its round trip.
+pub fn start_for(rtt: Option<Duration>, paths: u16) -> u16 {
+    let by_rtt = rtt.map_or(1, |r| {
+        let n = r.as_secs_f64() / RTT_PER_START_CONN.as_secs_f64();
+        (n.ceil() as u16).clamp(1, MAX_START)
+    });
+    by_rtt.max(paths).max(1)
+}
+
 /// What [`Grow::handle_interval`] asks the driver to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
@@ -32,6 +64,8 @@ pub struct Grow {
     prev: Option<f64>,
     /// The settled rate before the last connection was added.
     baseline: Option<f64>,
+    /// The most the edge may carry (its pacing cap), in the unit of the rates.
+    ceiling: Option<f64>,
     done: bool,
 }
 
@@ -45,8 +79,15 @@ impl Grow {
             gain,
             prev: None,
             baseline: None,
+            ceiling: None,
             done: conns >= max,
         }
+    }
+
+    /// The most the edge may carry (a pacing cap), in the unit of the rates; `None`: no cap.
+    /// Growth stops once the settled rate is near it.
+    pub fn set_ceiling(&mut self, ceiling: Option<f64>) {
+        self.ceiling = ceiling;
     }
 
     /// Connections the edge should have now.
@@ -77,6 +118,10 @@ impl Grow {
         }
         let helped = self.baseline.is_none_or(|b| rate > b * (1.0 + self.gain));
         self.done = true;
+        let capped = self.ceiling.is_some_and(|c| rate >= c * CEILING_SHARE);
+        if capped && helped {
+            return Decision::Stop;
+        }
         if !helped {
             self.conns -= 1;
             Decision::Retire
@@ -96,6 +141,39 @@ impl Grow {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_round_trip_starts_with_more_connections() {
+        let ms = |m| Some(Duration::from_millis(m));
+        assert_eq!(start_for(None, 1), 1);
+        assert_eq!(start_for(ms(0), 1), 1);
+        assert_eq!(start_for(ms(13), 1), 1);
+        assert_eq!(start_for(ms(26), 1), 2);
+        assert_eq!(start_for(ms(65), 1), 3);
+        assert_eq!(start_for(ms(100), 1), 4);
+        assert_eq!(start_for(ms(300), 1), MAX_START);
+        // At least one per path.
+        assert_eq!(start_for(ms(13), 3), 3);
+        assert_eq!(start_for(ms(300), 6), 6);
+    }
+
+    #[test]
+    fn growth_stops_at_the_ceiling() {
+        // Settled at 95 of a ceiling of 100: no connection is tried.
+        let mut g = Grow::new(1, 8, 0.1);
+        g.set_ceiling(Some(100.0));
+        assert_eq!(g.handle_interval(95.0, true), Decision::Wait);
+        assert_eq!(g.handle_interval(95.0, true), Decision::Stop);
+        assert_eq!(g.conns(), 1);
+        // Settled well below it: growth goes on.
+        let mut g = Grow::new(1, 8, 0.1);
+        g.set_ceiling(Some(100.0));
+        assert_eq!(g.handle_interval(50.0, true), Decision::Wait);
+        assert_eq!(g.handle_interval(50.0, true), Decision::Add);
+        // An added connection that did not help is still retired near the ceiling.
+        assert_eq!(g.handle_interval(92.0, true), Decision::Wait);
+        assert_eq!(g.handle_interval(52.0, true), Decision::Retire);
+    }
 
     /// Runs a model edge whose settled rate with n connections is `settled(n)`, reached after
     /// two intervals of ramp (half, then three quarters of it).
