@@ -13,8 +13,9 @@ use clap::{Args, ValueEnum};
 /// How every edge is carried.
 #[derive(Args, Clone)]
 pub struct EdgeArgs {
-    /// Parallel TCP connections per edge: a number (1-64), or `auto` (one per path to start,
-    /// then one more at a time while the last one added raised the edge's rate by 10%, up to 8).
+    /// Parallel TCP connections per edge: a number (1-64), or `auto` (one per 20 ms of round
+    /// trip to start, 1-8 and at least one per path, then one more at a time while the last one
+    /// added raised the edge's rate by 10%, up to 8).
     #[arg(long, default_value = "auto")]
     streams: String,
     /// How frames are dealt to the connections of an edge.

@@ -287,9 +287,8 @@ impl OutEdge {
         out
     }
 
-    /// Connection `conn` is up; frames for it go to `tx`.
-    /// Connection `conn` passed the handshake; `rtt` is its round trip as TCP measured it. The
-    /// first one's decides how many `--streams auto` starts with ([`start_for`]).
+    /// Connection `conn` passed the handshake; frames for it go to `tx`. `rtt` is its round
+    /// trip as TCP measured it; the first connection's decides how many `--streams auto` starts with ([`start_for`]).
     pub fn handle_connected(
         &mut self,
         conn: u16,

@@ -12,10 +12,10 @@
 use std::time::Duration;
 
 /// [`start_for`]: one connection per this much of the path's round trip.
-pub const RTT_PER_START_CONN: Duration = Duration::from_millis(25);
+pub const RTT_PER_START_CONN: Duration = Duration::from_millis(20);
 
 /// [`start_for`]: the most connections an edge starts with.
-pub const MAX_START: u16 = 4;
+pub const MAX_START: u16 = 8;
 
 /// A settled rate at this fraction of the edge's ceiling (its pacing cap) ends growth: more
 /// connections cannot raise it.
@@ -28,11 +28,12 @@ pub const CEILING_SHARE: f64 = 0.9;
 /// Why the round trip decides: a connection's slow start needs about log2(BDP / initial window)
 /// round trips to reach the path's rate, and data that arrives at a relay meanwhile is a delay
 /// that no later hop of a chain can make up. N connections start with N initial windows, so they
-/// get there log2(N) round trips sooner: 200 ms on a 100 ms path with four. On a short hop that
-/// saves almost nothing while each added connection costs reordering at the join (measured in
-/// the seed-000 lab tree: with four connections per edge the 13 ms and same-site hops fell
-/// 0.1-1.2 s behind their feed, with one they kept up, and the 87 and 162 ms hops the other way
-/// round). Loss points the same way: a flow's rate under random loss falls with its round trip.
+/// get there log2(N) round trips sooner: about 0.5 s on a 162 ms path with eight. On a short hop
+/// that saves almost nothing while each added connection costs reordering at the join (measured
+/// in the seed-000 lab tree: with four connections on every edge the 13 ms and same-site hops
+/// fell 0.1-1.2 s behind their feed where one kept up, and the 87 and 162 ms hops the other way
+/// round). Loss points the same way: a flow's rate under random loss falls with its round trip,
+/// and on the lab's 100 ms path five to eight connections beat two at 0, 1 and 5% loss.
 pub fn start_for(rtt: Option<Duration>, paths: u16) -> u16 {
     let by_rtt = rtt.map_or(1, |r| {
         let n = r.as_secs_f64() / RTT_PER_START_CONN.as_secs_f64();
@@ -148,13 +149,14 @@ mod tests {
         assert_eq!(start_for(None, 1), 1);
         assert_eq!(start_for(ms(0), 1), 1);
         assert_eq!(start_for(ms(13), 1), 1);
-        assert_eq!(start_for(ms(26), 1), 2);
-        assert_eq!(start_for(ms(65), 1), 3);
-        assert_eq!(start_for(ms(100), 1), 4);
+        assert_eq!(start_for(ms(21), 1), 2);
+        assert_eq!(start_for(ms(65), 1), 4);
+        assert_eq!(start_for(ms(100), 1), 5);
+        assert_eq!(start_for(ms(162), 1), 8);
         assert_eq!(start_for(ms(300), 1), MAX_START);
         // At least one per path.
         assert_eq!(start_for(ms(13), 3), 3);
-        assert_eq!(start_for(ms(300), 6), 6);
+        assert_eq!(start_for(ms(300), 9), 9);
     }
 
     #[test]
