@@ -333,6 +333,10 @@ fn ticket_mode_with_file_and_stdout_receivers() {
             "--quiet",
             "--fanout",
             "2",
+            // Four connections per edge: the three after the first are dialled while the first
+            // is still in its handshake, so a receiver can see an `Attach` before the `Open`.
+            "--streams",
+            "4",
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use bulkcast_proto::auth::Keys;
 use bulkcast_proto::node::{Node, NodeConfig};
-use bulkcast_proto::wire::{Frame, SessionId, SwarmSetup};
+use bulkcast_proto::wire::{Frame, Open, SessionId, SwarmSetup};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
@@ -252,6 +252,17 @@ pub async fn session(
         }
         other => return Err(ConnError::Unexpected(other.kind()).into()),
     };
+    serve_open(stream, open, cfg, expect).await
+}
+
+/// Runs a session whose `Open` has been read from `stream` (after the handshake): checks it
+/// against `expect` (ticket receivers), then relays and stores as [`session`] does.
+pub async fn serve_open(
+    mut stream: TcpStream,
+    open: Open,
+    cfg: &AgentConfig,
+    expect: Option<(SessionId, Target)>,
+) -> Result<Served, SessionError> {
     let target = match &expect {
         Some((id, _)) if *id != open.session => {
             let reason = format!(
@@ -334,27 +345,9 @@ pub async fn session(
     })
 }
 
-/// Admits a further connection of a running session's striped edge and hands it over.
-pub async fn attach(mut stream: TcpStream, cfg: &AgentConfig) -> Result<(), SessionError> {
-    transport::handshake_accept(&mut stream, &cfg.keys).await?;
-    match transport::expect_frame(&mut stream, "waiting for Attach").await? {
-        Frame::Attach {
-            session,
-            token,
-            conn,
-            ..
-        } => cfg
-            .attachments
-            .deliver(session, token, conn, stream)
-            .await
-            .map_err(SessionError::Refused),
-        other => Err(ConnError::Unexpected(other.kind()).into()),
-    }
-}
-
 /// The local copy a session writes into: its own store, or its stripe of a shared one.
 fn local_copy(
-    open: &bulkcast_proto::wire::Open,
+    open: &Open,
     target: Target,
     cfg: &AgentConfig,
 ) -> std::io::Result<(

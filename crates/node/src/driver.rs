@@ -37,9 +37,13 @@ const LINGER: Duration = Duration::from_secs(2);
 /// whole depth of data (100 ms on a typical access link): its parent then sees a round trip
 /// inflated and jittery by that much and slows down, and so does every hop below. Pacing what
 /// it sends a little below the uplink keeps that queue empty. The acknowledgements of a
-/// full-rate incoming flow need about 2% of the link; headers and the pacing's own error take
-/// the rest of the 5%. In the lab (`seed000-aws5-8rx`, iperf3 into and out of one relay at once)
-/// the incoming flow fell to 20 Mbit/s of 100 without a cap and held 94 with it.
+/// full-rate incoming flow need about 2% of the link, and the cap counts payload while the link
+/// carries headers too (3.5% more): 0.95 x 1.035 + 0.02 is the whole link. In the lab
+/// (`seed000-aws5-8rx`, iperf3 into and out of one relay at once) the incoming flow fell to 20
+/// Mbit/s of 100 without a cap and held 94 with it. In the seed-000 chain, 0.96 and 0.97 let
+/// the 13 ms hop fall 0.5-0.6 s behind its feed again (0.25 s at 0.95), though the whole chain,
+/// 1-2% faster per hop, ended level or 0.1-0.2 s sooner: a deeper queue than the lab's 100 ms
+/// would tip that back, so the cap stays where no queue builds.
 pub const RELAY_UPLINK_SHARE: f64 = 0.95;
 
 /// Events from the link tasks; `u16` is the connection's number on a striped edge (0 for a
@@ -48,6 +52,9 @@ enum Ev {
     Frame(Link, u16, Frame),
     Closed(Link, u16, String),
     Written(Link, u16),
+    /// A striped edge's connection 0 reached the child (before our handshake), with TCP's
+    /// round trip.
+    Dialed(usize, Option<Duration>),
     Connected(usize, u16, TcpStream),
     ConnectFailed(usize, u16, String),
 }
@@ -267,8 +274,9 @@ impl Driver {
         let tuning = self.tuning.clone();
         let tx = self.ev_tx.clone();
         let name = self.node.children()[k].name.clone();
+        let dialed = (conn == 0 && self.out_edges.contains_key(&k)).then(|| (tx.clone(), k));
         self.other_tasks.push(tokio::spawn(async move {
-            let ev = match connect_child(&addr, &keys, &tuning, &first).await {
+            let ev = match connect_child(&addr, &keys, &tuning, &first, dialed).await {
                 Ok(s) => Ev::Connected(k, conn, s),
                 Err(e) => Ev::ConnectFailed(
                     k,
@@ -568,18 +576,20 @@ impl Driver {
                     if let Err(err) = transport::set_notsent_lowat(w.as_ref(), e.lowat()) {
                         tracing::debug!("TCP_NOTSENT_LOWAT: {err}");
                     }
-                    let rtt = transport::rtt(w.as_ref());
                     let (ftx, frx) = mpsc::channel(WRITE_SLOTS + 1);
                     let ev = self.ev_tx.clone();
                     let pace = self.pace.as_ref().map(|p| p.per_conn.subscribe());
                     let task = tokio::spawn(write_link(w, frx, None, pace, link, conn, ev));
                     self.tasks.entry(link).or_default().push(task);
-                    e.handle_connected(conn, ftx, rtt, now);
-                    if conn == 0 {
-                        self.connect_edge(k, now);
-                    }
+                    e.handle_connected(conn, ftx, now);
                 } else {
                     self.attach_writer(link, w, None, 0);
+                }
+            }
+            Ev::Dialed(k, rtt) => {
+                if let Some(e) = self.out_edges.get_mut(&k) {
+                    e.handle_dialed(rtt);
+                    self.connect_edge(k, now);
                 }
             }
             Ev::ConnectFailed(k, conn, reason) => {
@@ -714,8 +724,12 @@ async fn connect_child(
     keys: &Keys,
     tuning: &TcpTuning,
     first: &[Frame],
+    dialed: Option<(mpsc::Sender<Ev>, usize)>,
 ) -> Result<TcpStream, transport::ConnError> {
     let mut s = transport::connect(addr, tuning).await?;
+    if let Some((tx, k)) = dialed {
+        let _ = tx.send(Ev::Dialed(k, transport::rtt(&s))).await;
+    }
     transport::handshake_connect(&mut s, keys).await?;
     for f in first {
         transport::write_frame(&mut s, f).await?;

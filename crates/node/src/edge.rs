@@ -179,6 +179,8 @@ pub struct OutEdge {
     started: Instant,
     /// [`OutEdge::set_ceiling`], in bytes/s.
     ceiling: Option<f64>,
+    /// Whether connection 0 has reached the child ([`OutEdge::handle_dialed`]).
+    dialed: bool,
 }
 
 impl OutEdge {
@@ -239,6 +241,7 @@ impl OutEdge {
             lost_busy: false,
             started: now,
             ceiling: None,
+            dialed: false,
         }
     }
 
@@ -265,11 +268,10 @@ impl OutEdge {
         }
         self.check_growth(now);
         let mut out = Vec::new();
-        // The others only once connection 0 is up: it carries `Open`, so the child has the
-        // session before any `Attach` (a ticket receiver takes its first connection as the
-        // session's), and the child's acceptance of it orders them.
-        let first_up = self.conns.first().is_some_and(|c| c.id.is_some());
-        while (self.conns.len() as u16) < self.target && (self.conns.is_empty() || first_up) {
+        // The others once connection 0 has reached the child (its round trip sets how many,
+        // and the address works), while it still passes the handshake and sends `Open`: the
+        // child holds an `Attach` that comes first until its session registers the edge.
+        while (self.conns.len() as u16) < self.target && (self.conns.is_empty() || self.dialed) {
             let n = self.conns.len() as u16;
             let path = n as usize % self.addrs.len();
             let addr = self.addrs[path].clone();
@@ -287,16 +289,15 @@ impl OutEdge {
         out
     }
 
-    /// Connection `conn` passed the handshake; frames for it go to `tx`. `rtt` is its round
-    /// trip as TCP measured it; the first connection's decides how many `--streams auto` starts with ([`start_for`]).
-    pub fn handle_connected(
-        &mut self,
-        conn: u16,
-        tx: mpsc::Sender<Frame>,
-        rtt: Option<Duration>,
-        now: Instant,
-    ) {
-        if let (0, Some(a)) = (conn, &mut self.grow) {
+    /// Connection 0 reached the child (TCP's handshake); `rtt` is its round trip as TCP measured
+    /// it, which decides how many connections `--streams auto` starts with ([`start_for`]).
+    /// The others are opened from here on.
+    pub fn handle_dialed(&mut self, rtt: Option<Duration>) {
+        if self.dialed {
+            return;
+        }
+        self.dialed = true;
+        if let Some(a) = &mut self.grow {
             let paths = self.addrs.len().max(1) as u16;
             let start = start_for(rtt, paths).min(AUTO_MAX_STREAMS);
             a.grow = Grow::new(start, AUTO_MAX_STREAMS.max(start), AUTO_GAIN);
@@ -308,6 +309,10 @@ impl OutEdge {
                 rtt
             );
         }
+    }
+
+    /// Connection `conn` passed the handshake; frames for it go to `tx`.
+    pub fn handle_connected(&mut self, conn: u16, tx: mpsc::Sender<Frame>, now: Instant) {
         let path = self.conns.get(conn as usize).map_or(0, |c| c.path);
         let id = self.striper.add_conn_on(path, now);
         if let Some(c) = self.conns.get_mut(conn as usize) {

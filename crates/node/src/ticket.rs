@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use bulkcast_proto::auth::{Keys, Secret};
 use bulkcast_proto::hosts::HostSpec;
-use bulkcast_proto::wire::{Frame, SessionId};
+use bulkcast_proto::wire::{Frame, Open, SessionId};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
@@ -167,34 +167,146 @@ pub async fn join(
         "joined session {:016x}; waiting for the sender to start",
         ticket.session
     );
-    let stream = tokio::time::timeout(wait, listener.accept())
-        .await
-        .map_err(|_| ConnError::Timeout("waiting for the sender to start the session"))?
-        .map_err(ConnError::Io)?
-        .0;
-    drop(s);
-    // Further connections of a striped edge come to the same listener.
-    let extra = {
+    // The sender's connections come to this listener: the edge's first carries `Open`, the
+    // others `Attach`, in any order (the sender dials them at once). Each is read up to its
+    // first frame; the first `Open` is the session, `Attach`es wait in `attachments` until
+    // the session registers its edge.
+    let (open_tx, mut open_rx) = mpsc::channel::<(TcpStream, Open)>(1);
+    let routing = {
         let cfg = cfg.clone();
         tokio::spawn(async move {
             while let Ok((s, peer)) = listener.accept().await {
                 let cfg = cfg.clone();
+                let open_tx = open_tx.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = agent::attach(s, &cfg).await {
+                    if let Err(e) = route(s, &cfg, open_tx).await {
                         tracing::warn!("connection from {peer}: {e}");
                     }
                 });
             }
         })
     };
-    let r = agent::session(stream, cfg, Some((ticket.session, target))).await;
-    extra.abort();
+    let first = tokio::time::timeout(wait, open_rx.recv()).await;
+    drop(s);
+    let r = match first {
+        Ok(Some((stream, open))) => {
+            // Only one session per ticket: later `Open`s find the channel closed.
+            open_rx.close();
+            agent::serve_open(stream, open, cfg, Some((ticket.session, target))).await
+        }
+        Ok(None) => Err(ConnError::Timeout("waiting for the sender to start the session").into()),
+        Err(_) => Err(ConnError::Timeout("waiting for the sender to start the session").into()),
+    };
+    routing.abort();
     r
+}
+
+/// One connection from the sender to a ticket receiver: admitted, then its first frame decides.
+async fn route(
+    mut s: TcpStream,
+    cfg: &AgentConfig,
+    open_tx: mpsc::Sender<(TcpStream, Open)>,
+) -> Result<(), SessionError> {
+    transport::handshake_accept(&mut s, &cfg.keys).await?;
+    match transport::expect_frame(&mut s, "waiting for the session set-up").await? {
+        Frame::Open(o) => open_tx
+            .send((s, o))
+            .await
+            .map_err(|_| SessionError::Refused("this receiver's session has started".into())),
+        Frame::Attach {
+            session,
+            token,
+            conn,
+            ..
+        } => cfg
+            .attachments
+            .deliver(session, token, conn, s)
+            .await
+            .map_err(SessionError::Refused),
+        other => Err(ConnError::Unexpected(other.kind()).into()),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bulkcast_proto::manifest::{Manifest, ObjectKind};
+
+    /// The sender dials a striped edge's connections at once, so an `Attach` can reach a
+    /// ticket receiver before the `Open`: the receiver must still take the `Open` as its
+    /// session (here one it refuses, which names the `Open`'s fault).
+    #[tokio::test]
+    async fn an_attach_before_the_open_does_not_take_the_session() {
+        let secret = Secret::from_bytes([3; 32]);
+        let keys = Keys::derive(&secret);
+        let sender = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let ticket = Ticket {
+            secret,
+            session: 0x5e55,
+            addr: sender.local_addr().unwrap().to_string(),
+        };
+        let cfg = AgentConfig {
+            dir: std::env::temp_dir(),
+            keys: keys.clone(),
+            node: Default::default(),
+            tuning: Default::default(),
+            stored: None,
+            groups: Default::default(),
+            attachments: Default::default(),
+            stdout: false,
+            swarms: Default::default(),
+        };
+        let fake_sender = async {
+            let (mut j, _) = sender.accept().await.unwrap();
+            transport::handshake_accept(&mut j, &keys).await.unwrap();
+            let Frame::Join { listen, .. } = transport::expect_frame(&mut j, "join").await.unwrap()
+            else {
+                panic!("expected Join");
+            };
+            let dial = || async {
+                let mut c = TcpStream::connect(&listen).await.unwrap();
+                transport::handshake_connect(&mut c, &keys).await.unwrap();
+                c
+            };
+            let mut a = dial().await;
+            let attach = Frame::Attach {
+                session: 0x5e55,
+                token: 1,
+                conn: 1,
+                window: 16,
+            };
+            transport::write_frame(&mut a, &attach).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let mut o = dial().await;
+            let open = Frame::Open(Open {
+                session: 0x5e55,
+                node: 1,
+                chunk_size: 1 << 16,
+                stall_timeout_ms: 1000,
+                cc: String::new(),
+                manifest: Manifest {
+                    name: "x".into(),
+                    kind: ObjectKind::File,
+                    total_len: Some(1),
+                    entries: vec![],
+                },
+                members: vec![],
+                stripe: None,
+                edges: Default::default(),
+            });
+            transport::write_frame(&mut o, &open).await.unwrap();
+            (j, a, o)
+        };
+        let target = Target::Dir(std::env::temp_dir());
+        let (r, _conns) = tokio::join!(
+            join(&ticket, "r", target, &cfg, Duration::from_secs(5)),
+            fake_sender
+        );
+        match r {
+            Err(SessionError::Refused(e)) => assert!(e.contains("recipient"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+    }
 
     #[test]
     fn ticket_round_trip_and_rejects() {
