@@ -8,6 +8,7 @@
 //! node wants input, which back-pressures the parent through TCP.
 
 use std::collections::HashMap;
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use bulkcast_proto::auth::Keys;
@@ -116,11 +117,24 @@ pub struct Driver {
     ceiling: Option<u64>,
 }
 
-/// [`Driver::pace`]: the cap for all of a relay's outgoing connections together, and the
-/// current per-connection cap its writers apply.
+/// [`Driver::pace`]: the cap for all of a relay's outgoing connections together, and for each
+/// child the per-connection cap its writers apply: the cap is split evenly over the children
+/// with a live connection, then over each child's connections (so a child's share does not
+/// depend on how many connections it happens to have).
 struct Pace {
     total: u64,
-    per_conn: watch::Sender<u64>,
+    per_conn: HashMap<usize, watch::Sender<u64>>,
+}
+
+impl Pace {
+    /// A receiver of child `k`'s per-connection cap for a new writer.
+    fn subscribe(&mut self, k: usize) -> watch::Receiver<u64> {
+        let total = self.total;
+        self.per_conn
+            .entry(k)
+            .or_insert_with(|| watch::Sender::new(total))
+            .subscribe()
+    }
 }
 
 impl Drop for Driver {
@@ -193,7 +207,7 @@ impl Driver {
                 let total = (uplink * RELAY_UPLINK_SHARE) as u64;
                 d.pace = Some(Pace {
                     total,
-                    per_conn: watch::Sender::new(total),
+                    per_conn: HashMap::new(),
                 });
                 d.ceiling = Some(total);
             } else {
@@ -578,7 +592,7 @@ impl Driver {
                     }
                     let (ftx, frx) = mpsc::channel(WRITE_SLOTS + 1);
                     let ev = self.ev_tx.clone();
-                    let pace = self.pace.as_ref().map(|p| p.per_conn.subscribe());
+                    let pace = self.pace.as_mut().map(|p| p.subscribe(k));
                     let task = tokio::spawn(write_link(w, frx, None, pace, link, conn, ev));
                     self.tasks.entry(link).or_default().push(task);
                     e.handle_connected(conn, ftx, now);
@@ -588,7 +602,7 @@ impl Driver {
             }
             Ev::Dialed(k, rtt) => {
                 if let Some(e) = self.out_edges.get_mut(&k) {
-                    e.handle_dialed(rtt);
+                    e.handle_dialed(rtt, now);
                     self.connect_edge(k, now);
                 }
             }
@@ -653,7 +667,7 @@ impl Driver {
         let (tx, rx) = mpsc::channel(WRITE_SLOTS + 1);
         let ev = self.ev_tx.clone();
         let pace = match link {
-            Link::Child(_) => self.pace.as_ref().map(|p| p.per_conn.subscribe()),
+            Link::Child(k) => self.pace.as_mut().map(|p| p.subscribe(k)),
             _ => None,
         };
         let task = tokio::spawn(write_link(w, rx, acks, pace, link, conn, ev));
@@ -662,7 +676,8 @@ impl Driver {
     }
 
     /// Gives each edge its share of the node's ceiling, and splits a relay's pacing cap evenly
-    /// over its live connections to children (a connection being made counts once it is up).
+    /// over its children with a live connection, then over each one's live connections (a
+    /// connection being made counts once it is up).
     fn repace(&mut self) {
         if let Some(c) = self.ceiling {
             let share = c / self.node.children().len().max(1) as u64;
@@ -671,18 +686,19 @@ impl Driver {
             }
         }
         let Some(p) = &self.pace else { return };
-        let plain = self
-            .writers
-            .keys()
-            .filter(|l| matches!(l, Link::Child(_)))
-            .count();
-        let striped: usize = self.out_edges.values().map(OutEdge::live_conns).sum();
-        let per = p.total / (plain + striped).max(1) as u64;
-        p.per_conn.send_if_modified(|v| {
-            let changed = *v != per;
-            *v = per;
-            changed
-        });
+        let live = |k: usize| match self.out_edges.get(&k) {
+            Some(e) => e.live_conns(),
+            None => usize::from(self.writers.contains_key(&Link::Child(k))),
+        };
+        let edges = p.per_conn.keys().filter(|&&k| live(k) > 0).count().max(1) as u64;
+        for (&k, tx) in &p.per_conn {
+            let per = (p.total / edges / live(k).max(1) as u64).max(1);
+            tx.send_if_modified(|v| {
+                let changed = *v != per;
+                *v = per;
+                changed
+            });
+        }
     }
 
     fn pump_writers(&mut self) {
@@ -726,9 +742,13 @@ async fn connect_child(
     first: &[Frame],
     dialed: Option<(mpsc::Sender<Ev>, usize)>,
 ) -> Result<TcpStream, transport::ConnError> {
+    let started = Instant::now();
     let mut s = transport::connect(addr, tuning).await?;
     if let Some((tx, k)) = dialed {
-        let _ = tx.send(Ev::Dialed(k, transport::rtt(&s))).await;
+        // Without a sample from the kernel (a retransmitted SYN, no timestamps), the connect's
+        // own duration: at least a round trip.
+        let rtt = transport::rtt(&s).or_else(|| Some(started.elapsed()));
+        let _ = tx.send(Ev::Dialed(k, rtt)).await;
     }
     transport::handshake_connect(&mut s, keys).await?;
     for f in first {
@@ -816,19 +836,21 @@ async fn write_link(
     conn: u16,
     ev: mpsc::Sender<Ev>,
 ) {
-    let mut w = BufWriter::with_capacity(64 << 10, w);
-    if let Some(p) = &mut pace {
-        p.mark_changed();
-    }
-    loop {
-        if let Some(p) = &mut pace {
-            if p.has_changed().unwrap_or(false) {
-                let rate = *p.borrow_and_update();
-                if let Err(e) = transport::set_max_pacing_rate(w.get_ref().as_ref(), rate) {
-                    tracing::debug!("SO_MAX_PACING_RATE: {e}");
-                }
-            }
+    // The socket, to change its pacing cap while a write is under way (a frame can take
+    // seconds on a slow connection). It stays open while this task holds `w`.
+    let fd = w.as_ref().as_raw_fd();
+    let repace = |rate: u64| {
+        // SAFETY: `fd` is `w`'s socket, which this task owns for as long as it calls this.
+        let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        if let Err(e) = transport::set_max_pacing_rate(&sock, rate) {
+            tracing::debug!("SO_MAX_PACING_RATE: {e}");
         }
+    };
+    if let Some(p) = &mut pace {
+        repace(*p.borrow_and_update());
+    }
+    let mut w = BufWriter::with_capacity(64 << 10, w);
+    loop {
         let (f, report) = tokio::select! {
             biased;
             Some(a) = recv_opt_unbounded(&mut acks) => (a, false),
@@ -837,7 +859,16 @@ async fn write_link(
                 None => break,
             },
         };
-        let mut r = transport::write_frame_tcp(&mut w, &f).await;
+        let mut r = {
+            let write = transport::write_frame_tcp(&mut w, &f);
+            tokio::pin!(write);
+            loop {
+                tokio::select! {
+                    r = &mut write => break r,
+                    rate = next_pace(&mut pace) => repace(rate),
+                }
+            }
+        };
         // A reported frame is flushed before it is reported when nothing else of the node's
         // waits (the driver may end the session once its last frame is reported written);
         // acknowledgements are flushed when no more follow.
@@ -857,6 +888,18 @@ async fn write_link(
     }
     let _ = w.flush().await;
     let _ = w.shutdown().await;
+}
+
+/// The next pacing cap a writer should apply; never ready without a cap to watch (or once its
+/// driver is gone).
+async fn next_pace(pace: &mut Option<watch::Receiver<u64>>) -> u64 {
+    if let Some(p) = pace {
+        if p.changed().await.is_ok() {
+            return *p.borrow_and_update();
+        }
+        *pace = None;
+    }
+    std::future::pending().await
 }
 
 /// Writes the `Got` frames of a further connection of the parent's edge.

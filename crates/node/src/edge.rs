@@ -10,7 +10,9 @@
 //! Set-up: connection 0 is made like a plain edge (handshake, `Open`), then announces the edge
 //! with `Attach{conn: 0, token, window}`. Every further connection passes the handshake and sends
 //! `Attach{conn: i, token, window}`; the child's agent hands it to the session through
-//! [`Attachments`]. Connections can be added at any time, which is how `--streams auto` grows.
+//! [`Attachments`]. The others are dialled as soon as connection 0 has reached the child, so an
+//! `Attach` may arrive before the `Open`: the agent holds it until the session registers.
+//! Connections can be added at any time, which is how `--streams auto` grows.
 //!
 //! Why a parent-side window *and* a larger child-side one: the parent sends nothing at or beyond
 //! `oldest unacknowledged + window`; the child acknowledges a frame when it takes it from the
@@ -212,7 +214,7 @@ impl OutEdge {
         let paths = addrs.len().max(1) as u16;
         let (target, grow) = match mode.streams {
             // Connection 0 first; once its round trip is known, as many as `start_for` says
-            // (see `handle_connected`), then more while they add throughput.
+            // (see `handle_dialed`), then more while they add throughput.
             0 => {
                 let start = paths.min(AUTO_MAX_STREAMS);
                 let grow = AutoStreams {
@@ -261,7 +263,7 @@ impl OutEdge {
     }
 
     /// Connections to open now: their numbers and addresses (round-robin over the paths);
-    /// connection 0 alone until it is up. Each is counted as opening from here on.
+    /// connection 0 alone until it has reached the child ([`OutEdge::handle_dialed`]). Each is counted as opening from here on.
     pub fn poll_connect(&mut self, now: Instant) -> Vec<(u16, String)> {
         if self.closed {
             return Vec::new();
@@ -292,12 +294,17 @@ impl OutEdge {
     /// Connection 0 reached the child (TCP's handshake); `rtt` is its round trip as TCP measured
     /// it, which decides how many connections `--streams auto` starts with ([`start_for`]).
     /// The others are opened from here on.
-    pub fn handle_dialed(&mut self, rtt: Option<Duration>) {
+    pub fn handle_dialed(&mut self, rtt: Option<Duration>, now: Instant) {
         if self.dialed {
             return;
         }
         self.dialed = true;
+        let acked = self.acked_bytes();
         if let Some(a) = &mut self.grow {
+            // Measurements start now, not at the edge's creation (connecting is no interval).
+            a.since = now;
+            a.bytes_at_since = acked;
+            a.limited = false;
             let paths = self.addrs.len().max(1) as u16;
             let start = start_for(rtt, paths).min(AUTO_MAX_STREAMS);
             a.grow = Grow::new(start, AUTO_MAX_STREAMS.max(start), AUTO_GAIN);

@@ -190,8 +190,12 @@ pub async fn join(
     drop(s);
     let r = match first {
         Ok(Some((stream, open))) => {
-            // Only one session per ticket: later `Open`s find the channel closed.
+            // Only one session per ticket: later `Open`s find the channel closed, and one that
+            // is already queued is refused here.
             open_rx.close();
+            while let Ok((mut other, _)) = open_rx.try_recv() {
+                refuse(&mut other).await;
+            }
             agent::serve_open(stream, open, cfg, Some((ticket.session, target))).await
         }
         Ok(None) => Err(ConnError::Timeout("waiting for the sender to start the session").into()),
@@ -199,6 +203,14 @@ pub async fn join(
     };
     routing.abort();
     r
+}
+
+const SESSION_TAKEN: &str = "this receiver's session has started already";
+
+/// Tells the sender of a second `Open` why it is refused.
+async fn refuse(s: &mut TcpStream) {
+    let reason = SESSION_TAKEN.to_string();
+    let _ = transport::write_frame(s, &Frame::Error { reason }).await;
 }
 
 /// One connection from the sender to a ticket receiver: admitted, then its first frame decides.
@@ -209,10 +221,13 @@ async fn route(
 ) -> Result<(), SessionError> {
     transport::handshake_accept(&mut s, &cfg.keys).await?;
     match transport::expect_frame(&mut s, "waiting for the session set-up").await? {
-        Frame::Open(o) => open_tx
-            .send((s, o))
-            .await
-            .map_err(|_| SessionError::Refused("this receiver's session has started".into())),
+        Frame::Open(o) => match open_tx.send((s, o)).await {
+            Ok(()) => Ok(()),
+            Err(mpsc::error::SendError((mut s, _))) => {
+                refuse(&mut s).await;
+                Err(SessionError::Refused(SESSION_TAKEN.into()))
+            }
+        },
         Frame::Attach {
             session,
             token,

@@ -405,7 +405,8 @@ impl Node {
         }
     }
 
-    /// This node's access uplink in kbit/s as its `Open` gave it; 0 where not known.
+    /// This node's access uplink in kbit/s (a relay: from its `Open`; the source: from
+    /// [`Node::set_uplink_kbps`]); 0 where not known.
     pub fn uplink_kbps(&self) -> u32 {
         self.uplink_kbps
     }

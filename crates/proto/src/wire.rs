@@ -29,7 +29,8 @@ pub const MAX_FRAME: usize = 16 * 1024 * 1024 + 4096;
 pub const HEADER_LEN: usize = 5;
 
 /// The protocol version spoken; a peer with another version is refused at the handshake.
-pub const VERSION: u16 = 1;
+/// 2: `Open`'s members carry `uplink_kbps`.
+pub const VERSION: u16 = 2;
 
 /// Magic bytes at the start of every connection's first frame, so a stray client (an HTTP
 /// probe, a port scanner) is told apart from a peer with the wrong secret.
