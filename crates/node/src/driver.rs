@@ -108,33 +108,16 @@ pub struct Driver {
     tasks: HashMap<Link, Vec<JoinHandle<()>>>,
     other_tasks: Vec<JoinHandle<()>>,
     stats: Option<StatsSink>,
-    /// A relay with a declared uplink: the pacing cap of each connection to its children
-    /// (bytes/s; [`RELAY_UPLINK_SHARE`] of the uplink split evenly over the live connections),
-    /// watched by their writers. `None` for the source, a leaf, or an unknown uplink.
-    pace: Option<Pace>,
-    /// What the node's edges may carry together in bytes/s (a relay: its pacing cap; the
-    /// source: its declared uplink); `None` where the uplink is not known.
+    /// A relay with a declared uplink: for each child, the pacing cap (bytes/s) of each of its
+    /// connections, watched by their writers. The relay's [`Driver::ceiling`] is split evenly
+    /// over the children with a live connection, then over each child's connections, so a
+    /// child's share does not depend on how many connections it happens to have. `None` for
+    /// the source, a leaf, or an unknown uplink.
+    pace: Option<HashMap<usize, watch::Sender<u64>>>,
+    /// What the node's edges may carry together in bytes/s (a relay: its pacing cap,
+    /// [`RELAY_UPLINK_SHARE`] of its uplink; the source: its declared uplink); `None` where the
+    /// uplink is not known.
     ceiling: Option<u64>,
-}
-
-/// [`Driver::pace`]: the cap for all of a relay's outgoing connections together, and for each
-/// child the per-connection cap its writers apply: the cap is split evenly over the children
-/// with a live connection, then over each child's connections (so a child's share does not
-/// depend on how many connections it happens to have).
-struct Pace {
-    total: u64,
-    per_conn: HashMap<usize, watch::Sender<u64>>,
-}
-
-impl Pace {
-    /// A receiver of child `k`'s per-connection cap for a new writer.
-    fn subscribe(&mut self, k: usize) -> watch::Receiver<u64> {
-        let total = self.total;
-        self.per_conn
-            .entry(k)
-            .or_insert_with(|| watch::Sender::new(total))
-            .subscribe()
-    }
 }
 
 impl Drop for Driver {
@@ -204,12 +187,8 @@ impl Driver {
         let uplink = f64::from(d.node.uplink_kbps()) * 1000.0 / 8.0;
         if uplink > 0.0 && !d.node.children().is_empty() {
             if d.parent_rx.is_some() {
-                let total = (uplink * RELAY_UPLINK_SHARE) as u64;
-                d.pace = Some(Pace {
-                    total,
-                    per_conn: HashMap::new(),
-                });
-                d.ceiling = Some(total);
+                d.pace = Some(HashMap::new());
+                d.ceiling = Some((uplink * RELAY_UPLINK_SHARE) as u64);
             } else {
                 d.ceiling = Some(uplink as u64);
             }
@@ -592,7 +571,7 @@ impl Driver {
                     }
                     let (ftx, frx) = mpsc::channel(WRITE_SLOTS + 1);
                     let ev = self.ev_tx.clone();
-                    let pace = self.pace.as_mut().map(|p| p.subscribe(k));
+                    let pace = pace_for(&mut self.pace, self.ceiling, k);
                     let task = tokio::spawn(write_link(w, frx, None, pace, link, conn, ev));
                     self.tasks.entry(link).or_default().push(task);
                     e.handle_connected(conn, ftx, now);
@@ -667,7 +646,7 @@ impl Driver {
         let (tx, rx) = mpsc::channel(WRITE_SLOTS + 1);
         let ev = self.ev_tx.clone();
         let pace = match link {
-            Link::Child(k) => self.pace.as_mut().map(|p| p.subscribe(k)),
+            Link::Child(k) => pace_for(&mut self.pace, self.ceiling, k),
             _ => None,
         };
         let task = tokio::spawn(write_link(w, rx, acks, pace, link, conn, ev));
@@ -685,14 +664,16 @@ impl Driver {
                 e.set_ceiling(Some(share));
             }
         }
-        let Some(p) = &self.pace else { return };
+        let (Some(p), Some(total)) = (&self.pace, self.ceiling) else {
+            return;
+        };
         let live = |k: usize| match self.out_edges.get(&k) {
             Some(e) => e.live_conns(),
             None => usize::from(self.writers.contains_key(&Link::Child(k))),
         };
-        let edges = p.per_conn.keys().filter(|&&k| live(k) > 0).count().max(1) as u64;
-        for (&k, tx) in &p.per_conn {
-            let per = (p.total / edges / live(k).max(1) as u64).max(1);
+        let edges = p.keys().filter(|&&k| live(k) > 0).count().max(1) as u64;
+        for (&k, tx) in p {
+            let per = (total / edges / live(k).max(1) as u64).max(1);
             tx.send_if_modified(|v| {
                 let changed = *v != per;
                 *v = per;
@@ -888,6 +869,18 @@ async fn write_link(
     }
     let _ = w.flush().await;
     let _ = w.shutdown().await;
+}
+
+/// For a new writer to child `k` of a paced relay ([`Driver::pace`]): where its connection's cap
+/// comes from (the whole `ceiling` until the next [`Driver::repace`] splits it).
+fn pace_for(
+    pace: &mut Option<HashMap<usize, watch::Sender<u64>>>,
+    ceiling: Option<u64>,
+    k: usize,
+) -> Option<watch::Receiver<u64>> {
+    let total = ceiling?;
+    let tx = pace.as_mut()?.entry(k);
+    Some(tx.or_insert_with(|| watch::Sender::new(total)).subscribe())
 }
 
 /// The next pacing cap a writer should apply; never ready without a cap to watch (or once its

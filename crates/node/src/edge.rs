@@ -263,7 +263,8 @@ impl OutEdge {
     }
 
     /// Connections to open now: their numbers and addresses (round-robin over the paths);
-    /// connection 0 alone until it has reached the child ([`OutEdge::handle_dialed`]). Each is counted as opening from here on.
+    /// connection 0 alone until it has reached the child ([`OutEdge::handle_dialed`]). Each is
+    /// counted as opening from here on.
     pub fn poll_connect(&mut self, now: Instant) -> Vec<(u16, String)> {
         if self.closed {
             return Vec::new();

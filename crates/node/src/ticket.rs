@@ -198,8 +198,9 @@ pub async fn join(
             }
             agent::serve_open(stream, open, cfg, Some((ticket.session, target))).await
         }
-        Ok(None) => Err(ConnError::Timeout("waiting for the sender to start the session").into()),
-        Err(_) => Err(ConnError::Timeout("waiting for the sender to start the session").into()),
+        Ok(None) | Err(_) => {
+            Err(ConnError::Timeout("waiting for the sender to start the session").into())
+        }
     };
     routing.abort();
     r

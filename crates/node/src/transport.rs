@@ -99,22 +99,7 @@ pub fn set_cc(stream: &impl AsRawFd, cc: &str) -> io::Result<()> {
 /// what makes "take the next frame when the socket has room" a real measure of a connection's
 /// speed on a striped edge.
 pub fn set_notsent_lowat(stream: &impl AsRawFd, bytes: u32) -> io::Result<()> {
-    let v = bytes as libc::c_int;
-    // SAFETY: the fd is a valid socket for the duration of the call; `v` outlives it.
-    let rc = unsafe {
-        libc::setsockopt(
-            stream.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_NOTSENT_LOWAT,
-            (&v as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    setsockopt_u32(stream, libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT, bytes)
 }
 
 /// The connection's smoothed round trip as TCP measured it (`TCP_INFO`); `None` if the kernel
@@ -142,12 +127,18 @@ pub fn rtt(stream: &impl AsRawFd) -> Option<Duration> {
 pub fn set_max_pacing_rate(stream: &impl AsRawFd, bytes_per_sec: u64) -> io::Result<()> {
     // The kernel takes 32 bits here; all ones means no cap.
     let v: u32 = bytes_per_sec.try_into().unwrap_or(u32::MAX);
-    // SAFETY: the fd is a valid socket for the duration of the call; `v` outlives it.
+    setsockopt_u32(stream, libc::SOL_SOCKET, libc::SO_MAX_PACING_RATE, v)
+}
+
+/// Sets a socket option whose value is a 32-bit integer.
+fn setsockopt_u32(stream: &impl AsRawFd, level: i32, name: i32, v: u32) -> io::Result<()> {
+    // SAFETY: the fd is a valid socket for the duration of the call; `v` outlives it, and the
+    // kernel reads `size_of::<u32>()` bytes (an `int` for these options).
     let rc = unsafe {
         libc::setsockopt(
             stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_MAX_PACING_RATE,
+            level,
+            name,
             (&v as *const u32).cast(),
             std::mem::size_of::<u32>() as libc::socklen_t,
         )
