@@ -181,6 +181,22 @@ fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> usize {
     n
 }
 
+/// How often the runner samples the forwarder's WAN link counters (its publication period).
+const SERIES_STEP: Duration = Duration::from_millis(200);
+
+/// Every WAN link as ("FROM>TO", link index).
+fn wan_links(plan: &crate::scenario::Plan) -> Vec<(String, usize)> {
+    let mut v = Vec::new();
+    for (x, row) in plan.site_links.iter().enumerate() {
+        for (y, l) in row.iter().enumerate() {
+            if let Some(l) = l {
+                v.push((format!("{}>{}", plan.sites[x], plan.sites[y]), *l));
+            }
+        }
+    }
+    v
+}
+
 /// Runs one method on a running lab.
 pub fn run_method(
     lab: &Lab,
@@ -316,7 +332,26 @@ pub fn run_method(
     let mut done: Vec<Option<f64>> = vec![None; rx.len()];
     let mut failed: Option<String> = None;
     let mut source_done = m.source_background;
+    // Bytes over each WAN link through the run, one row per forwarder publication, so a
+    // link that idles shows up (written to the raw directory as `wan_links.csv`).
+    let wan = wan_links(plan);
+    let mut series = String::from("t_s");
+    for (name, _) in &wan {
+        series.push_str(&format!(",{name}"));
+    }
+    series.push('\n');
+    let mut next_sample = Duration::ZERO;
     while t0.elapsed() < opts.timeout {
+        if t0.elapsed() >= next_sample {
+            next_sample += SERIES_STEP;
+            let st = lab.stats();
+            series.push_str(&format!("{:.2}", t0.elapsed().as_secs_f64()));
+            for (_, l) in &wan {
+                let b = |s: &crate::EmuStats| s.links.get(*l).map_or(0, |x| x.bytes_out);
+                series.push_str(&format!(",{}", b(&st).saturating_sub(b(&stats0))));
+            }
+            series.push('\n');
+        }
         for (i, c) in rx.iter_mut().enumerate() {
             if done[i].is_none() {
                 if let Ok(Some(st)) = c.try_wait() {
@@ -370,6 +405,7 @@ pub fn run_method(
         let b = |s: &crate::EmuStats| s.links.get(l).map_or(0, |x| x.bytes_out);
         b(&stats1).saturating_sub(b(&stats0))
     };
+    let _ = std::fs::write(raw_dir.join("wan_links.csv"), series);
     let wan_bytes_in = (0..plan.sites.len())
         .map(|y| SiteBytes {
             site: plan.sites[y].clone(),

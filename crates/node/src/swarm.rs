@@ -74,6 +74,11 @@ pub const MAX_SWARM_BYTES: u64 = 2 << 30;
 /// Frames queued to one connection's writer at once.
 pub const WRITE_SLOTS: usize = 4;
 
+/// Unsent bytes a connection's socket may hold (`TCP_NOTSENT_LOWAT`). Requests, haves and
+/// cancels share the connection with the pieces going the same way; the kernel's default
+/// backlog (megabytes) would hold them back for seconds on a slow WAN link.
+const SOCKET_BACKLOG: u32 = 128 << 10;
+
 /// Bytes of verified pieces an agent holds in memory before they are stored; above it, it reads
 /// nothing more from its peers until the store catches up.
 pub const UNSTORED_BUDGET: u64 = 32 << 20;
@@ -805,6 +810,9 @@ impl Net {
     /// Starts the reader and writer of the connection to `j`; the source's connections (and an
     /// agent's connection to the source) become swarm links here when the two are peers.
     fn add_conn(&mut self, j: NodeId, stream: TcpStream) {
+        if let Err(e) = transport::set_notsent_lowat(&stream, SOCKET_BACKLOG) {
+            tracing::debug!("TCP_NOTSENT_LOWAT: {e}");
+        }
         let (r, w) = stream.into_split();
         let (tx, rx) = mpsc::channel(WRITE_SLOTS);
         let reader = tokio::spawn(read_conn(

@@ -3,7 +3,7 @@
 //! hybrid, at 20 ms and 100 ms RTT between clusters.
 //!
 //! ```text
-//! cargo run --release -p bulkcast-proto --example swarm_sim [-- --per-cluster N --mb M --piece-kib K]
+//! cargo run --release -p bulkcast-proto --example swarm_sim [-- --per-cluster N --mb M --piece-kib K --lab]
 //! ```
 //!
 //! Throughput is the object size over the time until the last receiver finished (the paper's
@@ -24,11 +24,16 @@ fn main() {
     let mut piece_kib = 512u32;
     let mut detail: Option<(usize, u64)> = None;
     let mut sweep = false;
+    let mut lab = false;
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         if a == "--sweep" {
             sweep = true;
+            continue;
+        }
+        if a == "--lab" {
+            lab = true;
             continue;
         }
         let v = it.next().and_then(|v| v.parse::<u64>().ok());
@@ -42,7 +47,7 @@ fn main() {
             }
             _ => {
                 eprintln!(
-                    "usage: swarm_sim [--per-cluster N] [--mb M] [--piece-kib K] [--detail CONDITION RTT_MS] [--sweep]"
+                    "usage: swarm_sim [--per-cluster N] [--mb M] [--piece-kib K] [--detail CONDITION RTT_MS] [--sweep] [--lab]"
                 );
                 std::process::exit(2);
             }
@@ -50,7 +55,7 @@ fn main() {
     }
     let len = mb * 1_000_000;
     if sweep {
-        show_sweep(per_cluster);
+        show_sweep(per_cluster, lab);
         return;
     }
     if let Some((c, rtt_ms)) = detail {
@@ -60,6 +65,7 @@ fn main() {
             len,
             piece_kib,
             rtt_ms,
+            lab,
         );
         return;
     }
@@ -87,8 +93,7 @@ fn main() {
             let mut bound = 0.0;
             let mut tps = Vec::new();
             for strategy in Strategy::ALL {
-                let mut topo =
-                    Topology::four_clusters([per_cluster; 4], Duration::from_millis(rtt_ms));
+                let mut topo = four(per_cluster, rtt_ms, lab);
                 let changes = cond.apply(&mut topo, 4, Duration::from_secs(3600));
                 bound = sim::bound_rate(&topo, &changes, len);
                 let mut spec = SwarmSimSpec::new(topo, strategy, len);
@@ -142,9 +147,16 @@ fn main() {
 /// the object), each link's utilisation (fraction of its rate) per second bucket, and when
 /// each receiver finished.
 #[allow(clippy::needless_range_loop)]
-fn show_detail(cond: Condition, per_cluster: usize, len: u64, piece_kib: u32, rtt_ms: u64) {
+fn show_detail(
+    cond: Condition,
+    per_cluster: usize,
+    len: u64,
+    piece_kib: u32,
+    rtt_ms: u64,
+    lab: bool,
+) {
     for strategy in [Strategy::Mob, Strategy::Hybrid] {
-        let mut topo = Topology::four_clusters([per_cluster; 4], Duration::from_millis(rtt_ms));
+        let mut topo = four(per_cluster, rtt_ms, lab);
         let changes = cond.apply(&mut topo, 4, Duration::from_secs(3600));
         let bound = sim::bound_rate(&topo, &changes, len);
         let rates = topo.wan.clone();
@@ -217,7 +229,7 @@ fn show_detail(cond: Condition, per_cluster: usize, len: u64, piece_kib: u32, rt
 /// the hybrid over object sizes from 32 KiB to 128 MiB, static conditions, 20 and 100 ms.
 /// Pieces are sized as `bulkcast send` sizes chunks (about 1/300 of the object, a power of two
 /// between 64 KiB and 1 MiB), so a small object is a few pieces.
-fn show_sweep(per_cluster: usize) {
+fn show_sweep(per_cluster: usize, lab: bool) {
     println!("4 clusters x {per_cluster} nodes; MB/s (object / time until the last node finished); winner");
     println!(
         "{:>6} {:<11} {:>9} | {:>7} {:>7} {:>7} | winner",
@@ -230,8 +242,7 @@ fn show_sweep(per_cluster: usize) {
                 let piece = ((len / 300).clamp(64 << 10, 1 << 20)).next_power_of_two() as u32;
                 let mut tps = Vec::new();
                 for strategy in [Strategy::TreePush, Strategy::Mob, Strategy::Hybrid] {
-                    let mut topo =
-                        Topology::four_clusters([per_cluster; 4], Duration::from_millis(rtt_ms));
+                    let mut topo = four(per_cluster, rtt_ms, lab);
                     let changes = cond.apply(&mut topo, 4, Duration::from_secs(3600));
                     let mut spec = SwarmSimSpec::new(topo, strategy, len);
                     spec.piece_len = piece.min(len as u32);
@@ -260,4 +271,17 @@ fn show_sweep(per_cluster: usize) {
             }
         }
     }
+}
+
+/// The four-cluster topology: the simulator's own rates, or with `--lab` those of the lab's
+/// seed 004 scenarios ([`sim::LAB_LINKS`]).
+fn four(per_cluster: usize, rtt_ms: u64, lab: bool) -> Topology {
+    let mut topo = Topology::four_clusters([per_cluster; 4], Duration::from_millis(rtt_ms));
+    if lab {
+        topo.wan = sim::LAB_LINKS
+            .iter()
+            .map(|row| row.iter().map(|r| r * MB_S).collect())
+            .collect();
+    }
+    topo
 }

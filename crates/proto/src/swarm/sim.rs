@@ -66,6 +66,17 @@ pub const FAST_LINKS: [[f64; 4]; 4] = [
     [6.2, 4.1, 5.0, 0.0],
 ];
 
+/// The lab's seed 004 rates in MB/s (`scenarios/seed004-*.toml`, after the paper's text: the
+/// slowest fast link 3 MB/s, MOB's 8.5 MB/s within reach): A-B 4, A-C 3, A-D 3, B-C 4, B-D 3,
+/// C-D 4. The source's site egress and cluster D's ingress are both exactly the bound (10 MB/s),
+/// so D must keep all three links busy from start to end.
+pub const LAB_LINKS: [[f64; 4]; 4] = [
+    [0.0, 4.0, 3.0, 3.0],
+    [4.0, 0.0, 4.0, 3.0],
+    [3.0, 4.0, 0.0, 4.0],
+    [3.0, 3.0, 4.0, 0.0],
+];
+
 /// The links the "slow links" scenario sets to 0.8 MB/s: A-D and B-C.
 pub const SLOW_PAIRS: [(usize, usize); 2] = [(0, 3), (1, 2)];
 
