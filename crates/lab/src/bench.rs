@@ -230,6 +230,10 @@ pub fn run_method(
     let raw_dir = opts.raw_dir.join(&m.name);
     let _ = std::fs::remove_dir_all(&raw_dir);
     std::fs::create_dir_all(&raw_dir).map_err(|e| LabError::sys("create bench raw dir", e))?;
+    // Absolute: a method's commands may change directory before they use `{raw}` (aria2's
+    // source does), and a relative `--raw-dir` would then point elsewhere.
+    let raw_dir =
+        std::fs::canonicalize(&raw_dir).map_err(|e| LabError::sys("resolve bench raw dir", e))?;
     let size = std::fs::metadata(&opts.object)
         .map_err(|e| LabError::sys("stat object", e))?
         .len();
