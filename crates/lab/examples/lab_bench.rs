@@ -79,7 +79,9 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
             .collect::<Result<_, _>>()?
     };
     std::fs::create_dir_all(&a.work_dir)?;
-    let object = a.work_dir.join("object.bin");
+    // Absolute, as the runner makes `{raw}`: a method's commands may change directory.
+    let work_dir = std::fs::canonicalize(&a.work_dir)?;
+    let object = work_dir.join("object.bin");
     // Random bytes (seeded): nothing compresses, every run distributes the same object.
     let mut rng = rand::rngs::SmallRng::seed_from_u64(42);
     let mut data = vec![0u8; size as usize];
@@ -90,10 +92,10 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     let lab = Lab::up(&sc)?;
     let opts = BenchOptions {
         object: object.clone(),
-        work_dir: a.work_dir.join("out"),
+        work_dir: work_dir.join("out"),
         timeout: Duration::from_secs(a.timeout),
         cc: a.cc.clone(),
-        raw_dir: a.raw_dir.clone().unwrap_or_else(|| a.work_dir.join("raw")),
+        raw_dir: a.raw_dir.clone().unwrap_or_else(|| work_dir.join("raw")),
     };
     let mut results = Vec::new();
     for (i, m) in methods.iter().enumerate() {

@@ -197,6 +197,22 @@ fn wan_links(plan: &crate::scenario::Plan) -> Vec<(String, usize)> {
     v
 }
 
+/// One row of `wan_links.csv`: the time, then each WAN link's bytes since `stats0`.
+fn series_row(
+    series: &mut String,
+    t: f64,
+    wan: &[(String, usize)],
+    stats: &crate::EmuStats,
+    stats0: &crate::EmuStats,
+) {
+    let b = |s: &crate::EmuStats, l: usize| s.links.get(l).map_or(0, |x| x.bytes_out);
+    series.push_str(&format!("{t:.2}"));
+    for &(_, l) in wan {
+        series.push_str(&format!(",{}", b(stats, l).saturating_sub(b(stats0, l))));
+    }
+    series.push('\n');
+}
+
 /// Runs one method on a running lab.
 pub fn run_method(
     lab: &Lab,
@@ -336,8 +352,9 @@ pub fn run_method(
     let mut done: Vec<Option<f64>> = vec![None; rx.len()];
     let mut failed: Option<String> = None;
     let mut source_done = m.source_background;
-    // Bytes over each WAN link through the run, one row per forwarder publication, so a
-    // link that idles shows up (written to the raw directory as `wan_links.csv`).
+    // Bytes over each WAN link since the start, sampled every `SERIES_STEP` (the forwarder's
+    // publication period) on the runner's clock, so that a link that idles shows up; written
+    // to the raw directory as `wan_links.csv`, with the final counters as the last row.
     let wan = wan_links(plan);
     let mut series = String::from("t_s");
     for (name, _) in &wan {
@@ -348,13 +365,8 @@ pub fn run_method(
     while t0.elapsed() < opts.timeout {
         if t0.elapsed() >= next_sample {
             next_sample += SERIES_STEP;
-            let st = lab.stats();
-            series.push_str(&format!("{:.2}", t0.elapsed().as_secs_f64()));
-            for (_, l) in &wan {
-                let b = |s: &crate::EmuStats| s.links.get(*l).map_or(0, |x| x.bytes_out);
-                series.push_str(&format!(",{}", b(&st).saturating_sub(b(&stats0))));
-            }
-            series.push('\n');
+            let t = t0.elapsed().as_secs_f64();
+            series_row(&mut series, t, &wan, &lab.stats(), &stats0);
         }
         for (i, c) in rx.iter_mut().enumerate() {
             if done[i].is_none() {
@@ -401,14 +413,21 @@ pub fn run_method(
         (Some(a), Some(b)) => Some((b - a) / run_s),
         _ => None,
     };
-    // Counters are published every 200 ms: wait for the last ones.
-    std::thread::sleep(Duration::from_millis(250));
+    // Counters are published every `SERIES_STEP`: wait for the last ones.
+    std::thread::sleep(SERIES_STEP + Duration::from_millis(50));
     let stats1 = lab.stats();
     let late_events = stats1.late_events - late0;
     let link_delta = |l: usize| {
         let b = |s: &crate::EmuStats| s.links.get(l).map_or(0, |x| x.bytes_out);
         b(&stats1).saturating_sub(b(&stats0))
     };
+    series_row(
+        &mut series,
+        t0.elapsed().as_secs_f64(),
+        &wan,
+        &stats1,
+        &stats0,
+    );
     let _ = std::fs::write(raw_dir.join("wan_links.csv"), series);
     let wan_bytes_in = (0..plan.sites.len())
         .map(|y| SiteBytes {

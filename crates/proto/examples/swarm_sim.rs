@@ -72,6 +72,7 @@ fn main() {
     println!(
         "4 clusters x {per_cluster} nodes, {mb} MB from node 0 in cluster A, {piece_kib} KiB pieces, 1 Gbit/s access links"
     );
+    println!("{}", rates_line(lab));
     println!("per strategy: throughput in MB/s (object / time until the last node finished), its fraction of the bound,");
     println!("and the WAN bytes into B/C/D as multiples of the object (1.00: each piece enters each cluster once)");
     println!("bound: min over receivers of the max flow from the source (= arborescence packing, Edmonds);");
@@ -93,7 +94,7 @@ fn main() {
             let mut bound = 0.0;
             let mut tps = Vec::new();
             for strategy in Strategy::ALL {
-                let mut topo = four(per_cluster, rtt_ms, lab);
+                let mut topo = topology(per_cluster, rtt_ms, lab);
                 let changes = cond.apply(&mut topo, 4, Duration::from_secs(3600));
                 bound = sim::bound_rate(&topo, &changes, len);
                 let mut spec = SwarmSimSpec::new(topo, strategy, len);
@@ -156,7 +157,7 @@ fn show_detail(
     lab: bool,
 ) {
     for strategy in [Strategy::Mob, Strategy::Hybrid] {
-        let mut topo = four(per_cluster, rtt_ms, lab);
+        let mut topo = topology(per_cluster, rtt_ms, lab);
         let changes = cond.apply(&mut topo, 4, Duration::from_secs(3600));
         let bound = sim::bound_rate(&topo, &changes, len);
         let rates = topo.wan.clone();
@@ -231,6 +232,7 @@ fn show_detail(
 /// between 64 KiB and 1 MiB), so a small object is a few pieces.
 fn show_sweep(per_cluster: usize, lab: bool) {
     println!("4 clusters x {per_cluster} nodes; MB/s (object / time until the last node finished); winner");
+    println!("{}", rates_line(lab));
     println!(
         "{:>6} {:<11} {:>9} | {:>7} {:>7} {:>7} | winner",
         "RTT", "condition", "size", "tree", "mob", "hybrid"
@@ -242,7 +244,7 @@ fn show_sweep(per_cluster: usize, lab: bool) {
                 let piece = ((len / 300).clamp(64 << 10, 1 << 20)).next_power_of_two() as u32;
                 let mut tps = Vec::new();
                 for strategy in [Strategy::TreePush, Strategy::Mob, Strategy::Hybrid] {
-                    let mut topo = four(per_cluster, rtt_ms, lab);
+                    let mut topo = topology(per_cluster, rtt_ms, lab);
                     let changes = cond.apply(&mut topo, 4, Duration::from_secs(3600));
                     let mut spec = SwarmSimSpec::new(topo, strategy, len);
                     spec.piece_len = piece.min(len as u32);
@@ -275,7 +277,7 @@ fn show_sweep(per_cluster: usize, lab: bool) {
 
 /// The four-cluster topology: the simulator's own rates, or with `--lab` those of the lab's
 /// seed 004 scenarios ([`sim::LAB_LINKS`]).
-fn four(per_cluster: usize, rtt_ms: u64, lab: bool) -> Topology {
+fn topology(per_cluster: usize, rtt_ms: u64, lab: bool) -> Topology {
     let mut topo = Topology::four_clusters([per_cluster; 4], Duration::from_millis(rtt_ms));
     if lab {
         topo.wan = sim::LAB_LINKS
@@ -284,4 +286,13 @@ fn four(per_cluster: usize, rtt_ms: u64, lab: bool) -> Topology {
             .collect();
     }
     topo
+}
+
+/// Which WAN rates a run uses, for the header.
+fn rates_line(lab: bool) -> &'static str {
+    if lab {
+        "WAN rates: the lab's seed 004 scenarios (--lab, sim::LAB_LINKS)"
+    } else {
+        "WAN rates: the simulator's own (sim::FAST_LINKS)"
+    }
 }
