@@ -3,7 +3,7 @@
 //! hybrid, at 20 ms and 100 ms RTT between clusters.
 //!
 //! ```text
-//! cargo run --release -p bulkcast-proto --example swarm_sim [-- --per-cluster N --mb M --piece-kib K --lab]
+//! cargo run --release -p bulkcast-proto --example swarm_sim [-- --per-cluster N --mb M --piece-kib K --lab --unequal]
 //! ```
 //!
 //! Throughput is the object size over the time until the last receiver finished (the paper's
@@ -19,7 +19,7 @@ use bulkcast_proto::swarm::sim::{self, Condition, SwarmSimSpec, Topology, MB_S};
 use bulkcast_proto::swarm::Strategy;
 
 fn main() {
-    let mut per_cluster = 4usize;
+    let mut sizes = [4usize; 4];
     let mut mb = 600u64;
     let mut piece_kib = 512u32;
     let mut detail: Option<(usize, u64)> = None;
@@ -36,9 +36,14 @@ fn main() {
             lab = true;
             continue;
         }
+        if a == "--unequal" {
+            // The lab's unequal layout: the source alone in its site, then 3, 4 and 8 hosts.
+            sizes = [1, 3, 4, 8];
+            continue;
+        }
         let v = it.next().and_then(|v| v.parse::<u64>().ok());
         match (a.as_str(), v) {
-            ("--per-cluster", Some(v)) => per_cluster = v as usize,
+            ("--per-cluster", Some(v)) => sizes = [v as usize; 4],
             ("--mb", Some(v)) => mb = v,
             ("--piece-kib", Some(v)) => piece_kib = v as u32,
             ("--detail", Some(v)) => {
@@ -47,7 +52,7 @@ fn main() {
             }
             _ => {
                 eprintln!(
-                    "usage: swarm_sim [--per-cluster N] [--mb M] [--piece-kib K] [--detail CONDITION RTT_MS] [--sweep] [--lab]"
+                    "usage: swarm_sim [--per-cluster N] [--mb M] [--piece-kib K] [--detail CONDITION RTT_MS] [--sweep] [--lab] [--unequal]"
                 );
                 std::process::exit(2);
             }
@@ -55,22 +60,15 @@ fn main() {
     }
     let len = mb * 1_000_000;
     if sweep {
-        show_sweep(per_cluster, lab);
+        show_sweep(sizes, lab);
         return;
     }
     if let Some((c, rtt_ms)) = detail {
-        show_detail(
-            Condition::ALL[c.min(4)],
-            per_cluster,
-            len,
-            piece_kib,
-            rtt_ms,
-            lab,
-        );
+        show_detail(Condition::ALL[c.min(4)], sizes, len, piece_kib, rtt_ms, lab);
         return;
     }
     println!(
-        "4 clusters x {per_cluster} nodes, {mb} MB from node 0 in cluster A, {piece_kib} KiB pieces, 1 Gbit/s access links"
+        "clusters of {sizes:?} nodes, {mb} MB from node 0 in cluster A, {piece_kib} KiB pieces, 1 Gbit/s access links"
     );
     println!("{}", rates_line(lab));
     println!("per strategy: throughput in MB/s (object / time until the last node finished), its fraction of the bound,");
@@ -94,7 +92,7 @@ fn main() {
             let mut bound = 0.0;
             let mut tps = Vec::new();
             for strategy in Strategy::ALL {
-                let mut topo = topology(per_cluster, rtt_ms, lab);
+                let mut topo = topology(sizes, rtt_ms, lab);
                 let changes = cond.apply(&mut topo, 4, Duration::from_secs(3600));
                 bound = sim::bound_rate(&topo, &changes, len);
                 let mut spec = SwarmSimSpec::new(topo, strategy, len);
@@ -150,14 +148,14 @@ fn main() {
 #[allow(clippy::needless_range_loop)]
 fn show_detail(
     cond: Condition,
-    per_cluster: usize,
+    sizes: [usize; 4],
     len: u64,
     piece_kib: u32,
     rtt_ms: u64,
     lab: bool,
 ) {
     for strategy in [Strategy::Mob, Strategy::Hybrid] {
-        let mut topo = topology(per_cluster, rtt_ms, lab);
+        let mut topo = topology(sizes, rtt_ms, lab);
         let changes = cond.apply(&mut topo, 4, Duration::from_secs(3600));
         let bound = sim::bound_rate(&topo, &changes, len);
         let rates = topo.wan.clone();
@@ -230,8 +228,10 @@ fn show_detail(
 /// the hybrid over object sizes from 32 KiB to 128 MiB, static conditions, 20 and 100 ms.
 /// Pieces are sized as `bulkcast send` sizes chunks (about 1/300 of the object, a power of two
 /// between 64 KiB and 1 MiB), so a small object is a few pieces.
-fn show_sweep(per_cluster: usize, lab: bool) {
-    println!("4 clusters x {per_cluster} nodes; MB/s (object / time until the last node finished); winner");
+fn show_sweep(sizes: [usize; 4], lab: bool) {
+    println!(
+        "clusters of {sizes:?} nodes; MB/s (object / time until the last node finished); winner"
+    );
     println!("{}", rates_line(lab));
     println!(
         "{:>6} {:<11} {:>9} | {:>7} {:>7} {:>7} | winner",
@@ -244,7 +244,7 @@ fn show_sweep(per_cluster: usize, lab: bool) {
                 let piece = ((len / 300).clamp(64 << 10, 1 << 20)).next_power_of_two() as u32;
                 let mut tps = Vec::new();
                 for strategy in [Strategy::TreePush, Strategy::Mob, Strategy::Hybrid] {
-                    let mut topo = topology(per_cluster, rtt_ms, lab);
+                    let mut topo = topology(sizes, rtt_ms, lab);
                     let changes = cond.apply(&mut topo, 4, Duration::from_secs(3600));
                     let mut spec = SwarmSimSpec::new(topo, strategy, len);
                     spec.piece_len = piece.min(len as u32);
@@ -277,8 +277,8 @@ fn show_sweep(per_cluster: usize, lab: bool) {
 
 /// The four-cluster topology: the simulator's own rates, or with `--lab` those of the lab's
 /// seed 004 scenarios ([`sim::LAB_LINKS`]).
-fn topology(per_cluster: usize, rtt_ms: u64, lab: bool) -> Topology {
-    let mut topo = Topology::four_clusters([per_cluster; 4], Duration::from_millis(rtt_ms));
+fn topology(sizes: [usize; 4], rtt_ms: u64, lab: bool) -> Topology {
+    let mut topo = Topology::four_clusters(sizes, Duration::from_millis(rtt_ms));
     if lab {
         topo.wan = sim::LAB_LINKS
             .iter()

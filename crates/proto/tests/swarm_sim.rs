@@ -110,6 +110,35 @@ fn mob_brings_each_piece_into_each_cluster_exactly_once() {
     assert!(bt.wan_into[1..].iter().any(|&b| b > bt.object_len));
 }
 
+/// The lab's unequal layout (the source alone in its site, then 3, 4 and 8 members) on its
+/// slow links: the 8-member site's only link to the source's site runs at 0.8 MB/s. Its members
+/// queue requests at the source before anyone else has pieces; once the other sites have
+/// them, MOB moves those still unserved (a confirmed cancel), and each piece still enters each
+/// cluster once. Without the moves it reached 0.25 of the bound here, waiting on that link.
+#[test]
+fn mob_moves_requests_off_a_slow_link_and_still_brings_each_piece_in_once() {
+    let mut topo = Topology::four_clusters([1, 3, 4, 8], Duration::from_millis(20));
+    topo.wan = sim::LAB_LINKS
+        .iter()
+        .map(|row| row.iter().map(|r| r * sim::MB_S).collect())
+        .collect();
+    let changes = Condition::SlowLinks.apply(&mut topo, 7, Duration::from_secs(600));
+    let len = 32 * MIB;
+    let bound = sim::bound_rate(&topo, &changes, len);
+    let mut s = SwarmSimSpec::new(topo, Strategy::Mob, len);
+    s.wan_changes = changes;
+    s.piece_len = 256 << 10;
+    s.seed = 4;
+    let r = sim::run(s);
+    assert_all_done(&r, "mob, unequal, slow links");
+    for c in 1..4 {
+        assert_eq!(r.wan_into[c], r.object_len, "WAN bytes into cluster {c}");
+        assert!(r.entries[c].iter().all(|&e| e == 1), "cluster {c}: twice");
+    }
+    let f = r.throughput() / bound;
+    assert!(f > 0.35, "mob at {f:.3} of the bound");
+}
+
 #[test]
 fn no_strategy_livelocks_when_a_member_disappears() {
     let topo = Topology::four_clusters([4; 4], Duration::from_millis(20));
@@ -278,7 +307,10 @@ fn hybrid_beats_mob_and_the_swarm_baseline_when_links_change() {
 #[test]
 fn hybrid_reaches_most_of_the_bound_with_one_copy_per_cluster_on_static_links() {
     let len = 128 * MIB;
-    for (cond, floor) in [(Condition::FastLinks, 0.86), (Condition::SlowLinks, 0.77)] {
+    // Slow links: 0.72 since the driver (and so the simulator) commits one piece per
+    // connection instead of four (0.81 with two); the lab measured one slot ahead on slow
+    // links, and this simulator's slow-links figure is the known weak cell (docs/DESIGN.md).
+    for (cond, floor) in [(Condition::FastLinks, 0.86), (Condition::SlowLinks, 0.70)] {
         let mut s = spec(Strategy::Hybrid, len, cond);
         s.piece_len = 256 << 10;
         s.seed = 4;
@@ -413,6 +445,7 @@ fn malformed_swarm_messages_are_errors() {
         SwarmMsg::bitfield(20, |i| i % 2 == 0),
         SwarmMsg::Have { index: 3 },
         SwarmMsg::Complete { node: 9 },
+        SwarmMsg::Cancelled { index: 4 },
     ] {
         let wire = Frame::Swarm(m.clone()).encode().to_vec();
         for cut in 0..wire.len() - 4 {
@@ -431,7 +464,7 @@ fn malformed_swarm_messages_are_errors() {
         let mut v: Vec<u8> = vec![0x50];
         v.extend((0..n).map(|_| rng.gen::<u8>()));
         if v.len() > 1 && rng.gen_bool(0.5) {
-            v[1] = rng.gen_range(0..12);
+            v[1] = rng.gen_range(0..14);
         }
         let _ = decode(&v);
     }
@@ -462,6 +495,14 @@ fn malformed_swarm_messages_are_errors() {
     ));
     assert!(matches!(
         node.handle_frame(3, Frame::Request { index: 99 }, now),
+        Err(SwarmError::OutOfRange(..))
+    ));
+    // A cancel confirmation for a piece never requested changes nothing; one beyond the
+    // object is an error.
+    let cancelled = |index| Frame::Swarm(SwarmMsg::Cancelled { index });
+    assert_eq!(node.handle_frame(3, cancelled(2), now), Ok(()));
+    assert!(matches!(
+        node.handle_frame(3, cancelled(10), now),
         Err(SwarmError::OutOfRange(..))
     ));
     assert_eq!(

@@ -233,7 +233,7 @@ impl SwarmNode {
         }
     }
 
-    fn send_request(&mut self, k: usize, i: u64, now: Instant) {
+    pub(crate) fn send_request(&mut self, k: usize, i: u64, now: Instant) {
         let p = &mut self.peers[k];
         if p.requested.is_empty() {
             p.rate.resume(now);

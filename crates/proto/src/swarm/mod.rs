@@ -28,6 +28,12 @@
 //!    `Complete` travels up a binary tree over all members ([`SwarmMsg::Complete`]), `AllDone`
 //!    comes back down, and every node serves until then.
 //!
+//! One departure: rule 3's requests are always honoured, so a request queued at a peer behind
+//! a slow link waits there even once faster peers hold the piece (the paper's small root
+//! cluster). A request that waited more than a second (`MOB_MOVE_AFTER`) moves to an idle
+//! peer that has the piece, through a confirmed cancel ([`SwarmMsg::Cancelled`]), so that no
+//! piece enters a cluster twice.
+//!
 //! One reading we had to make: taken literally, rule 3 deadlocks the source's own cluster
 //! (its members' shares can only come from other clusters, which only get them from it). A
 //! piece never has to *enter* the source's cluster, so there every piece is stolen from local
@@ -329,6 +335,11 @@ struct Peer {
     rate: hybrid::PeerRate,
 }
 
+/// MOB: a request waiting longer than this at one peer moves to an idle peer that has the
+/// piece (see [`SwarmNode::mob_move`]). Several round trips and piece times on any link the
+/// lab or the paper has; a queue behind a slow link takes ten times as long.
+const MOB_MOVE_AFTER: Duration = Duration::from_secs(1);
+
 /// Completion-tree state (MOB's phase 4, used by every strategy).
 #[derive(Debug, Default)]
 struct Ack {
@@ -362,6 +373,9 @@ pub struct SwarmNode {
     pending_from: Vec<Option<NodeId>>,
     /// When the request of `pending_from` was sent.
     req_at: Vec<Option<Instant>>,
+    /// MOB: a `Cancel` is out for piece i at its peer, to ask this one instead once the peer
+    /// answers `Cancelled` (see [`SwarmNode::mob_move`]).
+    moving_to: Vec<Option<NodeId>>,
     /// Hybrid, at the source: pieces dealt out of the source's cluster.
     exported: Bits,
     /// Hybrid, in the source's cluster: every piece was dealt once (its members then serve
@@ -449,6 +463,7 @@ impl SwarmNode {
             pending: Bits::new(p),
             pending_from: vec![None; p as usize],
             req_at: vec![None; p as usize],
+            moving_to: vec![None; p as usize],
             exported: Bits::new(p),
             dealt_all: false,
             second: Vec::new(),
@@ -729,6 +744,20 @@ impl SwarmNode {
         None
     }
 
+    /// The next control frame for `peer` (request, have, cancel, ...), never a piece: a
+    /// driver that holds pieces back (a full writer) still sends these. A driver that uses
+    /// only [`SwarmNode::poll_transmit`] gets the same frames from it.
+    pub fn poll_control(&mut self, peer: NodeId, now: Instant) -> Option<Frame> {
+        let k = self.index.get(peer).copied().flatten()?;
+        if !self.peers[k].connected {
+            return None;
+        }
+        if self.peers[k].ctrl.is_empty() {
+            self.top_up(k, now);
+        }
+        self.peers[k].ctrl.pop_front()
+    }
+
     /// The next event for the driver.
     pub fn poll_event(&mut self) -> Option<SwarmEvent> {
         self.events.pop_front()
@@ -848,12 +877,13 @@ impl SwarmNode {
         self.pending.clear(i);
         self.pending_from[i as usize] = None;
         self.req_at[i as usize] = None;
+        self.moving_to[i as usize] = None;
     }
 
     /// A verified piece from peer k.
     fn on_piece(&mut self, k: usize, i: u64, now: Instant) {
         let from = self.peers[k].id;
-        if self.cfg.strategy == Strategy::Hybrid {
+        if matches!(self.cfg.strategy, Strategy::Hybrid | Strategy::Mob) {
             let rtt = match (self.pending_from[i as usize], self.req_at[i as usize]) {
                 (Some(q), Some(t)) if q == from => Some(now.saturating_duration_since(t)),
                 _ => None,
@@ -951,7 +981,18 @@ impl SwarmNode {
             }
             SwarmMsg::Cancel { index } => {
                 check("Cancel", index)?;
-                self.peers[k].uploads.retain(|&i| i != index);
+                let p = &mut self.peers[k];
+                let queued = p.uploads.len();
+                p.uploads.retain(|&i| i != index);
+                if p.uploads.len() < queued {
+                    // Dropped before it was served: the requester may ask someone else.
+                    p.ctrl
+                        .push_back(Frame::Swarm(SwarmMsg::Cancelled { index }));
+                }
+            }
+            SwarmMsg::Cancelled { index } => {
+                check("Cancelled", index)?;
+                self.on_cancelled(k, index, now);
             }
             SwarmMsg::Reject { index } => {
                 check("Reject", index)?;
@@ -1079,9 +1120,75 @@ impl SwarmNode {
             }
             self.pending.set(i);
             self.pending_from[i as usize] = Some(self.peers[k].id);
-            let p = &mut self.peers[k];
-            p.requested.push(i);
-            p.ctrl.push_back(Frame::Request { index: i });
+            self.req_at[i as usize] = Some(now);
+            self.send_request(k, i, now);
+        }
+        if self.cfg.strategy == Strategy::Mob
+            && self.peers[k].requested.len() < self.cfg.requests_per_peer
+        {
+            self.mob_move(k, &allowed, now);
+        }
+    }
+
+    /// MOB, peer k is idle and has nothing new to give: the oldest request that has waited
+    /// at another peer for more than [`MOB_MOVE_AFTER`] and that k could serve is moved to k.
+    /// Not at once (the piece may be on the wire already, and MOB brings each piece into each
+    /// cluster once): a `Cancel` goes out, and only its `Cancelled` answer, sent when the
+    /// request was dropped unserved, sends the request to k. Without this a site whose only
+    /// route to the source's site is slow waits for every request queued there long after its
+    /// other peers got the pieces (the MOB paper's small root cluster).
+    fn mob_move(&mut self, k: usize, allowed: &[u64], now: Instant) {
+        if !self.peers[k].requested.is_empty() {
+            return;
+        }
+        let pk = &self.peers[k];
+        let mut best: Option<(Instant, u64, usize)> = None;
+        for (j, q) in self.peers.iter().enumerate() {
+            if j == k {
+                continue;
+            }
+            for &i in &q.requested {
+                let Some(at) = self.req_at[i as usize] else {
+                    continue;
+                };
+                let movable = self.pending_from[i as usize] == Some(q.id)
+                    && self.moving_to[i as usize].is_none()
+                    && pk.has.get(i)
+                    && allowed[(i / 64) as usize] & (1 << (i % 64)) != 0
+                    && now.saturating_duration_since(at) > MOB_MOVE_AFTER;
+                if movable && best.is_none_or(|(b, _, _)| at < b) {
+                    best = Some((at, i, j));
+                }
+            }
+        }
+        let Some((_, i, j)) = best else {
+            return;
+        };
+        self.moving_to[i as usize] = Some(self.peers[k].id);
+        self.peers[j]
+            .ctrl
+            .push_back(Frame::Swarm(SwarmMsg::Cancel { index: i }));
+    }
+
+    /// Peer k dropped our request for piece i unserved: if we were moving it, ask the peer we
+    /// chose; otherwise it is free for whoever has it.
+    fn on_cancelled(&mut self, k: usize, i: u64, now: Instant) {
+        let id = self.peers[k].id;
+        self.peers[k].requested.retain(|&r| r != i);
+        if self.pending_from[i as usize] != Some(id) {
+            return;
+        }
+        let to = self.moving_to[i as usize];
+        self.unpend(i);
+        let target = to.and_then(|t| self.index[t]).filter(|&t| {
+            let p = &self.peers[t];
+            p.connected && p.has.get(i) && !self.have.contains(i)
+        });
+        if let Some(t) = target {
+            self.pending.set(i);
+            self.pending_from[i as usize] = Some(self.peers[t].id);
+            self.req_at[i as usize] = Some(now);
+            self.send_request(t, i, now);
         }
     }
 

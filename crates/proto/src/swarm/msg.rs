@@ -13,6 +13,7 @@
 //! Complete = 0x09 | node:u32
 //! AllDone  = 0x0a
 //! Dealt    = 0x0b
+//! Cancelled = 0x0c | index:u64
 //! ```
 //!
 //! Like every decoder in [`crate::wire`], [`SwarmMsg::decode`] never trusts a length: a
@@ -35,6 +36,7 @@ const S_NOT_INTERESTED: u8 = 0x08;
 const S_COMPLETE: u8 = 0x09;
 const S_ALL_DONE: u8 = 0x0a;
 const S_DEALT: u8 = 0x0b;
+const S_CANCELLED: u8 = 0x0c;
 
 const WHAT: &str = "Swarm";
 
@@ -55,7 +57,8 @@ pub enum SwarmMsg {
         /// Piece index.
         index: u64,
     },
-    /// The sender no longer wants piece `index` it requested (it got it elsewhere).
+    /// The sender no longer wants piece `index` it requested (it got it elsewhere, or would
+    /// rather ask another peer). A request dropped unserved is answered with `Cancelled`.
     Cancel {
         /// Piece index.
         index: u64,
@@ -87,6 +90,13 @@ pub enum SwarmMsg {
     /// Hybrid: every piece has left the source's cluster once (the source tells its cluster
     /// mates): from now on they serve other clusters too.
     Dealt,
+    /// The answer to a `Cancel` that came before the piece was served: the sender dropped the
+    /// request and will not send piece `index`, so the requester may ask someone else without
+    /// a second copy arriving.
+    Cancelled {
+        /// Piece index.
+        index: u64,
+    },
 }
 
 impl SwarmMsg {
@@ -104,6 +114,7 @@ impl SwarmMsg {
             SwarmMsg::Complete { .. } => "Complete",
             SwarmMsg::AllDone => "AllDone",
             SwarmMsg::Dealt => "Dealt",
+            SwarmMsg::Cancelled { .. } => "Cancelled",
         }
     }
 
@@ -169,6 +180,10 @@ impl SwarmMsg {
             }
             SwarmMsg::AllDone => b.put_u8(S_ALL_DONE),
             SwarmMsg::Dealt => b.put_u8(S_DEALT),
+            SwarmMsg::Cancelled { index } => {
+                b.put_u8(S_CANCELLED);
+                b.put_u64(*index);
+            }
         }
     }
 
@@ -221,6 +236,7 @@ impl SwarmMsg {
             }
             S_ALL_DONE => SwarmMsg::AllDone,
             S_DEALT => SwarmMsg::Dealt,
+            S_CANCELLED => SwarmMsg::Cancelled { index: index(b)? },
             _ => return Err(WireError::BadValue(WHAT, "unknown swarm message")),
         })
     }
@@ -247,6 +263,7 @@ mod tests {
             SwarmMsg::Complete { node: 12 },
             SwarmMsg::AllDone,
             SwarmMsg::Dealt,
+            SwarmMsg::Cancelled { index: 10 },
         ]
     }
 

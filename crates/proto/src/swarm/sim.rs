@@ -7,8 +7,10 @@
 //! clusters) the WAN link and its latency, then b's downlink; within a cluster by a's uplink,
 //! the LAN latency and b's downlink. Each resource serves its queue in arrival order, so flows
 //! that share it share its rate in proportion to what they offer. Each connection (a, b) holds
-//! at most a window of bytes sent and not yet delivered (its socket buffers), which is how a
-//! slow path back-pressures its sender, as in [`crate::sim`].
+//! at most a window of bytes sent and not yet delivered (what the network driver commits: one
+//! piece in its writer, the socket's unsent backlog, the congestion window), which is how a
+//! slow path back-pressures its sender, as in [`crate::sim`]. Control frames are not held to
+//! the window, as the driver does not hold them.
 //!
 //! Control frames cross the network encoded and are decoded on arrival, so the wire format is
 //! exercised. Pieces are real chunks sealed by the source and verified at every hop when
@@ -789,7 +791,9 @@ impl Sim {
             (topo.wan[x][y], 2 * topo.wan_latency)
         };
         let bdp = (rate * rtt.as_secs_f64()) as u64;
-        (4 * (self.spec.piece_len as u64 + 128)).max(2 * bdp)
+        // As the network driver commits them: one piece queued to the writer, up to 128 KiB
+        // unsent in the socket, and the congestion window in flight.
+        self.spec.piece_len as u64 + 128 + (128 << 10) + 2 * bdp
     }
 
     fn event(&mut self, ev: Ev) {
@@ -1017,6 +1021,11 @@ impl Sim {
             for p in peers {
                 if !self.nodes[p].alive {
                     continue;
+                }
+                // As the driver does: control frames go out whether or not the window is full.
+                while let Some(f) = self.nodes[k].node.poll_control(p, now) {
+                    self.send(k, p, Transmit::Frame(f));
+                    moved = true;
                 }
                 let w = self.window(k, p);
                 while self.inflight.get(&(k, p)).copied().unwrap_or(0) < w {
