@@ -197,6 +197,12 @@ fn wan_links(plan: &crate::scenario::Plan) -> Vec<(String, usize)> {
     v
 }
 
+/// Bytes link `l` carried between the counters `stats0` and `stats`.
+fn link_delta(stats: &crate::EmuStats, stats0: &crate::EmuStats, l: usize) -> u64 {
+    let b = |s: &crate::EmuStats| s.links.get(l).map_or(0, |x| x.bytes_out);
+    b(stats).saturating_sub(b(stats0))
+}
+
 /// One row of `wan_links.csv`: the time, then each WAN link's bytes since `stats0`.
 fn series_row(
     series: &mut String,
@@ -205,10 +211,9 @@ fn series_row(
     stats: &crate::EmuStats,
     stats0: &crate::EmuStats,
 ) {
-    let b = |s: &crate::EmuStats, l: usize| s.links.get(l).map_or(0, |x| x.bytes_out);
     series.push_str(&format!("{t:.2}"));
     for &(_, l) in wan {
-        series.push_str(&format!(",{}", b(stats, l).saturating_sub(b(stats0, l))));
+        series.push_str(&format!(",{}", link_delta(stats, stats0, l)));
     }
     series.push('\n');
 }
@@ -417,10 +422,6 @@ pub fn run_method(
     std::thread::sleep(SERIES_STEP + Duration::from_millis(50));
     let stats1 = lab.stats();
     let late_events = stats1.late_events - late0;
-    let link_delta = |l: usize| {
-        let b = |s: &crate::EmuStats| s.links.get(l).map_or(0, |x| x.bytes_out);
-        b(&stats1).saturating_sub(b(&stats0))
-    };
     series_row(
         &mut series,
         t0.elapsed().as_secs_f64(),
@@ -434,7 +435,7 @@ pub fn run_method(
             site: plan.sites[y].clone(),
             bytes: (0..plan.sites.len())
                 .filter_map(|x| plan.site_links[x][y])
-                .map(link_delta)
+                .map(|l| link_delta(&stats1, &stats0, l))
                 .sum(),
         })
         .collect();

@@ -1084,11 +1084,10 @@ impl Net {
         }
         let ids: Vec<NodeId> = self.conns.keys().copied().collect();
         for j in ids {
-            let linked = self.connected[j];
-            let mut missing = None;
-            if !linked {
+            if !self.connected[j] {
                 continue;
             }
+            let mut missing = None;
             let c = self.conns.get_mut(&j).expect("listed");
             // Control frames whether or not a piece may go: requests and haves do not wait
             // for a slot.

@@ -280,10 +280,7 @@ fn show_sweep(sizes: [usize; 4], lab: bool) {
 fn topology(sizes: [usize; 4], rtt_ms: u64, lab: bool) -> Topology {
     let mut topo = Topology::four_clusters(sizes, Duration::from_millis(rtt_ms));
     if lab {
-        topo.wan = sim::LAB_LINKS
-            .iter()
-            .map(|row| row.iter().map(|r| r * MB_S).collect())
-            .collect();
+        topo.set_lab_links();
     }
     topo
 }

@@ -118,10 +118,7 @@ fn mob_brings_each_piece_into_each_cluster_exactly_once() {
 #[test]
 fn mob_moves_requests_off_a_slow_link_and_still_brings_each_piece_in_once() {
     let mut topo = Topology::four_clusters([1, 3, 4, 8], Duration::from_millis(20));
-    topo.wan = sim::LAB_LINKS
-        .iter()
-        .map(|row| row.iter().map(|r| r * sim::MB_S).collect())
-        .collect();
+    topo.set_lab_links();
     let changes = Condition::SlowLinks.apply(&mut topo, 7, Duration::from_secs(600));
     let len = 32 * MIB;
     let bound = sim::bound_rate(&topo, &changes, len);

@@ -144,10 +144,7 @@ impl SwarmNode {
             let cand = |w: usize| has.word(w) & !have.word(w) & !pending.word(w) & allowed[w];
             let pick = pick_in(&|w| cand(w) & !others.word(w)).or_else(|| pick_in(&cand));
             if let Some(i) = pick {
-                self.pending.set(i);
-                self.pending_from[i as usize] = Some(self.peers[k].id);
-                self.req_at[i as usize] = Some(now);
-                self.send_request(k, i, now);
+                self.pend(k, i, now);
                 continue;
             }
             if let Some(i) = self.steal_pick(k, &allowed, now) {
@@ -287,7 +284,5 @@ fn continue_steal(node: &mut SwarmNode, k: usize, i: u64, now: Instant) {
                 .push_back(Frame::Swarm(SwarmMsg::Cancel { index: i }));
         }
     }
-    node.pending_from[i as usize] = Some(node.peers[k].id);
-    node.req_at[i as usize] = Some(now);
-    node.send_request(k, i, now);
+    node.pend(k, i, now);
 }

@@ -880,10 +880,18 @@ impl SwarmNode {
         self.moving_to[i as usize] = None;
     }
 
+    /// Asks peer k for piece i, which is now pending there.
+    fn pend(&mut self, k: usize, i: u64, now: Instant) {
+        self.pending.set(i);
+        self.pending_from[i as usize] = Some(self.peers[k].id);
+        self.req_at[i as usize] = Some(now);
+        self.send_request(k, i, now);
+    }
+
     /// A verified piece from peer k.
     fn on_piece(&mut self, k: usize, i: u64, now: Instant) {
         let from = self.peers[k].id;
-        if matches!(self.cfg.strategy, Strategy::Hybrid | Strategy::Mob) {
+        if self.cfg.strategy == Strategy::Hybrid {
             let rtt = match (self.pending_from[i as usize], self.req_at[i as usize]) {
                 (Some(q), Some(t)) if q == from => Some(now.saturating_duration_since(t)),
                 _ => None,
@@ -1118,10 +1126,7 @@ impl SwarmNode {
                 p.ctrl.push_back(Frame::Request { index: i });
                 continue;
             }
-            self.pending.set(i);
-            self.pending_from[i as usize] = Some(self.peers[k].id);
-            self.req_at[i as usize] = Some(now);
-            self.send_request(k, i, now);
+            self.pend(k, i, now);
         }
         if self.cfg.strategy == Strategy::Mob
             && self.peers[k].requested.len() < self.cfg.requests_per_peer
@@ -1185,10 +1190,7 @@ impl SwarmNode {
             p.connected && p.has.get(i) && !self.have.contains(i)
         });
         if let Some(t) = target {
-            self.pending.set(i);
-            self.pending_from[i as usize] = Some(self.peers[t].id);
-            self.req_at[i as usize] = Some(now);
-            self.send_request(t, i, now);
+            self.pend(t, i, now);
         }
     }
 

@@ -126,6 +126,14 @@ impl Topology {
             .collect()
     }
 
+    /// The lab's seed 004 WAN rates ([`LAB_LINKS`]) instead of the simulator's own.
+    pub fn set_lab_links(&mut self) {
+        self.wan = LAB_LINKS
+            .iter()
+            .map(|row| row.iter().map(|r| r * MB_S).collect())
+            .collect();
+    }
+
     /// Sets the rate of the WAN link x-y in both directions.
     pub fn set_link(&mut self, x: usize, y: usize, rate: f64) {
         self.wan[x][y] = rate;
