@@ -170,6 +170,20 @@ fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
+/// The last lines of a command's log, for an error message (the whole log stays in the raw
+/// directory).
+fn log_tail(path: &Path) -> String {
+    const LINES: usize = 12;
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = lines[lines.len().saturating_sub(LINES)..].join("\n");
+    if lines.len() > LINES {
+        format!("(last {LINES} lines of {}) {tail}", path.display())
+    } else {
+        tail
+    }
+}
+
 fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> usize {
     let mut n = 0;
     while n < buf.len() {
@@ -285,12 +299,17 @@ pub fn run_method(
     base.insert("agent_port", plan.agent_port.to_string());
     base.insert("raw", raw_dir.display().to_string());
 
+    // Each command's standard error goes to `{raw}/<host>.stderr`: kept for diagnosis, and a
+    // file never fills up and blocks a long run's logging the way an unread pipe does.
+    let log_path = |host: &str| raw_dir.join(format!("{host}.stderr"));
     let sh = |host: &str, cmd: &str| -> Result<Child, LabError> {
+        let log = std::fs::File::create(log_path(host))
+            .map_err(|e| LabError::sys(format!("create the log of {host}"), e))?;
         let mut c = lab.command(host, "sh")?;
         c.args(["-c", cmd])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+            .stderr(log);
         c.spawn()
             .map_err(|e| LabError::sys(format!("start {cmd:?} in {host}"), e))
     };
@@ -378,11 +397,8 @@ pub fn run_method(
                 if let Ok(Some(st)) = c.try_wait() {
                     done[i] = Some(t0.elapsed().as_secs_f64());
                     if !st.success() && failed.is_none() {
-                        let mut e = String::new();
-                        if let Some(mut err) = c.stderr.take() {
-                            let _ = err.read_to_string(&mut e);
-                        }
-                        failed = Some(format!("{} exited with {st}: {}", receivers[i], e.trim()));
+                        let e = log_tail(&log_path(&receivers[i]));
+                        failed = Some(format!("{} exited with {st}: {e}", receivers[i]));
                     }
                 }
             }
@@ -391,11 +407,10 @@ pub fn run_method(
             if let Ok(Some(st)) = source.try_wait() {
                 source_done = true;
                 if !st.success() && failed.is_none() {
-                    let mut e = String::new();
-                    if let Some(mut err) = source.stderr.take() {
-                        let _ = err.read_to_string(&mut e);
-                    }
-                    failed = Some(format!("source exited with {st}: {}", e.trim()));
+                    failed = Some(format!(
+                        "source exited with {st}: {}",
+                        log_tail(&log_path(&src))
+                    ));
                 }
             }
         }

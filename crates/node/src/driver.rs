@@ -630,7 +630,16 @@ impl Driver {
             }
         }
         if conn == 0 || self.tasks.contains_key(&link) {
-            tracing::warn!("{reason}");
+            // A link closing after everything it had to carry is the normal end.
+            let expected = match link {
+                Link::Child(k) => self.node.children().get(k).is_some_and(|c| c.is_resolved()),
+                Link::Parent => self.node.local_done(),
+            };
+            if expected {
+                tracing::debug!("{link:?}: {reason}");
+            } else {
+                tracing::warn!("{link:?}: {reason}");
+            }
             self.drop_link(link);
             self.node.handle_link_closed(link, reason, now);
         }

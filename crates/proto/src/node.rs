@@ -58,6 +58,12 @@ impl Default for NodeConfig {
     }
 }
 
+/// A parent that has sent a child nothing for this long sends it [`Frame::Idle`], so a pause
+/// in the source's input (a pipe whose producer waits for its next product) is never taken
+/// for a dead parent: at the latest two of these periods pass between frames, well inside
+/// the default [`NodeConfig::idle_timeout`] of 60 s.
+pub const KEEPALIVE: Duration = Duration::from_secs(15);
+
 /// Session-wide settings chosen by the source.
 #[derive(Debug, Clone)]
 pub struct SessionParams {
@@ -196,9 +202,23 @@ pub struct Child {
     end_sent: bool,
     /// Last time its acknowledgements advanced (or it was created).
     last_progress: Instant,
+    /// Keepalive: a frame went to it since `quiet_since`, the last check (set by
+    /// [`Node::poll_transmit`], cleared by [`Node::handle_timeout`]).
+    sent: bool,
+    quiet_since: Instant,
+    /// Nothing went to it for [`KEEPALIVE`]: the next transmit is [`Frame::Idle`].
+    keepalive_due: bool,
     alive: bool,
     /// Nodes of its subtree that have neither finished nor failed.
     unresolved: BTreeSet<NodeId>,
+}
+
+impl Child {
+    /// Every node of its subtree has finished or failed (or it was cut off): nothing more is
+    /// expected over its link, so the link closing is no news.
+    pub fn is_resolved(&self) -> bool {
+        !self.alive || self.unresolved.is_empty()
+    }
 }
 
 /// The local copy's lifecycle at a relay.
@@ -482,7 +502,7 @@ impl Node {
 
     /// Source only: the next chunk, already sealed with [`Keys::seal`] (so a driver can hash
     /// on its reading thread, off the event loop). It must carry the next index.
-    pub fn handle_sealed_input(&mut self, chunk: Chunk, _now: Instant) -> Result<(), NodeError> {
+    pub fn handle_sealed_input(&mut self, chunk: Chunk, now: Instant) -> Result<(), NodeError> {
         let cs = self.params.chunk_size as usize;
         let Upstream::Input { next, len, done } = &mut self.upstream else {
             return Err(NodeError::Geometry("input given to a relay".into()));
@@ -498,7 +518,7 @@ impl Node {
         *next += 1;
         *len += chunk.data.len() as u64;
         self.have.insert(chunk.index);
-        self.hold(chunk);
+        self.hold(chunk, now);
         Ok(())
     }
 
@@ -551,6 +571,8 @@ impl Node {
                 });
                 Ok(())
             }
+            // Only `last_heard`, above, had to change.
+            Frame::Idle => Ok(()),
             other => Err(NodeError::Unexpected {
                 frame: other.kind(),
                 link: Link::Parent,
@@ -631,7 +653,7 @@ impl Node {
         }
         dropped.remove(&c.index);
         self.have.insert(c.index);
-        self.hold(c);
+        self.hold(c, now);
         self.deliver_ready();
         Ok(())
     }
@@ -788,6 +810,15 @@ impl Node {
             );
             self.fail_child(k, reason);
         }
+        for c in self.children.iter_mut().filter(|c| c.alive && !c.end_sent) {
+            if c.sent {
+                c.sent = false;
+                c.quiet_since = now;
+            } else if now.duration_since(c.quiet_since) >= KEEPALIVE {
+                c.keepalive_due = true;
+                c.quiet_since = now;
+            }
+        }
         let wants = self.wants_input();
         let needs = self.needs_parent();
         let idle = self.cfg.idle_timeout;
@@ -861,23 +892,42 @@ impl Node {
                 if !c.alive {
                     return None;
                 }
-                while let Some(i) = c.requests.pop_front() {
-                    if let Some(chunk) = self.buffer.get(&i) {
-                        return Some(Frame::Chunk(chunk.clone()));
-                    }
+                let f = Self::next_for_child(c, &self.buffer, end);
+                if f.is_some() {
+                    c.sent = true;
+                    c.keepalive_due = false;
+                    return f;
                 }
-                if let Some(chunk) = self.buffer.get(&c.next) {
-                    c.next += 1;
-                    return Some(Frame::Chunk(chunk.clone()));
+                if std::mem::take(&mut c.keepalive_due) {
+                    c.sent = true;
+                    return Some(Frame::Idle);
                 }
-                match end {
-                    Some(e) if c.next == e.chunks && !c.end_sent => {
-                        c.end_sent = true;
-                        Some(Frame::End(e))
-                    }
-                    _ => None,
-                }
+                None
             }
+        }
+    }
+
+    /// What goes to child `c` next: a chunk it asked for again, the next in order, or the end.
+    fn next_for_child(
+        c: &mut Child,
+        buffer: &BTreeMap<u64, Chunk>,
+        end: Option<End>,
+    ) -> Option<Frame> {
+        while let Some(i) = c.requests.pop_front() {
+            if let Some(chunk) = buffer.get(&i) {
+                return Some(Frame::Chunk(chunk.clone()));
+            }
+        }
+        if let Some(chunk) = buffer.get(&c.next) {
+            c.next += 1;
+            return Some(Frame::Chunk(chunk.clone()));
+        }
+        match end {
+            Some(e) if c.next == e.chunks && !c.end_sent => {
+                c.end_sent = true;
+                Some(Frame::End(e))
+            }
+            _ => None,
         }
     }
 
@@ -894,6 +944,12 @@ impl Node {
             .iter()
             .filter(|c| c.alive && c.acked < c.next)
             .map(|c| c.last_progress + stall)
+            .chain(
+                self.children
+                    .iter()
+                    .filter(|c| c.alive && !c.end_sent && !c.keepalive_due)
+                    .map(|c| c.quiet_since + KEEPALIVE),
+            )
             .min();
         if let Upstream::Parent {
             last_heard,
@@ -928,10 +984,7 @@ impl Node {
     /// True when this node has nothing more to do: its own copy is resolved, every child's
     /// subtree is resolved, and nothing is left to send upstream.
     pub fn is_finished(&self) -> bool {
-        let children_done = self
-            .children
-            .iter()
-            .all(|c| !c.alive || c.unresolved.is_empty());
+        let children_done = self.children.iter().all(Child::is_resolved);
         let self_done = match &self.upstream {
             Upstream::Input { done, .. } => *done || !self.any_consumer(),
             Upstream::Parent {
@@ -952,7 +1005,12 @@ impl Node {
 
     // ----- internals ----------------------------------------------------------------------
 
-    fn hold(&mut self, chunk: Chunk) {
+    fn hold(&mut self, chunk: Chunk, now: Instant) {
+        // A child that had everything sent to it acknowledged was not stalled, only idle
+        // (the input paused): its stall clock starts with the first chunk it has to take.
+        for c in self.children.iter_mut().filter(|c| c.acked >= c.next) {
+            c.last_progress = now;
+        }
         self.buffered_bytes += chunk.data.len();
         self.peak_buffered = self.peak_buffered.max(self.buffered_bytes);
         self.buffer.insert(chunk.index, chunk);
@@ -1267,6 +1325,9 @@ fn children_of(me: u32, members: &[Member], now: Instant) -> Vec<Child> {
                 requests: VecDeque::new(),
                 end_sent: false,
                 last_progress: now,
+                sent: false,
+                quiet_since: now,
+                keepalive_due: false,
                 alive: true,
             }
         })

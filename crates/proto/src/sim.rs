@@ -87,6 +87,9 @@ pub struct SimSpec {
     pub corrupt_chunks: Vec<(NodeId, u64)>,
     /// Link rate changes: at time t, the link into node i runs at this many bytes/s.
     pub rate_changes: Vec<(Duration, NodeId, f64)>,
+    /// The source's input has nothing to give from the first time to the second (a pipe
+    /// whose producer pauses).
+    pub input_pause: Option<(Duration, Duration)>,
     /// Seed for corruption and data.
     pub seed: u64,
     /// The run stops here whatever happened.
@@ -114,6 +117,7 @@ impl SimSpec {
             disk_full: Vec::new(),
             corrupt_chunks: Vec::new(),
             rate_changes: Vec::new(),
+            input_pause: None,
             seed: 1,
             time_limit: Duration::from_secs(3600),
         }
@@ -379,6 +383,12 @@ impl Sim {
                 .chain(rate_changes.front().map(|c| self.start + c.0))
                 .chain(
                     self.spec
+                        .input_pause
+                        .map(|(_, to)| self.start + to)
+                        .filter(|t| *t > self.now),
+                )
+                .chain(
+                    self.spec
                         .stalls
                         .iter()
                         .map(|s| self.start + s.1)
@@ -423,7 +433,11 @@ impl Sim {
         // Source input.
         if i == 0 {
             let cs = self.spec.chunk_size as u64;
-            while self.nodes[0].node.wants_input() && self.fed < self.spec.len {
+            let paused = self
+                .spec
+                .input_pause
+                .is_some_and(|(from, to)| now >= self.start + from && now < self.start + to);
+            while !paused && self.nodes[0].node.wants_input() && self.fed < self.spec.len {
                 let end = (self.fed + cs).min(self.spec.len);
                 let data = Bytes::copy_from_slice(&self.object[self.fed as usize..end as usize]);
                 self.nodes[0].node.handle_input(data, now);

@@ -79,6 +79,10 @@ pub enum Frame {
     Chunk(Chunk),
     /// The object ends: sent after the last chunk.
     End(End),
+    /// A parent with nothing to send tells its child it is still there (see
+    /// [`crate::node::KEEPALIVE`]): a stream's input may pause for longer than the child's
+    /// idle timeout, and the child must not take the pause for a dead parent.
+    Idle,
     /// Node `node` has verified and stored every chunk below `upto`.
     Ack {
         /// Node that made the progress.
@@ -441,6 +445,7 @@ const T_CHUNK: u8 = 0x11;
 const T_END: u8 = 0x12;
 const T_ATTACH: u8 = 0x13;
 const T_STRIPED: u8 = 0x14;
+const T_IDLE: u8 = 0x15;
 const T_ACK: u8 = 0x20;
 const T_DONE: u8 = 0x21;
 const T_FAILED: u8 = 0x22;
@@ -514,6 +519,7 @@ impl Frame {
             Frame::BwProbe { .. } => "BwProbe",
             Frame::BwResult { .. } => "BwResult",
             Frame::Sink => "Sink",
+            Frame::Idle => "Idle",
             Frame::SinkReport { .. } => "SinkReport",
             Frame::Attach { .. } => "Attach",
             Frame::Striped { .. } => "Striped",
@@ -627,6 +633,7 @@ impl Frame {
                 b.put_u32(*kbps);
             }
             Frame::Sink => b.put_u8(T_SINK),
+            Frame::Idle => b.put_u8(T_IDLE),
             Frame::SinkReport { bytes, micros } => {
                 b.put_u8(T_SINKREPORT);
                 b.put_u64(*bytes);
@@ -811,6 +818,7 @@ impl Frame {
                 Frame::BwResult { kbps: r.u32()? }
             }
             T_SINK => Frame::Sink,
+            T_IDLE => Frame::Idle,
             T_SINKREPORT => {
                 r.what = "SinkReport";
                 Frame::SinkReport {
@@ -1318,6 +1326,7 @@ mod tests {
             },
             Frame::BwResult { kbps: 95_000 },
             Frame::Sink,
+            Frame::Idle,
             Frame::SinkReport {
                 bytes: 1 << 20,
                 micros: 1000,

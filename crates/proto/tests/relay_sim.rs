@@ -71,6 +71,27 @@ fn stream_of_unknown_length_arrives_whole() {
 }
 
 #[test]
+fn a_stream_whose_input_pauses_longer_than_the_idle_timeout_still_arrives_whole() {
+    // A feed's producer sends a little, then waits minutes for its next product: parents
+    // keep their children from taking the silence for a dead parent (`Frame::Idle`).
+    let mut spec = SimSpec::new(Tree::kary(7, 2), LinkSpec::wan(40, 100.0), 3 * MIB + 7);
+    spec.stream = true;
+    let idle = spec.node.idle_timeout;
+    spec.input_pause = Some((Duration::from_millis(50), 3 * idle));
+    let r = Sim::new(spec).run();
+    assert_all_complete(&r);
+    for (i, n) in r.nodes.iter().enumerate().skip(1) {
+        let done = n.done_at.expect("complete");
+        assert!(
+            done > 3 * idle,
+            "node {i} done at {done:?}, before the pause ended"
+        );
+        let before = n.progress.iter().filter(|p| p.0 < 3 * idle).count();
+        assert!(before > 0, "node {i} got nothing before the pause");
+    }
+}
+
+#[test]
 fn empty_object_completes() {
     let r = Sim::new(SimSpec::new(Tree::kary(3, 2), LinkSpec::LAN, 0)).run();
     assert_all_complete(&r);

@@ -61,7 +61,7 @@ impl Bits {
     }
 
     pub(crate) fn get(&self, i: u64) -> bool {
-        i < self.len && self.w[(i / 64) as usize] & (1 << (i % 64)) != 0
+        i < self.len && word_bit(&self.w, i)
     }
 
     pub(crate) fn count(&self) -> u64 {
@@ -82,6 +82,11 @@ impl Bits {
             })
         })
     }
+}
+
+/// Whether bit i is set in `words` (64 bits a word, lowest first); i must be in range.
+pub(crate) fn word_bit(words: &[u64], i: u64) -> bool {
+    words[(i / 64) as usize] & (1 << (i % 64)) != 0
 }
 
 /// The bits of word `k` that fall in `lo..hi`.

@@ -263,7 +263,7 @@ impl SwarmNode {
             let cand = q.requested.iter().rev().copied().find(|&i| {
                 self.pending_from[i as usize] == Some(q.id)
                     && pk.has.get(i)
-                    && allowed[(i / 64) as usize] & (1 << (i % 64)) != 0
+                    && bits::word_bit(allowed, i)
                     && !self.second.iter().any(|&(s, _)| s == i)
             });
             if let Some(i) = cand {

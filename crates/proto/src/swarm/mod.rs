@@ -1159,7 +1159,7 @@ impl SwarmNode {
                 let movable = self.pending_from[i as usize] == Some(q.id)
                     && self.moving_to[i as usize].is_none()
                     && pk.has.get(i)
-                    && allowed[(i / 64) as usize] & (1 << (i % 64)) != 0
+                    && bits::word_bit(allowed, i)
                     && now.saturating_duration_since(at) > MOB_MOVE_AFTER;
                 if movable && best.is_none_or(|(b, _, _)| at < b) {
                     best = Some((at, i, j));
