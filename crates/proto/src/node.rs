@@ -831,8 +831,11 @@ impl Node {
             ..
         } = &mut self.upstream
         {
-            if !wants && !needs {
-                *last_heard = now; // we are not reading, so silence is our own doing
+            if !wants || !needs {
+                // Silence is our own doing while we are not reading (a full buffer), and no
+                // loss once we hold every chunk and the end: a relay waiting for a slow
+                // subtree hears nothing more from a parent that has sent it everything.
+                *last_heard = now;
             } else if now.duration_since(*last_heard) >= idle {
                 abort = Some(format!("parent silent for {idle:.0?}"));
             }

@@ -92,6 +92,33 @@ fn a_stream_whose_input_pauses_longer_than_the_idle_timeout_still_arrives_whole(
 }
 
 #[test]
+fn a_relay_that_has_everything_outlasts_a_quiet_parent_while_its_slow_child_catches_up() {
+    // source -> relay over a fast link, relay -> leaf over a slow one, and a buffer that
+    // holds the whole object: the relay has every chunk and the end long before the leaf
+    // does. Its parent then has nothing to send for longer than the idle timeout; the relay
+    // needs nothing from it, so that silence is no reason to abort (seen in the lab: a 600 MiB
+    // balanced send on slow links lost 8 of 15 receivers to "parent silent for 60s").
+    let tree = Tree::from_parents(vec![None, Some(0), Some(1)]).unwrap();
+    let mut spec = SimSpec::new(tree, LinkSpec::LAN, 8 * MIB);
+    spec.node.buffer_budget = 16 * MIB as usize;
+    let idle = spec.node.idle_timeout;
+    // 8 MiB at 64 kB/s: about two idle timeouts after the relay is complete.
+    spec.links[2] = LinkSpec {
+        rate: 64_000.0,
+        ..LinkSpec::LAN
+    };
+    spec.stall_timeout = Duration::from_secs(30);
+    let r = Sim::new(spec).run();
+    assert_all_complete(&r);
+    let relay = r.nodes[1].done_at.expect("complete");
+    let leaf = r.nodes[2].done_at.expect("complete");
+    assert!(
+        leaf > relay + idle,
+        "leaf done at {leaf:?}, relay at {relay:?}: the parent was never quiet for {idle:?}"
+    );
+}
+
+#[test]
 fn empty_object_completes() {
     let r = Sim::new(SimSpec::new(Tree::kary(3, 2), LinkSpec::LAN, 0)).run();
     assert_all_complete(&r);
