@@ -124,6 +124,9 @@ def main():
                     "quarter of the packets per second, a check of how much the machine, rather "
                     "than the strategy, costs (the bound scales with it)")
     ap.add_argument("--cc", default="bbr", help="congestion control for bulkcast (default bbr)")
+    ap.add_argument("--work-dir", default="/tmp/bclab-swarm-run",
+                    help="where the object and the receivers' copies go (default "
+                    "/tmp/bclab-swarm-run; /dev/shm/... keeps the machine's one disk out of the run)")
     ap.add_argument("--out", default="", help="raw output directory (default "
                     "bench/results/issue6/<date-time>)")
     ap.add_argument("--render", default="", help="only print the table of a results.json "
@@ -190,7 +193,7 @@ def main():
                      "--methods-file", os.path.join(ROOT, "bench/lab-methods.toml"),
                      "--methods", ",".join(METHODS[m] for m in methods),
                      "--size", str(size), "--timeout", str(a.timeout), "--cc", a.cc,
-                     "--work-dir", "/tmp/bclab-swarm-run", "--raw-dir", raw,
+                     "--work-dir", a.work_dir, "--raw-dir", raw,
                      "--json", os.path.join(raw, "bench.json")],
                     stdout=subprocess.PIPE, stderr=err, text=True)
         open(os.path.join(raw, "table.txt"), "w").write(r.stdout)
