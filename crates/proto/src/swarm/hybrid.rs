@@ -66,6 +66,11 @@ impl PeerRate {
         }
     }
 
+    /// The smallest round trip seen (zero before the first).
+    pub(crate) fn min_rtt(&self) -> Duration {
+        self.min_rtt.unwrap_or(Duration::ZERO)
+    }
+
     /// A request goes out to a peer that had none outstanding.
     pub(crate) fn resume(&mut self, now: Instant) {
         self.since = None;
@@ -109,7 +114,10 @@ impl SwarmNode {
     /// of [`crate::swarm`]).
     pub(crate) fn hybrid_top_up(&mut self, k: usize, now: Instant) {
         let window = self.peers[k].rate.window();
-        if self.peers[k].requested.len() >= window {
+        let me = self.peers[k].id;
+        // Requests on their way here from a slower peer count against the window.
+        let mut moving_in = self.moving_to.iter().filter(|&&m| m == Some(me)).count();
+        if self.peers[k].requested.len() + moving_in >= window {
             return;
         }
         let words = self.have_bits.words();
@@ -139,7 +147,7 @@ impl SwarmNode {
                 bits::pick_lowest(words, f)
             }
         };
-        while self.peers[k].requested.len() < window {
+        while self.peers[k].requested.len() + moving_in < window {
             let (have, pending, has) = (&self.have_bits, &self.pending, &self.peers[k].has);
             let cand = |w: usize| has.word(w) & !have.word(w) & !pending.word(w) & allowed[w];
             let pick = pick_in(&|w| cand(w) & !others.word(w)).or_else(|| pick_in(&cand));
@@ -149,6 +157,14 @@ impl SwarmNode {
             }
             if let Some(i) = self.steal_pick(k, &allowed, now) {
                 continue_steal(self, k, i, now);
+                continue;
+            }
+            if let Some((j, i)) = self.move_pick(k, moving_in, &allowed, now) {
+                self.moving_to[i as usize] = Some(me);
+                self.peers[j]
+                    .ctrl
+                    .push_back(Frame::Swarm(SwarmMsg::Cancel { index: i }));
+                moving_in += 1;
                 continue;
             }
             if let Some(i) = self.endgame_pick(k, &allowed) {
@@ -262,6 +278,7 @@ impl SwarmNode {
             // The last queued first: it waits longest and is least likely under way.
             let cand = q.requested.iter().rev().copied().find(|&i| {
                 self.pending_from[i as usize] == Some(q.id)
+                    && self.moving_to[i as usize].is_none()
                     && pk.has.get(i)
                     && bits::word_bit(allowed, i)
                     && !self.second.iter().any(|&(s, _)| s == i)
@@ -271,6 +288,55 @@ impl SwarmNode {
             }
         }
         best.map(|(_, i)| i)
+    }
+}
+
+impl SwarmNode {
+    /// A request queued at a slower peer that peer k, with room in its window, would deliver
+    /// much sooner (a link that is slow but not stalled, e.g. a cluster's last pieces queued
+    /// behind a thin WAN link while another cluster that holds them idles). It is not taken
+    /// at once: a `Cancel` goes to that peer and only its `Cancelled` answer, sent when the
+    /// request was still unserved, asks peer k ([`SwarmNode::on_cancelled`]), so no second
+    /// copy is ever sent. Returns the slow peer and the piece.
+    fn move_pick(
+        &self,
+        k: usize,
+        moving_in: usize,
+        allowed: &[u64],
+        now: Instant,
+    ) -> Option<(usize, u64)> {
+        let pk = &self.peers[k];
+        let mine = pk.rate.piece_time(now, !pk.requested.is_empty())?;
+        let my_rtt = pk.rate.min_rtt().as_secs_f64();
+        // Asking k takes a round trip to cancel and one to request.
+        let my_eta = (pk.requested.len() + moving_in + 1) as f64 * mine + 2.0 * my_rtt;
+        let mut best: Option<(f64, usize, u64)> = None;
+        for (j, q) in self.peers.iter().enumerate() {
+            if j == k || q.requested.len() < 2 {
+                continue;
+            }
+            let Some(t) = q.rate.piece_time(now, true) else {
+                continue;
+            };
+            // Position in q's queue, from the back: the last queued waits longest and is the
+            // least likely to be under way; the one at the head is left alone.
+            for (pos, &i) in q.requested.iter().enumerate().skip(1).rev() {
+                let eta = (pos + 1) as f64 * t;
+                if eta <= 2.0 * my_eta || best.is_some_and(|(b, _, _)| eta <= b) {
+                    break;
+                }
+                let movable = self.pending_from[i as usize] == Some(q.id)
+                    && self.moving_to[i as usize].is_none()
+                    && pk.has.get(i)
+                    && bits::word_bit(allowed, i)
+                    && !self.second.iter().any(|&(s, _)| s == i);
+                if movable {
+                    best = Some((eta, j, i));
+                    break;
+                }
+            }
+        }
+        best.map(|(_, j, i)| (j, i))
     }
 }
 
