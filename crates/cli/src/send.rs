@@ -49,7 +49,7 @@ pub struct SendArgs {
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     fanout: Option<u16>,
     /// Chunk size in KiB (default: chosen from the object size and the tree depth, see
-    /// `auto_chunk_size`; the swarming strategies use `swarm_chunk_size`).
+    /// `auto_chunk_size`; the hybrid uses `hybrid_chunk_size`).
     #[arg(long)]
     chunk_kib: Option<u32>,
     /// Plan from this matrix file (see `bulkcast plan --save-matrix`) instead of probing.
@@ -209,7 +209,13 @@ pub async fn run(a: SendArgs) -> Result<i32> {
         };
         let chunk_size = match a.chunk_kib {
             Some(k) => k * 1024,
-            None => swarm_chunk_size(input.manifest.total_len),
+            // The hybrid's windows follow each peer's rate, so it can use small pieces;
+            // MOB and the swarm baseline keep `R` requests per peer, which small pieces
+            // would starve at long round trips.
+            None if strategy == SwarmStrategy::Hybrid => {
+                hybrid_chunk_size(input.manifest.total_len)
+            }
+            None => auto_chunk_size(input.manifest.total_len, &Tree::flat(n)),
         };
         let cfg = swarm::SwarmSendConfig {
             strategy,
@@ -432,14 +438,14 @@ pub fn auto_chunk_size(len: Option<u64>, tree: &Tree) -> u32 {
     (1u64 << (63 - target.leading_zeros())) as u32
 }
 
-/// The default chunk (piece) size of the swarming strategies. Pulls work in whole pieces: a
+/// The default chunk (piece) size of the hybrid. Pulls work in whole pieces: a
 /// request window is a few pieces deep at least, so a cluster's last pieces queued behind a
 /// thin WAN link wait about `window * piece / link rate` (three 1 MiB pieces are 4 s at
 /// 6.4 Mbit/s). In the seed 004 simulation (`swarm_sim --lab`, 600 MB, slow links) the hybrid
 /// reads 0.87 of the bound with 1 MiB pieces, 0.90 with 512 KiB and 0.93 with 256 KiB.
 /// So: about a thousandth of the object, a power of two between 64 KiB (per-piece costs) and
 /// 256 KiB; 256 KiB when the size is unknown.
-pub fn swarm_chunk_size(len: Option<u64>) -> u32 {
+pub fn hybrid_chunk_size(len: Option<u64>) -> u32 {
     const MIN: u64 = 64 << 10;
     const MAX: u64 = 256 << 10;
     let target = len.map_or(MAX, |l| (l / 1000).clamp(MIN, MAX));
@@ -522,11 +528,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn swarm_pieces_are_a_thousandth_of_the_object_between_64_and_256_kib() {
-        assert_eq!(swarm_chunk_size(Some(600 << 20)), 256 << 10);
-        assert_eq!(swarm_chunk_size(Some(128 << 20)), 128 << 10);
-        assert_eq!(swarm_chunk_size(Some(32 << 20)), 64 << 10);
-        assert_eq!(swarm_chunk_size(Some(32 << 10)), 64 << 10);
-        assert_eq!(swarm_chunk_size(None), 256 << 10);
+    fn hybrid_pieces_are_a_thousandth_of_the_object_between_64_and_256_kib() {
+        assert_eq!(hybrid_chunk_size(Some(600 << 20)), 256 << 10);
+        assert_eq!(hybrid_chunk_size(Some(128 << 20)), 128 << 10);
+        assert_eq!(hybrid_chunk_size(Some(32 << 20)), 64 << 10);
+        assert_eq!(hybrid_chunk_size(Some(32 << 10)), 64 << 10);
+        assert_eq!(hybrid_chunk_size(None), 256 << 10);
     }
 }

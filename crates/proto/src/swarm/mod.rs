@@ -106,6 +106,11 @@
 //! 24 MiB), the hybrid finishes in 2.7 s against 2.0 s without the slowdown (1.36x; the bound
 //! itself moves from 1.66 s to 2.23 s, 1.35x), MOB in 10.1 s and the tree alone in 40.6 s.
 //!
+//! On the lab's rates ([`sim::LAB_LINKS`], `swarm_sim --lab --mb 600`) piece size matters: a
+//! request window is whole pieces, so a thin link's queue is deep with big ones. The hybrid's
+//! worst cell reads 0.81 static / 0.84 changing with 1 MiB pieces, 0.91 / 0.90 with 256 KiB
+//! (the driver's default for the hybrid at that size).
+//!
 //! Limitations: the deal splits pieces by how fast each link out of the source's cluster
 //! drains, not by how fast the receiving clusters can pass them on, so with "slow links" it
 //! gives B more (5.6 MB/s) than B can forward to C (B->C 0.8 + B->D->C 4.1), and C waits for
