@@ -160,10 +160,7 @@ impl SwarmNode {
                 continue;
             }
             if let Some((j, i)) = self.move_pick(k, moving_in, &allowed, now) {
-                self.moving_to[i as usize] = Some(me);
-                self.peers[j]
-                    .ctrl
-                    .push_back(Frame::Swarm(SwarmMsg::Cancel { index: i }));
+                self.start_move(j, i, me);
                 moving_in += 1;
                 continue;
             }
@@ -289,15 +286,12 @@ impl SwarmNode {
         }
         best.map(|(_, i)| i)
     }
-}
 
-impl SwarmNode {
     /// A request queued at a slower peer that peer k, with room in its window, would deliver
     /// much sooner (a link that is slow but not stalled, e.g. a cluster's last pieces queued
     /// behind a thin WAN link while another cluster that holds them idles). It is not taken
-    /// at once: a `Cancel` goes to that peer and only its `Cancelled` answer, sent when the
-    /// request was still unserved, asks peer k ([`SwarmNode::on_cancelled`]), so no second
-    /// copy is ever sent. Returns the slow peer and the piece.
+    /// at once but through [`SwarmNode::start_move`], so no second copy is ever sent. Returns
+    /// the slow peer and the piece.
     fn move_pick(
         &self,
         k: usize,
