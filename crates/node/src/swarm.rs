@@ -94,6 +94,10 @@ const EVENT_SLOTS: usize = 32;
 /// How long an agent holds a peer's connection that arrived before the source's `Open`.
 const EARLY_PEER_WAIT: Duration = Duration::from_secs(10);
 
+/// How often an agent logs its view of each peer, at debug level
+/// (`BULKCAST_LOG=info,bulkcast_node::swarm=debug`).
+const PEER_LOG_EVERY: Duration = Duration::from_secs(1);
+
 /// How often an agent tells the source how many pieces it holds.
 const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 
@@ -554,6 +558,8 @@ pub async fn serve(
     let mut last_heard = Instant::now();
     let mut progress = tokio::time::interval(PROGRESS_EVERY);
     let mut sent_upto = u64::MAX;
+    let mut peer_log = tokio::time::interval(PEER_LOG_EVERY);
+    let mut logged = net.received.clone();
     let outcome = loop {
         if net.finished() {
             break Ok(());
@@ -594,6 +600,9 @@ pub async fn serve(
                     sent_upto = upto;
                     net.tell_source(Frame::Ack { node: me as u32, upto });
                 }
+            }
+            _ = peer_log.tick(), if tracing::enabled!(tracing::Level::DEBUG) => {
+                net.log_peers(&mut logged, Instant::now());
             }
         }
         net.after_input(Instant::now());
@@ -879,6 +888,30 @@ impl Net {
         let over = self.node.is_all_done() || self.source_gone;
         let copy_done = (self.finalized && self.reported) || self.copy_failed.is_some();
         over && (copy_done || self.source_gone) && self.drained()
+    }
+
+    /// One debug line per connected peer: what arrived from it since the last call
+    /// (`logged` holds the counts then) and the node's view of it.
+    fn log_peers(&self, logged: &mut [u64], now: Instant) {
+        let held = self.node.have().len();
+        for st in self.node.peer_stats(now) {
+            let j = st.peer;
+            let got = self.received[j] - logged[j];
+            logged[j] = self.received[j];
+            tracing::debug!(
+                "swarm {:016x} peers: node {j}{} got {:.2} MB, outstanding {}/{}, rate {:.1} pieces/s, min rtt {} ms, askable {}, queued for it {}, stalled {}, held {held}",
+                self.session,
+                if st.local { " (local)" } else { "" },
+                got as f64 / 1e6,
+                st.outstanding,
+                st.window,
+                st.pieces_per_sec.unwrap_or(0.0),
+                st.min_rtt.as_millis(),
+                st.askable,
+                st.queued_for_it,
+                st.stalled,
+            );
+        }
     }
 
     /// Nothing left to send: every writer has room, so the node had nothing more to give.

@@ -578,3 +578,43 @@ fn malformed_swarm_messages_are_errors() {
         Err(SwarmError::NoTree(_))
     ));
 }
+
+#[test]
+fn peer_stats_tell_a_full_window_from_a_peer_with_nothing_to_give() {
+    // MOB, two clusters of two: node 2 (cluster 1, rank 0) steals its share, pieces 0..10
+    // of 20, from the source; its cluster mate 3 holds nothing yet.
+    let keys = Keys::derive(&Secret::from_bytes([2; 32]));
+    let now = Instant::now();
+    let labels = [0, 0, 1, 1];
+    let mut node = SwarmNode::new(
+        SwarmConfig::new(Strategy::Mob, 5, 20),
+        keys,
+        &labels,
+        2,
+        None,
+        now,
+    )
+    .unwrap();
+    node.handle_connected(0, now);
+    node.handle_connected(3, now);
+    let all = Frame::Swarm(SwarmMsg::bitfield(20, |_| true));
+    node.handle_frame(0, all, now).unwrap();
+    let requests = std::iter::from_fn(|| node.poll_control(0, now))
+        .filter(|f| matches!(f, Frame::Request { .. }))
+        .count();
+    assert_eq!(requests, 5, "R = 5 requests pipelined");
+    let stats = node.peer_stats(now);
+    let of = |n: NodeId| {
+        stats
+            .iter()
+            .find(|s| s.peer == n)
+            .expect("a connected peer")
+    };
+    let (source, mate) = (of(0), of(3));
+    assert!(!source.local && mate.local);
+    // The window is full and five more of its share wait: not a peer that ran dry.
+    assert_eq!((source.outstanding, source.askable), (5, 5));
+    assert_eq!((mate.outstanding, mate.askable), (0, 0));
+    assert!(!source.stalled);
+    assert_eq!(stats.len(), 2);
+}

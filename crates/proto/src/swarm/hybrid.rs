@@ -71,6 +71,11 @@ impl PeerRate {
         self.min_rtt.unwrap_or(Duration::ZERO)
     }
 
+    /// The measured delivery rate, pieces per second.
+    pub(crate) fn rate(&self) -> Option<f64> {
+        self.rate
+    }
+
     /// A request goes out to a peer that had none outstanding.
     pub(crate) fn resume(&mut self, now: Instant) {
         self.since = None;

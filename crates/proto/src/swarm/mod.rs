@@ -349,6 +349,29 @@ struct Peer {
     rate: hybrid::PeerRate,
 }
 
+/// One peer as seen by [`SwarmNode::peer_stats`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct PeerStats {
+    /// The peer.
+    pub peer: NodeId,
+    /// Whether it is in this node's cluster.
+    pub local: bool,
+    /// Our requests to it not yet answered.
+    pub outstanding: usize,
+    /// How many requests the hybrid keeps outstanding at it (its rate-sized window).
+    pub window: usize,
+    /// Its measured delivery rate of our requests, pieces per second (hybrid only).
+    pub pieces_per_sec: Option<f64>,
+    /// The smallest request-to-piece time seen from it (zero before the first).
+    pub min_rtt: Duration,
+    /// Pieces it holds that we lack, have not requested, and may ask it for.
+    pub askable: u64,
+    /// Its requests queued here, not yet handed to the connection.
+    pub queued_for_it: usize,
+    /// Requests are outstanding and nothing arrived for several expected piece times.
+    pub stalled: bool,
+}
+
 /// MOB: a request waiting longer than this at one peer moves to an idle peer that has the
 /// piece (see [`SwarmNode::mob_move`]). Several round trips and piece times on any link the
 /// lab or the paper has; a queue behind a slow link takes ten times as long.
@@ -539,9 +562,49 @@ impl SwarmNode {
         self.peers.iter().filter(|p| p.connected).map(|p| p.id)
     }
 
+    /// What this node's requests to each connected peer look like now, for progress
+    /// reports and diagnosis (a link that idles because the peer has nothing we may ask it
+    /// for reads differently from one whose request window is full).
+    pub fn peer_stats(&self, now: Instant) -> Vec<PeerStats> {
+        let words = self.have_bits.words();
+        (0..self.peers.len())
+            .filter(|&k| self.peers[k].connected)
+            .map(|k| {
+                let p = &self.peers[k];
+                let askable = (0..words)
+                    .map(|w| {
+                        let m = p.has.word(w)
+                            & !self.have_bits.word(w)
+                            & !self.pending.word(w)
+                            & self.allowed_word(k, w);
+                        u64::from(m.count_ones())
+                    })
+                    .sum();
+                PeerStats {
+                    peer: p.id,
+                    local: p.local,
+                    outstanding: p.requested.len(),
+                    window: p.rate.window(),
+                    pieces_per_sec: p.rate.rate(),
+                    min_rtt: p.rate.min_rtt(),
+                    askable,
+                    queued_for_it: p.uploads.len(),
+                    stalled: p.rate.stalled(now),
+                }
+            })
+            .collect()
+    }
+
     /// Node n's mob share under the current membership.
     pub fn share_of(&self, n: NodeId) -> std::ops::Range<u64> {
         self.mobs.share(n, self.cfg.pieces)
+    }
+
+    /// Word w of node n's share mask: the pieces n fetches from other clusters and serves
+    /// to theirs.
+    fn share_word(&self, n: NodeId, w: usize) -> u64 {
+        let s = self.mobs.share(n, self.cfg.pieces);
+        bits::range_word(w, s.start, s.end)
     }
 
     /// A connection to `peer` is up (dialled by either side).
@@ -849,8 +912,7 @@ impl SwarmNode {
                 // only once it dealt everything (the endgame, or a piece lost with its
                 // target), and its cluster mates never.
                 if self.dealt_all {
-                    let s = self.mobs.share(p.id, self.cfg.pieces);
-                    bits::range_word(w, s.start, s.end)
+                    self.share_word(p.id, w)
                 } else {
                     0
                 }
@@ -859,8 +921,7 @@ impl SwarmNode {
                 if p.local {
                     u64::MAX
                 } else {
-                    let s = self.mobs.share(p.id, self.cfg.pieces);
-                    bits::range_word(w, s.start, s.end)
+                    self.share_word(p.id, w)
                 }
             }
         }
@@ -1075,8 +1136,7 @@ impl SwarmNode {
             Strategy::TreePush => 0,
             Strategy::Swarm => u64::MAX,
             Strategy::Mob => {
-                let s = self.mobs.share(self.me, self.cfg.pieces);
-                let share = bits::range_word(w, s.start, s.end);
+                let share = self.share_word(self.me, w);
                 match (p.local, in_source_cluster) {
                     (true, true) => u64::MAX,
                     (false, true) => 0,
@@ -1096,8 +1156,7 @@ impl SwarmNode {
                 } else if in_source_cluster {
                     0
                 } else {
-                    let s = self.mobs.share(self.me, self.cfg.pieces);
-                    bits::range_word(w, s.start, s.end)
+                    self.share_word(self.me, w)
                 }
             }
         }
