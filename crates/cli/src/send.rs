@@ -72,8 +72,9 @@ pub struct SendArgs {
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Strategy {
-    /// `hybrid` for a file (or a directory of at most 2 GiB) of at least `AUTO_SWARM_MIN_BYTES`
-    /// spread over two or more sites of the hosts file, `tree` otherwise (see `auto_strategy`).
+    /// For a file (or a directory of at most 2 GiB) spread over two or more sites of the hosts
+    /// file: `hybrid` from `AUTO_HYBRID_MIN_BYTES` (2 MiB), `mob` below; `tree` otherwise (see
+    /// `auto_strategy`).
     Auto,
     /// The source sends to every receiver itself (the baseline).
     Flat,
@@ -371,16 +372,19 @@ fn swarm_strategy(s: Strategy) -> Option<SwarmStrategy> {
     }
 }
 
-/// Smallest object `--strategy auto` swarms. In the size sweep (docs/benchmarks.md, "Issue 6")
-/// the hybrid overtakes the push tree between 512 KiB and 4 MiB in the lab at 20 ms (below, the
-/// two are within a few percent: both are set-up bound), and between 2 and 8 MiB in the
-/// simulator, which leaves connection set-up out: 2 MiB is in both ranges.
-pub const AUTO_SWARM_MIN_BYTES: u64 = 2 << 20;
+/// Smallest object `--strategy auto` sends by `hybrid` rather than `mob` across sites. In the
+/// lab's size sweep (docs/benchmarks.md, "Issue 6", re-run 2026-11-23 with the hybrid's small
+/// pieces, two runs) MOB is ahead at 512 KiB and below (1.43 and 1.33 MB/s against 1.38 and
+/// 1.17 at 20 ms; its one copy per site against the hybrid's 1.4-1.75, whose endgame doubles
+/// requests when a few pieces are all there is), the hybrid from 4 MiB (4.83 and 2.58 against
+/// 2.80 and 1.68). The push tree was behind both at every size from 32 KiB: a tree connects
+/// level by level, a WAN round trip per hop, where a swarm dials every member at once.
+pub const AUTO_HYBRID_MIN_BYTES: u64 = 2 << 20;
 
-/// What `--strategy auto` means for this send: `hybrid` where swarming pays (an object of known
-/// length of at least [`AUTO_SWARM_MIN_BYTES`], a file or a small enough directory, hosts in
-/// two or more sites, receivers that can reach each other: not ticket mode, no `--fanout`),
-/// `tree` otherwise. Any other strategy is kept.
+/// What `--strategy auto` means for this send: a swarm where swarming pays (an object of known,
+/// non-zero length, a file or a small enough directory, hosts in two or more sites, receivers
+/// that can reach each other: not ticket mode, no `--fanout`): `hybrid` from
+/// [`AUTO_HYBRID_MIN_BYTES`], `mob` below; `tree` otherwise. Any other strategy is kept.
 fn auto_strategy(
     a: &SendArgs,
     input: &Input,
@@ -400,18 +404,21 @@ fn auto_strategy(
         && a.fanout.is_none()
         && sites.len() >= 2
         && m.total_len.is_some_and(|l| {
-            l >= AUTO_SWARM_MIN_BYTES
-                && (input.single_file().is_some() || l <= swarm::MAX_SWARM_BYTES)
+            l > 0 && (input.single_file().is_some() || l <= swarm::MAX_SWARM_BYTES)
         });
-    let chosen = if swarm {
-        Strategy::Hybrid
-    } else {
-        Strategy::Tree
+    let chosen = match m.total_len {
+        Some(l) if swarm && l >= AUTO_HYBRID_MIN_BYTES => Strategy::Hybrid,
+        _ if swarm => Strategy::Mob,
+        _ => Strategy::Tree,
     };
     if !a.quiet {
         eprintln!(
             "strategy auto: {} ({} sites, {})",
-            if swarm { "hybrid" } else { "tree" },
+            match chosen {
+                Strategy::Hybrid => "hybrid",
+                Strategy::Mob => "mob",
+                _ => "tree",
+            },
             sites.len(),
             m.total_len
                 .map_or("unknown length".to_string(), |l| format!("{} MiB", l >> 20))

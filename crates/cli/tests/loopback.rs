@@ -1261,11 +1261,11 @@ fn mob_with_an_unreachable_member_delivers_to_the_others_and_reports_it() {
     }
 }
 
-/// `AUTO_SWARM_MIN_BYTES` in crates/cli/src/send.rs.
-const AUTO_SWARM_MIN: u64 = 2 * MIB;
+/// `AUTO_HYBRID_MIN_BYTES` in crates/cli/src/send.rs.
+const AUTO_HYBRID_MIN: u64 = 2 * MIB;
 
 #[test]
-fn auto_strategy_swarms_large_objects_across_sites_and_pushes_the_rest() {
+fn auto_strategy_swarms_across_sites_by_size_and_pushes_within_one() {
     let s = Scratch::new("auto");
     let key = secret(25);
     let ags = agents(&s.0, 4, &key);
@@ -1274,9 +1274,9 @@ fn auto_strategy_swarms_large_objects_across_sites_and_pushes_the_rest() {
     sited_hosts(&sited, &addrs, "lon", &["lon", "fra", "fra", "nyc"]);
     let plain = to_list(&ags);
     let cases = [
-        (sited.as_path(), MIB, "tree"),
-        (sited.as_path(), AUTO_SWARM_MIN, "hybrid"),
-        (Path::new(&plain), AUTO_SWARM_MIN, "tree"),
+        (sited.as_path(), MIB, "mob"),
+        (sited.as_path(), AUTO_HYBRID_MIN, "hybrid"),
+        (Path::new(&plain), AUTO_HYBRID_MIN, "tree"),
     ];
     for (i, (to, len, want)) in cases.into_iter().enumerate() {
         let src = s.0.join(format!("obj{i}.bin"));
