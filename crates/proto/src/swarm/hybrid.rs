@@ -121,12 +121,12 @@ impl SwarmNode {
         let window = self.peers[k].rate.window();
         let me = self.peers[k].id;
         // Requests on their way here from a slower peer count against the window.
-        let mut moving_in = self.moving_to.iter().filter(|&&m| m == Some(me)).count();
+        let mut moving_in = self.moving_in[me] as usize;
         if self.peers[k].requested.len() + moving_in >= window {
             return;
         }
         let words = self.have_bits.words();
-        let allowed: Vec<u64> = (0..words).map(|w| self.allowed_word(k, w)).collect();
+        let allowed = self.allowed_words(k);
         let src = self.source_cluster;
         let pk = &self.peers[k];
         // What other clusters' peers can give (pieces only this peer has are asked first, so

@@ -413,6 +413,9 @@ pub struct SwarmNode {
     /// MOB: a `Cancel` is out for piece i at its peer, to ask this one instead once the peer
     /// answers `Cancelled` (see [`SwarmNode::mob_move`]).
     moving_to: Vec<Option<NodeId>>,
+    /// Per member: how many entries of `moving_to` name it (kept with `moving_to`, so that a
+    /// peer's window need not scan every piece on every top-up).
+    moving_in: Vec<u32>,
     /// Hybrid, at the source: pieces dealt out of the source's cluster.
     exported: Bits,
     /// Hybrid, in the source's cluster: every piece was dealt once (its members then serve
@@ -501,6 +504,7 @@ impl SwarmNode {
             pending_from: vec![None; p as usize],
             req_at: vec![None; p as usize],
             moving_to: vec![None; p as usize],
+            moving_in: vec![0; n],
             exported: Bits::new(p),
             dealt_all: false,
             second: Vec::new(),
@@ -571,12 +575,13 @@ impl SwarmNode {
             .filter(|&k| self.peers[k].connected)
             .map(|k| {
                 let p = &self.peers[k];
+                let allowed = self.allowed_words(k);
                 let askable = (0..words)
                     .map(|w| {
                         let m = p.has.word(w)
                             & !self.have_bits.word(w)
                             & !self.pending.word(w)
-                            & self.allowed_word(k, w);
+                            & allowed[w];
                         u64::from(m.count_ones())
                     })
                     .sum();
@@ -952,7 +957,9 @@ impl SwarmNode {
         self.pending.clear(i);
         self.pending_from[i as usize] = None;
         self.req_at[i as usize] = None;
-        self.moving_to[i as usize] = None;
+        if let Some(t) = self.moving_to[i as usize].take() {
+            self.moving_in[t] -= 1;
+        }
     }
 
     /// Asks peer k for piece i, which is now pending there.
@@ -1128,22 +1135,23 @@ impl SwarmNode {
         self.peers[k].has.set(i);
     }
 
-    /// Which pieces we may request from peer k (word w of the mask).
-    fn allowed_word(&self, k: usize, w: usize) -> u64 {
+    /// Which pieces we may request from peer k, as one mask word per 64 pieces.
+    fn allowed_words(&self, k: usize) -> Vec<u64> {
         let p = &self.peers[k];
+        let words = self.have_bits.words();
         let in_source_cluster = self.my_cluster() == self.source_cluster;
-        match self.cfg.strategy {
+        // Our share, computed once (not per word).
+        let share = self.mobs.share(self.me, self.cfg.pieces);
+        let share_word = |w: usize| bits::range_word(w, share.start, share.end);
+        let word = |w: usize| match self.cfg.strategy {
             Strategy::TreePush => 0,
             Strategy::Swarm => u64::MAX,
-            Strategy::Mob => {
-                let share = self.share_word(self.me, w);
-                match (p.local, in_source_cluster) {
-                    (true, true) => u64::MAX,
-                    (false, true) => 0,
-                    (true, false) => !share,
-                    (false, false) => share,
-                }
-            }
+            Strategy::Mob => match (p.local, in_source_cluster) {
+                (true, true) => u64::MAX,
+                (false, true) => 0,
+                (true, false) => !share_word(w),
+                (false, false) => share_word(w),
+            },
             Strategy::Hybrid => {
                 if p.local {
                     // What the local tree parent holds it pushes: not pulled.
@@ -1156,10 +1164,11 @@ impl SwarmNode {
                 } else if in_source_cluster {
                     0
                 } else {
-                    self.share_word(self.me, w)
+                    share_word(w)
                 }
             }
-        }
+        };
+        (0..words).map(word).collect()
     }
 
     /// Keeps `R` requests outstanding to peer k.
@@ -1180,9 +1189,7 @@ impl SwarmNode {
         if self.peers[k].requested.len() >= self.cfg.requests_per_peer {
             return;
         }
-        let allowed: Vec<u64> = (0..self.have_bits.words())
-            .map(|w| self.allowed_word(k, w))
-            .collect();
+        let allowed = self.allowed_words(k);
         while self.peers[k].requested.len() < self.cfg.requests_per_peer {
             let (have, pending, has) = (&self.have_bits, &self.pending, &self.peers[k].has);
             let pick = bits::pick_random(have.words(), &mut self.rng, |w| {
@@ -1249,7 +1256,10 @@ impl SwarmNode {
     /// j, and only its `Cancelled` answer (the request dropped unserved) asks `to`
     /// ([`SwarmNode::on_cancelled`]), so the piece is never sent twice.
     pub(crate) fn start_move(&mut self, j: usize, i: u64, to: NodeId) {
-        self.moving_to[i as usize] = Some(to);
+        if let Some(t) = self.moving_to[i as usize].replace(to) {
+            self.moving_in[t] -= 1;
+        }
+        self.moving_in[to] += 1;
         self.peers[j]
             .ctrl
             .push_back(Frame::Swarm(SwarmMsg::Cancel { index: i }));
