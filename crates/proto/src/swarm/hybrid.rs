@@ -126,6 +126,12 @@ impl SwarmNode {
             return;
         }
         let words = self.have_bits.words();
+        // Every way to ask k (a new piece, a steal, a move, a second request) is for a piece k
+        // holds and we lack: none, nothing to do (the common case, worth skipping the masks).
+        let (have, has) = (&self.have_bits, &self.peers[k].has);
+        if (0..words).all(|w| has.word(w) & !have.word(w) == 0) {
+            return;
+        }
         let allowed = self.allowed_words(k);
         let src = self.source_cluster;
         let pk = &self.peers[k];
