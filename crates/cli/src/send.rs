@@ -374,10 +374,10 @@ fn swarm_strategy(s: Strategy) -> Option<SwarmStrategy> {
 
 /// Smallest object `--strategy auto` sends by `hybrid` rather than `mob` across sites. In the
 /// lab's size sweep (docs/benchmarks.md, "Issue 6", re-run 2026-11-23 with the hybrid's small
-/// pieces, two runs) MOB is ahead at 512 KiB and below (1.43 and 1.33 MB/s against 1.38 and
-/// 1.17 at 20 ms; its one copy per site against the hybrid's 1.4-1.75, whose endgame doubles
-/// requests when a few pieces are all there is), the hybrid from 4 MiB (4.83 and 2.58 against
-/// 2.80 and 1.68). The push tree was behind both at every size from 32 KiB: a tree connects
+/// pieces, three runs at 512 KiB and 4 MiB) MOB was ahead of the hybrid at 512 KiB in 5 of 6
+/// runs, with one copy per site against the hybrid's 1.4-1.75 (its endgame doubles requests
+/// when a few pieces are all there is); from 4 MiB the hybrid was ahead at 20 ms (3 of 3) and
+/// level at 100 ms. The push tree was behind both at every size from 32 KiB: a tree connects
 /// level by level, a WAN round trip per hop, where a swarm dials every member at once.
 pub const AUTO_HYBRID_MIN_BYTES: u64 = 2 << 20;
 
