@@ -414,11 +414,7 @@ fn auto_strategy(
     if !a.quiet {
         eprintln!(
             "strategy auto: {} ({} sites, {})",
-            match chosen {
-                Strategy::Hybrid => "hybrid",
-                Strategy::Mob => "mob",
-                _ => "tree",
-            },
+            swarm_strategy(chosen).map_or("tree", SwarmStrategy::name),
             sites.len(),
             m.total_len
                 .map_or("unknown length".to_string(), |l| format!("{} MiB", l >> 20))

@@ -605,11 +605,11 @@ impl SwarmNode {
         self.mobs.share(n, self.cfg.pieces)
     }
 
-    /// Word w of node n's share mask: the pieces n fetches from other clusters and serves
-    /// to theirs.
-    fn share_word(&self, n: NodeId, w: usize) -> u64 {
+    /// Node n's share mask, word by word: the pieces n fetches from other clusters and serves
+    /// to theirs. The share is worked out once, here, not per word.
+    fn share_mask(&self, n: NodeId) -> impl Fn(usize) -> u64 {
         let s = self.mobs.share(n, self.cfg.pieces);
-        bits::range_word(w, s.start, s.end)
+        move |w| bits::range_word(w, s.start, s.end)
     }
 
     /// A connection to `peer` is up (dialled by either side).
@@ -917,7 +917,7 @@ impl SwarmNode {
                 // only once it dealt everything (the endgame, or a piece lost with its
                 // target), and its cluster mates never.
                 if self.dealt_all {
-                    self.share_word(p.id, w)
+                    self.share_mask(p.id)(w)
                 } else {
                     0
                 }
@@ -926,7 +926,7 @@ impl SwarmNode {
                 if p.local {
                     u64::MAX
                 } else {
-                    self.share_word(p.id, w)
+                    self.share_mask(p.id)(w)
                 }
             }
         }
@@ -1140,9 +1140,7 @@ impl SwarmNode {
         let p = &self.peers[k];
         let words = self.have_bits.words();
         let in_source_cluster = self.my_cluster() == self.source_cluster;
-        // Our share, computed once (not per word).
-        let share = self.mobs.share(self.me, self.cfg.pieces);
-        let share_word = |w: usize| bits::range_word(w, share.start, share.end);
+        let share_word = self.share_mask(self.me);
         let word = |w: usize| match self.cfg.strategy {
             Strategy::TreePush => 0,
             Strategy::Swarm => u64::MAX,
