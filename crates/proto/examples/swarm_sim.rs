@@ -234,7 +234,7 @@ fn show_sweep(sizes: [usize; 4], lab: bool) {
     );
     println!("{}", rates_line(lab));
     println!(
-        "{:>6} {:<11} {:>9} | {:>7} {:>7} {:>7} | winner",
+        "{:>6} {:<11} {:>9} | {:>7} {:>7} {:>7} | winner | hybrid's WAN copies B/C/D",
         "RTT", "condition", "size", "tree", "mob", "hybrid"
     );
     for rtt_ms in [20u64, 100] {
@@ -243,6 +243,7 @@ fn show_sweep(sizes: [usize; 4], lab: bool) {
                 let len = kib << 10;
                 let piece = ((len / 300).clamp(64 << 10, 1 << 20)).next_power_of_two() as u32;
                 let mut tps = Vec::new();
+                let mut copies = String::new();
                 for strategy in [Strategy::TreePush, Strategy::Mob, Strategy::Hybrid] {
                     let mut topo = topology(sizes, rtt_ms, lab);
                     let changes = cond.apply(&mut topo, 4, Duration::from_secs(3600));
@@ -251,6 +252,13 @@ fn show_sweep(sizes: [usize; 4], lab: bool) {
                     spec.wan_changes = changes;
                     spec.seed = 4;
                     let r = sim::run(spec);
+                    if strategy == Strategy::Hybrid {
+                        copies = r.wan_multiples()[1..]
+                            .iter()
+                            .map(|m| format!("{m:.2}"))
+                            .collect::<Vec<_>>()
+                            .join("/");
+                    }
                     tps.push(if r.incomplete().is_empty() {
                         r.throughput() / MB_S
                     } else {
@@ -261,14 +269,15 @@ fn show_sweep(sizes: [usize; 4], lab: bool) {
                     .max_by(|&a, &b| tps[a].total_cmp(&tps[b]))
                     .expect("three");
                 println!(
-                    "{:>4}ms {:<11} {:>6} KiB | {:>7.2} {:>7.2} {:>7.2} | {}",
+                    "{:>4}ms {:<11} {:>6} KiB | {:>7.2} {:>7.2} {:>7.2} | {:<6} | {}",
                     rtt_ms,
                     cond.name(),
                     kib,
                     tps[0],
                     tps[1],
                     tps[2],
-                    ["tree", "mob", "hybrid"][best]
+                    ["tree", "mob", "hybrid"][best],
+                    copies
                 );
             }
         }

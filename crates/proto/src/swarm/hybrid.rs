@@ -175,7 +175,7 @@ impl SwarmNode {
                 moving_in += 1;
                 continue;
             }
-            if let Some(i) = self.endgame_pick(k, &allowed) {
+            if let Some(i) = self.endgame_pick(k, &allowed, now) {
                 self.second.push((i, self.peers[k].id));
                 self.send_request(k, i, now);
                 continue;
