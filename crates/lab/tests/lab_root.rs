@@ -107,6 +107,10 @@ fn fidelity() {
         // 2% over 30000 packets: 600 expected losses, so 15% is about 3.7 standard deviations.
         udp_packets: 30_000,
         max_paths: 4,
+        // A path is measured again only when it missed while the forwarder ran late (other
+        // load on the machine): on a busy 2-core machine two such attempts in a row were seen
+        // (2026-11-23), so up to three more.
+        retries: 3,
         ..Default::default()
     };
     let report = check(&lab, &opts, |m| eprintln!("{m}")).unwrap();
