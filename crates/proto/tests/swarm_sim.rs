@@ -354,7 +354,7 @@ fn hybrid_reaches_most_of_the_bound_with_one_copy_per_cluster_on_static_links() 
 
 /// The endgame asks a peer in another cluster for a second copy only when that peer would
 /// deliver it sooner than the first request. On the lab's fast links at 8 MiB (64 KiB
-/// pieces, the driver's size for it) the hybrid brought 1.05-1.09 copies into each cluster
+/// pieces, the driver's size for it) the hybrid brought 1.08 copies into each cluster
 /// while it doubled every piece left once all were requested; now at most 1.02, and it still
 /// finishes well ahead of MOB and the tree.
 #[test]

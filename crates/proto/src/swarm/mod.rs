@@ -89,7 +89,7 @@
 //!   another cluster only when it would deliver sooner than the first request (its queue and
 //!   a round trip against the first one's wait left); a cluster mate's copy costs no WAN
 //!   bytes and is asked freely. 1.00-1.01 copies per cluster in the simulator at 600 MB,
-//!   1.00-1.02 at 8 MiB (1.05-1.09 when every piece left was doubled).
+//!   1.00-1.02 at 8 MiB on fast links (1.08 when every piece left was doubled).
 //!
 //! Why this and not MOB alone: MOB's fixed request windows cannot follow a link that slows
 //! down, and its receivers in every cluster steal random pieces of the same share range from
@@ -1289,7 +1289,7 @@ impl SwarmNode {
     /// pending at another peer may be requested from this one too; the first copy to arrive
     /// wins and the other request is cancelled. This is the one place the hybrid may bring a
     /// second copy into a cluster, so from a peer in another cluster it does so only when
-    /// waiting for the first request is clearly slower ([`Self::endgame_from_afar`]); a
+    /// waiting for the first request is slower ([`Self::endgame_from_afar`]); a
     /// cluster mate's copy costs no WAN bytes and is asked at random.
     fn endgame_pick(&mut self, k: usize, allowed: &[u64], now: Instant) -> Option<u64> {
         if self.cfg.strategy != Strategy::Hybrid {
@@ -1323,9 +1323,9 @@ impl SwarmNode {
     /// would deliver it sooner (its queue times its piece time, and a round trip). That is
     /// the rule, a second copy into a cluster only when it is the way to finish
     /// sooner; in the simulator's size sweep (`swarm_sim --lab --sweep`) it took the copies per
-    /// cluster from 1.22-1.34 to 1.00-1.16 at 2 MiB and from 1.02-1.05 to 1.00-1.02 at 128 MiB,
-    /// finishing sooner in 5 of 8 cells from 2 MiB up (a margin of 2, as for moves, was slower
-    /// on slow links). The wait left at the first peer is its queue position times its piece
+    /// cluster from 1.06-1.34 to 1.00-1.22 at 2 MiB and from 1.02-1.05 to 1.00-1.03 at 128 MiB,
+    /// finishing sooner in 10 of the 16 cells from 2 MiB up and later in 3 (a margin of 2, as
+    /// for moves, was slower on slow links). The wait left at the first peer is its queue position times its piece
     /// time (which grows while it delivers nothing); before it delivered twice (no rate yet)
     /// it is the time the request has waited beyond k's estimate. A peer k that delivered only
     /// once is taken to need two round trips; one that never delivered is not asked: a
