@@ -21,6 +21,25 @@ fn lab_possible(test: &str) -> bool {
     }
 }
 
+/// Whether this host keeps time well enough to judge the emulator's timing at all (see
+/// `check::host_timer_lateness`): at most 1% of 1 ms sleeps more than 1 ms late. Where it does
+/// not, a timing test says so and judges nothing; everything else still runs.
+fn host_keeps_time(test: &str) -> bool {
+    let (late, worst) = bulkcast_lab::check::host_timer_lateness(2000);
+    eprintln!(
+        "{test}: host timer check: {:.1}% of 1 ms sleeps more than 1 ms late (worst {worst:.2} ms)",
+        late * 100.0
+    );
+    if late > 0.01 {
+        eprintln!(
+            "NOT JUDGED {test}: this host overruns its timers (the emulator's delays and rates \
+             would be the host's)"
+        );
+        return false;
+    }
+    true
+}
+
 fn require_iperf3() {
     assert!(
         Command::new("iperf3").arg("--version").output().is_ok(),
@@ -45,7 +64,7 @@ fn netns_list() -> String {
 #[test]
 fn fidelity() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !lab_possible("fidelity") {
+    if !lab_possible("fidelity") || !host_keeps_time("fidelity") {
         return;
     }
     require_iperf3();
@@ -108,9 +127,9 @@ fn fidelity() {
         udp_packets: 30_000,
         max_paths: 4,
         // A path is measured again only when it missed while the forwarder ran late (other
-        // load on the machine): on a busy 2-core machine two such attempts in a row were seen
-        // (2026-11-23), so up to three more.
-        retries: 3,
+        // load on the machine, or the host): on 2026-11-23 a 2-core VM stalled through four
+        // attempts in a row, so up to five more.
+        retries: 5,
         ..Default::default()
     };
     let report = check(&lab, &opts, |m| eprintln!("{m}")).unwrap();
@@ -251,7 +270,9 @@ fn lifecycle_and_stale_cleanup() {
 #[test]
 fn step_change_applies_on_time() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !lab_possible("step_change_applies_on_time") {
+    if !lab_possible("step_change_applies_on_time")
+        || !host_keeps_time("step_change_applies_on_time")
+    {
         return;
     }
     require_iperf3();
@@ -283,40 +304,66 @@ fn step_change_applies_on_time() {
         },
     )
     .unwrap();
-    let mut server = lab
-        .command("q-1", "iperf3")
-        .unwrap()
-        .args(["-s", "-1", "-p", "5301"])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    lab.start_clock();
-    let out = lab
-        .exec(
-            "p-1",
-            &[
-                "iperf3",
-                "-c",
-                &lab.addr("q-1").unwrap().to_string(),
-                "-p",
-                "5301",
-                "-t",
-                "6",
-                "-C",
-                "bbr",
-                "-J",
-            ],
+    // One bbr stream for 6 s from the clock's start, per-second Mbit/s. The step is at 3 s of
+    // the scenario clock, so each attempt brings a new lab up.
+    let measure = |lab: &Lab| -> Vec<f64> {
+        let mut server = lab
+            .command("q-1", "iperf3")
+            .unwrap()
+            .args(["-s", "-1", "-p", "5301"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        lab.start_clock();
+        let out = lab
+            .exec(
+                "p-1",
+                &[
+                    "iperf3",
+                    "-c",
+                    &lab.addr("q-1").unwrap().to_string(),
+                    "-p",
+                    "5301",
+                    "-t",
+                    "6",
+                    "-C",
+                    "bbr",
+                    "-J",
+                ],
+            )
+            .unwrap();
+        let _ = server.wait();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["intervals"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["sum"]["bits_per_second"].as_f64().unwrap() / 1e6)
+            .collect()
+    };
+    let on_time = |m: &[f64]| m[1] > 40.0 && m[1] < 55.0 && m[4] < 13.0 && m[5] < 13.0;
+    let mut lab = lab;
+    let mut mbps = measure(&lab);
+    // Measured again (on a fresh clock) only when it missed while the forwarder was stalled
+    // (other load, or the host: seen on 2026-11-23, 25 Mbit/s in the second second).
+    for _ in 0..2 {
+        let late = lab.stats().late_events;
+        if on_time(&mbps) || late == 0 {
+            break;
+        }
+        eprintln!("missed while the forwarder was stalled ({late} events >1 ms late): {mbps:?}");
+        drop(lab);
+        std::thread::sleep(std::time::Duration::from_secs(5));
+        lab = Lab::up_with(
+            &sc,
+            &LabOptions {
+                name: Some("t-step".into()),
+            },
         )
         .unwrap();
-    let _ = server.wait();
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let mbps: Vec<f64> = v["intervals"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| i["sum"]["bits_per_second"].as_f64().unwrap() / 1e6)
-        .collect();
+        mbps = measure(&lab);
+    }
     // Second 1-2: the nominal 50 Mbit/s; seconds 4-6: 10 Mbit/s (the sender-side figure lags by
     // what the queue holds, so look well after the change).
     assert!(mbps[1] > 40.0 && mbps[1] < 55.0, "{mbps:?}");
