@@ -171,8 +171,9 @@ pub struct CheckReport {
 /// the forwarder's (its CPU, `SCHED_FIFO`, 1 ns timer slack) sleeps 1 ms `samples` times.
 /// Returns the fraction of sleeps that overran by more than 1 ms and the worst overrun in ms.
 /// The emulator releases packets on such timers, so where they overrun its delays, rates and
-/// losses are the host's, not its own: an idle, healthy 2-core VM overran none in 3,000, a
-/// VM whose host was busy (2026-11-23) 5% of them, by up to 12 ms.
+/// losses are the host's, not its own. On the project's VM on 2026-11-23, while idle, this
+/// read 0.0-0.4% (worst 0.5-8.7 ms); a Python loop of the same sleeps read 0.6-5% at other
+/// moments (worst 12-19 ms), when the lab's timing tests failed.
 pub fn host_timer_lateness(samples: u32) -> (f64, f64) {
     let cpu = crate::forwarder::forwarder_cpu();
     let t = std::thread::spawn(move || {
