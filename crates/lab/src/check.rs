@@ -138,6 +138,17 @@ impl PathCheck {
         self.late_events > 0 && self.met_before.contains(&t)
     }
 
+    /// The table's verdict on target `t`: `ok` when met, [`EXCUSED`] or `fail` when not.
+    fn verdict<'a>(&self, t: Target, met: bool, ok: &'a str, fail: &'a str) -> &'a str {
+        if met {
+            ok
+        } else if self.excused(t) {
+            EXCUSED
+        } else {
+            fail
+        }
+    }
+
     /// The targets this path missed and did not meet in an earlier attempt.
     pub fn failures(&self) -> Vec<String> {
         self.missed()
@@ -238,12 +249,8 @@ impl CheckReport {
         for p in &self.paths {
             let rtt_verdict = if !(10.0..=250.0).contains(&p.rtt_cfg_ms) {
                 "(no target)"
-            } else if rtt_ok(p.rtt_cfg_ms, p.rtt_ms) {
-                "ok"
-            } else if p.excused(Target::Rtt) {
-                EXCUSED
             } else {
-                "FAIL"
+                p.verdict(Target::Rtt, rtt_ok(p.rtt_cfg_ms, p.rtt_ms), "ok", "FAIL")
             };
             let _ = writeln!(
                 s,
@@ -257,13 +264,7 @@ impl CheckReport {
                 let (share, verdict) = match p.rate_mbps {
                     Some(r) => {
                         let v = if cc == "bbr" && p.loss_cfg == 0.0 {
-                            if *m >= 0.9 * r {
-                                "ok (>= 90%)"
-                            } else if p.excused(Target::Rate) {
-                                EXCUSED
-                            } else {
-                                "FAIL (< 90%)"
-                            }
+                            p.verdict(Target::Rate, *m >= 0.9 * r, "ok (>= 90%)", "FAIL (< 90%)")
                         } else {
                             "(no target)"
                         };
@@ -281,13 +282,7 @@ impl CheckReport {
                 );
             }
             if let Some((l, n)) = p.loss {
-                let v = if loss_ok(p.loss_cfg, l) {
-                    "ok"
-                } else if p.excused(Target::Loss) {
-                    EXCUSED
-                } else {
-                    "FAIL"
-                };
+                let v = p.verdict(Target::Loss, loss_ok(p.loss_cfg, l), "ok", "FAIL");
                 let _ = writeln!(
                     s,
                     "{:<40} {:<10} {:>14.3} % {:>14.3} % ({n} pkts)  {v}",
@@ -685,9 +680,10 @@ pub fn check(
                     met.push(t);
                 }
             }
-            let retry = !pc.failures().is_empty() && pc.late_events > 0 && attempt <= opts.retries;
+            let failures = pc.failures();
+            let retry = !failures.is_empty() && pc.late_events > 0 && attempt <= opts.retries;
             if retry {
-                for f in pc.failures() {
+                for f in failures {
                     progress(&format!(
                         "missed while the forwarder was stalled ({} events >1 ms late): {f}",
                         pc.late_events

@@ -297,15 +297,18 @@ fn step_change_applies_on_time() {
     "#,
     )
     .unwrap();
-    let lab = Lab::up_with(
-        &sc,
-        &LabOptions {
-            name: Some("t-step".into()),
-        },
-    )
-    .unwrap();
-    // One bbr stream for 6 s from the clock's start, per-second Mbit/s. The step is at 3 s of
-    // the scenario clock, so each attempt brings a new lab up.
+    // Each attempt brings a new lab up: the step is at 3 s of its scenario clock.
+    let up = || {
+        Lab::up_with(
+            &sc,
+            &LabOptions {
+                name: Some("t-step".into()),
+            },
+        )
+        .unwrap()
+    };
+    let mut lab = up();
+    // One bbr stream for 6 s from the clock's start, per-second Mbit/s.
     let measure = |lab: &Lab| -> Vec<f64> {
         let mut server = lab
             .command("q-1", "iperf3")
@@ -351,7 +354,6 @@ fn step_change_applies_on_time() {
         let before = m[..3].iter().copied().fold(0.0, f64::max);
         before > 25.0 && before < 55.0 && m[4] < 13.0 && m[5] < 13.0
     };
-    let mut lab = lab;
     let mut mbps = measure(&lab);
     // Measured again (on a fresh clock) only when it missed while the forwarder was stalled
     // (other load, or the host: seen on 2026-11-23, 25 Mbit/s in the second second).
@@ -363,13 +365,7 @@ fn step_change_applies_on_time() {
         eprintln!("missed while the forwarder was stalled ({late} events >1 ms late): {mbps:?}");
         drop(lab);
         std::thread::sleep(std::time::Duration::from_secs(5));
-        lab = Lab::up_with(
-            &sc,
-            &LabOptions {
-                name: Some("t-step".into()),
-            },
-        )
-        .unwrap();
+        lab = up();
         mbps = measure(&lab);
     }
     assert!(on_time(&mbps), "{mbps:?}");

@@ -70,18 +70,23 @@ impl Bits {
 
     /// Set bits in increasing order.
     pub(crate) fn ones(&self) -> impl Iterator<Item = u64> + '_ {
-        self.w.iter().enumerate().flat_map(|(k, &w)| {
-            let mut w = w;
-            std::iter::from_fn(move || {
-                if w == 0 {
-                    return None;
-                }
-                let b = w.trailing_zeros() as u64;
-                w &= w - 1;
-                Some(k as u64 * 64 + b)
-            })
-        })
+        ones_of(self.w.len(), |k| self.w[k])
     }
+}
+
+/// The set bits of the mask `f(word)` over `words` words, in increasing order.
+pub(crate) fn ones_of(words: usize, f: impl Fn(usize) -> u64) -> impl Iterator<Item = u64> {
+    (0..words).flat_map(move |k| {
+        let mut w = f(k);
+        std::iter::from_fn(move || {
+            if w == 0 {
+                return None;
+            }
+            let b = w.trailing_zeros() as u64;
+            w &= w - 1;
+            Some(k as u64 * 64 + b)
+        })
+    })
 }
 
 /// Whether bit i is set in `words` (64 bits a word, lowest first); i must be in range.

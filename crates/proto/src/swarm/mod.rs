@@ -1346,27 +1346,22 @@ impl SwarmNode {
             None => return None,
         };
         let mut best: Option<(f64, u64)> = None;
-        for w in 0..self.have_bits.words() {
-            let mut bits = cand(w);
-            while bits != 0 {
-                let i = (w as u64) * 64 + u64::from(bits.trailing_zeros());
-                bits &= bits - 1;
-                let Some(j) = self.pending_from[i as usize].and_then(|q| self.index[q]) else {
-                    continue;
-                };
-                let q = &self.peers[j];
-                let Some(pos) = q.requested.iter().position(|&r| r == i) else {
-                    continue;
-                };
-                let left = match q.rate.piece_time(now, true) {
-                    Some(t) => (pos + 1) as f64 * t,
-                    None => self.req_at[i as usize].map_or(0.0, |t| {
-                        now.saturating_duration_since(t).as_secs_f64() - my_eta
-                    }),
-                };
-                if left > my_eta && best.is_none_or(|(b, _)| left > b) {
-                    best = Some((left, i));
-                }
+        for i in bits::ones_of(self.have_bits.words(), cand) {
+            let Some(j) = self.pending_from[i as usize].and_then(|q| self.index[q]) else {
+                continue;
+            };
+            let q = &self.peers[j];
+            let Some(pos) = q.requested.iter().position(|&r| r == i) else {
+                continue;
+            };
+            let left = match q.rate.piece_time(now, true) {
+                Some(t) => (pos + 1) as f64 * t,
+                None => self.req_at[i as usize].map_or(0.0, |t| {
+                    now.saturating_duration_since(t).as_secs_f64() - my_eta
+                }),
+            };
+            if left > my_eta && best.is_none_or(|(b, _)| left > b) {
+                best = Some((left, i));
             }
         }
         best.map(|(_, i)| i)
