@@ -19,6 +19,8 @@
 //!   hybrid) over the same chunks and wire, with its own cluster/WAN simulator.
 //! - [`multipath`]: one edge over N parallel connections: striping, in-order join, and the
 //!   paper's weighted fork-join controller, with its own simulator.
+//! - [`paced`]: a paced, selective-repeat byte stream over UDP for lossy long paths, with
+//!   its own path simulator.
 #![warn(missing_docs)]
 
 pub mod auth;
@@ -27,6 +29,7 @@ pub mod hosts;
 pub mod manifest;
 pub mod multipath;
 pub mod node;
+pub mod paced;
 pub mod sim;
 pub mod stripe;
 pub mod swarm;

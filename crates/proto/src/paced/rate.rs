@@ -1,0 +1,406 @@
+//! Window and pacing rate: what the path carries, blind to random loss.
+//!
+//! Loss-based control (cubic) collapses on a long path with random loss. BBR ignores loss but
+//! paces at the rate the path *delivered*, which random loss shrinks (at 5% it sends 0.95 of
+//! the link, and loses 5% of that), and TCP's recovery slows it further. Here:
+//! - the path's rate is what an interval (one round trip) got acknowledged, the largest of
+//!   the last [`FILTER_LEN`] intervals;
+//! - the window is that rate times the smallest RTT plus a target queue delay (5% of the
+//!   RTT, at least 3 ms), times a factor (`boost`) that rises 3% per interval while the
+//!   queue stays under half the target and falls 5% while it is over twice the target. The
+//!   factor is what makes up for random loss (about 1 / (1 - loss)), found from the queue,
+//!   not from loss counts, which cannot tell random loss from overflow. Being a window, it
+//!   is self-clocked: a rate-only version oscillated, since delay feedback comes a round
+//!   trip late. The bottleneck keeps a queue of about the target, so it never runs dry (a
+//!   few ms of host stall do not empty it) and stays far below a deep queue's limit;
+//! - pacing runs at 1.25 times window / RTT, so packets are spread but the window limits;
+//! - **startup** grows the window 1.5x per round trip until every RTT sample of the last
+//!   [`QUEUE_SPAN`] shows a queue beyond the target (or the acknowledged rate stops growing
+//!   by a quarter for three intervals); the window then becomes what was delivered over the
+//!   last [`STARTUP_SPAN`] times (RTT + target);
+//! - an interval whose loss is above twice the usual level plus 1% lowers the factor (a
+//!   queue too short to show as delay overflowing), and one that loses more than
+//!   [`HEAVY_LOSS`] cuts the rate to 0.7x.
+//!
+//! The queue delay of an interval is its smallest RTT sample less the smallest ever seen:
+//! the smallest, so a stall of the host (late timers, a descheduled receiver) that delays a
+//! few samples does not read as a queue. Known limits: the floor is the connection's
+//! lifetime minimum, so a route that becomes longer reads as a queue and lowers the window;
+//! a bottleneck queue shorter than about twice the target overflows before its delay shows
+//! (see the `paced_sim` tests); and a delay-based sender yields to loss-based TCP sharing
+//! its bottleneck.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// Shortest control interval: shorter paths decide on a few ms of samples.
+pub const MIN_INTERVAL: Duration = Duration::from_millis(25);
+/// Loss fraction of an interval that counts as congestion.
+pub const HEAVY_LOSS: f64 = 0.3;
+/// Lowest rate the controller goes to, bytes/s.
+pub const MIN_RATE: f64 = 16_000.0;
+/// Intervals the carried-rate maximum is taken over.
+pub const FILTER_LEN: usize = 6;
+/// Startup: ACKs over which the delivery rate is taken on leaving it.
+pub const STARTUP_SPAN: Duration = Duration::from_millis(50);
+/// Startup: RTT samples that must all show a queue to leave it (a shorter stall of the host
+/// does not end startup).
+pub const QUEUE_SPAN: Duration = Duration::from_millis(10);
+/// Smallest window, bytes (a few datagrams, so a lost one is found by the ones after it).
+pub const MIN_WINDOW: f64 = 8.0 * 1500.0;
+
+/// Startup or steady state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Doubling the window each round trip.
+    Startup,
+    /// Window from the carried rate.
+    Steady,
+}
+
+/// The rate and window controller of one connection.
+#[derive(Debug, Clone)]
+pub struct RateControl {
+    phase: Phase,
+    max_rate: f64,
+    initial_rate: f64,
+    min_rtt: Option<Duration>,
+    /// Carried rate of the last intervals, bytes/s.
+    carried: VecDeque<f64>,
+    /// The window, bytes.
+    window: f64,
+    /// Steady state: the window's factor over rate x (RTT + target), raised while the queue
+    /// stays short and lowered when it is long: it makes up for what random loss takes
+    /// from the carried rate (about 1 / (1 - loss)) without trusting loss counts.
+    boost: f64,
+    /// Steady state: the loss fraction of an ordinary interval (moving average).
+    usual_loss: f64,
+    /// Startup: the best carried rate and intervals since it last grew by a quarter.
+    best: f64,
+    flat: u32,
+    // The interval being measured: opened at `start`, closed on the first ACK one interval
+    // length later.
+    start: Instant,
+    interval_min_rtt: Option<Duration>,
+    acked: u64,
+    lost: u64,
+    app_limited: bool,
+    acks_seen: bool,
+    /// Startup: recent ACKs (time, bytes acknowledged so far, RTT sample), the last 50 ms.
+    recent: VecDeque<(Instant, u64, Option<Duration>)>,
+    acked_total: u64,
+}
+
+impl RateControl {
+    /// A controller starting at `rate` bytes/s, never above `max_rate`.
+    pub fn new(rate: f64, max_rate: f64, now: Instant) -> Self {
+        let max_rate = max_rate.max(MIN_RATE);
+        let initial_rate = rate.clamp(MIN_RATE, max_rate);
+        RateControl {
+            phase: Phase::Startup,
+            max_rate,
+            initial_rate,
+            min_rtt: None,
+            carried: VecDeque::new(),
+            // What the initial rate sends in 100 ms, until an RTT is known.
+            window: (initial_rate * 0.1).max(MIN_WINDOW),
+            boost: 1.0,
+            usual_loss: 0.0,
+            best: 0.0,
+            flat: 0,
+            start: now,
+            interval_min_rtt: None,
+            acked: 0,
+            lost: 0,
+            app_limited: false,
+            acks_seen: false,
+            recent: VecDeque::new(),
+            acked_total: 0,
+        }
+    }
+
+    /// What the path carries, bytes/s (the initial rate until measured).
+    pub fn path_rate(&self) -> f64 {
+        match self.carried.iter().cloned().reduce(f64::max) {
+            Some(c) => c,
+            None => self
+                .initial_rate
+                .min(self.window / self.rtt().as_secs_f64()),
+        }
+    }
+
+    /// The pacing rate, bytes/s.
+    pub fn rate(&self) -> f64 {
+        let r = match self.phase {
+            // Fast enough that the window, doubling, is what limits.
+            Phase::Startup => 2.0 * self.window / self.rtt().as_secs_f64(),
+            Phase::Steady => 1.25 * self.window / self.rtt().as_secs_f64(),
+        };
+        r.clamp(MIN_RATE, self.max_rate)
+    }
+
+    /// Bytes that may be in flight.
+    pub fn window(&self) -> u64 {
+        self.window as u64
+    }
+
+    /// Startup or steady.
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// The smallest RTT seen.
+    pub fn min_rtt(&self) -> Option<Duration> {
+        self.min_rtt
+    }
+
+    fn rtt(&self) -> Duration {
+        self.min_rtt.unwrap_or(Duration::from_millis(100))
+    }
+
+    /// The queue delay the controller aims at: 5% of the path's RTT, at least 3 ms.
+    pub fn target(&self) -> Duration {
+        (self.rtt() / 20).max(Duration::from_millis(3))
+    }
+
+    /// The sender had window and pacing room and nothing to send: the rate was not the limit.
+    pub fn on_app_limited(&mut self) {
+        self.app_limited = true;
+    }
+
+    /// Nothing was acknowledged for a probe timeout: the path may be gone, so only a few
+    /// datagrams go out until an ACK says otherwise (the next interval restores the window).
+    pub fn on_timeout(&mut self) {
+        self.window = MIN_WINDOW;
+    }
+
+    /// An ACK came: `acked` and `lost` bytes newly resolved, an RTT sample if it had one.
+    pub fn on_ack(&mut self, now: Instant, acked: u64, lost: u64, rtt: Option<Duration>) {
+        if !self.acks_seen {
+            // Feedback starts now.
+            self.acks_seen = true;
+            self.start = now;
+        }
+        self.acked += acked;
+        self.lost += lost;
+        self.acked_total += acked;
+        if let Some(r) = rtt {
+            self.min_rtt = Some(self.min_rtt.map_or(r, |m| m.min(r)));
+            self.interval_min_rtt = Some(self.interval_min_rtt.map_or(r, |m| m.min(r)));
+        }
+        if self.phase == Phase::Startup {
+            // 1.5x per round trip: the queue signal comes a round trip late, so the window
+            // overshoots by the growth of one round (2x would double the path's BDP).
+            self.window = (self.window + acked as f64 / 2.0).min(self.max_rate * 4.0);
+            self.recent.push_back((now, self.acked_total, rtt));
+            while self
+                .recent
+                .front()
+                .is_some_and(|f| now.saturating_duration_since(f.0) > STARTUP_SPAN)
+            {
+                self.recent.pop_front();
+            }
+            self.check_startup(now);
+        }
+        if now.saturating_duration_since(self.start) >= self.rtt().max(MIN_INTERVAL) {
+            self.end_interval(now);
+        }
+    }
+
+    /// Leaves startup as soon as every RTT sample of the last [`QUEUE_SPAN`] shows a queue
+    /// beyond the target; the window becomes what the path delivered over [`STARTUP_SPAN`].
+    fn check_startup(&mut self, now: Instant) {
+        let (Some(min), Some(first)) = (self.min_rtt, self.recent.front()) else {
+            return;
+        };
+        if now.saturating_duration_since(first.0) < QUEUE_SPAN {
+            return;
+        }
+        let span_min = self
+            .recent
+            .iter()
+            .filter(|r| now.saturating_duration_since(r.0) <= QUEUE_SPAN)
+            .filter_map(|r| r.2)
+            .min();
+        if span_min.is_none_or(|m| m <= min + self.target()) {
+            return;
+        }
+        let secs = now.saturating_duration_since(first.0).as_secs_f64();
+        let delivered = (self.acked_total - first.1) as f64 / secs.max(1e-6);
+        self.phase = Phase::Steady;
+        self.carried.clear();
+        self.carried.push_back(delivered);
+        self.window = (delivered * (min + self.target()).as_secs_f64()).max(MIN_WINDOW);
+        self.recent.clear();
+    }
+
+    fn end_interval(&mut self, now: Instant) {
+        let secs = now.saturating_duration_since(self.start).as_secs_f64();
+        let resolved = self.acked + self.lost;
+        let loss = if resolved > 0 {
+            self.lost as f64 / resolved as f64
+        } else {
+            0.0
+        };
+        let queue = match (self.interval_min_rtt, self.min_rtt) {
+            (Some(i), Some(m)) => i.saturating_sub(m),
+            _ => Duration::ZERO,
+        };
+        let target = self.target();
+        if loss > HEAVY_LOSS {
+            let cut = 0.7 * self.path_rate();
+            self.carried.clear();
+            self.carried.push_back(cut);
+            self.phase = Phase::Steady;
+            self.boost = 1.0;
+        } else if self.acked > 0 {
+            let carried = self.acked as f64 / secs.max(1e-6);
+            self.carried.push_back(carried);
+            if self.carried.len() > FILTER_LEN {
+                self.carried.pop_front();
+            }
+            match self.phase {
+                Phase::Startup => {
+                    self.usual_loss += (loss - self.usual_loss) / 2.0;
+                    if carried > 1.25 * self.best {
+                        self.best = carried;
+                        self.flat = 0;
+                    } else if !self.app_limited {
+                        self.flat += 1;
+                    }
+                    if queue > target || self.flat >= 3 {
+                        self.phase = Phase::Steady;
+                    }
+                }
+                Phase::Steady => {
+                    // Loss well above its usual level while the window grew: a queue too
+                    // short to show as delay is overflowing.
+                    let spike = resolved >= 20 * 1400 && loss > 2.0 * self.usual_loss + 0.01;
+                    if queue > 2 * target || spike {
+                        self.boost = (self.boost * 0.95).max(0.5);
+                    } else if queue < target / 2 && !self.app_limited {
+                        self.boost = (self.boost * 1.03).min(2.0);
+                    }
+                    self.usual_loss += (loss - self.usual_loss) / 8.0;
+                }
+            }
+        }
+        if self.phase == Phase::Steady {
+            let rtt = (self.rtt() + target).as_secs_f64();
+            self.window = (self.path_rate() * rtt * self.boost).max(MIN_WINDOW);
+        }
+        self.start = now;
+        self.interval_min_rtt = None;
+        self.acked = 0;
+        self.lost = 0;
+        self.app_limited = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fluid model of one bottleneck: `link` bytes/s, base RTT, a queue, random loss after
+    /// it. Returns the controller and (time, queue delay) every ms.
+    fn run(link: f64, base: Duration, loss: f64, secs: f64) -> (RateControl, Vec<(f64, f64)>) {
+        let t0 = Instant::now();
+        let mut rc = RateControl::new(1.25e6, 1e12, t0);
+        let step = Duration::from_millis(1);
+        let dt = step.as_secs_f64();
+        let (mut queue, mut inflight) = (0.0f64, 0.0f64);
+        let mut series = Vec::new();
+        let mut t = Duration::ZERO;
+        // What leaves the queue comes back one base RTT later: (acked, lost, rtt) per ms.
+        let n = (base.as_millis() as usize).max(1);
+        let mut ring = vec![(0.0f64, 0.0f64, Duration::ZERO); n];
+        let mut i = 0;
+        while t.as_secs_f64() < secs {
+            let send = (rc.rate() * dt).min((rc.window() as f64 - inflight).max(0.0));
+            queue += send;
+            inflight += send;
+            let out = queue.min(link * dt);
+            queue -= out;
+            let qdelay = Duration::from_secs_f64(queue / link);
+            let (a, l, r) = ring[i];
+            ring[i] = (out * (1.0 - loss), out * loss, base + qdelay);
+            i = (i + 1) % n;
+            t += step;
+            inflight -= a + l;
+            if a + l > 0.0 {
+                rc.on_ack(t0 + t, a as u64, l as u64, Some(r));
+            }
+            series.push((t.as_secs_f64(), queue / link));
+            if std::env::var_os("RATE_TRACE").is_some() && t.as_millis().is_multiple_of(100) {
+                eprintln!(
+                    "{:>6.2} s rate {:>6.1} Mbit/s window {:>8.0} queue {:>5.1} ms {:?}",
+                    t.as_secs_f64(),
+                    rc.rate() * 8e-6,
+                    rc.window(),
+                    queue / link * 1e3,
+                    rc.phase()
+                );
+            }
+        }
+        (rc, series)
+    }
+
+    /// Fraction of ms after `from` s with a non-empty queue, and the longest queue in s.
+    fn busy_and_max(series: &[(f64, f64)], from: f64) -> (f64, f64) {
+        let late: Vec<f64> = series.iter().filter(|s| s.0 > from).map(|s| s.1).collect();
+        let busy = late.iter().filter(|q| **q > 0.0).count() as f64 / late.len() as f64;
+        (busy, late.iter().cloned().fold(0.0, f64::max))
+    }
+
+    #[test]
+    fn fills_a_lossy_long_path_with_a_short_queue() {
+        let link = 12.5e6; // 100 Mbit/s
+        let (rc, series) = run(link, Duration::from_millis(100), 0.05, 20.0);
+        assert_eq!(rc.phase(), Phase::Steady);
+        // After 3 s the queue never empties (the link stays busy) and stays short.
+        let (busy, max_q) = busy_and_max(&series, 3.0);
+        assert!(
+            busy > 0.99,
+            "link idle {:.1}% of the time",
+            100.0 * (1.0 - busy)
+        );
+        assert!(max_q < 0.02, "queue reached {:.1} ms", max_q * 1e3);
+        // Random loss did not pull the window below what fills the path.
+        let bdp = link * 0.1;
+        assert!(rc.window() as f64 > bdp, "window {} < {bdp}", rc.window());
+    }
+
+    #[test]
+    fn short_paths_and_clean_paths_settle_too() {
+        for (base, loss) in [(10, 0.0), (10, 0.01), (250, 0.02)] {
+            let link = 25e6;
+            let (rc, series) = run(link, Duration::from_millis(base), loss, 20.0);
+            let (busy, max_q) = busy_and_max(&series, 5.0);
+            assert!(
+                busy > 0.99,
+                "{base} ms: link idle {:.1}%",
+                100.0 * (1.0 - busy)
+            );
+            assert!(max_q < 0.03, "{base} ms: queue {:.1} ms", max_q * 1e3);
+            assert!(
+                rc.path_rate() > 0.95 * link,
+                "{base} ms: {:.2e}",
+                rc.path_rate()
+            );
+        }
+    }
+
+    #[test]
+    fn heavy_loss_is_congestion() {
+        let t0 = Instant::now();
+        let mut rc = RateControl::new(10e6, 1e12, t0);
+        let rtt = Some(Duration::from_millis(50));
+        let mut t = t0;
+        for _ in 0..10 {
+            t += Duration::from_millis(50);
+            rc.on_ack(t, 200_000, 150_000, rtt);
+        }
+        assert_eq!(rc.phase(), Phase::Steady);
+        assert!(rc.path_rate() < 8e6 * 0.7f64.powi(5), "{}", rc.path_rate());
+    }
+}

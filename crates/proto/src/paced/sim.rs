@@ -1,0 +1,329 @@
+//! Two [`Conn`]s over a simulated path on a simulated clock: a line-rate link with a
+//! drop-tail queue, a one-way delay and random loss after the queue, one per direction (the
+//! lab's emulator model, `bulkcast-lab`'s `emu`).
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::time::{Duration, Instant};
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use super::{Config, Conn, ConnStats};
+
+/// One direction of a path.
+#[derive(Debug, Clone, Copy)]
+pub struct PathProfile {
+    /// Line rate, bytes/s.
+    pub rate: f64,
+    /// One-way propagation delay.
+    pub delay: Duration,
+    /// Probability that a datagram is lost after the queue.
+    pub loss: f64,
+    /// Queue limit, bytes.
+    pub queue: u64,
+}
+
+/// Issue 5's WAN hop: 100 Mbit/s, 100 ms RTT, 5% random loss, a queue of one
+/// bandwidth-delay product (1.25 MB), as `scenarios/wan-100m-100ms-loss5.toml`.
+pub const WAN_100M_100MS_LOSS5: PathProfile = PathProfile {
+    rate: 12.5e6,
+    delay: Duration::from_millis(50),
+    loss: 0.05,
+    queue: 1_250_000,
+};
+
+/// The same hop without loss.
+pub const WAN_100M_100MS: PathProfile = PathProfile {
+    loss: 0.0,
+    ..WAN_100M_100MS_LOSS5
+};
+
+/// A short path with a queue of only 50 datagrams (about 3 ms at 200 Mbit/s), where a
+/// sender that overshoots overflows it at once.
+pub const SHORT_QUEUE_200M_10MS: PathProfile = PathProfile {
+    rate: 25e6,
+    delay: Duration::from_millis(5),
+    loss: 0.0,
+    queue: 50 * 1500,
+};
+
+/// Datagrams on one direction of the path.
+struct Link {
+    p: PathProfile,
+    busy_until: Instant,
+    arriving: BinaryHeap<Reverse<(Instant, u64, Vec<u8>)>>,
+    seq: u64,
+    rng: SmallRng,
+    queue_drops: u64,
+    random_drops: u64,
+    max_queue: u64,
+    /// Tests may drop everything (a dead path) from this time on.
+    dead_from: Option<Instant>,
+}
+
+impl Link {
+    fn new(p: PathProfile, seed: u64, now: Instant) -> Self {
+        Link {
+            p,
+            busy_until: now,
+            arriving: BinaryHeap::new(),
+            seq: 0,
+            rng: SmallRng::seed_from_u64(seed),
+            queue_drops: 0,
+            random_drops: 0,
+            max_queue: 0,
+            dead_from: None,
+        }
+    }
+
+    fn send(&mut self, now: Instant, d: Vec<u8>) {
+        if self.dead_from.is_some_and(|t| now >= t) {
+            return;
+        }
+        // IP and UDP headers count on the wire.
+        let wire = d.len() as u64 + 28;
+        let backlog =
+            (self.busy_until.saturating_duration_since(now).as_secs_f64() * self.p.rate) as u64;
+        if backlog + wire > self.p.queue {
+            self.queue_drops += 1;
+            return;
+        }
+        self.max_queue = self.max_queue.max(backlog + wire);
+        let start = self.busy_until.max(now);
+        self.busy_until = start + Duration::from_secs_f64(wire as f64 / self.p.rate);
+        if self.p.loss > 0.0 && self.rng.gen::<f64>() < self.p.loss {
+            self.random_drops += 1;
+            return;
+        }
+        self.seq += 1;
+        self.arriving
+            .push(Reverse((self.busy_until + self.p.delay, self.seq, d)));
+    }
+
+    fn next_arrival(&self) -> Option<Instant> {
+        self.arriving.peek().map(|Reverse((t, _, _))| *t)
+    }
+
+    fn pop_due(&mut self, now: Instant) -> Option<Vec<u8>> {
+        if self.next_arrival()? <= now {
+            self.arriving.pop().map(|Reverse((_, _, d))| d)
+        } else {
+            None
+        }
+    }
+}
+
+/// What a simulated transfer did.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// Bytes the receiver read, all checked against the pattern written.
+    pub bytes: u64,
+    /// Simulated time from the first datagram until the receiver read the last byte.
+    pub seconds: f64,
+    /// Simulated time when both sides were done or had failed.
+    pub ended: f64,
+    /// Whether both sides finished (FINs sent, acknowledged and read).
+    pub done: bool,
+    /// The error a side ended with, if any.
+    pub error: Option<String>,
+    /// The sender's counters.
+    pub sender: ConnStats,
+    /// Datagrams the queue dropped, sender to receiver.
+    pub queue_drops: u64,
+    /// Datagrams random loss dropped, sender to receiver.
+    pub random_drops: u64,
+    /// Longest queue seen, bytes.
+    pub max_queue: u64,
+    /// Goodput as a fraction of the link rate.
+    pub fraction: f64,
+}
+
+/// The byte at stream offset `i` of a test stream.
+pub fn pattern(i: u64) -> u8 {
+    (i.wrapping_mul(2_654_435_761) >> 13) as u8
+}
+
+/// A sender and a receiver joined by a path.
+pub struct Pair {
+    /// The side writing the stream.
+    pub sender: Conn,
+    /// The side reading it.
+    pub receiver: Conn,
+    fwd: Link,
+    back: Link,
+    /// Simulated now.
+    pub now: Instant,
+    start: Instant,
+    /// The receiver reads at most this many bytes per simulated ms (None: all at once).
+    pub reader_limit: Option<usize>,
+}
+
+impl Pair {
+    /// A pair over `fwd` (sender to receiver) and `back`, with seeded loss.
+    pub fn new(fwd: PathProfile, back: PathProfile, cfg: Config, seed: u64) -> Self {
+        let now = Instant::now();
+        Pair {
+            sender: Conn::client(7, cfg.clone(), now),
+            receiver: Conn::server(7, cfg, now),
+            fwd: Link::new(fwd, seed, now),
+            back: Link::new(back, seed ^ 0x5eed, now),
+            now,
+            start: now,
+            reader_limit: None,
+        }
+    }
+
+    /// From `after` on, the forward path delivers nothing.
+    pub fn kill_path_after(&mut self, after: Duration) {
+        self.fwd.dead_from = Some(self.start + after);
+        self.back.dead_from = Some(self.start + after);
+    }
+
+    /// Sends `total` pattern bytes one way; runs until both sides are done or failed, or
+    /// `limit` of simulated time passed.
+    pub fn transfer(&mut self, total: u64, limit: Duration) -> Outcome {
+        let mut written = 0u64;
+        let mut read = 0u64;
+        let mut chunk = vec![0u8; 64 * 1024];
+        let mut rbuf = vec![0u8; 64 * 1024];
+        let mut dgram = Vec::with_capacity(2048);
+        let mut last_read_at = self.now;
+        let mut corrupt = None;
+        let mut last_tick = self.now;
+        let mut budget = 0usize;
+        let trace = std::env::var_os("PACED_TRACE").is_some();
+        let mut next_trace = self.now;
+        while self.now - self.start < limit {
+            if trace && self.now >= next_trace {
+                next_trace += Duration::from_millis(200);
+                let rc = self.sender.controller();
+                eprintln!(
+                    "{:>7.2} s read {:>6.1} MB rate {:>6.1} Mbit/s window {:>8} inflight {:>8} \
+                     queue {:>7} sent {} lost {} {:?}",
+                    (self.now - self.start).as_secs_f64(),
+                    read as f64 / 1e6,
+                    rc.rate() * 8e-6,
+                    rc.window(),
+                    self.sender.inflight(),
+                    (self
+                        .fwd
+                        .busy_until
+                        .saturating_duration_since(self.now)
+                        .as_secs_f64()
+                        * self.fwd.p.rate) as u64,
+                    self.sender.stats().packets_sent,
+                    self.sender.stats().packets_lost,
+                    rc.phase(),
+                );
+            }
+            // Application: write what fits, read what is ready.
+            while written < total {
+                let n = (total - written).min(chunk.len() as u64) as usize;
+                for (k, b) in chunk[..n].iter_mut().enumerate() {
+                    *b = pattern(written + k as u64);
+                }
+                let w = self.sender.write(&chunk[..n]);
+                written += w as u64;
+                if w < n {
+                    break;
+                }
+            }
+            if written == total {
+                self.sender.finish();
+            }
+            if let Some(per_ms) = self.reader_limit {
+                let ms = (self.now - last_tick).as_millis() as usize;
+                if ms > 0 {
+                    budget = (budget + ms * per_ms).min(per_ms * 1000);
+                    last_tick = self.now;
+                }
+            }
+            loop {
+                let room = match self.reader_limit {
+                    Some(_) => budget.min(rbuf.len()),
+                    None => rbuf.len(),
+                };
+                let n = self.receiver.read(&mut rbuf[..room]);
+                if n == 0 {
+                    break;
+                }
+                if self.reader_limit.is_some() {
+                    budget -= n;
+                }
+                for (k, b) in rbuf[..n].iter().enumerate() {
+                    if *b != pattern(read + k as u64) && corrupt.is_none() {
+                        corrupt = Some(read + k as u64);
+                    }
+                }
+                read += n as u64;
+                last_read_at = self.now;
+            }
+            if self.receiver.recv_finished() && !self.receiver.send_finished() {
+                self.receiver.finish();
+            }
+            let over = |c: &Conn| c.is_done() || c.error().is_some();
+            if over(&self.sender) && over(&self.receiver) {
+                break;
+            }
+            // Network.
+            while self.sender.poll_transmit(self.now, &mut dgram) {
+                self.fwd.send(self.now, dgram.clone());
+            }
+            while self.receiver.poll_transmit(self.now, &mut dgram) {
+                self.back.send(self.now, dgram.clone());
+            }
+            let mut moved = false;
+            while let Some(d) = self.fwd.pop_due(self.now) {
+                let _ = self.receiver.handle_datagram(self.now, &d);
+                moved = true;
+            }
+            while let Some(d) = self.back.pop_due(self.now) {
+                let _ = self.sender.handle_datagram(self.now, &d);
+                moved = true;
+            }
+            if moved {
+                continue;
+            }
+            for c in [&mut self.sender, &mut self.receiver] {
+                if c.poll_timeout().is_some_and(|t| t <= self.now) {
+                    c.handle_timeout(self.now);
+                }
+            }
+            let mut next = [
+                self.sender.poll_timeout(),
+                self.receiver.poll_timeout(),
+                self.fwd.next_arrival(),
+                self.back.next_arrival(),
+            ]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(self.now + Duration::from_millis(1));
+            if self.reader_limit.is_some() && self.receiver.readable() > 0 {
+                next = next.min(self.now + Duration::from_millis(1));
+            }
+            // Timers fire on the next simulated microsecond at the earliest.
+            self.now = next.max(self.now + Duration::from_micros(1));
+        }
+        let seconds = (last_read_at - self.start).as_secs_f64();
+        let error = self
+            .sender
+            .error()
+            .or(self.receiver.error())
+            .map(|e| e.to_string())
+            .or(corrupt.map(|at| format!("byte {at} differs from what was written")));
+        Outcome {
+            bytes: read,
+            seconds,
+            ended: (self.now - self.start).as_secs_f64(),
+            done: self.sender.is_done() && self.receiver.is_done() && corrupt.is_none(),
+            error,
+            sender: self.sender.stats(),
+            queue_drops: self.fwd.queue_drops,
+            random_drops: self.fwd.random_drops,
+            max_queue: self.fwd.max_queue,
+            fraction: read as f64 / seconds.max(1e-9) / self.fwd.p.rate,
+        }
+    }
+}
