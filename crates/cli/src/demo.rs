@@ -113,7 +113,7 @@ async fn demo(a: &DemoArgs, work: &Path) -> Result<i32> {
     let cfg = SendConfig {
         tuning: TcpTuning {
             cc: transport::default_cc(),
-            sockbuf: None,
+            ..TcpTuning::default()
         },
         strategy: format!("tree (fan-out {})", a.fanout),
         ..SendConfig::default()

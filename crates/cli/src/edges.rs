@@ -7,15 +7,18 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use bulkcast_node::edge::{EdgeStreams, StreamsObserver};
+use bulkcast_node::transport::Transport;
 use bulkcast_proto::wire::{EdgeMode, EdgeScheduler};
 use clap::{Args, ValueEnum};
 
 /// How every edge is carried.
 #[derive(Args, Clone)]
 pub struct EdgeArgs {
-    /// Parallel TCP connections per edge: a number (1-64), or `auto` (one per 20 ms of round
-    /// trip to start, 1-8 and at least one per path, then one more at a time while the last one
-    /// added raised the edge's rate by 10%, up to 8).
+    /// Parallel connections per edge: a number (1-64), or `auto`. Over TCP, `auto` is one per
+    /// 20 ms of round trip to start, 1-8 and at least one per path, then one more at a time
+    /// while the last one added raised the edge's rate by 10%, up to 8. Over `--transport udp`
+    /// it is one (a paced connection keeps its rate under loss by itself; give a number to
+    /// spread an edge over several paths).
     #[arg(long, default_value = "auto")]
     streams: String,
     /// How frames are dealt to the connections of an edge.
@@ -45,9 +48,11 @@ enum SchedulerArg {
 }
 
 impl EdgeArgs {
-    /// The mode every edge of the session uses.
-    pub fn mode(&self) -> Result<EdgeMode> {
+    /// The mode every edge of the session uses, over `transport`.
+    pub fn mode(&self, transport: Transport) -> Result<EdgeMode> {
         let streams = match self.streams.as_str() {
+            // 0: the edge's own growth (TCP); one paced connection.
+            "auto" if transport == Transport::Paced => 1,
             "auto" => 0,
             n => match n.parse::<u16>() {
                 Ok(k @ 1..=64) => k,

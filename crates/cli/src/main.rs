@@ -74,6 +74,19 @@ pub struct Common {
     /// Socket buffer size in bytes (default: kernel autotuning).
     #[arg(long)]
     sockbuf: Option<u32>,
+    /// Transport of the connections this process makes: tcp, or udp (bulkcast's paced UDP
+    /// transport, which keeps its rate under random loss; receivers accept both).
+    #[arg(long, value_enum, default_value_t = TransportArg::Tcp)]
+    transport: TransportArg,
+}
+
+/// `--transport`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TransportArg {
+    /// TCP with the chosen congestion control.
+    Tcp,
+    /// The paced UDP transport.
+    Udp,
 }
 
 impl Common {
@@ -107,6 +120,10 @@ impl Common {
         Ok(TcpTuning {
             cc,
             sockbuf: self.sockbuf,
+            transport: match self.transport {
+                TransportArg::Tcp => transport::Transport::Tcp,
+                TransportArg::Udp => transport::Transport::Paced,
+            },
         })
     }
 
@@ -264,15 +281,16 @@ async fn run_agent(a: AgentArgs) -> Result<i32> {
 pub async fn listen_all(
     addrs: &[String],
     tuning: &TcpTuning,
-) -> Result<(Vec<tokio::net::TcpListener>, String)> {
+) -> Result<(Vec<transport::Listener>, String)> {
     let mut out = Vec::new();
     let mut bound = Vec::new();
     for a in addrs {
-        let l = transport::listen(a, tuning)
+        // TCP and the paced UDP transport on the same port: senders pick with --transport.
+        let ls = transport::listen_both(a, tuning)
             .await
             .with_context(|| format!("listening on {a}"))?;
-        bound.push(l.local_addr()?.to_string());
-        out.push(l);
+        bound.push(ls[0].local_addr()?.to_string());
+        out.extend(ls);
     }
     Ok((out, bound.join(", ")))
 }

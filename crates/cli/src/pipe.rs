@@ -87,7 +87,7 @@ async fn send(a: PipeSendArgs) -> Result<i32> {
             )
         })?;
     let secret = a.common.require_secret()?;
-    let mode = a.edges.mode()?;
+    let mode = a.edges.mode(a.common.tuning()?.transport)?;
     let input = Input::open(std::path::Path::new("-"), Some(&a.name))?;
     let host = HostSpec {
         paths: a.paths.clone(),
@@ -105,6 +105,7 @@ async fn send(a: PipeSendArgs) -> Result<i32> {
         observer: a.edges.observer()?,
         uplink_mbps: None,
     };
+    let cfg_transport = cfg.tuning.transport;
     let status = source::new_status(&hosts, &tree, chunk_size, None);
     let session: u64 = rand::random();
     let work = source::send(
@@ -134,6 +135,10 @@ async fn send(a: PipeSendArgs) -> Result<i32> {
             // When the first connection passed the handshake: what set-up cost before data.
             "connected_s": conns.first().and_then(|c| c.opened_s),
             "scheduler": format!("{:?}", mode.scheduler).to_lowercase(),
+            "transport": match cfg_transport {
+                bulkcast_node::transport::Transport::Tcp => "tcp",
+                bulkcast_node::transport::Transport::Paced => "udp",
+            },
             "hedges": hedges,
             "conns": conns,
         });

@@ -853,6 +853,67 @@ fn pipe_over_parallel_connections_with_every_scheduler_arrives_in_order() {
 }
 
 #[test]
+fn pipe_over_the_paced_udp_transport_arrives_whole_and_says_so() {
+    let s = Scratch::new("pipe-udp");
+    let src = s.0.join("input");
+    make_file(&src, 24 * MIB + 777, b"udp");
+    let key = secret(11);
+    let got = s.0.join("out");
+    let mut rx = pipe_recv(&key, &["127.0.0.1:0"], &got);
+    let out = Command::new(BIN)
+        .args([
+            "pipe",
+            "send",
+            &rx.addrs[0],
+            "--transport",
+            "udp",
+            "--json",
+            "-q",
+        ])
+        .env("BULKCAST_SECRET", &key)
+        .stdin(std::fs::File::open(&src).unwrap())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(rx.child.wait().unwrap().success(), "pipe recv failed");
+    assert_eq!(hash(&got), hash(&src), "stream differs");
+    let r = report(&out);
+    assert_eq!(r["verified"], true);
+    assert_eq!(r["transport"], "udp", "{r}");
+    assert_eq!(r["bytes"], 24 * MIB + 777);
+}
+
+#[test]
+fn pipe_over_udp_to_nobody_fails_clearly() {
+    // A port with nothing behind it: a clear error naming UDP, within the connect deadline.
+    let port = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let out = Command::new(BIN)
+        .args([
+            "pipe",
+            "send",
+            &port.to_string(),
+            "--transport",
+            "udp",
+            "-q",
+        ])
+        .args(["--stall-timeout", "5"])
+        .env("BULKCAST_SECRET", secret(12))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("refused") || err.contains("UDP"), "{err}");
+}
+
+#[test]
 fn striped_tree_edges_use_every_path_of_a_host() {
     let s = Scratch::new("paths");
     let src = s.0.join("input.bin");

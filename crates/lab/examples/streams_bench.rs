@@ -882,7 +882,8 @@ fn run_wan(
         for (mi, m) in methods.iter().enumerate() {
             let tag = format!("wan-loss{loss}-{m}");
             let (rate, note, rec) = if let Some(rest) = m.strip_prefix("pipe") {
-                // pipe[-streamsN][-chunkK][-cubic]: N connections, K KiB chunks, cubic.
+                // pipe[-streamsN][-chunkK][-cubic][-udp]: N connections, K KiB chunks, cubic, the
+                // paced UDP transport.
                 let opts = rest
                     .split('-')
                     .filter(|t| !t.is_empty())
@@ -894,6 +895,8 @@ fn run_wan(
                             Ok(format!("--chunk-kib {k}"))
                         } else if t == "cubic" {
                             Ok("--cc cubic".to_string())
+                        } else if t == "udp" {
+                            Ok("--transport udp".to_string())
                         } else {
                             Err(format!("unknown wan method {m:?}"))
                         }

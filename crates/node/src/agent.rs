@@ -5,10 +5,10 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::transport::{Listener, Stream};
 use bulkcast_proto::auth::Keys;
 use bulkcast_proto::node::{Node, NodeConfig};
 use bulkcast_proto::wire::{Frame, Open, SessionId, SwarmSetup};
-use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
 use crate::driver::{Driver, Upstream};
@@ -46,18 +46,17 @@ pub struct AgentConfig {
 /// (every tree session of a balanced send) or a session fails, returning that outcome. Each admitted connection runs its session on its own task; a bad peer is
 /// logged and dropped without affecting the others.
 pub async fn serve(
-    listeners: Vec<TcpListener>,
+    listeners: Vec<Listener>,
     cfg: Arc<AgentConfig>,
     once: bool,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Option<Result<SessionId, String>> {
     tokio::pin!(shutdown);
     // One accept loop per address (an agent may listen on its main and its path addresses).
-    let (acc_tx, mut acc_rx) =
-        mpsc::channel::<std::io::Result<(TcpStream, std::net::SocketAddr)>>(16);
+    let (acc_tx, mut acc_rx) = mpsc::channel::<std::io::Result<(Stream, std::net::SocketAddr)>>(16);
     let accepting: Vec<_> = listeners
         .into_iter()
-        .map(|l| {
+        .map(|mut l| {
             let tx = acc_tx.clone();
             tokio::spawn(async move {
                 loop {
@@ -172,7 +171,7 @@ pub enum SessionError {
 /// storing into `target` (default: the agent's directory). `expect` restricts it to one session
 /// id (ticket receivers).
 pub async fn session(
-    mut stream: TcpStream,
+    mut stream: Stream,
     cfg: &AgentConfig,
     expect: Option<(SessionId, Target)>,
 ) -> Result<Served, SessionError> {
@@ -258,7 +257,7 @@ pub async fn session(
 /// Runs a session whose `Open` has been read from `stream` (after the handshake): checks it
 /// against `expect` (ticket receivers), then relays and stores as [`session`] does.
 pub async fn serve_open(
-    mut stream: TcpStream,
+    mut stream: Stream,
     open: Open,
     cfg: &AgentConfig,
     expect: Option<(SessionId, Target)>,
@@ -385,7 +384,7 @@ fn local_copy(
 }
 
 async fn run_without_copy(
-    stream: TcpStream,
+    stream: Stream,
     mut node: Node,
     cfg: &AgentConfig,
     reason: String,

@@ -11,11 +11,11 @@ use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
+use crate::transport::Stream;
 use bulkcast_proto::auth::Keys;
 use bulkcast_proto::node::{Event, Link, Node};
 use bulkcast_proto::wire::{self, Chunk, Frame, SessionId};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufWriter};
-use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
@@ -56,7 +56,7 @@ enum Ev {
     /// A striped edge's connection 0 reached the child (before our handshake), with TCP's
     /// round trip.
     Dialed(usize, Option<Duration>),
-    Connected(usize, u16, TcpStream),
+    Connected(usize, u16, Stream),
     ConnectFailed(usize, u16, String),
 }
 
@@ -70,7 +70,7 @@ pub enum Upstream {
     /// The source's input reader.
     Input(mpsc::Receiver<InputEvent>),
     /// A relay's parent connection (already admitted, `Open` already read).
-    Parent(TcpStream),
+    Parent(Stream),
 }
 
 type EdgesFn = dyn FnMut(&[EdgeStreams]) + Send;
@@ -98,7 +98,7 @@ pub struct Driver {
     in_edge: Option<InEdge<Parcel>>,
     /// Where this agent's extra connections arrive ([`Driver::accept_attachments`]).
     attachments: Option<Attachments>,
-    attach_rx: Option<mpsc::UnboundedReceiver<(u16, TcpStream)>>,
+    attach_rx: Option<mpsc::UnboundedReceiver<(u16, Stream)>>,
     input_rx: Option<mpsc::Receiver<InputEvent>>,
     store: Option<Box<dyn LocalCopy>>,
     store_rx: Option<mpsc::UnboundedReceiver<StoreEvent>>,
@@ -478,7 +478,7 @@ impl Driver {
     }
 
     /// A further connection of the parent's edge arrived through the agent.
-    fn handle_attached(&mut self, conn: u16, stream: TcpStream) {
+    fn handle_attached(&mut self, conn: u16, stream: Stream) {
         let (Some(e), Some(tx)) = (&mut self.in_edge, &self.parent_tx) else {
             return;
         };
@@ -566,7 +566,9 @@ impl Driver {
                 let reader = tokio::spawn(read_child(r, link, conn, tx));
                 self.tasks.entry(link).or_default().push(reader);
                 if let Some(e) = self.out_edges.get_mut(&k) {
-                    if let Err(err) = transport::set_notsent_lowat(w.as_ref(), e.lowat()) {
+                    if let Some(Err(err)) =
+                        w.tcp().map(|t| transport::set_notsent_lowat(t, e.lowat()))
+                    {
                         tracing::debug!("TCP_NOTSENT_LOWAT: {err}");
                     }
                     let (ftx, frx) = mpsc::channel(WRITE_SLOTS + 1);
@@ -648,7 +650,7 @@ impl Driver {
     fn attach_writer(
         &mut self,
         link: Link,
-        w: tokio::net::tcp::OwnedWriteHalf,
+        w: transport::WriteHalf,
         acks: Option<mpsc::UnboundedReceiver<Frame>>,
         conn: u16,
     ) {
@@ -731,13 +733,13 @@ async fn connect_child(
     tuning: &TcpTuning,
     first: &[Frame],
     dialed: Option<(mpsc::Sender<Ev>, usize)>,
-) -> Result<TcpStream, transport::ConnError> {
+) -> Result<Stream, transport::ConnError> {
     let started = Instant::now();
     let mut s = transport::connect(addr, tuning).await?;
     if let Some((tx, k)) = dialed {
         // Without a sample from the kernel (a retransmitted SYN, no timestamps), the connect's
         // own duration: at least a round trip.
-        let rtt = transport::rtt(&s).or_else(|| Some(started.elapsed()));
+        let rtt = s.rtt().or_else(|| Some(started.elapsed()));
         let _ = tx.send(Ev::Dialed(k, rtt)).await;
     }
     transport::handshake_connect(&mut s, keys).await?;
@@ -818,7 +820,7 @@ async fn read_child<R: AsyncRead + Unpin>(mut r: R, link: Link, conn: u16, tx: m
 /// Writes a link's frames, reporting each one written; `acks` (`Got` frames of a striped
 /// parent edge) go first and are not reported.
 async fn write_link(
-    w: tokio::net::tcp::OwnedWriteHalf,
+    w: transport::WriteHalf,
     mut rx: mpsc::Receiver<Frame>,
     mut acks: Option<mpsc::UnboundedReceiver<Frame>>,
     mut pace: Option<watch::Receiver<u64>>,
@@ -828,8 +830,11 @@ async fn write_link(
 ) {
     // The socket, to change its pacing cap while a write is under way (a frame can take
     // seconds on a slow connection). It stays open while this task holds `w`.
-    let fd = w.as_ref().as_raw_fd();
+    // A paced connection has no kernel pacing to cap (a known limit: uplink caps apply to
+    // TCP edges only).
+    let fd = w.tcp().map(|t| t.as_raw_fd());
     let repace = |rate: u64| {
+        let Some(fd) = fd else { return };
         // SAFETY: `fd` is `w`'s socket, which this task owns for as long as it calls this.
         let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
         if let Err(e) = transport::set_max_pacing_rate(&sock, rate) {

@@ -24,6 +24,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::transport::Stream;
 use bulkcast_proto::multipath::grow::{start_for, Decision, Grow};
 use bulkcast_proto::multipath::{
     ConnStats, JoinError, Joiner, Scheduler, StripeError, Striper, StriperConfig,
@@ -31,7 +32,6 @@ use bulkcast_proto::multipath::{
 use bulkcast_proto::node::{Link, Node};
 use bulkcast_proto::wire::{EdgeMode, EdgeScheduler, Frame, SessionId};
 use serde::Serialize;
-use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 /// Bytes an edge may have in flight beyond its oldest unacknowledged frame: the reorder
@@ -115,7 +115,7 @@ pub struct EdgeStreams {
 pub type StreamsFn = dyn Fn(&[EdgeStreams]) + Send + Sync;
 
 /// An edge's attaching connections, by session and edge token.
-type Waiting = HashMap<(SessionId, u64), mpsc::UnboundedSender<(u16, TcpStream)>>;
+type Waiting = HashMap<(SessionId, u64), mpsc::UnboundedSender<(u16, Stream)>>;
 
 /// Receives the striped edges' figures periodically while a session runs (`--stats`, `-v`).
 #[derive(Clone)]
@@ -635,7 +635,7 @@ impl Attachments {
         &self,
         session: SessionId,
         token: u64,
-    ) -> mpsc::UnboundedReceiver<(u16, TcpStream)> {
+    ) -> mpsc::UnboundedReceiver<(u16, Stream)> {
         let (tx, rx) = mpsc::unbounded_channel();
         self.lock().insert((session, token), tx);
         rx
@@ -653,7 +653,7 @@ impl Attachments {
         session: SessionId,
         token: u64,
         conn: u16,
-        stream: TcpStream,
+        stream: Stream,
     ) -> Result<(), String> {
         let deadline = Instant::now() + ATTACH_WAIT;
         let mut stream = Some(stream);

@@ -4,6 +4,7 @@
 //! # Layout
 //! - [`transport`]: TCP set up for long fat pipes (congestion control, buffers), framing over
 //!   any `AsyncRead`/`AsyncWrite`, the handshake with deadlines.
+//! - [`paced`]: the paced UDP transport's driver: `AsyncRead`/`AsyncWrite` streams, a listener.
 //! - [`driver`]: the event loop around one [`bulkcast_proto::node::Node`].
 //! - [`edge`]: an edge over several connections (and paths): striping, join, `--streams auto`.
 //! - [`input`]: the source's file, directory or stdin reader.
@@ -23,6 +24,7 @@ pub mod driver;
 pub mod edge;
 pub mod input;
 pub mod mapped;
+pub mod paced;
 pub mod probe;
 pub mod report;
 pub mod source;

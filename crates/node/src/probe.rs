@@ -10,11 +10,11 @@
 
 use std::time::{Duration, Instant};
 
+use crate::transport::Stream;
 use bulkcast_proto::auth::Keys;
 use bulkcast_proto::hosts::HostSpec;
 use bulkcast_proto::wire::{Frame, UNREACHABLE};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpStream;
 
 use crate::transport::{self, ConnError, TcpTuning};
 
@@ -144,7 +144,7 @@ fn median(v: &mut [Duration]) -> Duration {
 /// Agent side: answers echoes until the peer stops (at most [`MAX_SAMPLES`], each within the
 /// handshake deadline).
 pub async fn serve_echo(
-    s: &mut TcpStream,
+    s: &mut Stream,
     first: u64,
     keys: &Keys,
     tuning: &TcpTuning,
@@ -177,14 +177,14 @@ pub async fn serve_echo(
 
 /// Agent side: measures the RTT to every target in parallel and answers `Probed`.
 pub async fn serve_probe(
-    s: &mut TcpStream,
+    s: &mut Stream,
     samples: u16,
     timeout_ms: u32,
     targets: Vec<String>,
     keys: &Keys,
     tuning: &TcpTuning,
 ) -> Result<(), ConnError> {
-    let me = s.local_addr().ok();
+    let me = s.local_addr();
     let deadline = Duration::from_millis(timeout_ms.min(120_000) as u64);
     let tasks: Vec<_> = targets
         .into_iter()
@@ -264,7 +264,7 @@ pub async fn send_filler(
 
 /// Agent side of a bandwidth probe: counts filler until the sender closes (at most
 /// [`MAX_BW_PROBE`] plus a margin), then reports.
-pub async fn serve_sink(s: &mut TcpStream) -> Result<(), ConnError> {
+pub async fn serve_sink(s: &mut Stream) -> Result<(), ConnError> {
     use tokio::io::AsyncReadExt;
     let mut buf = vec![0u8; FILL];
     let (mut bytes, mut first, mut last) = (0u64, None, Instant::now());
@@ -288,7 +288,7 @@ pub async fn serve_sink(s: &mut TcpStream) -> Result<(), ConnError> {
 
 /// Agent side: the source asked for a bandwidth probe to `target`.
 pub async fn serve_bw_probe(
-    s: &mut TcpStream,
+    s: &mut Stream,
     target: &str,
     millis: u32,
     keys: &Keys,

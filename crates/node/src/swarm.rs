@@ -49,6 +49,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::transport::Stream;
 use bulkcast_proto::auth::Keys;
 use bulkcast_proto::hosts::{HostSpec, SourceSpec};
 use bulkcast_proto::manifest::{Manifest, ObjectKind};
@@ -59,7 +60,6 @@ use bulkcast_proto::wire::{
     self, Chunk, Frame, SessionId, SwarmMember, SwarmOpen, SwarmSetup, NO_PARENT,
 };
 use tokio::io::{AsyncRead, AsyncWriteExt, BufWriter};
-use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -107,7 +107,7 @@ const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 pub struct SwarmSessions(Arc<Mutex<HashMap<SessionId, PeerSender>>>);
 
 /// Where a session takes the connections of its peers.
-type PeerSender = mpsc::UnboundedSender<(NodeId, TcpStream)>;
+type PeerSender = mpsc::UnboundedSender<(NodeId, Stream)>;
 
 /// What became of a receiver: the bytes it got per peer, or why it failed.
 type Outcome = Option<Result<Vec<(u32, u64)>, String>>;
@@ -125,7 +125,7 @@ impl SwarmSessions {
         &self,
         session: SessionId,
         node: u32,
-        stream: TcpStream,
+        stream: Stream,
     ) -> Result<(), String> {
         let until = Instant::now() + EARLY_PEER_WAIT;
         let mut stream = Some(stream);
@@ -149,7 +149,7 @@ impl SwarmSessions {
     fn register(
         &self,
         session: SessionId,
-    ) -> (Registered, mpsc::UnboundedReceiver<(NodeId, TcpStream)>) {
+    ) -> (Registered, mpsc::UnboundedReceiver<(NodeId, Stream)>) {
         let (tx, rx) = mpsc::unbounded_channel();
         self.0
             .lock()
@@ -506,7 +506,7 @@ fn kind_name(kind: ObjectKind) -> &'static str {
 /// already read. Stores the object into `target`; returns once the copy is in place and the
 /// session over, or with why it failed.
 pub async fn serve(
-    stream: TcpStream,
+    stream: Stream,
     open: SwarmOpen,
     keys: Keys,
     tuning: TcpTuning,
@@ -644,7 +644,7 @@ enum Ev {
     /// The writer's end: the peer stopped reading (it may have finished and closed first); its
     /// reader may still have frames to deliver, the member's report among them.
     WriteFailed(NodeId, String),
-    Dialled(NodeId, Result<TcpStream, String>),
+    Dialled(NodeId, Result<Stream, String>),
 }
 
 struct Conn {
@@ -824,9 +824,11 @@ impl Net {
 
     /// Starts the reader and writer of the connection to `j`; the source's connections (and an
     /// agent's connection to the source) become swarm links here when the two are peers.
-    fn add_conn(&mut self, j: NodeId, stream: TcpStream) {
-        if let Err(e) = transport::set_notsent_lowat(&stream, SOCKET_BACKLOG) {
-            tracing::debug!("TCP_NOTSENT_LOWAT: {e}");
+    fn add_conn(&mut self, j: NodeId, stream: Stream) {
+        if let transport::Stream::Tcp(t) = &stream {
+            if let Err(e) = transport::set_notsent_lowat(t, SOCKET_BACKLOG) {
+                tracing::debug!("TCP_NOTSENT_LOWAT: {e}");
+            }
         }
         let (r, w) = stream.into_split();
         let (tx, rx) = mpsc::unbounded_channel();
@@ -1209,7 +1211,7 @@ async fn read_conn<R: AsyncRead + Unpin>(
 
 /// Writes the frames in order; reports each piece written (see [`WRITE_SLOTS`]).
 async fn write_conn(
-    w: tokio::net::tcp::OwnedWriteHalf,
+    w: transport::WriteHalf,
     mut rx: mpsc::UnboundedReceiver<Frame>,
     j: NodeId,
     ev: mpsc::Sender<Ev>,

@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 
 use crate::agent::{self, AgentConfig, SessionError};
 use crate::store::Target;
-use crate::transport::{self, ConnError};
+use crate::transport::{self, ConnError, Stream};
 
 /// A parsed ticket.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -146,9 +146,11 @@ pub async fn join(
     cfg: &AgentConfig,
     wait: Duration,
 ) -> Result<agent::Served, SessionError> {
-    let mut s = transport::connect(&ticket.addr, &cfg.tuning).await?;
+    // The ticket's control connection is TCP: its local address is where we listen.
+    let s = transport::connect_tcp(&ticket.addr, &cfg.tuning).await?;
     // Listen where the sender can reach us: on the address our connection to it came from.
     let local = s.local_addr().map_err(ConnError::Io)?;
+    let mut s = Stream::Tcp(s);
     let listener = transport::listen(&SocketAddr::new(local.ip(), 0).to_string(), &cfg.tuning)
         .await
         .map_err(ConnError::Io)?;
@@ -196,7 +198,13 @@ pub async fn join(
             while let Ok((mut other, _)) = open_rx.try_recv() {
                 refuse(&mut other).await;
             }
-            agent::serve_open(stream, open, cfg, Some((ticket.session, target))).await
+            agent::serve_open(
+                Stream::Tcp(stream),
+                open,
+                cfg,
+                Some((ticket.session, target)),
+            )
+            .await
         }
         Ok(None) | Err(_) => {
             Err(ConnError::Timeout("waiting for the sender to start the session").into())
@@ -236,7 +244,7 @@ async fn route(
             ..
         } => cfg
             .attachments
-            .deliver(session, token, conn, s)
+            .deliver(session, token, conn, Stream::Tcp(s))
             .await
             .map_err(SessionError::Refused),
         other => Err(ConnError::Unexpected(other.kind()).into()),

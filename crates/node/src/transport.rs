@@ -15,6 +15,8 @@ use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
+use crate::paced::{PacedListener, PacedStream};
+
 /// Deadline for a TCP connect.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Deadline for each handshake step.
@@ -43,9 +45,21 @@ pub enum ConnError {
     Unexpected(&'static str),
 }
 
-/// TCP options for every connection bulkcast makes or accepts.
+/// Which transport a connection bulkcast makes uses (a receiver accepts both).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Transport {
+    /// TCP, with the congestion control and buffers of [`TcpTuning`].
+    #[default]
+    Tcp,
+    /// The paced UDP transport ([`crate::paced`]): rate kept under random loss.
+    Paced,
+}
+
+/// Transport options for every connection bulkcast makes or accepts.
 #[derive(Debug, Clone, Default)]
 pub struct TcpTuning {
+    /// TCP or the paced UDP transport, for connections this side makes.
+    pub transport: Transport,
     /// Congestion control (`bbr`, `cubic`); empty keeps the system default.
     pub cc: String,
     /// Socket buffer size in bytes; `None` leaves the kernel's autotuning in charge, which is
@@ -150,8 +164,39 @@ fn setsockopt_u32(stream: &impl AsRawFd, level: i32, name: i32, v: u32) -> io::R
     }
 }
 
-/// Connects with a deadline and the tuning applied.
-pub async fn connect(addr: &str, tuning: &TcpTuning) -> Result<TcpStream, ConnError> {
+/// Connects with a deadline and the tuning applied, over the tuning's transport.
+pub async fn connect(addr: &str, tuning: &TcpTuning) -> Result<Stream, ConnError> {
+    match tuning.transport {
+        Transport::Tcp => connect_tcp(addr, tuning).await.map(Stream::Tcp),
+        Transport::Paced => {
+            let a = resolve(addr).await?;
+            match PacedStream::connect(a, CONNECT_TIMEOUT).await {
+                Ok(s) => Ok(Stream::Paced(s)),
+                Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                    Err(ConnError::Timeout("connecting over UDP (is UDP blocked?)"))
+                }
+                Err(e) => Err(ConnError::Io(e)),
+            }
+        }
+    }
+}
+
+/// The first address `addr` resolves to, within the connect deadline.
+async fn resolve(addr: &str) -> Result<SocketAddr, ConnError> {
+    tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::lookup_host(addr))
+        .await
+        .map_err(|_| ConnError::Timeout("resolving the address"))??
+        .next()
+        .ok_or_else(|| {
+            ConnError::Io(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{addr} resolves to nothing"),
+            ))
+        })
+}
+
+/// Connects over TCP with a deadline and the tuning applied.
+pub async fn connect_tcp(addr: &str, tuning: &TcpTuning) -> Result<TcpStream, ConnError> {
     let addrs: Vec<SocketAddr> =
         tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::lookup_host(addr))
             .await
@@ -209,6 +254,190 @@ pub async fn listen(addr: &str, tuning: &TcpTuning) -> io::Result<TcpListener> {
     sock.listen(1024)
 }
 
+/// A connection over either transport.
+pub enum Stream {
+    /// TCP.
+    Tcp(TcpStream),
+    /// The paced UDP transport.
+    Paced(PacedStream),
+}
+
+/// The reading half of a [`Stream`].
+pub enum ReadHalf {
+    /// TCP.
+    Tcp(tokio::net::tcp::OwnedReadHalf),
+    /// The paced UDP transport.
+    Paced(tokio::io::ReadHalf<PacedStream>),
+}
+
+/// The writing half of a [`Stream`].
+pub enum WriteHalf {
+    /// TCP.
+    Tcp(tokio::net::tcp::OwnedWriteHalf),
+    /// The paced UDP transport.
+    Paced(tokio::io::WriteHalf<PacedStream>),
+}
+
+impl Stream {
+    /// Splits into halves that can be used by two tasks.
+    pub fn into_split(self) -> (ReadHalf, WriteHalf) {
+        match self {
+            Stream::Tcp(s) => {
+                let (r, w) = s.into_split();
+                (ReadHalf::Tcp(r), WriteHalf::Tcp(w))
+            }
+            Stream::Paced(s) => {
+                let (r, w) = tokio::io::split(s);
+                (ReadHalf::Paced(r), WriteHalf::Paced(w))
+            }
+        }
+    }
+
+    /// The smoothed round trip the transport measured, if it has one.
+    pub fn rtt(&self) -> Option<Duration> {
+        match self {
+            Stream::Tcp(s) => rtt(s),
+            Stream::Paced(s) => s.stats().srtt,
+        }
+    }
+
+    /// Which transport this is.
+    pub fn transport(&self) -> Transport {
+        match self {
+            Stream::Tcp(_) => Transport::Tcp,
+            Stream::Paced(_) => Transport::Paced,
+        }
+    }
+
+    /// This side's address (TCP; `None` for the paced transport, whose sockets are shared).
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        match self {
+            Stream::Tcp(s) => s.local_addr().ok(),
+            Stream::Paced(_) => None,
+        }
+    }
+}
+
+impl WriteHalf {
+    /// The TCP socket, for socket options; `None` for the paced transport (it paces itself
+    /// and keeps no kernel send buffer to bound).
+    pub fn tcp(&self) -> Option<&TcpStream> {
+        match self {
+            WriteHalf::Tcp(w) => Some(w.as_ref()),
+            WriteHalf::Paced(_) => None,
+        }
+    }
+}
+
+macro_rules! delegate_read {
+    ($t:ty) => {
+        impl AsyncRead for $t {
+            fn poll_read(
+                self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+                buf: &mut tokio::io::ReadBuf<'_>,
+            ) -> std::task::Poll<io::Result<()>> {
+                match self.get_mut() {
+                    Self::Tcp(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+                    Self::Paced(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+                }
+            }
+        }
+    };
+}
+
+macro_rules! delegate_write {
+    ($t:ty) => {
+        impl AsyncWrite for $t {
+            fn poll_write(
+                self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+                buf: &[u8],
+            ) -> std::task::Poll<io::Result<usize>> {
+                match self.get_mut() {
+                    Self::Tcp(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+                    Self::Paced(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+                }
+            }
+
+            fn poll_flush(
+                self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<io::Result<()>> {
+                match self.get_mut() {
+                    Self::Tcp(s) => std::pin::Pin::new(s).poll_flush(cx),
+                    Self::Paced(s) => std::pin::Pin::new(s).poll_flush(cx),
+                }
+            }
+
+            fn poll_shutdown(
+                self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<io::Result<()>> {
+                match self.get_mut() {
+                    Self::Tcp(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+                    Self::Paced(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+                }
+            }
+        }
+    };
+}
+
+delegate_read!(Stream);
+delegate_read!(ReadHalf);
+delegate_write!(Stream);
+delegate_write!(WriteHalf);
+
+/// A listening socket of either transport.
+pub enum Listener {
+    /// TCP.
+    Tcp(TcpListener),
+    /// The paced UDP transport.
+    Paced(PacedListener),
+}
+
+impl Listener {
+    /// The next connection and its peer.
+    pub async fn accept(&mut self) -> io::Result<(Stream, SocketAddr)> {
+        match self {
+            Listener::Tcp(l) => l.accept().await.map(|(s, a)| (Stream::Tcp(s), a)),
+            Listener::Paced(l) => l.accept().await.map(|(s, a)| (Stream::Paced(s), a)),
+        }
+    }
+
+    /// The address listened on.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        match self {
+            Listener::Tcp(l) => l.local_addr(),
+            Listener::Paced(l) => Ok(l.local_addr()),
+        }
+    }
+}
+
+/// Listens on `addr` over TCP and the paced transport, on the same port (an `addr` with
+/// port 0 gets one port free for both).
+pub async fn listen_both(addr: &str, tuning: &TcpTuning) -> io::Result<[Listener; 2]> {
+    let mut last = None;
+    for _ in 0..8 {
+        let tcp = listen(addr, tuning).await?;
+        let a = tcp.local_addr()?;
+        match PacedListener::bind(a).await {
+            Ok(p) => return Ok([Listener::Tcp(tcp), Listener::Paced(p)]),
+            // Port 0 gave a TCP port whose UDP twin is taken: try another.
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse && addr.ends_with(":0") => {
+                last = Some(e)
+            }
+            Err(e) => {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("listening on {a} over UDP (paced transport): {e}"),
+                ))
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| io::ErrorKind::AddrInUse.into()))
+}
+
 /// Reads one frame; `Ok(None)` on a clean end of stream between frames.
 pub async fn read_frame<R: AsyncRead + Unpin>(
     r: &mut R,
@@ -261,17 +490,17 @@ async fn write_encoded<W: AsyncWrite + Unpin>(w: &mut W, e: &wire::Encoded) -> i
 /// Writes one frame to a TCP connection behind a buffer: a chunk that is a mapped range of the
 /// source's file ([`crate::mapped`]) goes with `sendfile(2)`, from the page cache straight into
 /// the socket; everything else as [`write_frame`].
-pub async fn write_frame_tcp(
-    w: &mut tokio::io::BufWriter<tokio::net::tcp::OwnedWriteHalf>,
-    f: &Frame,
-) -> io::Result<()> {
+pub async fn write_frame_tcp(w: &mut tokio::io::BufWriter<WriteHalf>, f: &Frame) -> io::Result<()> {
     let e = f.encode();
-    let Some((file, offset)) = crate::mapped::file_range(&e.data) else {
+    let (Some((file, offset)), true) = (
+        crate::mapped::file_range(&e.data),
+        w.get_ref().tcp().is_some(),
+    ) else {
         return write_encoded(w, &e).await;
     };
     w.write_all(&e.head).await?;
     w.flush().await?;
-    let tcp: &TcpStream = w.get_ref().as_ref();
+    let tcp: &TcpStream = w.get_ref().tcp().expect("checked above");
     let mut sent = 0usize;
     while sent < e.data.len() {
         let r = tcp

@@ -31,9 +31,14 @@ async fn matrix_of_three_agents_and_one_dead_host() {
             stdout: false,
         });
         let mut stop = stop_tx.subscribe();
-        tokio::spawn(agent::serve(vec![l], cfg, false, async move {
-            let _ = stop.recv().await;
-        }));
+        tokio::spawn(agent::serve(
+            vec![transport::Listener::Tcp(l)],
+            cfg,
+            false,
+            async move {
+                let _ = stop.recv().await;
+            },
+        ));
     }
     // A host nobody listens on.
     let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
