@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use bulkcast_node::edge::{EdgeStreams, StreamsObserver};
-use bulkcast_node::transport::Transport;
 use bulkcast_proto::wire::{EdgeMode, EdgeScheduler};
 use clap::{Args, ValueEnum};
 
@@ -48,11 +47,11 @@ enum SchedulerArg {
 }
 
 impl EdgeArgs {
-    /// The mode every edge of the session uses, over `transport`.
-    pub fn mode(&self, transport: Transport) -> Result<EdgeMode> {
+    /// The mode every edge of the session uses.
+    pub fn mode(&self) -> Result<EdgeMode> {
         let streams = match self.streams.as_str() {
-            // 0: the edge's own growth (TCP); one paced connection.
-            "auto" if transport == Transport::Paced => 1,
+            // The edge decides once connection 0 is up: grows over TCP, stays at one paced
+            // connection.
             "auto" => 0,
             n => match n.parse::<u16>() {
                 Ok(k @ 1..=64) => k,

@@ -74,10 +74,12 @@ pub struct Common {
     /// Socket buffer size in bytes (default: kernel autotuning).
     #[arg(long)]
     sockbuf: Option<u32>,
-    /// Transport of the connections this process makes: tcp, or udp (bulkcast's paced UDP
-    /// transport, which keeps its rate under random loss; receivers accept both).
-    #[arg(long, value_enum, default_value_t = TransportArg::Tcp)]
-    transport: TransportArg,
+    /// Transport of the connections this process makes: tcp; udp (bulkcast's paced UDP
+    /// transport, which keeps its rate under random loss); or auto (udp, and tcp where UDP
+    /// gets no answer within 3 s). Receivers accept both. Default: auto for `pipe send`, tcp
+    /// elsewhere.
+    #[arg(long, value_enum)]
+    transport: Option<TransportArg>,
 }
 
 /// `--transport`.
@@ -87,6 +89,18 @@ pub enum TransportArg {
     Tcp,
     /// The paced UDP transport.
     Udp,
+    /// udp, falling back to tcp.
+    Auto,
+}
+
+impl TransportArg {
+    fn transport(self) -> transport::Transport {
+        match self {
+            TransportArg::Tcp => transport::Transport::Tcp,
+            TransportArg::Udp => transport::Transport::Paced,
+            TransportArg::Auto => transport::Transport::Auto,
+        }
+    }
 }
 
 impl Common {
@@ -110,6 +124,13 @@ impl Common {
         )
     }
 
+    /// The transport options, with `default` where `--transport` was not given.
+    fn tuning_or(&self, default: TransportArg) -> Result<TcpTuning> {
+        let mut t = self.tuning()?;
+        t.transport = self.transport.unwrap_or(default).transport();
+        Ok(t)
+    }
+
     fn tuning(&self) -> Result<TcpTuning> {
         let cc = match self.cc.as_str() {
             "auto" => transport::default_cc(),
@@ -120,10 +141,7 @@ impl Common {
         Ok(TcpTuning {
             cc,
             sockbuf: self.sockbuf,
-            transport: match self.transport {
-                TransportArg::Tcp => transport::Transport::Tcp,
-                TransportArg::Udp => transport::Transport::Paced,
-            },
+            transport: self.transport.unwrap_or(TransportArg::Tcp).transport(),
         })
     }
 

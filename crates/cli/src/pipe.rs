@@ -19,7 +19,7 @@ use bulkcast_proto::tree::Tree;
 use clap::{Args, Subcommand};
 
 use crate::edges::EdgeArgs;
-use crate::{listen_all, progress, shutdown_signal, Common};
+use crate::{listen_all, progress, shutdown_signal, Common, TransportArg};
 
 #[derive(Subcommand)]
 pub enum PipeCmd {
@@ -87,7 +87,8 @@ async fn send(a: PipeSendArgs) -> Result<i32> {
             )
         })?;
     let secret = a.common.require_secret()?;
-    let mode = a.edges.mode(a.common.tuning()?.transport)?;
+    let tuning = a.common.tuning_or(TransportArg::Auto)?;
+    let mode = a.edges.mode()?;
     let input = Input::open(std::path::Path::new("-"), Some(&a.name))?;
     let host = HostSpec {
         paths: a.paths.clone(),
@@ -99,13 +100,12 @@ async fn send(a: PipeSendArgs) -> Result<i32> {
         chunk_size,
         stall_timeout: Duration::from_secs(a.stall_timeout.max(1)),
         node: a.common.node(),
-        tuning: a.common.tuning()?,
+        tuning,
         strategy: "pipe".into(),
         edges: mode,
         observer: a.edges.observer()?,
         uplink_mbps: None,
     };
-    let cfg_transport = cfg.tuning.transport;
     let status = source::new_status(&hosts, &tree, chunk_size, None);
     let session: u64 = rand::random();
     let work = source::send(
@@ -135,10 +135,7 @@ async fn send(a: PipeSendArgs) -> Result<i32> {
             // When the first connection passed the handshake: what set-up cost before data.
             "connected_s": conns.first().and_then(|c| c.opened_s),
             "scheduler": format!("{:?}", mode.scheduler).to_lowercase(),
-            "transport": match cfg_transport {
-                bulkcast_node::transport::Transport::Tcp => "tcp",
-                bulkcast_node::transport::Transport::Paced => "udp",
-            },
+            "transport": edge.and_then(|e| e.transport.clone()),
             "hedges": hedges,
             "conns": conns,
         });

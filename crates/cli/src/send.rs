@@ -294,7 +294,7 @@ pub async fn run(a: SendArgs) -> Result<i32> {
         None => auto_chunk_size(input.manifest.total_len, &tree),
     };
     let cfg = SendConfig {
-        edges: a.edges.mode(a.common.tuning()?.transport)?,
+        edges: a.edges.mode()?,
         observer: a.edges.observer()?,
         chunk_size,
         stall_timeout: Duration::from_secs(a.stall_timeout.max(1)),

@@ -837,6 +837,8 @@ fn pipe_over_parallel_connections_with_every_scheduler_arrives_in_order() {
         assert_eq!(r["verified"], true);
         assert_eq!(r["bytes"], 24 * MIB + 4321);
         assert_eq!(r["scheduler"], scheduler);
+        // `pipe send`'s default transport is auto: UDP answers on loopback.
+        assert_eq!(r["transport"], "udp", "{r}");
         let conns = r["conns"].as_array().unwrap();
         assert_eq!(conns.len(), 4, "{scheduler}: {r}");
         // Every connection carried part of the stream, and together all of it.

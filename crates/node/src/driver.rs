@@ -55,7 +55,7 @@ enum Ev {
     Written(Link, u16),
     /// A striped edge's connection 0 reached the child (before our handshake), with TCP's
     /// round trip.
-    Dialed(usize, Option<Duration>),
+    Dialed(usize, Option<Duration>, transport::Transport),
     Connected(usize, u16, Stream),
     ConnectFailed(usize, u16, String),
 }
@@ -118,6 +118,8 @@ pub struct Driver {
     /// [`RELAY_UPLINK_SHARE`] of its uplink; the source: its declared uplink); `None` where the
     /// uplink is not known.
     ceiling: Option<u64>,
+    /// Per child edge: the transport its connection 0 got (set when it reached the child).
+    edge_transport: HashMap<usize, transport::Transport>,
 }
 
 impl Drop for Driver {
@@ -163,6 +165,7 @@ impl Driver {
             stats: None,
             pace: None,
             ceiling: None,
+            edge_transport: HashMap::new(),
         };
         d.tuning.cc = d.node.params().cc.clone();
         if let Some((s, rx)) = store {
@@ -264,7 +267,10 @@ impl Driver {
 
     fn spawn_connect(&mut self, k: usize, conn: u16, addr: String, first: Vec<Frame>) {
         let keys = self.keys.clone();
-        let tuning = self.tuning.clone();
+        let mut tuning = self.tuning.clone();
+        if let Some(t) = self.edge_transport.get(&k) {
+            tuning.transport = *t;
+        }
         let tx = self.ev_tx.clone();
         let name = self.node.children()[k].name.clone();
         let dialed = (conn == 0 && self.out_edges.contains_key(&k)).then(|| (tx.clone(), k));
@@ -581,9 +587,12 @@ impl Driver {
                     self.attach_writer(link, w, None, 0);
                 }
             }
-            Ev::Dialed(k, rtt) => {
+            Ev::Dialed(k, rtt, t) => {
                 if let Some(e) = self.out_edges.get_mut(&k) {
-                    e.handle_dialed(rtt, now);
+                    // The edge's other connections use what connection 0 got (`auto`: no
+                    // second wait for UDP where it went to TCP).
+                    self.edge_transport.insert(k, t);
+                    e.handle_dialed(rtt, t == transport::Transport::Paced, now);
                     self.connect_edge(k, now);
                 }
             }
@@ -740,7 +749,7 @@ async fn connect_child(
         // Without a sample from the kernel (a retransmitted SYN, no timestamps), the connect's
         // own duration: at least a round trip.
         let rtt = s.rtt().or_else(|| Some(started.elapsed()));
-        let _ = tx.send(Ev::Dialed(k, rtt)).await;
+        let _ = tx.send(Ev::Dialed(k, rtt, s.transport())).await;
     }
     transport::handshake_connect(&mut s, keys).await?;
     for f in first {

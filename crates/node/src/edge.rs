@@ -109,6 +109,8 @@ pub struct EdgeStreams {
     /// Frames sent a second time on another connection because the first was late with them
     /// while the join waited.
     pub hedges: u64,
+    /// `tcp` or `udp` (the paced transport): what connection 0 got; `None` before it connected.
+    pub transport: Option<String>,
 }
 
 /// What a [`StreamsObserver`] calls.
@@ -171,6 +173,8 @@ pub struct OutEdge {
     /// The reorder window in frames, announced in `Attach`.
     pub window: u32,
     addrs: Vec<String>,
+    /// What connection 0 got (`tcp`, `udp`), once it reached the child.
+    transport: Option<&'static str>,
     target: u16,
     grow: Option<AutoStreams>,
     chunk_size: u32,
@@ -244,6 +248,7 @@ impl OutEdge {
             started: now,
             ceiling: None,
             dialed: false,
+            transport: None,
         }
     }
 
@@ -292,14 +297,21 @@ impl OutEdge {
         out
     }
 
-    /// Connection 0 reached the child (TCP's handshake); `rtt` is its round trip as TCP measured
-    /// it, which decides how many connections `--streams auto` starts with ([`start_for`]).
-    /// The others are opened from here on.
-    pub fn handle_dialed(&mut self, rtt: Option<Duration>, now: Instant) {
+    /// Connection 0 reached the child; `rtt` is its round trip as the transport measured it,
+    /// which decides how many connections `--streams auto` starts with ([`start_for`]). Over
+    /// the paced transport (`paced`), `auto` stays at that one connection: it keeps its rate
+    /// under loss without help, and more would only reorder. The others are opened from here on.
+    pub fn handle_dialed(&mut self, rtt: Option<Duration>, paced: bool, now: Instant) {
         if self.dialed {
             return;
         }
         self.dialed = true;
+        self.transport = Some(if paced { "udp" } else { "tcp" });
+        if paced && self.grow.take().is_some() {
+            self.target = 1;
+            tracing::debug!("edge to {}: one paced connection", self.name);
+            return;
+        }
         let acked = self.acked_bytes();
         if let Some(a) = &mut self.grow {
             // Measurements start now, not at the edge's creation (connecting is no interval).
@@ -571,6 +583,7 @@ impl OutEdge {
             total_mbps: conns.iter().filter(|c| c.alive).map(|c| c.mbps).sum(),
             conns,
             hedges: self.striper.hedges(),
+            transport: self.transport.map(String::from),
         }
     }
 }

@@ -179,6 +179,9 @@ pub struct EdgeReport {
     /// Frames of a striped edge sent again on another connection because the first was late.
     #[serde(skip_serializing_if = "is_zero")]
     pub hedges: u64,
+    /// `tcp` or `udp` (the paced transport), where the edge is the source's own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub transport: Option<String>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -229,6 +232,7 @@ impl Report {
                 rate_mbps: r.rate_mbps,
                 connections: Vec::new(),
                 hedges: 0,
+                transport: None,
             })
             .collect();
         let seconds = status
@@ -270,6 +274,7 @@ impl Report {
             {
                 e.connections = s.conns;
                 e.hedges = s.hedges;
+                e.transport = s.transport;
             }
         }
     }

@@ -53,7 +53,13 @@ pub enum Transport {
     Tcp,
     /// The paced UDP transport ([`crate::paced`]): rate kept under random loss.
     Paced,
+    /// Paced, or TCP where UDP gets no answer within [`AUTO_UDP_TIMEOUT`] (blocked, or a
+    /// receiver without it).
+    Auto,
 }
+
+/// How long `Transport::Auto` waits for an answer over UDP before it uses TCP.
+pub const AUTO_UDP_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Transport options for every connection bulkcast makes or accepts.
 #[derive(Debug, Clone, Default)]
@@ -176,6 +182,16 @@ pub async fn connect(addr: &str, tuning: &TcpTuning) -> Result<Stream, ConnError
                     Err(ConnError::Timeout("connecting over UDP (is UDP blocked?)"))
                 }
                 Err(e) => Err(ConnError::Io(e)),
+            }
+        }
+        Transport::Auto => {
+            let a = resolve(addr).await?;
+            match PacedStream::connect(a, AUTO_UDP_TIMEOUT).await {
+                Ok(s) => Ok(Stream::Paced(s)),
+                Err(e) => {
+                    tracing::info!("{addr}: no paced connection over UDP ({e}); using TCP");
+                    connect_tcp(addr, tuning).await.map(Stream::Tcp)
+                }
             }
         }
     }
@@ -599,6 +615,42 @@ mod tests {
 
     fn keys(b: u8) -> Keys {
         Keys::derive(&Secret::from_bytes([b; 32]))
+    }
+
+    #[tokio::test]
+    async fn auto_uses_udp_where_it_answers_and_tcp_where_it_does_not() {
+        let tuning = TcpTuning {
+            transport: Transport::Auto,
+            ..TcpTuning::default()
+        };
+        // Both listening: paced.
+        let mut both = listen_both("127.0.0.1:0", &tuning).await.unwrap();
+        let addr = both[0].local_addr().unwrap().to_string();
+        let (c, _) = tokio::join!(connect(&addr, &tuning), both[1].accept());
+        assert_eq!(c.unwrap().transport(), Transport::Paced);
+        // TCP only, UDP refused (ICMP port unreachable): TCP at once.
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let t0 = std::time::Instant::now();
+        let c = connect(&addr, &tuning).await.unwrap();
+        assert_eq!(c.transport(), Transport::Tcp);
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+        // TCP only, UDP silently dropped (a socket that never answers): TCP after the wait.
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let a = l.local_addr().unwrap();
+        let _silent = std::net::UdpSocket::bind(a).unwrap();
+        let t0 = std::time::Instant::now();
+        let c = connect(&a.to_string(), &tuning).await.unwrap();
+        assert_eq!(c.transport(), Transport::Tcp);
+        assert!(t0.elapsed() >= AUTO_UDP_TIMEOUT, "{:?}", t0.elapsed());
+        // Explicit UDP to the silent one: a clear error, no fallback.
+        let udp = TcpTuning {
+            transport: Transport::Paced,
+            ..TcpTuning::default()
+        };
+        let l2 = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let refused = connect(&l2.local_addr().unwrap().to_string(), &udp).await;
+        assert!(refused.is_err());
     }
 
     #[tokio::test]
