@@ -493,7 +493,9 @@ fn run_static(
                             lab: &lab,
                             receiver: &receiver,
                             addrs: &addrs,
-                            opts: format!("--streams {n} --scheduler {sched}"),
+                            // Seed 002's experiment: parallel TCP connections.
+                            // Seed 002's experiment: parallel TCP connections.
+                            opts: format!("--streams {n} --scheduler {sched} --transport tcp"),
                             bytes: Some(bytes),
                             max_s: None,
                             timeout: Duration::from_secs_f64((secs * 8.0).max(90.0)),
@@ -664,7 +666,8 @@ fn run_dynamic(
                     lab: &lab,
                     receiver: &receiver,
                     addrs: &addrs,
-                    opts: format!("--streams {n} --scheduler {sched}"),
+                    // Seed 002's experiment: parallel TCP connections.
+                    opts: format!("--streams {n} --scheduler {sched} --transport tcp"),
                     bytes: None,
                     max_s: Some(secs),
                     timeout: Duration::from_secs_f64(secs + 120.0),
@@ -882,8 +885,8 @@ fn run_wan(
         for (mi, m) in methods.iter().enumerate() {
             let tag = format!("wan-loss{loss}-{m}");
             let (rate, note, rec) = if let Some(rest) = m.strip_prefix("pipe") {
-                // pipe[-streamsN][-chunkK][-cubic][-udp]: N connections, K KiB chunks, cubic, the
-                // paced UDP transport.
+                // pipe[-streamsN][-chunkK][-cubic][-udp|-tcp]: N connections, K KiB chunks, cubic,
+                // a transport (default: pipe's own, auto).
                 let opts = rest
                     .split('-')
                     .filter(|t| !t.is_empty())
@@ -895,8 +898,8 @@ fn run_wan(
                             Ok(format!("--chunk-kib {k}"))
                         } else if t == "cubic" {
                             Ok("--cc cubic".to_string())
-                        } else if t == "udp" {
-                            Ok("--transport udp".to_string())
+                        } else if t == "udp" || t == "tcp" {
+                            Ok(format!("--transport {t}"))
                         } else {
                             Err(format!("unknown wan method {m:?}"))
                         }
