@@ -287,10 +287,12 @@ async fn drive(
             let st = shared.lock();
             let (c, rc) = (st.conn.stats(), st.conn.controller());
             tracing::debug!(
-                "paced {peer}: rate {:.1} Mbit/s window {} inflight {} srtt {:?} min {:?} \
-                 {:?}; sent {} lost {} resent {} B acked {} B",
+                "paced {peer}: rate {:.1} Mbit/s window {} (path {:.1} Mbit/s x{:.2}) inflight {} \
+                 srtt {:?} min {:?} {:?}; sent {} lost {} resent {} B acked {} B",
                 rc.rate() * 8e-6,
                 rc.window(),
+                rc.path_rate() * 8e-6,
+                rc.boost(),
                 st.conn.inflight(),
                 c.srtt,
                 rc.min_rtt(),
@@ -369,13 +371,14 @@ async fn drive(
         tokio::select! {
             r = recv_one(&sock, &mut incoming, &mut rbuf) => match r {
                 Ok(Some(d)) => {
-                    let now = Instant::now();
                     let mut st = shared.lock();
-                    handle(&mut st.conn, now, &d);
-                    // More may be waiting: take a batch before sending again.
+                    handle(&mut st.conn, Instant::now(), &d);
+                    // More may be waiting: take a batch before sending again. Each datagram
+                    // is stamped when it is read: one stamp for a batch read across a stall
+                    // made RTT samples milliseconds too short, and the floor with them.
                     for _ in 0..RECV_BATCH {
                         match try_recv_one(&sock, &mut incoming, &mut rbuf) {
-                            Some(d) => handle(&mut st.conn, now, &d),
+                            Some(d) => handle(&mut st.conn, Instant::now(), &d),
                             None => break,
                         }
                     }

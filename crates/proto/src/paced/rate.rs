@@ -24,9 +24,11 @@
 //!
 //! The queue delay of an interval is its smallest RTT sample less the smallest ever seen:
 //! the smallest, so a stall of the host (late timers, a descheduled receiver) that delays a
-//! few samples does not read as a queue. Known limits: the floor is the connection's
-//! lifetime minimum, so a route that becomes longer reads as a queue and lowers the window;
-//! a bottleneck queue shorter than about twice the target overflows before its delay shows
+//! few samples does not read as a queue. The floor is the smallest sample, replaced by the
+//! smallest of the last [`FLOOR_EXPIRY`] when none of them came near it. Delay never takes
+//! the factor below 1 (at 1 the window cannot hold a queue beyond the target), so a floor
+//! read too low cannot shrink the window round after round. Known limits: a
+//! bottleneck queue shorter than about twice the target overflows before its delay shows
 //! (see the `paced_sim` tests); and a delay-based sender yields to loss-based TCP sharing
 //! its bottleneck.
 
@@ -46,6 +48,8 @@ pub const STARTUP_SPAN: Duration = Duration::from_millis(50);
 /// Startup: RTT samples that must all show a queue to leave it (a shorter stall of the host
 /// does not end startup).
 pub const QUEUE_SPAN: Duration = Duration::from_millis(10);
+/// How long the RTT floor stands without a sample near it.
+pub const FLOOR_EXPIRY: Duration = Duration::from_secs(10);
 /// Smallest window, bytes (a few datagrams, so a lost one is found by the ones after it).
 pub const MIN_WINDOW: f64 = 8.0 * 1500.0;
 
@@ -86,6 +90,9 @@ pub struct RateControl {
     lost: u64,
     app_limited: bool,
     acks_seen: bool,
+    /// When a sample last came near the RTT floor, and the smallest sample since.
+    floor_seen: Instant,
+    recent_min: Option<Duration>,
     /// Startup: recent ACKs (time, bytes acknowledged so far, RTT sample), the last 50 ms.
     recent: VecDeque<(Instant, u64, Option<Duration>)>,
     acked_total: u64,
@@ -116,6 +123,8 @@ impl RateControl {
             acks_seen: false,
             recent: VecDeque::new(),
             acked_total: 0,
+            floor_seen: now,
+            recent_min: None,
         }
     }
 
@@ -147,6 +156,11 @@ impl RateControl {
     /// Startup or steady.
     pub fn phase(&self) -> Phase {
         self.phase
+    }
+
+    /// The window's factor over rate x (RTT + target) (see the module's doc).
+    pub fn boost(&self) -> f64 {
+        self.boost
     }
 
     /// The smallest RTT seen.
@@ -185,7 +199,7 @@ impl RateControl {
         self.lost += lost;
         self.acked_total += acked;
         if let Some(r) = rtt {
-            self.min_rtt = Some(self.min_rtt.map_or(r, |m| m.min(r)));
+            self.on_rtt(now, r);
             self.interval_min_rtt = Some(self.interval_min_rtt.map_or(r, |m| m.min(r)));
         }
         if self.phase == Phase::Startup {
@@ -234,6 +248,31 @@ impl RateControl {
         self.recent.clear();
     }
 
+    /// Keeps the RTT floor: the smallest sample, unless for [`FLOOR_EXPIRY`] no sample came
+    /// within twice the target of it (more than the queue the window keeps), when the
+    /// smallest of that time becomes the floor (a route that got longer, or a sample that was
+    /// too low).
+    fn on_rtt(&mut self, now: Instant, r: Duration) {
+        let Some(m) = self.min_rtt else {
+            self.min_rtt = Some(r);
+            self.floor_seen = now;
+            return;
+        };
+        if r <= m {
+            self.min_rtt = Some(r);
+        }
+        if r <= m + 2 * self.target() {
+            self.floor_seen = now;
+            self.recent_min = None;
+            return;
+        }
+        self.recent_min = Some(self.recent_min.map_or(r, |x| x.min(r)));
+        if now.saturating_duration_since(self.floor_seen) > FLOOR_EXPIRY {
+            self.min_rtt = self.recent_min.take();
+            self.floor_seen = now;
+        }
+    }
+
     fn end_interval(&mut self, now: Instant) {
         let secs = now.saturating_duration_since(self.start).as_secs_f64();
         let resolved = self.acked + self.lost;
@@ -276,8 +315,14 @@ impl RateControl {
                     // Loss well above its usual level while the window grew: a queue too
                     // short to show as delay is overflowing.
                     let spike = resolved >= 20 * 1400 && loss > 2.0 * self.usual_loss + 0.01;
-                    if queue > 2 * target || spike {
+                    if spike {
                         self.boost = (self.boost * 0.95).max(0.5);
+                    } else if queue > 2 * target {
+                        // Not below 1: at 1 the window holds what the path carries for a
+                        // round trip plus the target, which cannot build a queue beyond it.
+                        // Delay read against too low a floor (a host stall's sample) would
+                        // otherwise shrink the window round after round.
+                        self.boost = (self.boost * 0.95).max(1.0);
                     } else if queue < target / 2 && !self.app_limited {
                         self.boost = (self.boost * 1.03).min(2.0);
                     }
@@ -304,6 +349,18 @@ mod tests {
     /// A fluid model of one bottleneck: `link` bytes/s, base RTT, a queue, random loss after
     /// it. Returns the controller and (time, queue delay) every ms.
     fn run(link: f64, base: Duration, loss: f64, secs: f64) -> (RateControl, Vec<(f64, f64)>) {
+        run_with(link, base, loss, secs, None)
+    }
+
+    /// `run`, with one RTT sample `(at s, rtt)` that no packet had (a host stall's).
+    fn run_with(
+        link: f64,
+        base: Duration,
+        loss: f64,
+        secs: f64,
+        bogus: Option<(f64, Duration)>,
+    ) -> (RateControl, Vec<(f64, f64)>) {
+        let mut bogus = bogus;
         let t0 = Instant::now();
         let mut rc = RateControl::new(1.25e6, 1e12, t0);
         let step = Duration::from_millis(1);
@@ -329,6 +386,10 @@ mod tests {
             inflight -= a + l;
             if a + l > 0.0 {
                 rc.on_ack(t0 + t, a as u64, l as u64, Some(r));
+            }
+            if let Some((at, rtt)) = bogus.filter(|b| t.as_secs_f64() >= b.0) {
+                rc.on_ack(t0 + t, 0, 0, Some(rtt));
+                bogus = None;
             }
             series.push((t.as_secs_f64(), queue / link));
             if std::env::var_os("RATE_TRACE").is_some() && t.as_millis().is_multiple_of(100) {
@@ -388,6 +449,21 @@ mod tests {
                 rc.path_rate()
             );
         }
+    }
+
+    #[test]
+    fn an_rtt_floor_read_too_low_does_not_starve_the_path() {
+        let link = 12.5e6;
+        let base = Duration::from_millis(100);
+        // 4.5 ms low (less than the target): the window holds.
+        let (_, series) = run_with(link, base, 0.0, 20.0, Some((3.0, base - base / 22)));
+        let (busy, _) = busy_and_max(&series, 5.0);
+        assert!(busy > 0.95, "link idle {:.1}%", 100.0 * (1.0 - busy));
+        // 20 ms low: the floor is replaced within FLOOR_EXPIRY and the link fills again.
+        let (rc, series) = run_with(link, base, 0.0, 30.0, Some((3.0, base * 4 / 5)));
+        let (busy, _) = busy_and_max(&series, 16.0);
+        assert!(busy > 0.95, "link idle {:.1}%", 100.0 * (1.0 - busy));
+        assert!(rc.min_rtt() >= Some(base), "{:?}", rc.min_rtt());
     }
 
     #[test]
