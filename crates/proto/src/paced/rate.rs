@@ -387,7 +387,7 @@ mod tests {
             if a + l > 0.0 {
                 rc.on_ack(t0 + t, a as u64, l as u64, Some(r));
             }
-            if let Some((at, rtt)) = bogus.filter(|b| t.as_secs_f64() >= b.0) {
+            if let Some((_, rtt)) = bogus.filter(|b| t.as_secs_f64() >= b.0) {
                 rc.on_ack(t0 + t, 0, 0, Some(rtt));
                 bogus = None;
             }
