@@ -30,8 +30,9 @@ fn a_lossy_long_path_gets_every_byte_in_order_near_the_link_rate() {
         // Random loss is resent, not mistaken for congestion: the queue stays short and
         // nothing overflows it.
         assert_eq!(o.queue_drops, 0, "{o:?}");
-        // Startup overshoots by at most half a bandwidth-delay product (1.25 MB here).
-        assert!(o.max_queue < 625_000, "queue {} bytes", o.max_queue);
+        // Startup and steady state's probing overshoot by at most 0.6 of a bandwidth-delay
+        // product (1.25 MB here, the queue's limit).
+        assert!(o.max_queue < 750_000, "queue {} bytes", o.max_queue);
         // Loss is found exactly: about 5% of packets, not many more.
         let lost = o.sender.packets_lost as f64 / o.sender.packets_sent as f64;
         assert!((0.04..0.07).contains(&lost), "declared lost {lost:.3}");

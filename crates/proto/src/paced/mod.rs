@@ -844,20 +844,9 @@ impl Conn {
                 if now >= s + self.pto() {
                     // Nothing acknowledged for a probe timeout: everything in flight is
                     // presumed lost and goes out again.
-                    for slot in self.sent.iter_mut() {
-                        if let Some(p) = slot.take() {
-                            self.inflight -= p.size;
-                            self.stats.packets_lost += 1;
-                            if p.len > 0 {
-                                self.lost.insert(p.offset..p.offset + p.len);
-                            }
-                            if p.fin && !self.fin_acked {
-                                self.fin_lost = true;
-                            }
-                            if p.len == 0 && !p.fin && !self.established {
-                                self.open_probe = true;
-                            }
-                        }
+                    let lost: Vec<Sent> = self.sent.iter_mut().filter_map(Option::take).collect();
+                    for p in &lost {
+                        self.on_lost(p);
                     }
                     self.pto_count += 1;
                     self.rate.on_timeout();

@@ -6,8 +6,9 @@
 //! - the path's rate is what an interval (one round trip) got acknowledged, the largest of
 //!   the last [`FILTER_LEN`] intervals;
 //! - the window is that rate times the smallest RTT plus a target queue delay (5% of the
-//!   RTT, at least 3 ms), times a factor (`boost`) that rises 3% per interval while the
-//!   queue stays under half the target and falls 5% while it is over twice the target. The
+//!   RTT, at least 3 ms), times a factor (`boost`) that rises while the queue stays under
+//!   half the target (3% a round trip, doubling each round it stays short, up to 25%) and
+//!   falls 5% while it is over twice the target. The
 //!   factor is what makes up for random loss (about 1 / (1 - loss)), found from the queue,
 //!   not from loss counts, which cannot tell random loss from overflow. Being a window, it
 //!   is self-clocked: a rate-only version oscillated, since delay feedback comes a round
@@ -46,8 +47,10 @@ pub const FILTER_LEN: usize = 6;
 /// Startup: ACKs over which the delivery rate is taken on leaving it.
 pub const STARTUP_SPAN: Duration = Duration::from_millis(50);
 /// Startup: RTT samples that must all show a queue to leave it (a shorter stall of the host
-/// does not end startup).
+/// does not end startup; a longer one does, and steady state's growth makes up for it).
 pub const QUEUE_SPAN: Duration = Duration::from_millis(10);
+/// The window factor's first growth step in steady state.
+pub const GROWTH_STEP: f64 = 0.03;
 /// How long the RTT floor stands without a sample near it.
 pub const FLOOR_EXPIRY: Duration = Duration::from_secs(10);
 /// Smallest window, bytes (a few datagrams, so a lost one is found by the ones after it).
@@ -79,6 +82,8 @@ pub struct RateControl {
     boost: f64,
     /// Steady state: the loss fraction of an ordinary interval (moving average).
     usual_loss: f64,
+    /// Steady state: the factor's next growth, doubled each interval the queue stays short.
+    step: f64,
     /// Startup: the best carried rate and intervals since it last grew by a quarter.
     best: f64,
     flat: u32,
@@ -113,6 +118,7 @@ impl RateControl {
             window: (initial_rate * 0.1).max(MIN_WINDOW),
             boost: 1.0,
             usual_loss: 0.0,
+            step: GROWTH_STEP,
             best: 0.0,
             flat: 0,
             start: now,
@@ -227,13 +233,14 @@ impl RateControl {
         let (Some(min), Some(first)) = (self.min_rtt, self.recent.front()) else {
             return;
         };
-        if now.saturating_duration_since(first.0) < QUEUE_SPAN {
+        let span = QUEUE_SPAN;
+        if now.saturating_duration_since(first.0) < span {
             return;
         }
         let span_min = self
             .recent
             .iter()
-            .filter(|r| now.saturating_duration_since(r.0) <= QUEUE_SPAN)
+            .filter(|r| now.saturating_duration_since(r.0) <= span)
             .filter_map(|r| r.2)
             .min();
         if span_min.is_none_or(|m| m <= min + self.target()) {
@@ -304,7 +311,9 @@ impl RateControl {
                     if carried > 1.25 * self.best {
                         self.best = carried;
                         self.flat = 0;
-                    } else if !self.app_limited {
+                    } else if !self.app_limited && self.acked as f64 >= 0.5 * self.window {
+                        // Flat while using the window: the path is full. Intervals that
+                        // carried little (the handshake's round trips) say nothing.
                         self.flat += 1;
                     }
                     if queue > target || self.flat >= 3 {
@@ -312,6 +321,7 @@ impl RateControl {
                     }
                 }
                 Phase::Steady => {
+                    let mut grew = false;
                     // Loss well above its usual level while the window grew: a queue too
                     // short to show as delay is overflowing.
                     let spike = resolved >= 20 * 1400 && loss > 2.0 * self.usual_loss + 0.01;
@@ -324,7 +334,15 @@ impl RateControl {
                         // otherwise shrink the window round after round.
                         self.boost = (self.boost * 0.95).max(1.0);
                     } else if queue < target / 2 && !self.app_limited {
-                        self.boost = (self.boost * 1.03).min(2.0);
+                        // Room on the path: grow, faster each interval it stays (3%, 6%,
+                        // 12%, ... up to 25%), so a window left small (an early end of
+                        // startup, a path that got faster) is back within a few round trips.
+                        self.boost = (self.boost * (1.0 + self.step)).min(2.0);
+                        self.step = (self.step * 2.0).min(0.25);
+                        grew = true;
+                    }
+                    if !grew {
+                        self.step = GROWTH_STEP;
                     }
                     self.usual_loss += (loss - self.usual_loss) / 8.0;
                 }
