@@ -11,7 +11,6 @@ use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use crate::transport::Stream;
 use bulkcast_proto::auth::Keys;
 use bulkcast_proto::node::{Event, Link, Node};
 use bulkcast_proto::wire::{self, Chunk, Frame, SessionId};
@@ -22,7 +21,7 @@ use tokio::task::JoinHandle;
 use crate::edge::{Attachments, EdgeStreams, InEdge, OutEdge};
 use crate::input::InputEvent;
 use crate::store::{LocalCopy, StoreEvent};
-use crate::transport::{self, TcpTuning};
+use crate::transport::{self, Stream, TcpTuning};
 
 /// Frames queued to one link's writer at once.
 pub const WRITE_SLOTS: usize = 2;
@@ -53,8 +52,8 @@ enum Ev {
     Frame(Link, u16, Frame),
     Closed(Link, u16, String),
     Written(Link, u16),
-    /// A striped edge's connection 0 reached the child (before our handshake), with TCP's
-    /// round trip.
+    /// A striped edge's connection 0 reached the child (before our handshake), with the round
+    /// trip its transport measured and which transport it got.
     Dialed(usize, Option<Duration>, transport::Transport),
     Connected(usize, u16, Stream),
     ConnectFailed(usize, u16, String),
