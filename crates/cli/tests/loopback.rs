@@ -800,6 +800,17 @@ fn pipe_recv(secret: &str, listen: &[&str], out: &Path) -> PipeRecv {
     PipeRecv { child, addrs }
 }
 
+/// `pipe send ADDR --json -q ARGS` with `input` on stdin.
+fn pipe_send(secret: &str, addr: &str, args: &[&str], input: &Path) -> std::process::Output {
+    Command::new(BIN)
+        .args(["pipe", "send", addr, "--json", "-q"])
+        .args(args)
+        .env("BULKCAST_SECRET", secret)
+        .stdin(std::fs::File::open(input).unwrap())
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn pipe_over_parallel_connections_with_every_scheduler_arrives_in_order() {
     let s = Scratch::new("pipe");
@@ -810,21 +821,19 @@ fn pipe_over_parallel_connections_with_every_scheduler_arrives_in_order() {
     for scheduler in ["pull", "weighted", "equal"] {
         let got = s.0.join(format!("out-{scheduler}"));
         let mut rx = pipe_recv(&key, &["127.0.0.1:0"], &got);
-        let out = Command::new(BIN)
-            .args([
-                "pipe",
-                "send",
-                &rx.addrs[0],
+        let out = pipe_send(
+            &key,
+            &rx.addrs[0],
+            &[
                 "--streams",
                 "4",
-                "--json",
-                "-q",
-            ])
-            .args(["--scheduler", scheduler, "--chunk-kib", "64"])
-            .env("BULKCAST_SECRET", &key)
-            .stdin(std::fs::File::open(&src).unwrap())
-            .output()
-            .unwrap();
+                "--scheduler",
+                scheduler,
+                "--chunk-kib",
+                "64",
+            ],
+            &src,
+        );
         assert!(
             out.status.success(),
             "{scheduler}: {}",
@@ -862,20 +871,7 @@ fn pipe_over_the_paced_udp_transport_arrives_whole_and_says_so() {
     let key = secret(11);
     let got = s.0.join("out");
     let mut rx = pipe_recv(&key, &["127.0.0.1:0"], &got);
-    let out = Command::new(BIN)
-        .args([
-            "pipe",
-            "send",
-            &rx.addrs[0],
-            "--transport",
-            "udp",
-            "--json",
-            "-q",
-        ])
-        .env("BULKCAST_SECRET", &key)
-        .stdin(std::fs::File::open(&src).unwrap())
-        .output()
-        .unwrap();
+    let out = pipe_send(&key, &rx.addrs[0], &["--transport", "udp"], &src);
     assert!(
         out.status.success(),
         "{}",
