@@ -3,7 +3,7 @@
 //! hybrid, at 20 ms and 100 ms RTT between clusters.
 //!
 //! ```text
-//! cargo run --release -p bulkcast-proto --example swarm_sim [-- --per-cluster N --mb M --piece-kib K --lab --unequal]
+//! cargo run --release -p bulkcast-proto --example swarm_sim [-- --per-cluster N --mb M --piece-kib K --lab --unequal --servers N]
 //! ```
 //!
 //! Throughput is the object size over the time until the last receiver finished (the paper's
@@ -16,7 +16,7 @@
 use std::time::Duration;
 
 use bulkcast_proto::swarm::sim::{self, Condition, SwarmSimSpec, Topology, MB_S};
-use bulkcast_proto::swarm::Strategy;
+use bulkcast_proto::swarm::{Strategy, SwarmConfig};
 
 fn main() {
     let mut sizes = [4usize; 4];
@@ -25,6 +25,7 @@ fn main() {
     let mut detail: Option<(usize, u64)> = None;
     let mut sweep = false;
     let mut lab = false;
+    let mut servers = SwarmConfig::new(Strategy::Hybrid, 0, 0).hybrid_servers;
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -44,6 +45,7 @@ fn main() {
         let v = it.next().and_then(|v| v.parse::<u64>().ok());
         match (a.as_str(), v) {
             ("--per-cluster", Some(v)) => sizes = [v as usize; 4],
+            ("--servers", Some(v)) => servers = v as usize,
             ("--mb", Some(v)) => mb = v,
             ("--piece-kib", Some(v)) => piece_kib = v as u32,
             ("--detail", Some(v)) => {
@@ -52,7 +54,7 @@ fn main() {
             }
             _ => {
                 eprintln!(
-                    "usage: swarm_sim [--per-cluster N] [--mb M] [--piece-kib K] [--detail CONDITION RTT_MS] [--sweep] [--lab] [--unequal]"
+                    "usage: swarm_sim [--per-cluster N] [--mb M] [--piece-kib K] [--detail CONDITION RTT_MS] [--sweep] [--lab] [--unequal] [--servers N]"
                 );
                 std::process::exit(2);
             }
@@ -60,11 +62,19 @@ fn main() {
     }
     let len = mb * 1_000_000;
     if sweep {
-        show_sweep(sizes, lab);
+        show_sweep(sizes, lab, servers);
         return;
     }
     if let Some((c, rtt_ms)) = detail {
-        show_detail(Condition::ALL[c.min(4)], sizes, len, piece_kib, rtt_ms, lab);
+        show_detail(
+            Condition::ALL[c.min(4)],
+            sizes,
+            len,
+            piece_kib,
+            rtt_ms,
+            lab,
+            servers,
+        );
         return;
     }
     println!(
@@ -99,6 +109,7 @@ fn main() {
                 spec.piece_len = piece_kib << 10;
                 spec.wan_changes = changes;
                 spec.seed = 4;
+                spec.config.hybrid_servers = servers;
                 let r = sim::run(spec);
                 let wan: Vec<String> = r.wan_multiples()[1..]
                     .iter()
@@ -153,6 +164,7 @@ fn show_detail(
     piece_kib: u32,
     rtt_ms: u64,
     lab: bool,
+    servers: usize,
 ) {
     for strategy in [Strategy::Mob, Strategy::Hybrid] {
         let mut topo = topology(sizes, rtt_ms, lab);
@@ -163,6 +175,7 @@ fn show_detail(
         spec.piece_len = piece_kib << 10;
         spec.wan_changes = changes;
         spec.seed = 4;
+        spec.config.hybrid_servers = servers;
         let r = sim::run(spec);
         let tp = r.throughput();
         println!(
@@ -228,7 +241,7 @@ fn show_detail(
 /// the hybrid over object sizes from 32 KiB to 128 MiB, static conditions, 20 and 100 ms.
 /// Pieces are sized as `bulkcast send` sizes chunks (about 1/300 of the object, a power of two
 /// between 64 KiB and 1 MiB), so a small object is a few pieces.
-fn show_sweep(sizes: [usize; 4], lab: bool) {
+fn show_sweep(sizes: [usize; 4], lab: bool, servers: usize) {
     println!(
         "clusters of {sizes:?} nodes; MB/s (object / time until the last node finished); winner"
     );
@@ -251,6 +264,7 @@ fn show_sweep(sizes: [usize; 4], lab: bool) {
                     spec.piece_len = piece.min(len as u32);
                     spec.wan_changes = changes;
                     spec.seed = 4;
+                    spec.config.hybrid_servers = servers;
                     let r = sim::run(spec);
                     if strategy == Strategy::Hybrid {
                         copies = r.wan_multiples()[1..]

@@ -135,15 +135,16 @@ impl SwarmNode {
         let allowed = self.allowed_words(k);
         let src = self.source_cluster;
         let pk = &self.peers[k];
-        // What other clusters' peers can give (pieces only this peer has are asked first, so
-        // that those several peers hold stay free for whichever has room).
+        // What peers in the other clusters can give (pieces only this peer's cluster has are
+        // asked first, so that those several clusters hold stay free for whichever has room).
         let mut others = Bits::new(self.cfg.pieces);
         if !pk.local {
+            let kc = self.mobs.cluster(pk.id);
             for q in self
                 .peers
                 .iter()
-                .filter(|q| q.connected && !q.local && q.id != pk.id)
-                .filter(|q| self.mobs.cluster(q.id) != src)
+                .filter(|q| q.connected && !q.local)
+                .filter(|q| self.mobs.cluster(q.id) != src && self.mobs.cluster(q.id) != kc)
             {
                 for w in 0..words {
                     others.or_word(w, q.has.word(w));

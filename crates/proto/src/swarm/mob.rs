@@ -83,14 +83,23 @@ impl Mobs {
     /// Node n's global peer candidates: per other cluster, the live member of rank
     /// `r(x, n) mod s(y)`.
     pub fn global_candidates(&self, n: NodeId) -> Vec<NodeId> {
+        self.rank_matched(n, 1)
+    }
+
+    /// Per other cluster y, up to `per_cluster` live members of y, from rank `r(x, n) mod
+    /// s(y)` on (wrapping): the rank-matched candidate first, then its successors, so that
+    /// the members of x that ask y for their shares spread over y's members.
+    pub fn rank_matched(&self, n: NodeId, per_cluster: usize) -> Vec<NodeId> {
         let Some(r) = self.rank(n) else {
             return Vec::new();
         };
         let x = self.cluster(n);
-        (0..self.clusters())
-            .filter(|&y| y != x && !self.members[y].is_empty())
-            .map(|y| self.members[y][r % self.members[y].len()])
-            .collect()
+        let mut out = Vec::new();
+        for y in (0..self.clusters()).filter(|&y| y != x) {
+            let m = &self.members[y];
+            out.extend((0..per_cluster.min(m.len())).map(|j| m[(r + j) % m.len()]));
+        }
+        out
     }
 }
 
@@ -125,6 +134,9 @@ mod tests {
         let m = Mobs::new(&labels, &alive);
         assert_eq!(m.rank(3), Some(3));
         assert_eq!(m.global_candidates(3), vec![5, 6]); // 3 mod 2 = 1 in {4,5}; 3 mod 3 = 0 in {6,7,8}
+                                                        // Two per cluster from the rank-matched one on, wrapping; never more than a cluster has.
+        assert_eq!(m.rank_matched(3, 2), vec![5, 4, 6, 7]);
+        assert_eq!(m.rank_matched(3, 9), vec![5, 4, 6, 7, 8]);
         assert_eq!(m.share(1, 100), 25..50);
         alive[1] = false;
         let m = Mobs::new(&labels, &alive);
