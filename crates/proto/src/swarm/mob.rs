@@ -133,8 +133,9 @@ mod tests {
         let mut alive = vec![true; 9];
         let m = Mobs::new(&labels, &alive);
         assert_eq!(m.rank(3), Some(3));
-        assert_eq!(m.global_candidates(3), vec![5, 6]); // 3 mod 2 = 1 in {4,5}; 3 mod 3 = 0 in {6,7,8}
-                                                        // Two per cluster from the rank-matched one on, wrapping; never more than a cluster has.
+        // 3 mod 2 = 1 in {4,5}; 3 mod 3 = 0 in {6,7,8}.
+        assert_eq!(m.global_candidates(3), vec![5, 6]);
+        // Two per cluster from the rank-matched one on, wrapping; never more than a cluster has.
         assert_eq!(m.rank_matched(3, 2), vec![5, 4, 6, 7]);
         assert_eq!(m.rank_matched(3, 9), vec![5, 4, 6, 7, 8]);
         assert_eq!(m.share(1, 100), 25..50);

@@ -222,7 +222,7 @@ pub struct SwarmConfig {
     /// MOB: global peers each node dials among its candidates (5).
     pub global_peers: usize,
     /// Hybrid: members of each other cluster that a receiver dials and asks for its share,
-    /// the rank-matched one and its successors ([`mob::Mobs::rank_matched`]).
+    /// the rank-matched one and its successors ([`mob::Mobs::rank_matched`]); 0 counts as 1.
     pub hybrid_servers: usize,
     /// BitTorrent baseline: peers each node dials (what a tracker would hand out).
     pub swarm_peers: usize,
@@ -1399,7 +1399,9 @@ impl SwarmNode {
                     g.shuffle(&mut self.rng);
                     out.extend(g.into_iter().take(self.cfg.global_peers));
                 } else {
-                    out.extend(self.mobs.rank_matched(me, self.cfg.hybrid_servers));
+                    // At least one: a receiver with no server abroad could never get its share.
+                    let servers = self.cfg.hybrid_servers.max(1);
+                    out.extend(self.mobs.rank_matched(me, servers));
                 }
                 out.extend(self.targets.iter().copied());
             }
