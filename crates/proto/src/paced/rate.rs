@@ -233,14 +233,13 @@ impl RateControl {
         let (Some(min), Some(first)) = (self.min_rtt, self.recent.front()) else {
             return;
         };
-        let span = QUEUE_SPAN;
-        if now.saturating_duration_since(first.0) < span {
+        if now.saturating_duration_since(first.0) < QUEUE_SPAN {
             return;
         }
         let span_min = self
             .recent
             .iter()
-            .filter(|r| now.saturating_duration_since(r.0) <= span)
+            .filter(|r| now.saturating_duration_since(r.0) <= QUEUE_SPAN)
             .filter_map(|r| r.2)
             .min();
         if span_min.is_none_or(|m| m <= min + self.target()) {
@@ -321,7 +320,8 @@ impl RateControl {
                     }
                 }
                 Phase::Steady => {
-                    let mut grew = false;
+                    // The growth step starts over unless this interval grows again.
+                    let step = std::mem::replace(&mut self.step, GROWTH_STEP);
                     // Loss well above its usual level while the window grew: a queue too
                     // short to show as delay is overflowing.
                     let spike = resolved >= 20 * 1400 && loss > 2.0 * self.usual_loss + 0.01;
@@ -337,12 +337,8 @@ impl RateControl {
                         // Room on the path: grow, faster each interval it stays (3%, 6%,
                         // 12%, ... up to 25%), so a window left small (an early end of
                         // startup, a path that got faster) is back within a few round trips.
-                        self.boost = (self.boost * (1.0 + self.step)).min(2.0);
-                        self.step = (self.step * 2.0).min(0.25);
-                        grew = true;
-                    }
-                    if !grew {
-                        self.step = GROWTH_STEP;
+                        self.boost = (self.boost * (1.0 + step)).min(2.0);
+                        self.step = (step * 2.0).min(0.25);
                     }
                     self.usual_loss += (loss - self.usual_loss) / 8.0;
                 }
