@@ -3,6 +3,7 @@
 //! All tests of this binary take one lock, so they run one after another (and each lab also
 //! takes its own flock under /run/bclab).
 
+use std::io::Write as _;
 use std::process::Command;
 use std::sync::Mutex;
 
@@ -38,6 +39,12 @@ fn host_keeps_time(test: &str) -> bool {
         return false;
     }
     true
+}
+
+/// Writes `line` to stderr past the test harness's capture (which only takes `eprintln!`), so a
+/// verdict that passes without judging is seen in CI's log, not only with `--nocapture`.
+fn uncaptured(line: &str) {
+    let _ = writeln!(std::io::stderr(), "{line}");
 }
 
 fn require_iperf3() {
@@ -128,7 +135,8 @@ fn fidelity() {
         max_paths: 4,
         // A path is measured again only when it missed while the forwarder ran late (other
         // load on the machine, or the host): on 2026-11-23 a 2-core VM stalled through four
-        // attempts in a row, so up to five more.
+        // attempts in a row, so up to five more. A path whose every attempt missed while the
+        // host itself stalled (check's host probe) is NOT JUDGED instead of failed.
         retries: 5,
         ..Default::default()
     };
@@ -136,6 +144,9 @@ fn fidelity() {
     let table = report.render();
     eprintln!("{table}");
     assert_eq!(report.paths.len(), 4, "{table}");
+    for l in report.not_judged() {
+        uncaptured(&format!("NOT JUDGED fidelity: {l}"));
+    }
     let failures = report.failures();
     assert!(failures.is_empty(), "fidelity targets missed:\n{table}");
     // 1% loss at 100 ms: cubic collapses, bbr keeps far more of the rate. The contrast is a
@@ -145,10 +156,18 @@ fn fidelity() {
     assert!((lossy.loss_cfg - 0.01).abs() < 1e-9, "{table}");
     let cubic = lossy.tcp.iter().find(|(c, _)| c == "cubic").unwrap().1;
     let bbr = lossy.tcp.iter().find(|(c, _)| c == "bbr").unwrap().1;
-    assert!(
-        cubic < 20.0 && bbr > 40.0 && bbr > 5.0 * cubic,
-        "no cubic/bbr contrast at 1% loss: cubic {cubic}, bbr {bbr}\n{table}"
-    );
+    // A path not judged has no figures to judge: they are the stalled host's.
+    if lossy.not_judged() {
+        uncaptured(&format!(
+            "NOT JUDGED fidelity: cubic/bbr contrast at 1% loss (cubic {cubic}, bbr {bbr}): \
+             the host stalled in every attempt of its path"
+        ));
+    } else {
+        assert!(
+            cubic < 20.0 && bbr > 40.0 && bbr > 5.0 * cubic,
+            "no cubic/bbr contrast at 1% loss: cubic {cubic}, bbr {bbr}\n{table}"
+        );
+    }
     assert_eq!(report.tx_dropped, 0, "{table}");
     lab.down().unwrap();
     assert!(!netns_list().contains("bclab-t-fidelity."));
