@@ -28,11 +28,15 @@ METHODS = {
     "swarm": "bulkcast-swarm",
     "mob": "bulkcast-mob",
     "hybrid": "bulkcast-hybrid",
+    "hybrid-direct": "bulkcast-hybrid-direct",
+    "mob-direct": "bulkcast-mob-direct",
     "aria2": "aria2",
     "auto": "bulkcast-auto",
 }
 # Methods whose source writes a bulkcast JSON report with per-cluster WAN piece bytes.
-REPORTS = {"swarm", "mob", "hybrid"}
+REPORTS = {"swarm", "mob", "hybrid", "mob-direct", "hybrid-direct"}
+# What runs without --methods: each strategy once (the -direct variants on request).
+DEFAULT_METHODS = "flat,tree,balanced,swarm,mob,hybrid,aria2,auto"
 CONDITIONS = ["fast", "slow", "fast-to-slow", "slow-to-fast", "mayhem"]
 STATIC = {"fast", "slow"}
 LAYOUTS = ["4x4", "unequal"]
@@ -114,7 +118,7 @@ def main():
     ap.add_argument("--layouts", default=",".join(LAYOUTS))
     ap.add_argument("--conditions", default=",".join(CONDITIONS))
     ap.add_argument("--rtt", default="20,100", help="RTTs in ms (20, 100)")
-    ap.add_argument("--methods", default=",".join(METHODS), help="from " + ",".join(METHODS))
+    ap.add_argument("--methods", default=DEFAULT_METHODS, help="from " + ",".join(METHODS))
     ap.add_argument("--time-scale", type=float, default=0.1,
                     help="multiply the changing conditions' schedule times by this (default 0.1: "
                     "the switch at 3 s, mayhem every 0.5 s; 1 = the scenario files as they are)")
@@ -285,22 +289,22 @@ def render(rows, methods, size, a):
         return r["methods"].get(m, {}).get("fraction")
 
     checks = []
-    if "hybrid" in methods:
+    for h in [m for m in ("hybrid", "hybrid-direct") if m in methods]:
         for kind, bar, sel in (("static", 0.90, True), ("changing", 0.80, False)):
             rs = [r for r in rows if r["static"] == sel]
             if rs:
-                ok = [r for r in rs if (frac(r, "hybrid") or 0) >= bar]
-                checks.append(f"hybrid >= {bar:.2f} of the bound, {kind} conditions: "
+                ok = [r for r in rs if (frac(r, h) or 0) >= bar]
+                checks.append(f"{h} >= {bar:.2f} of the bound, {kind} conditions: "
                               f"{len(ok)} of {len(rs)}")
-        for other in ("mob", "balanced"):
+        for other in ("mob", "mob-direct", "balanced"):
             if other in methods:
-                ok = [r for r in rows if (frac(r, "hybrid") or 0) > (frac(r, other) or 0)]
-                checks.append(f"hybrid ahead of {other}: {len(ok)} of {len(rows)}")
-    if "mob" in methods:
+                ok = [r for r in rows if (frac(r, h) or 0) > (frac(r, other) or 0)]
+                checks.append(f"{h} ahead of {other}: {len(ok)} of {len(rows)}")
+    for m in [m for m in ("mob", "mob-direct") if m in methods]:
         for other in ("swarm", "aria2"):
             if other in methods:
-                ok = [r for r in rows if (frac(r, "mob") or 0) > (frac(r, other) or 0)]
-                checks.append(f"mob ahead of {other}: {len(ok)} of {len(rows)}")
+                ok = [r for r in rows if (frac(r, m) or 0) > (frac(r, other) or 0)]
+                checks.append(f"{m} ahead of {other}: {len(ok)} of {len(rows)}")
     lines += ["targets: " + "; ".join(checks)] if checks else []
     return "\n".join(lines) + "\n"
 

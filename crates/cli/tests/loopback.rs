@@ -53,9 +53,15 @@ fn agent(dir: &Path, secret: &str) -> Agent {
 
 /// An agent listening on every address of `listen`; `addr` is the first.
 fn agent_on(dir: &Path, secret: &str, listen: &[&str]) -> Agent {
+    agent_with(dir, secret, listen, &[])
+}
+
+/// [`agent_on`] with further options.
+fn agent_with(dir: &Path, secret: &str, listen: &[&str], extra: &[&str]) -> Agent {
     let mut child = Command::new(BIN)
         .arg("agent")
         .args(listen.iter().flat_map(|l| ["--listen", l]))
+        .args(extra)
         .arg("--dir")
         .arg(dir)
         .env("BULKCAST_SECRET", secret)
@@ -1060,12 +1066,27 @@ fn sited_hosts(path: &Path, addrs: &[&str], source_site: &str, sites: &[&str]) {
     std::fs::write(path, toml).unwrap();
 }
 
-/// Sends `len` bytes to 6 agents in 3 sites (the source's site holds 2 of them) by a swarm
-/// strategy; checks every copy and returns the report.
-fn swarm_send(tag: &str, strategy: &str, len: u64, extra: &[&str]) -> serde_json::Value {
+/// Sends `len` bytes to 6 agents (started with `agent_extra`) in 3 sites (the source's site
+/// holds 2 of them) by a swarm strategy; checks every copy and returns the report.
+fn swarm_send(
+    tag: &str,
+    strategy: &str,
+    len: u64,
+    extra: &[&str],
+    agent_extra: &[&str],
+) -> serde_json::Value {
     let s = Scratch::new(tag);
     let key = secret(21);
-    let ags = agents(&s.0, 6, &key);
+    let ags: Vec<Agent> = (0..6)
+        .map(|i| {
+            agent_with(
+                &s.0.join(format!("r{i}")),
+                &key,
+                &["127.0.0.1:0"],
+                agent_extra,
+            )
+        })
+        .collect();
     let hosts = s.0.join("hosts.toml");
     let addrs: Vec<&str> = ags.iter().map(|a| a.addr.as_str()).collect();
     sited_hosts(
@@ -1150,7 +1171,7 @@ fn swarm_send(tag: &str, strategy: &str, len: u64, extra: &[&str]) -> serde_json
 #[test]
 fn mob_delivers_to_three_sites_and_each_piece_enters_a_site_once() {
     let len = 6 * MIB + 12345;
-    let r = swarm_send("mob", "mob", len, &[]);
+    let r = swarm_send("mob", "mob", len, &[], &[]);
     for c in r["clusters"].as_array().unwrap() {
         let wan = c["wan_bytes_in"].as_u64().unwrap();
         if c["has_source"] == true {
@@ -1165,12 +1186,12 @@ fn mob_delivers_to_three_sites_and_each_piece_enters_a_site_once() {
 
 #[test]
 fn swarm_baseline_delivers_to_three_sites() {
-    swarm_send("bt", "swarm", 3 * MIB + 777, &[]);
+    swarm_send("bt", "swarm", 3 * MIB + 777, &[], &[]);
 }
 
 #[test]
 fn hybrid_over_a_fixed_and_the_planned_tree_delivers_to_three_sites() {
-    let r = swarm_send("hybrid", "hybrid", 6 * MIB + 1, &["--fanout", "2"]);
+    let r = swarm_send("hybrid", "hybrid", 6 * MIB + 1, &["--fanout", "2"], &[]);
     // Fan-out 2: two receivers hang off the source.
     let from_source = r["receivers"]
         .as_array()
@@ -1180,7 +1201,7 @@ fn hybrid_over_a_fixed_and_the_planned_tree_delivers_to_three_sites() {
         .count();
     assert_eq!(from_source, 2, "{r}");
     // Without --fanout the source probes the agents and uses the planner's tree.
-    let r = swarm_send("hybridplan", "hybrid", 2 * MIB + 3, &[]);
+    let r = swarm_send("hybridplan", "hybrid", 2 * MIB + 3, &[], &[]);
     let parents: Vec<&str> = r["receivers"]
         .as_array()
         .unwrap()
@@ -1189,6 +1210,19 @@ fn hybrid_over_a_fixed_and_the_planned_tree_delivers_to_three_sites() {
         .collect();
     assert!(parents.contains(&"source"), "{r}");
     assert!(!parents.contains(&"-"), "{r}");
+}
+
+#[test]
+fn hybrid_to_agents_writing_with_direct_io_delivers_whole_copies() {
+    // 64 KiB pieces, an unaligned last one: members serve stored pieces read back with
+    // O_DIRECT (or, on a file system without it, through the page cache), checked by hash.
+    swarm_send(
+        "hybriddirect",
+        "hybrid",
+        8 * MIB + 4097,
+        &["--fanout", "2"],
+        &["--direct-io"],
+    );
 }
 
 #[test]

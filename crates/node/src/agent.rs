@@ -38,6 +38,8 @@ pub struct AgentConfig {
     pub attachments: Attachments,
     /// Write every object to stdout instead of `dir` (`pipe recv`).
     pub stdout: bool,
+    /// How one-file copies are written (`--direct-io`).
+    pub io: crate::direct::CopyIo,
     /// Swarm sessions running here, for their peers' connections.
     pub swarms: crate::swarm::SwarmSessions,
 }
@@ -225,17 +227,9 @@ pub async fn session(
                 open.strategy.name(),
                 open.node
             );
-            crate::swarm::serve(
-                stream,
-                *open,
-                cfg.keys.clone(),
-                cfg.tuning.clone(),
-                Target::Dir(cfg.dir.clone()),
-                &cfg.swarms,
-                cfg.stored.clone(),
-            )
-            .await
-            .map_err(|e| SessionError::Aborted(session, e))?;
+            crate::swarm::serve(stream, *open, cfg)
+                .await
+                .map_err(|e| SessionError::Aborted(session, e))?;
             return Ok(Served::Session(session));
         }
         Frame::SwarmSetup(SwarmSetup::Peer { session, node }) if expect.is_none() => {
@@ -355,7 +349,14 @@ fn local_copy(
 )> {
     let Some(st) = &open.stripe else {
         let (tx, rx) = mpsc::unbounded_channel();
-        let store = Store::open(target, &open.manifest, open.session, tx, cfg.stored.clone())?;
+        let store = Store::open(
+            target,
+            &open.manifest,
+            open.session,
+            cfg.io,
+            tx,
+            cfg.stored.clone(),
+        )?;
         return Ok((Box::new(store), rx));
     };
     let bad = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
@@ -376,6 +377,7 @@ fn local_copy(
             st.group,
             stripes,
             open.chunk_size,
+            cfg.io,
             cfg.stored.clone(),
         )
     })?;

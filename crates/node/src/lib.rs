@@ -12,6 +12,7 @@
 //! - [`probe`]: RTT measurement between all session hosts, for the planner.
 //! - [`stripes`]: receiving a balanced multi-tree send into one shared copy.
 //! - [`store`]: a receiver's local copy (temporary name, moved into place when verified).
+//! - [`direct`]: `O_DIRECT` writes and reads of that copy, past the page cache (opt-in).
 //! - [`source`]: a send from start to report.
 //! - [`swarm`]: swarm sessions (MOB, BitTorrent-style, hybrid) on the network.
 //! - [`agent`]: the receiving daemon.
@@ -20,6 +21,7 @@
 #![warn(missing_docs)]
 
 pub mod agent;
+pub mod direct;
 pub mod driver;
 pub mod edge;
 pub mod input;

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
 
+use crate::direct::{self, CopyIo};
 use bulkcast_proto::manifest::{EntryKind, Manifest, ObjectKind};
 use bulkcast_proto::wire::SessionId;
 use bytes::Bytes;
@@ -74,7 +75,16 @@ pub struct Store {
     thread: Option<std::thread::JoinHandle<()>>,
     /// A read-only handle on the temporary file of a one-file copy: what a swarm member serves
     /// its stored pieces from. Stays valid through the rename into place.
-    reader: Option<Arc<File>>,
+    reader: Option<Disk>,
+}
+
+/// A one-file copy's file, opened to read stored pieces back (to serve them to peers).
+#[derive(Clone)]
+pub enum Disk {
+    /// Through the page cache: mapped and handed to `sendfile` ([`crate::mapped`]).
+    Cached(Arc<File>),
+    /// With `O_DIRECT`, into pooled buffers ([`crate::direct`]): the copy was written that way.
+    Direct(Arc<direct::Reader>),
 }
 
 impl Store {
@@ -83,12 +93,19 @@ impl Store {
         target: Target,
         manifest: &Manifest,
         session: SessionId,
+        io: CopyIo,
         events: mpsc::UnboundedSender<StoreEvent>,
         stored: Option<Arc<AtomicU64>>,
     ) -> io::Result<Store> {
-        let mut sink = Sink::open(&target, manifest, session)?;
+        let mut sink = Sink::open(&target, manifest, session, io)?;
         let reader = match &sink {
-            Sink::File { tmp, .. } => Some(Arc::new(File::open(tmp)?)),
+            Sink::File {
+                tmp, direct: None, ..
+            } => Some(Disk::Cached(Arc::new(File::open(tmp)?))),
+            Sink::File { tmp, .. } => Some(match direct::Reader::open(tmp)? {
+                Some(r) => Disk::Direct(Arc::new(r)),
+                None => Disk::Cached(Arc::new(File::open(tmp)?)),
+            }),
             _ => None,
         };
         let (tx, rx) = std_mpsc::channel::<Cmd>();
@@ -139,7 +156,7 @@ impl Store {
 
     /// The copy's file, for reading back stored chunks, when it is one file (not a tree or
     /// standard output). A chunk is there once its [`StoreEvent::Stored`] came.
-    pub fn reader(&self) -> Option<Arc<File>> {
+    pub fn reader(&self) -> Option<Disk> {
         self.reader.clone()
     }
 
@@ -177,7 +194,10 @@ enum Sink {
         tmp: PathBuf,
         dest: PathBuf,
         file: File,
-        /// Bytes written since write-back was last started.
+        /// With [`CopyIo::Direct`] where the file system allows it: the page-aligned part of
+        /// every write goes through here; `None` after it refused one.
+        direct: Option<direct::Writer>,
+        /// Bytes written through the page cache since write-back was last started.
         unflushed: u64,
     },
     Tree {
@@ -192,7 +212,7 @@ enum Sink {
 }
 
 impl Sink {
-    fn open(target: &Target, m: &Manifest, session: SessionId) -> io::Result<Sink> {
+    fn open(target: &Target, m: &Manifest, session: SessionId, io: CopyIo) -> io::Result<Sink> {
         let dest = match target {
             Target::Stdout => return Ok(Sink::Stdout(io::stdout())),
             Target::Dir(d) => d.join(&m.name),
@@ -216,10 +236,17 @@ impl Sink {
                     .write(true)
                     .open(&tmp)
                     .map_err(|e| ctx(e, "creating", &tmp))?;
+                let direct = match io {
+                    CopyIo::Direct => {
+                        direct::Writer::open(&tmp).map_err(|e| ctx(e, "opening", &tmp))?
+                    }
+                    CopyIo::Buffered => None,
+                };
                 Ok(Sink::File {
                     tmp,
                     dest,
                     file,
+                    direct,
                     unflushed: 0,
                 })
             }
@@ -255,12 +282,26 @@ impl Sink {
             Sink::File {
                 tmp,
                 file,
+                direct,
                 unflushed,
                 ..
             } => {
-                file.write_all_at(data, offset)
+                let n = match direct.as_mut().map(|w| w.write_at(offset, data)) {
+                    None => 0,
+                    Some(Ok(n)) => n,
+                    // A device whose blocks are larger than a page: the page cache from now on.
+                    Some(Err(e)) if e.raw_os_error() == Some(libc::EINVAL) => {
+                        *direct = None;
+                        0
+                    }
+                    Some(Err(e)) => return Err(describe(e, "writing", tmp)),
+                };
+                if n == data.len() {
+                    return Ok(());
+                }
+                file.write_all_at(&data[n..], offset + n as u64)
                     .map_err(|e| describe(e, "writing", tmp))?;
-                *unflushed += data.len() as u64;
+                *unflushed += (data.len() - n) as u64;
                 if *unflushed >= WRITEBACK_EVERY {
                     *unflushed = 0;
                     start_writeback(file);
@@ -431,7 +472,15 @@ mod tests {
     async fn tree_is_written_across_files_and_moved_into_place() {
         let d = tmpdir("tree");
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let s = Store::open(Target::Dir(d.clone()), &manifest_dir(), 1, tx, None).unwrap();
+        let s = Store::open(
+            Target::Dir(d.clone()),
+            &manifest_dir(),
+            1,
+            CopyIo::Buffered,
+            tx,
+            None,
+        )
+        .unwrap();
         s.write(0, 0, Bytes::from_static(b"abcdefg"));
         s.finalize();
         assert!(matches!(rx.recv().await, Some(StoreEvent::Stored(0))));
@@ -450,6 +499,47 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_direct_copy_reads_back_and_lands_whole() {
+        let d = tmpdir("direct");
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        // Four pieces of 64 KiB and an unaligned last one.
+        let piece = 64 << 10;
+        let body: Vec<u8> = (0..4 * piece + 777).map(|i| (i * 31 % 251) as u8).collect();
+        let m = Manifest {
+            name: "f".into(),
+            kind: ObjectKind::File,
+            total_len: Some(body.len() as u64),
+            entries: vec![],
+        };
+        let s = Store::open(Target::Dir(d.clone()), &m, 3, CopyIo::Direct, tx, None).unwrap();
+        let disk = s.reader().expect("a one-file copy has a file");
+        for i in [4u64, 1, 0, 3, 2] {
+            let at = i as usize * piece;
+            let end = (at + piece).min(body.len());
+            s.write(i, at as u64, Bytes::copy_from_slice(&body[at..end]));
+            assert!(matches!(rx.recv().await, Some(StoreEvent::Stored(j)) if j == i));
+        }
+        let read = |at: usize, len: usize| match &disk {
+            Disk::Direct(r) => r.read_at(at as u64, len).unwrap(),
+            // A temporary directory on a file system without O_DIRECT (tmpfs).
+            Disk::Cached(f) => {
+                let mut v = vec![0; len];
+                f.read_exact_at(&mut v, at as u64).unwrap();
+                Bytes::from(v)
+            }
+        };
+        assert_eq!(&read(piece, piece)[..], &body[piece..2 * piece]);
+        assert_eq!(&read(4 * piece, 777)[..], &body[4 * piece..]);
+        s.finalize();
+        let Some(StoreEvent::Finalized(Ok(p))) = rx.recv().await else {
+            panic!()
+        };
+        assert_eq!(fs::read(&p).unwrap(), body);
+        assert_eq!(fs::read_dir(&d).unwrap().count(), 1, "temporary copy left");
+        fs::remove_dir_all(d).unwrap();
+    }
+
+    #[tokio::test]
     async fn an_unfinished_copy_leaves_nothing_behind() {
         let d = tmpdir("drop");
         let (tx, _rx) = mpsc::unbounded_channel();
@@ -459,7 +549,7 @@ mod tests {
             total_len: Some(3),
             entries: vec![],
         };
-        let s = Store::open(Target::Dir(d.clone()), &m, 2, tx, None).unwrap();
+        let s = Store::open(Target::Dir(d.clone()), &m, 2, CopyIo::Direct, tx, None).unwrap();
         s.write(0, 0, Bytes::from_static(b"ab"));
         drop(s);
         assert_eq!(fs::read_dir(&d).unwrap().count(), 0);

@@ -75,10 +75,11 @@ impl Group {
         id: SessionId,
         stripes: Stripes,
         chunk_size: u32,
+        copy_io: crate::direct::CopyIo,
         stored: Option<Arc<AtomicU64>>,
     ) -> io::Result<Arc<Group>> {
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let store = Store::open(target, object, id, tx, stored)?;
+        let store = Store::open(target, object, id, copy_io, tx, stored)?;
         let trees = stripes.trees();
         let group = Arc::new(Group {
             store,

@@ -45,7 +45,6 @@
 //! - One connection per pair of members; no striping, no extra paths.
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -65,7 +64,7 @@ use tokio::task::JoinHandle;
 
 use crate::input::{Input, InputEvent};
 use crate::report::{ClusterReport, PeerBytes, Report, Status};
-use crate::store::{Store, StoreEvent, Target};
+use crate::store::{Disk, Store, StoreEvent, Target};
 use crate::transport::{self, TcpTuning};
 
 /// Largest directory a swarm session takes: every member holds its pieces in memory (a file
@@ -237,9 +236,9 @@ pub async fn send(
     let manifest = input.manifest.clone();
     // A one-file object is served from the file (page cache) once sealed; a tree is held.
     let disk = match input.single_file() {
-        Some(p) => Some(Arc::new(
+        Some(p) => Some(Disk::Cached(Arc::new(
             std::fs::File::open(p).map_err(|e| format!("{}: {e}", p.display()))?,
-        )),
+        ))),
         None => None,
     };
     let len = check_size(&manifest, disk.is_some())?;
@@ -503,16 +502,12 @@ fn kind_name(kind: ObjectKind) -> &'static str {
 }
 
 /// An agent's side of a swarm session: `stream` is the source's connection, its `Open`
-/// already read. Stores the object into `target`; returns once the copy is in place and the
-/// session over, or with why it failed.
+/// already read. Stores the object into the agent's directory; returns once the copy is in
+/// place and the session over, or with why it failed.
 pub async fn serve(
     stream: Stream,
     open: SwarmOpen,
-    keys: Keys,
-    tuning: TcpTuning,
-    target: Target,
-    sessions: &SwarmSessions,
-    stored: Option<Arc<AtomicU64>>,
+    cfg: &crate::agent::AgentConfig,
 ) -> Result<(), String> {
     let me = open.node as NodeId;
     if me == 0 || me >= open.members.len() {
@@ -530,16 +525,23 @@ pub async fn serve(
     }
     // Agents store into a directory: a one-file object has a file to serve pieces from.
     check_size(&open.manifest, open.manifest.kind == ObjectKind::File)?;
-    let (_registered, mut peers_rx) = sessions.register(open.session);
+    let (_registered, mut peers_rx) = cfg.swarms.register(open.session);
     let pieces = open.manifest.chunks(open.chunk_size).unwrap_or(0);
     let (store_tx, mut store_rx) = mpsc::unbounded_channel();
-    let store = Store::open(target, &open.manifest, open.session, store_tx, stored)
-        .map_err(|e| format!("cannot store the object: {e}"))?;
+    let store = Store::open(
+        Target::Dir(cfg.dir.clone()),
+        &open.manifest,
+        open.session,
+        cfg.io,
+        store_tx,
+        cfg.stored.clone(),
+    )
+    .map_err(|e| format!("cannot store the object: {e}"))?;
     let mut net = Net::new(
         &open,
         me,
-        keys.clone(),
-        tuning.clone(),
+        cfg.keys.clone(),
+        cfg.tuning.clone(),
         vec![None; pieces as usize],
     )?;
     net.disk = store.reader();
@@ -681,11 +683,11 @@ impl Held {
     }
 }
 
-/// Piece `i` to send: from memory, or mapped from `disk` (handed to `sendfile` by the writer,
-/// never copied here).
+/// Piece `i` to send: from memory, or from `disk`: mapped (handed to `sendfile` by the writer,
+/// never copied here), or read past the page cache where the copy was written that way.
 fn piece(
     held: &[Option<Held>],
-    disk: &Option<Arc<std::fs::File>>,
+    disk: &Option<Disk>,
     chunk_size: u32,
     i: u64,
 ) -> Result<Option<Chunk>, String> {
@@ -696,11 +698,14 @@ fn piece(
         Held::Mem(c) => return Ok(Some(c.clone())),
         Held::Disk { hash, tag, len } => (*hash, *tag, *len as usize),
     };
-    let file = disk.as_ref().ok_or("a stored piece without a file")?;
-    // SAFETY: the file is ours (the source's input, checked while it was read, or our own
-    // copy); a truncation by another program is the SIGBUS case `input` reports.
-    let data = unsafe { crate::mapped::chunk(file, i * chunk_size as u64, len, false) }
-        .map_err(|e| format!("reading piece {i} back: {e}"))?;
+    let at = i * chunk_size as u64;
+    let data = match disk.as_ref().ok_or("a stored piece without a file")? {
+        // SAFETY: the file is ours (the source's input, checked while it was read, or our own
+        // copy); a truncation by another program is the SIGBUS case `input` reports.
+        Disk::Cached(file) => unsafe { crate::mapped::chunk(file, at, len, false) },
+        Disk::Direct(file) => file.read_at(at, len),
+    }
+    .map_err(|e| format!("reading piece {i} back: {e}"))?;
     Ok(Some(Chunk {
         index: i,
         hash,
@@ -726,7 +731,7 @@ struct Net {
     held: Vec<Option<Held>>,
     /// The file the pieces are served from once stored (the source's input, an agent's copy);
     /// none for a directory, whose pieces stay in memory.
-    disk: Option<Arc<std::fs::File>>,
+    disk: Option<Disk>,
     /// Bytes of pieces handed to the store and not yet stored.
     unstored: u64,
     conns: HashMap<NodeId, Conn>,

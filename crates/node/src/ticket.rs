@@ -279,6 +279,7 @@ mod tests {
             attachments: Default::default(),
             stdout: false,
             swarms: Default::default(),
+            io: Default::default(),
         };
         let fake_sender = async {
             let (mut j, _) = sender.accept().await.unwrap();

@@ -29,6 +29,7 @@ async fn matrix_of_three_agents_and_one_dead_host() {
             attachments: Default::default(),
             swarms: Default::default(),
             stdout: false,
+            io: Default::default(),
         });
         let mut stop = stop_tx.subscribe();
         tokio::spawn(agent::serve(
