@@ -30,6 +30,7 @@ METHODS = {
     "hybrid": "bulkcast-hybrid",
     "hybrid-direct": "bulkcast-hybrid-direct",
     "mob-direct": "bulkcast-mob-direct",
+    "balanced-direct": "bulkcast-balanced-matrix-direct",
     "aria2": "aria2",
     "auto": "bulkcast-auto",
 }
@@ -95,6 +96,7 @@ def cell_rate(res, size, bound_mbps, timeout):
     if res is None:
         return "n/a", None, None
     bad = "!" if res.get("tx_dropped", 0) else ""
+    bad += "h" if res.get("host_stalled") else ""
     if res.get("last_s") is not None and res.get("verified") is not False:
         mbs = size / res["last_s"] / 1e6
         frac = mbs * 8 / bound_mbps if bound_mbps else None
@@ -239,7 +241,9 @@ def main():
                                      "lab_wan_bytes_in": res and res.get("wan_bytes_in"),
                                      "error": res and res.get("error"),
                                      "tx_dropped": res and res.get("tx_dropped"),
-                                     "late_events": res and res.get("late_events")}
+                                     "late_events": res and res.get("late_events"),
+                                     "host": res and res.get("host"),
+                                     "host_stalled": res and res.get("host_stalled")}
         rows.append(row)
         json.dump(rows, open(os.path.join(out, "results.json"), "w"), indent=1)
 
@@ -251,7 +255,7 @@ def main():
 
 
 def render(rows, methods, size, a):
-    w = 13
+    w = max([13] + [len(m) + 1 for m in methods])
     lines = []
     lines.append(
         f"object {size / 1e6:.2f} MB ({size} bytes); throughput = object size / time until the "
@@ -277,7 +281,9 @@ def render(rows, methods, size, a):
     lines.append(
         "bound: MB/s, the broadcast (max-flow) bound of the cluster graph over the schedule "
         "(lab_bound); cells: MB/s and fraction of it; '<x' = not done within the timeout; "
-        "'!' = TUN drops (invalid)")
+        "'!' = TUN drops (invalid); 'h' = the host stalled the whole VM during the run (a "
+        "real-time probe thread woke 50 ms late, or late by 10+ ms for 1% of the run): the cell "
+        "measured the machine as much as the method")
     lines.append(
         "WAN in B/C/D: bytes into each cluster without the source over the WAN / object size; swarm, mob, "
         "hybrid: piece bytes from the source's report (ideal 1.00); * = IP bytes the lab's "
@@ -296,7 +302,7 @@ def render(rows, methods, size, a):
                 ok = [r for r in rs if (frac(r, h) or 0) >= bar]
                 checks.append(f"{h} >= {bar:.2f} of the bound, {kind} conditions: "
                               f"{len(ok)} of {len(rs)}")
-        for other in ("mob", "mob-direct", "balanced"):
+        for other in ("mob", "mob-direct", "balanced", "balanced-direct"):
             if other in methods:
                 ok = [r for r in rows if (frac(r, h) or 0) > (frac(r, other) or 0)]
                 checks.append(f"{h} ahead of {other}: {len(ok)} of {len(rows)}")

@@ -139,6 +139,12 @@ pub struct BenchResult {
     pub forwarder_cpu: Option<f64>,
     /// Forwarder events handled more than 1 ms late during the run.
     pub late_events: u64,
+    /// What a probe thread independent of the forwarder saw during the run (None: it could
+    /// not run at real-time priority): whether the host itself stalled the whole VM.
+    pub host: Option<crate::check::HostProbe>,
+    /// The probe saw the host stall ([`crate::check::HostProbe::stalled`]): the run measured
+    /// the machine as much as the method.
+    pub host_stalled: bool,
     /// What went wrong, if anything.
     pub error: Option<String>,
     /// Per site: bytes the forwarder carried into it over WAN links during the run.
@@ -356,6 +362,7 @@ pub fn run_method(
     let drops0: u64 = lab.tx_dropped()?.iter().map(|(_, d)| d).sum();
     let stats0 = lab.stats();
     let (cpu0, late0) = (lab.forwarder_cpu_s(), stats0.late_events);
+    let probe = crate::check::HostProbeRun::start();
     let gap = Duration::from_millis(m.start_gap_ms);
     let (mut rx, mut source, t0) = match m.order {
         Order::ReceiversFirst => {
@@ -433,6 +440,7 @@ pub fn run_method(
         (Some(a), Some(b)) => Some((b - a) / run_s),
         _ => None,
     };
+    let host = probe.finish();
     // Counters are published every `SERIES_STEP`: wait for the last ones.
     std::thread::sleep(SERIES_STEP + Duration::from_millis(50));
     let stats1 = lab.stats();
@@ -486,6 +494,8 @@ pub fn run_method(
         tx_dropped: drops1 - drops0,
         forwarder_cpu,
         late_events,
+        host,
+        host_stalled: host.is_some_and(|h| h.stalled()),
         error: failed,
         wan_bytes_in,
     })
@@ -543,6 +553,9 @@ pub fn render(lab: &Lab, size: u64, results: &[BenchResult]) -> String {
         }
         if r.late_events > 0 {
             notes.push_str(&format!(" ({} forwarder events >1 ms late)", r.late_events));
+        }
+        if let Some(h) = r.host.filter(|h| h.stalled()) {
+            notes.push_str(&format!(" HOST STALLED ({h})"));
         }
         let cpu = r
             .forwarder_cpu

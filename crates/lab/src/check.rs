@@ -112,7 +112,7 @@ pub const HOST_STALL_SHARE: f64 = 0.01;
 /// took the CPU; this VM does not report steal time), so a late forwarder with a punctual probe
 /// is the forwarder's fault. A stall of the forwarder's core alone goes unseen: such a miss
 /// stays judged.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
 pub struct HostProbe {
     /// Seconds the probe ran.
     pub secs: f64,
@@ -157,15 +157,16 @@ impl std::fmt::Display for HostProbe {
     }
 }
 
-/// The host probe of one attempt, stopped (and joined) by [`HostProbeRun::finish`] or on drop,
-/// so it never outlives the attempt.
-struct HostProbeRun {
+/// The host probe of one attempt (or one benchmark run), stopped (and joined) by
+/// [`HostProbeRun::finish`] or on drop, so it never outlives what it watches.
+pub struct HostProbeRun {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<Option<HostProbe>>>,
 }
 
 impl HostProbeRun {
-    fn start() -> Self {
+    /// Starts the probe thread.
+    pub fn start() -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let thread = std::thread::Builder::new()
@@ -176,7 +177,7 @@ impl HostProbeRun {
     }
 
     /// Stops the probe; what it saw (None: no real-time priority, or it could not start).
-    fn finish(mut self) -> Option<HostProbe> {
+    pub fn finish(mut self) -> Option<HostProbe> {
         self.stop.store(true, Ordering::Relaxed);
         self.thread.take()?.join().ok().flatten()
     }
