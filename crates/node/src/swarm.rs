@@ -703,6 +703,8 @@ fn piece(
         // SAFETY: the file is ours (the source's input, checked while it was read, or our own
         // copy); a truncation by another program is the SIGBUS case `input` reports.
         Disk::Cached(file) => unsafe { crate::mapped::chunk(file, at, len, false) },
+        // On the event loop: one piece's direct read (about 0.2 ms for 256 KiB on the lab's
+        // disk), where a mapping defers the page-cache read to the writer's `sendfile`.
         Disk::Direct(file) => file.read_at(at, len),
     }
     .map_err(|e| format!("reading piece {i} back: {e}"))?;
