@@ -376,9 +376,7 @@ pub async fn shutdown_signal() {
     }
 }
 
-/// Chunks are megabyte-sized and short-lived. glibc would serve each from a fresh `mmap` (and
-/// fault in and zero every page) then unmap it on free; keeping them on the heap lets freed
-/// chunk memory be reused at once. Memory stays bounded by the per-session buffer budget.
+/// How `--direct-io` asks for the copy to be written.
 fn copy_io(direct: bool) -> CopyIo {
     if direct {
         CopyIo::Direct
@@ -387,6 +385,9 @@ fn copy_io(direct: bool) -> CopyIo {
     }
 }
 
+/// Chunks are megabyte-sized and short-lived. glibc would serve each from a fresh `mmap` (and
+/// fault in and zero every page) then unmap it on free; keeping them on the heap lets freed
+/// chunk memory be reused at once. Memory stays bounded by the per-session buffer budget.
 fn tune_allocator() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only adjusts allocator thresholds; called before any other thread exists.

@@ -60,15 +60,17 @@ pub struct Aligned {
 }
 
 impl Aligned {
-    /// A zeroed buffer of `len` bytes (rounded up to [`ALIGN`]), reusing a pooled one if any.
+    /// A buffer of `len` bytes (rounded up to [`ALIGN`]), a pooled one if one is large enough
+    /// (its old contents still in it: callers overwrite what they use), else a new zeroed one.
     pub fn new(len: usize) -> Aligned {
         let len = round_up(len);
         let vec = pool()
             .lock()
             .map(|mut p| {
-                p.iter()
-                    .position(|v| v.len() >= len + ALIGN)
-                    .map(|i| p.swap_remove(i))
+                let i = p.bufs.iter().position(|v| v.len() >= len + ALIGN)?;
+                let v = p.bufs.swap_remove(i);
+                p.bytes -= v.len();
+                Some(v)
             })
             .ok()
             .flatten()
@@ -93,18 +95,30 @@ impl Drop for Aligned {
         // Back to the pool, so reads in steady state reuse memory instead of faulting new pages
         // in (the cost this module exists to avoid).
         if let Ok(mut p) = pool().lock() {
-            if p.len() < POOL_MAX {
-                p.push(std::mem::take(&mut self.vec));
+            if p.bytes + self.vec.len() <= POOL_BYTES {
+                p.bytes += self.vec.len();
+                p.bufs.push(std::mem::take(&mut self.vec));
             }
         }
     }
 }
 
-/// Buffers kept for reuse: enough for the pieces a member has in flight to its peers at once.
-const POOL_MAX: usize = 64;
+/// Bytes of buffers kept for reuse: the pieces a member has in flight to its peers at once
+/// (a few windows of 256 KiB pieces), without letting 16 MiB chunks pile up.
+const POOL_BYTES: usize = 32 << 20;
 
-fn pool() -> &'static Mutex<Vec<Vec<u8>>> {
-    static POOL: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+/// Freed aligned buffers, for the next [`Aligned::new`].
+struct Pool {
+    bufs: Vec<Vec<u8>>,
+    /// Their lengths added up (at most [`POOL_BYTES`]).
+    bytes: usize,
+}
+
+fn pool() -> &'static Mutex<Pool> {
+    static POOL: Mutex<Pool> = Mutex::new(Pool {
+        bufs: Vec::new(),
+        bytes: 0,
+    });
     &POOL
 }
 
@@ -208,7 +222,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn aligned_buffers_are_aligned_and_reused() {
+    fn aligned_buffers_are_aligned_whether_new_or_pooled() {
         let a = Aligned::new(5000);
         assert_eq!(a.as_ref().len(), 2 * ALIGN);
         assert_eq!(a.as_ref().as_ptr() as usize % ALIGN, 0);
