@@ -195,17 +195,9 @@ impl Drop for HostProbeRun {
 /// The probe's loop: 1 ms sleeps until `stop`, checked after every sleep.
 fn host_probe(stop: &AtomicBool) -> Option<HostProbe> {
     crate::streams::pin_off_forwarder();
-    // Priority 11, above the forwarder's 10 (`forwarder::tune_thread`): where they share a
-    // core (one CPU, `BCLAB_SHARE_CPU`) a busy forwarder must not pass for a host stall.
-    // SAFETY: plain syscalls on the calling thread with valid arguments.
-    let realtime = unsafe {
-        libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0u64, 0u64, 0u64);
-        let param = libc::sched_param { sched_priority: 11 };
-        libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) == 0
-    };
-    if !realtime {
-        return None;
-    }
+    // Above the forwarder's priority: where they share a core (one CPU, `BCLAB_SHARE_CPU`) a
+    // busy forwarder must not pass for a host stall.
+    crate::forwarder::realtime(crate::forwarder::FORWARDER_PRIORITY + 1).ok()?;
     let start = Instant::now();
     let mut p = HostProbe::default();
     while !stop.load(Ordering::Relaxed) {

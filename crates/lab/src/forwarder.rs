@@ -152,13 +152,30 @@ pub fn tune_thread(cpu: Option<usize>) -> Vec<String> {
                 warnings.push(format!("pin to cpu {cpu}: {}", io::Error::last_os_error()));
             }
         }
-        let param = libc::sched_param { sched_priority: 10 };
-        if libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) != 0 {
-            warnings.push(format!("SCHED_FIFO: {}", io::Error::last_os_error()));
-        }
-        libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0u64, 0u64, 0u64);
+    }
+    if let Err(e) = realtime(FORWARDER_PRIORITY) {
+        warnings.push(format!("SCHED_FIFO: {e}"));
     }
     warnings
+}
+
+/// The forwarder's real-time priority (`SCHED_FIFO`).
+pub const FORWARDER_PRIORITY: i32 = 10;
+
+/// Makes the calling thread real-time (`SCHED_FIFO` at `priority`) with a 1 ns timer slack, so
+/// its sleeps end on time. The slack is set even where the priority is refused.
+pub fn realtime(priority: i32) -> io::Result<()> {
+    // SAFETY: plain syscalls on the calling thread with valid arguments.
+    unsafe {
+        libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0u64, 0u64, 0u64);
+        let param = libc::sched_param {
+            sched_priority: priority,
+        };
+        if libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 /// The CPU the forwarder is pinned to: the last one, so RPS can steer receive work to the rest.
