@@ -249,13 +249,41 @@ pub enum Target {
     /// late releases what arrived meanwhile as one burst, which a real path's queue would
     /// drop too, so a miss while it was stalled is excused even if never met.
     Queue,
+    /// On a path with random loss, one bbr stream carries at least [`CONTRAST_FACTOR`] times
+    /// what one cubic stream carries, and at least [`CONTRAST_SHARE`] of the rate: loss-based
+    /// congestion control collapses there (Mathis: about 1.4 Mbit/s at 1% and 100 ms), a
+    /// model-based one does not. The emulator must reproduce that contrast, or bulkcast's
+    /// choice of bbr for lossy WAN hops is tuned on a fiction.
+    Contrast,
 }
 
+/// [`Target::Contrast`]: bbr over cubic on a lossy path, at least (the table's verdict
+/// spells this and [`CONTRAST_SHARE`] out).
+pub const CONTRAST_FACTOR: f64 = 5.0;
+
+/// [`Target::Contrast`]: bbr's share of a lossy path's rate, at least. Measured here on an
+/// idle VM: 0.96-0.98 at 1% loss and 100 ms, 0.46-0.70 at 2% and 250 ms (bbr's start-up
+/// takes several of those round trips of the 8 s stream); 0.25 leaves room for both while
+/// still failing an emulator that delays or drops in bursts (14% measured while the host
+/// stalled for 3.4 s).
+pub const CONTRAST_SHARE: f64 = 0.25;
+
 impl Target {
-    const ALL: [Target; 4] = [Target::Rtt, Target::Rate, Target::Loss, Target::Queue];
+    const ALL: [Target; 5] = [
+        Target::Rtt,
+        Target::Rate,
+        Target::Loss,
+        Target::Queue,
+        Target::Contrast,
+    ];
 }
 
 impl PathCheck {
+    /// What one stream with congestion control `cc` carried, Mbit/s (None: not measured).
+    pub fn tcp_mbps(&self, cc: &str) -> Option<f64> {
+        self.tcp.iter().find(|(c, _)| c == cc).map(|(_, m)| *m)
+    }
+
     /// The targets this path missed, each with a line saying how.
     pub fn missed(&self) -> Vec<(Target, String)> {
         let mut f = Vec::new();
@@ -277,6 +305,22 @@ impl PathCheck {
                         format!("{}: bbr {m:.1} Mbit/s < 90% of {rate} Mbit/s", p.label),
                     ));
                 }
+            }
+        }
+        if let (Some(rate), Some(bbr), Some(cubic)) =
+            (p.rate_mbps, p.tcp_mbps("bbr"), p.tcp_mbps("cubic"))
+        {
+            if p.loss_cfg > 0.0 && !contrast_ok(rate, cubic, bbr) {
+                f.push((
+                    Target::Contrast,
+                    format!(
+                        "{}: at {:.1}% loss bbr {bbr:.1} Mbit/s against cubic {cubic:.1}: not \
+                         {CONTRAST_FACTOR}x cubic and {:.0}% of {rate} Mbit/s",
+                        p.label,
+                        p.loss_cfg * 100.0,
+                        CONTRAST_SHARE * 100.0
+                    ),
+                ));
             }
         }
         if let Some(u) = p.loss {
@@ -469,6 +513,12 @@ pub fn rtt_ok(cfg_ms: f64, measured_ms: f64) -> bool {
     (measured_ms - cfg_ms).abs() <= (0.02 * cfg_ms).max(1.0)
 }
 
+/// [`Target::Contrast`] on a path of `rate` Mbit/s where one cubic stream carried `cubic`
+/// and one bbr stream `bbr` Mbit/s.
+pub fn contrast_ok(rate: f64, cubic: f64, bbr: f64) -> bool {
+    bbr >= CONTRAST_FACTOR * cubic && bbr >= CONTRAST_SHARE * rate
+}
+
 /// Loss tolerance: within 15 % (relative) of the configured loss; near zero when none is set.
 pub fn loss_ok(cfg: f64, measured: f64) -> bool {
     if cfg == 0.0 {
@@ -537,10 +587,21 @@ impl CheckReport {
             for (cc, m) in &p.tcp {
                 let (share, verdict) = match p.rate_mbps {
                     Some(r) => {
-                        let v = if cc == "bbr" && p.loss_cfg == 0.0 {
-                            p.verdict(Target::Rate, *m >= 0.9 * r, "ok (>= 90%)", "FAIL (< 90%)")
-                        } else {
-                            "(no target)"
+                        let cubic = p.tcp_mbps("cubic");
+                        let v = match (cc.as_str(), cubic) {
+                            ("bbr", _) if p.loss_cfg == 0.0 => p.verdict(
+                                Target::Rate,
+                                *m >= 0.9 * r,
+                                "ok (>= 90%)",
+                                "FAIL (< 90%)",
+                            ),
+                            ("bbr", Some(c)) => p.verdict(
+                                Target::Contrast,
+                                contrast_ok(r, c, *m),
+                                "ok (>= 5x cubic, >= 25%)",
+                                "FAIL (< 5x cubic or < 25%)",
+                            ),
+                            _ => "(no target)",
                         };
                         (format!(" ({:.1}%)", 100.0 * m / r), v)
                     }
@@ -1353,6 +1414,59 @@ mod tests {
             1,
         );
         assert_eq!((r.retried.len(), r.failures().len()), (1, 0));
+    }
+
+    /// Attempt of the 100 Mbit/s, 100 ms, 1% loss path of `lab_root::fidelity`.
+    fn lossy_attempt(cubic: f64, bbr: f64, late_events: u64, host: Option<HostProbe>) -> PathCheck {
+        PathCheck {
+            label: "a -> c (a-c)".into(),
+            loss_cfg: 0.01,
+            tcp: vec![("cubic".into(), cubic), ("bbr".into(), bbr)],
+            loss: Some(UdpLoss {
+                sent: 30_000,
+                lost: 290,
+                random_drops: 290,
+                ..Default::default()
+            }),
+            ..rate_attempt(bbr, late_events, host)
+        }
+    }
+
+    #[test]
+    fn a_lossy_path_must_show_the_cubic_bbr_contrast() {
+        // Usual figures on an idle VM: met, and no rate target on a lossy path.
+        let r = judge(vec![lossy_attempt(1.4, 96.0, 0, punctual())], 5);
+        assert!(r.failures().is_empty(), "{}", r.render());
+        assert!(
+            r.render().contains("ok (>= 5x cubic, >= 25%)"),
+            "{}",
+            r.render()
+        );
+        // CI of 2026-11-24 (the last session's red run): bbr 14.3 against cubic 1.4 while the
+        // host stalled 3.4 s; the contrast test outside `check` failed without a second attempt.
+        // Now it is a target: measured again, and passes when a later attempt meets it.
+        let r = judge(
+            vec![
+                lossy_attempt(1.4, 14.3, 11_879, stalled()),
+                lossy_attempt(1.3, 95.0, 9_000, punctual()),
+            ],
+            5,
+        );
+        assert_eq!(
+            (r.retried.len(), r.failures().len()),
+            (1, 0),
+            "{}",
+            r.render()
+        );
+        // Stalled in every attempt: not judged; with a fair attempt that misses: fails.
+        let r = judge(vec![lossy_attempt(1.4, 14.3, 11_879, stalled()); 2], 1);
+        assert!(r.paths[0].not_judged() && r.failures().is_empty());
+        let r = judge(vec![lossy_attempt(1.4, 14.3, 0, punctual())], 5);
+        assert_eq!(r.failures().len(), 1, "{}", r.render());
+        assert!(r.failures()[0].contains("bbr 14.3"), "{:?}", r.failures());
+        // An emulator whose loss hits bbr as hard as cubic fails the ratio, whatever the share.
+        assert!(!contrast_ok(100.0, 20.0, 90.0) && contrast_ok(100.0, 1.4, 25.0));
+        assert!(!contrast_ok(50.0, 0.3, 12.0), "under 25% of 50 Mbit/s");
     }
 
     #[test]

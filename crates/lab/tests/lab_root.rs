@@ -67,7 +67,7 @@ fn netns_list() -> String {
 
 /// The issue's targets: RTT within 1 ms (or 2%) at 10-250 ms, one bbr stream >= 90% of a
 /// 100 Mbit/s, 100 ms path, UDP loss within 15% of the configured rate, no TUN drops; and the
-/// cubic/bbr contrast at 1% loss.
+/// cubic/bbr contrast on the lossy paths.
 #[test]
 fn fidelity() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -149,25 +149,16 @@ fn fidelity() {
     }
     let failures = report.failures();
     assert!(failures.is_empty(), "fidelity targets missed:\n{table}");
-    // 1% loss at 100 ms: cubic collapses, bbr keeps far more of the rate. The contrast is a
-    // ratio, not bbr's absolute share: on a busy 2-core CI machine the forwarder's late events
-    // cost bbr up to a third of the link (67 Mbit/s seen), while cubic stays near 1 Mbit/s.
+    // 1% loss at 100 ms: cubic collapses, bbr keeps far more of the rate. The contrast is one
+    // of `check`'s targets (`Target::Contrast`), so it is in `failures` above, measured again
+    // when the forwarder or the host stalled, and not judged when the host stalled throughout;
+    // here only that the path carried both figures.
     let lossy = &report.paths[1];
     assert!((lossy.loss_cfg - 0.01).abs() < 1e-9, "{table}");
-    let cubic = lossy.tcp.iter().find(|(c, _)| c == "cubic").unwrap().1;
-    let bbr = lossy.tcp.iter().find(|(c, _)| c == "bbr").unwrap().1;
-    // A path not judged has no figures to judge: they are the stalled host's.
-    if lossy.not_judged() {
-        uncaptured(&format!(
-            "NOT JUDGED fidelity: cubic/bbr contrast at 1% loss (cubic {cubic}, bbr {bbr}): \
-             the host stalled in every attempt of its path"
-        ));
-    } else {
-        assert!(
-            cubic < 20.0 && bbr > 40.0 && bbr > 5.0 * cubic,
-            "no cubic/bbr contrast at 1% loss: cubic {cubic}, bbr {bbr}\n{table}"
-        );
-    }
+    assert!(
+        lossy.tcp_mbps("cubic").is_some() && lossy.tcp_mbps("bbr").is_some(),
+        "{table}"
+    );
     assert_eq!(report.tx_dropped, 0, "{table}");
     lab.down().unwrap();
     assert!(!netns_list().contains("bclab-t-fidelity."));
