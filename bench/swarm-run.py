@@ -29,13 +29,14 @@ METHODS = {
     "mob": "bulkcast-mob",
     "hybrid": "bulkcast-hybrid",
     "hybrid-direct": "bulkcast-hybrid-direct",
+    "hybrid-direct-log": "bulkcast-hybrid-direct-log",
     "mob-direct": "bulkcast-mob-direct",
     "balanced-direct": "bulkcast-balanced-matrix-direct",
     "aria2": "aria2",
     "auto": "bulkcast-auto",
 }
 # Methods whose source writes a bulkcast JSON report with per-cluster WAN piece bytes.
-REPORTS = {"swarm", "mob", "hybrid", "mob-direct", "hybrid-direct"}
+REPORTS = {"swarm", "mob", "hybrid", "mob-direct", "hybrid-direct", "hybrid-direct-log"}
 # What runs without --methods: each strategy once (the -direct variants on request).
 DEFAULT_METHODS = "flat,tree,balanced,swarm,mob,hybrid,aria2,auto"
 CONDITIONS = ["fast", "slow", "fast-to-slow", "slow-to-fast", "mayhem"]
@@ -129,6 +130,11 @@ def main():
                     help="multiply every link rate by this (default 1): at 0.25 the lab moves a "
                     "quarter of the packets per second, a check of how much the machine, rather "
                     "than the strategy, costs (the bound scales with it)")
+    ap.add_argument("--hosts-cpu", choices=["apart", "shared"], default="apart",
+                    help="apart (default): the emulated hosts' processes stay off the forwarder's "
+                    "core, as everywhere in the lab; shared: they may use every CPU "
+                    "(BCLAB_SHARE_CPU), which on a 2-core machine doubles what 16 hosts get, "
+                    "at the risk of the forwarder's timing (read its late-event count)")
     ap.add_argument("--cc", default="bbr", help="congestion control for bulkcast (default bbr)")
     ap.add_argument("--work-dir", default="/tmp/bclab-swarm-run",
                     help="where the object and the receivers' copies go (default "
@@ -140,6 +146,7 @@ def main():
     a = ap.parse_args()
     if a.render:
         rows = json.load(open(a.render))
+        a.hosts_cpu = rows[0].get("hosts_cpu", "apart") if rows else "apart"
         methods = [m.strip() for m in a.methods.split(",") if m.strip()]
         print(render(rows, methods, parse_size(a.size), a), end="")
         return
@@ -171,7 +178,7 @@ def main():
 
     started = time.time()
     say(f"swarm-run: {len(names)} scenarios x {len(methods)} methods, object {size} bytes, "
-        f"time scale {a.time_scale:g}, timeout {a.timeout} s, out {out}")
+        f"time scale {a.time_scale:g}, timeout {a.timeout} s, hosts' CPUs {a.hosts_cpu}, out {out}")
     say(f"uptime at start: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
     rows = []
     for name in names:
@@ -194,6 +201,11 @@ def main():
         say(f"[{time.time() - started:6.0f} s] {name}: bound {bound['bound_mbps']:.1f} Mbit/s "
             f"({'static' if not dynamic else 'over the schedule'}), load {load0}")
         t0 = time.time()
+        env = dict(os.environ)
+        if a.hosts_cpu == "shared":
+            env["BCLAB_SHARE_CPU"] = "1"
+        else:
+            env.pop("BCLAB_SHARE_CPU", None)
         with open(os.path.join(raw, "bench.stderr"), "w") as err:
             r = run([os.path.join(rel, "examples/lab_bench"), sc,
                      "--methods-file", os.path.join(ROOT, "bench/lab-methods.toml"),
@@ -201,7 +213,7 @@ def main():
                      "--size", str(size), "--timeout", str(a.timeout), "--cc", a.cc,
                      "--work-dir", a.work_dir, "--raw-dir", raw,
                      "--json", os.path.join(raw, "bench.json")],
-                    stdout=subprocess.PIPE, stderr=err, text=True)
+                    stdout=subprocess.PIPE, stderr=err, text=True, env=env)
         open(os.path.join(raw, "table.txt"), "w").write(r.stdout)
         say(r.stdout.rstrip())
         if r.returncode != 0:
@@ -221,7 +233,8 @@ def main():
         row = {"scenario": name, "layout": layout, "condition": cond, "rtt_ms": rtt,
                "static": not dynamic, "bound_mbps": bound["bound_mbps"],
                "bound_time_s": bound["bound_time_s"], "load": load0, "loadavg_end": loadavg(),
-               "seconds": round(time.time() - t0, 1), "sites": sites, "methods": {}}
+               "seconds": round(time.time() - t0, 1), "sites": sites,
+               "hosts_cpu": a.hosts_cpu, "methods": {}}
         for short in methods:
             res = by_method.get(METHODS[short])
             text, mbs, frac = cell_rate(res, size, bound["bound_mbps"], a.timeout)
@@ -263,6 +276,10 @@ def render(rows, methods, size, a):
     lines.append(
         f"changing conditions: schedule times x{a.time_scale:g} (switch at {30 * a.time_scale:g} s, "
         f"mayhem every {5 * a.time_scale:g} s); timeout {a.timeout} s per method")
+    lines.append(
+        "hosts' processes: " + {"apart": "off the forwarder's core (--hosts-cpu apart)",
+                                "shared": "on every CPU, the forwarder's included (--hosts-cpu "
+                                "shared)"}[a.hosts_cpu])
     head = f"{'condition':<13}{'layout':<8}{'RTT':>4} {'load':>5} {'bound':>6} |"
     head += "".join(f"{m:>{w}}" for m in methods)
     head += " | WAN in B/C/D:"

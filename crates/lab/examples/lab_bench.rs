@@ -81,15 +81,19 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     std::fs::create_dir_all(&a.work_dir)?;
     // Absolute, as the runner makes `{raw}`: a method's commands may change directory.
     let work_dir = std::fs::canonicalize(&a.work_dir)?;
-    let object = work_dir.join("object.bin");
+    // The lab first: it refuses a second bench of the same scenario (`LabError::Busy`)
+    // before anything here touches the work directory that bench may be sending from.
+    let sc = Scenario::load(&a.scenario)?;
+    let lab = Lab::up(&sc)?;
+    // This bench's own object (another scenario's bench may share the work directory: a
+    // common file would be rewritten under its source, or removed before its last method).
+    let object = work_dir.join(format!("object-{}.bin", std::process::id()));
     // Random bytes (seeded): nothing compresses, every run distributes the same object.
     let mut rng = rand::rngs::SmallRng::seed_from_u64(42);
     let mut data = vec![0u8; size as usize];
     rng.fill_bytes(&mut data);
     std::fs::write(&object, &data)?;
     drop(data);
-    let sc = Scenario::load(&a.scenario)?;
-    let lab = Lab::up(&sc)?;
     let opts = BenchOptions {
         object: object.clone(),
         work_dir: work_dir.join("out"),
