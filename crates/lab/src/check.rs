@@ -297,14 +297,12 @@ impl PathCheck {
                 ),
             ));
         }
-        if let (Some(rate), 0.0) = (p.rate_mbps, p.loss_cfg) {
-            for (cc, m) in &p.tcp {
-                if cc == "bbr" && *m < 0.9 * rate {
-                    f.push((
-                        Target::Rate,
-                        format!("{}: bbr {m:.1} Mbit/s < 90% of {rate} Mbit/s", p.label),
-                    ));
-                }
+        if let (Some(rate), 0.0, Some(m)) = (p.rate_mbps, p.loss_cfg, p.tcp_mbps("bbr")) {
+            if m < 0.9 * rate {
+                f.push((
+                    Target::Rate,
+                    format!("{}: bbr {m:.1} Mbit/s < 90% of {rate} Mbit/s", p.label),
+                ));
             }
         }
         if let (Some(rate), Some(bbr), Some(cubic)) =
