@@ -298,9 +298,10 @@ def render(rows, methods, size, a):
     lines.append(
         "bound: MB/s, the broadcast (max-flow) bound of the cluster graph over the schedule "
         "(lab_bound); cells: MB/s and fraction of it; '<x' = not done within the timeout; "
-        "'!' = TUN drops (invalid); 'h' = the host stalled the whole VM during the run (a "
-        "real-time probe thread woke 50 ms late, or late by 10+ ms for 1% of the run): the cell "
-        "measured the machine as much as the method")
+        "'!' = TUN drops (invalid); 'h' = the hosts' CPU stalled during the run (a real-time "
+        "probe thread on it woke 50 ms late, or late by 10+ ms for 1% of the run: the hypervisor "
+        "did not run the VM, or the hosts' kernel work, which this kernel does not preempt, held "
+        "the CPU): the cell measured the machine as much as the method")
     lines.append(
         "WAN in B/C/D: bytes into each cluster without the source over the WAN / object size; swarm, mob, "
         "hybrid: piece bytes from the source's report (ideal 1.00); * = IP bytes the lab's "

@@ -21,6 +21,24 @@ fn lab_possible(test: &str) -> bool {
     }
 }
 
+/// A directory of this test process's own, removed when dropped (also when an assertion fails).
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Scratch {
+        let p = std::env::temp_dir().join(format!("bulkcast-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        Scratch(p)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 struct Agents(Vec<Child>);
 
 impl Drop for Agents {
@@ -44,9 +62,8 @@ fn send_across(scenario: &str, len: usize, args: &[&str]) -> serde_json::Value {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let sc = Scenario::load(&root.join("scenarios").join(scenario)).unwrap();
     let lab = Lab::up(&sc).unwrap();
-    let work = PathBuf::from(format!("/tmp/bulkcast-labtest-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&work);
-    std::fs::create_dir_all(&work).unwrap();
+    let scratch = Scratch::new("labtest");
+    let work = &scratch.0;
     let secret = "5a".repeat(32);
     let hosts = lab.hosts_spec();
     let mut agents = Agents(Vec::new());
@@ -106,7 +123,7 @@ fn send_across(scenario: &str, len: usize, args: &[&str]) -> serde_json::Value {
     );
     drop(agents);
     drop(lab);
-    let _ = std::fs::remove_dir_all(&work);
+    drop(scratch);
     eprintln!("{scenario} {args:?}: {} s, {stderr}", report["seconds"]);
     report
 }
@@ -159,13 +176,14 @@ fn the_labs_matrix_gives_the_planner_the_wan_capacities() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let sc = Scenario::load(&root.join("scenarios/seed004-4x4-fast.toml")).unwrap();
     let lab = Lab::up(&sc).unwrap();
+    let scratch = Scratch::new("labplan");
     let out = std::process::Command::new(BIN)
         .args(["plan", "--algo", "balanced", "--size-mib", "64", "--hosts"])
         .arg(lab.hosts_file())
         .arg("--matrix")
         .arg(lab.matrix_file())
         .arg("--out")
-        .arg(std::env::temp_dir().join(format!("bulkcast-labplan-{}", std::process::id())))
+        .arg(scratch.0.join("plan"))
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);

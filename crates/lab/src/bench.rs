@@ -139,8 +139,9 @@ pub struct BenchResult {
     pub forwarder_cpu: Option<f64>,
     /// Forwarder events handled more than 1 ms late during the run.
     pub late_events: u64,
-    /// What a probe thread independent of the forwarder saw during the run (None: it could
-    /// not run at real-time priority): whether the host itself stalled the whole VM.
+    /// What a real-time probe thread on the hosts' CPU (off the forwarder's) saw during the run
+    /// (None: it could not run at real-time priority): whether that CPU stalled, because the
+    /// hypervisor did not run the VM or the hosts' kernel work held it.
     pub host: Option<crate::check::HostProbe>,
     /// The probe saw the host stall ([`crate::check::HostProbe::stalled`]): the run measured
     /// the machine as much as the method.

@@ -3,7 +3,7 @@
 //! hybrid, at 20 ms and 100 ms RTT between clusters.
 //!
 //! ```text
-//! cargo run --release -p bulkcast-proto --example swarm_sim [-- --per-cluster N --mb M --piece-kib K --lab --unequal --servers N]
+//! cargo run --release -p bulkcast-proto --example swarm_sim [-- --per-cluster N --mb M --piece-kib K --lab --unequal --servers N --shares blocks|stripes]
 //! ```
 //!
 //! Throughput is the object size over the time until the last receiver finished (the paper's
@@ -15,6 +15,7 @@
 
 use std::time::Duration;
 
+use bulkcast_proto::swarm::mob::ShareLayout;
 use bulkcast_proto::swarm::sim::{self, Condition, SwarmSimSpec, Topology, MB_S};
 use bulkcast_proto::swarm::{Strategy, SwarmConfig};
 
@@ -25,7 +26,11 @@ fn main() {
     let mut detail: Option<(usize, u64)> = None;
     let mut sweep = false;
     let mut lab = false;
-    let mut servers = SwarmConfig::new(Strategy::Hybrid, 0, 0).hybrid_servers;
+    let defaults = SwarmConfig::new(Strategy::Hybrid, 0, 0);
+    let mut servers = Tune {
+        servers: defaults.hybrid_servers,
+        shares: defaults.hybrid_shares,
+    };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -37,6 +42,17 @@ fn main() {
             lab = true;
             continue;
         }
+        if a == "--shares" {
+            servers.shares = match it.next().map(String::as_str) {
+                Some("blocks") => ShareLayout::Blocks,
+                Some("stripes") => ShareLayout::Stripes,
+                _ => {
+                    eprintln!("--shares takes blocks or stripes");
+                    std::process::exit(2);
+                }
+            };
+            continue;
+        }
         if a == "--unequal" {
             // The lab's unequal layout: the source alone in its site, then 3, 4 and 8 hosts.
             sizes = [1, 3, 4, 8];
@@ -45,7 +61,7 @@ fn main() {
         let v = it.next().and_then(|v| v.parse::<u64>().ok());
         match (a.as_str(), v) {
             ("--per-cluster", Some(v)) => sizes = [v as usize; 4],
-            ("--servers", Some(v)) => servers = v as usize,
+            ("--servers", Some(v)) => servers.servers = v as usize,
             ("--mb", Some(v)) => mb = v,
             ("--piece-kib", Some(v)) => piece_kib = v as u32,
             ("--detail", Some(v)) => {
@@ -54,7 +70,7 @@ fn main() {
             }
             _ => {
                 eprintln!(
-                    "usage: swarm_sim [--per-cluster N] [--mb M] [--piece-kib K] [--detail CONDITION RTT_MS] [--sweep] [--lab] [--unequal] [--servers N]"
+                    "usage: swarm_sim [--per-cluster N] [--mb M] [--piece-kib K] [--detail CONDITION RTT_MS] [--sweep] [--lab] [--unequal] [--servers N] [--shares blocks|stripes]"
                 );
                 std::process::exit(2);
             }
@@ -109,7 +125,7 @@ fn main() {
                 spec.piece_len = piece_kib << 10;
                 spec.wan_changes = changes;
                 spec.seed = 4;
-                spec.config.hybrid_servers = servers;
+                servers.apply(&mut spec.config);
                 let r = sim::run(spec);
                 let wan: Vec<String> = r.wan_multiples()[1..]
                     .iter()
@@ -164,7 +180,7 @@ fn show_detail(
     piece_kib: u32,
     rtt_ms: u64,
     lab: bool,
-    servers: usize,
+    servers: Tune,
 ) {
     for strategy in [Strategy::Mob, Strategy::Hybrid] {
         let mut topo = topology(sizes, rtt_ms, lab);
@@ -175,7 +191,7 @@ fn show_detail(
         spec.piece_len = piece_kib << 10;
         spec.wan_changes = changes;
         spec.seed = 4;
-        spec.config.hybrid_servers = servers;
+        servers.apply(&mut spec.config);
         let r = sim::run(spec);
         let tp = r.throughput();
         println!(
@@ -241,7 +257,7 @@ fn show_detail(
 /// the hybrid over object sizes from 32 KiB to 128 MiB, static conditions, 20 and 100 ms.
 /// Pieces are sized as `bulkcast send` sizes chunks (about 1/300 of the object, a power of two
 /// between 64 KiB and 1 MiB), so a small object is a few pieces.
-fn show_sweep(sizes: [usize; 4], lab: bool, servers: usize) {
+fn show_sweep(sizes: [usize; 4], lab: bool, servers: Tune) {
     println!(
         "clusters of {sizes:?} nodes; MB/s (object / time until the last node finished); winner"
     );
@@ -264,7 +280,7 @@ fn show_sweep(sizes: [usize; 4], lab: bool, servers: usize) {
                     spec.piece_len = piece.min(len as u32);
                     spec.wan_changes = changes;
                     spec.seed = 4;
-                    spec.config.hybrid_servers = servers;
+                    servers.apply(&mut spec.config);
                     let r = sim::run(spec);
                     if strategy == Strategy::Hybrid {
                         copies = r.wan_multiples()[1..]
@@ -314,5 +330,19 @@ fn rates_line(lab: bool) -> &'static str {
         "WAN rates: the lab's seed 004 scenarios (--lab, sim::LAB_LINKS)"
     } else {
         "WAN rates: the simulator's own (sim::FAST_LINKS)"
+    }
+}
+
+/// The hybrid's settings under test (`--servers`, `--shares`).
+#[derive(Clone, Copy)]
+struct Tune {
+    servers: usize,
+    shares: ShareLayout,
+}
+
+impl Tune {
+    fn apply(&self, c: &mut SwarmConfig) {
+        c.hybrid_servers = self.servers;
+        c.hybrid_shares = self.shares;
     }
 }

@@ -4,11 +4,12 @@
 use std::time::{Duration, Instant};
 
 use bulkcast_proto::auth::{Keys, Secret};
+use bulkcast_proto::swarm::mob::ShareLayout;
 use bulkcast_proto::swarm::sim::{
     self, plan_tree, Condition, SwarmSimReport, SwarmSimSpec, Topology, WanChange,
 };
 use bulkcast_proto::swarm::{Strategy, SwarmConfig, SwarmError, SwarmMsg, SwarmNode};
-use bulkcast_proto::tree::NodeId;
+use bulkcast_proto::tree::{NodeId, Tree};
 use bulkcast_proto::wire::{Frame, WireError};
 use bytes::Bytes;
 
@@ -690,4 +691,35 @@ fn peer_stats_tell_a_full_window_from_a_peer_with_nothing_to_give() {
     assert_eq!((mate.outstanding, mate.askable), (0, 0));
     assert!(!source.stalled);
     assert_eq!(stats.len(), 2);
+}
+
+#[test]
+fn hybrid_members_share_the_dealt_pieces_by_stripes_so_each_fetches_from_the_start() {
+    // Clusters: {0 (source), 1}, {2}, {3, 4, 5, 6}. Node 5 has rank 2 of 4 in its cluster;
+    // node 2 holds the first 8 of 400 pieces, the first the deal sends out.
+    let keys = Keys::derive(&Secret::from_bytes([3; 32]));
+    let now = Instant::now();
+    let labels = [0, 0, 1, 2, 2, 2, 2];
+    // The planned tree: the source feeds 1 and each cluster's entry; 3 feeds its mates.
+    let parents = vec![None, Some(0), Some(0), Some(0), Some(3), Some(3), Some(3)];
+    let tree = Tree::from_parents(parents).unwrap();
+    let asked = |shares: ShareLayout| {
+        let mut cfg = SwarmConfig::new(Strategy::Hybrid, 6, 400);
+        cfg.hybrid_shares = shares;
+        let mut node = SwarmNode::new(cfg, keys.clone(), &labels, 5, Some(&tree), now).unwrap();
+        node.handle_connected(2, now);
+        let first = Frame::Swarm(SwarmMsg::bitfield(400, |i| i < 8));
+        node.handle_frame(2, first, now).unwrap();
+        std::iter::from_fn(|| node.poll_control(2, now))
+            .filter_map(|f| match f {
+                Frame::Request { index, .. } => Some(index),
+                _ => None,
+            })
+            .collect::<Vec<u64>>()
+    };
+    // Stripes: its share is every fourth piece from 2 on, so it asks for 2 and 6 at once.
+    assert_eq!(asked(ShareLayout::Stripes), vec![2, 6]);
+    // Blocks (MOB's): its share is pieces 200..300, so it has nothing to fetch until the deal
+    // gets there, half-way through.
+    assert_eq!(asked(ShareLayout::Blocks), Vec::<u64>::new());
 }

@@ -82,13 +82,14 @@ impl PeerRate {
         self.last = Some(now);
     }
 
-    /// How many requests to keep outstanding.
-    pub(crate) fn window(&self) -> usize {
+    /// How many requests to keep outstanding: twice the rate-delay product and `spare`
+    /// pieces more (at least one in all).
+    pub(crate) fn window(&self, spare: f64) -> usize {
         match (self.rate, self.min_rtt) {
             (Some(r), Some(t)) => {
-                ((2.0 * r * t.as_secs_f64()).ceil() as usize + MIN_WINDOW).min(MAX_WINDOW)
+                ((2.0 * r * t.as_secs_f64() + spare).ceil() as usize).clamp(1, MAX_WINDOW)
             }
-            _ => MIN_WINDOW + 1,
+            _ => spare.ceil() as usize + 1,
         }
     }
 
@@ -118,7 +119,7 @@ impl SwarmNode {
     /// Hybrid pulls at peer k: keep its rate-sized window full (see the module documentation
     /// of [`crate::swarm`]).
     pub(crate) fn hybrid_top_up(&mut self, k: usize, now: Instant) {
-        let window = self.peers[k].rate.window();
+        let window = self.hybrid_window(k);
         let me = self.peers[k].id;
         // Requests on their way here from a slower peer count against the window.
         let mut moving_in = self.moving_in[me] as usize;
@@ -183,6 +184,20 @@ impl SwarmNode {
             }
             break;
         }
+    }
+
+    /// Peer k's request window. With striped shares every member of this cluster pulls over
+    /// the same WAN link at once, so the spare pieces beyond the rate-delay product are split
+    /// among them: the link's queue of requests stays as deep as when one
+    /// member at a time pulled, which matters behind a thin link.
+    pub(crate) fn hybrid_window(&self, k: usize) -> usize {
+        let p = &self.peers[k];
+        let members = self.mobs.members(self.my_cluster()).len().max(1);
+        let spare = match self.cfg.hybrid_shares {
+            super::mob::ShareLayout::Stripes if !p.local => MIN_WINDOW as f64 / members as f64,
+            _ => MIN_WINDOW as f64,
+        };
+        p.rate.window(spare)
     }
 
     /// Whether this node takes cluster x's pieces newest first: of the receiving clusters

@@ -4,7 +4,9 @@
 //! - A cluster's size `s(x)` counts its live members; a node's rank `r(x, n)` is its position
 //!   among them in node-id order.
 //! - Node n's *mob share* is `floor(r * P / s) <= i < floor((r + 1) * P / s)`: the pieces it
-//!   alone in its cluster steals from other clusters.
+//!   alone in its cluster steals from other clusters ([`ShareLayout::Blocks`]). The hybrid
+//!   deals pieces lowest first, so with blocks one member at a time would pull its cluster's
+//!   WAN pieces; it takes every `s`-th piece instead ([`ShareLayout::Stripes`]).
 //! - Node n's *global peer candidates* are, for every other cluster y, the member of rank
 //!   `r(x, n) mod s(y)`.
 //!
@@ -14,6 +16,19 @@
 use std::ops::Range;
 
 use crate::tree::NodeId;
+
+/// How a cluster's pieces are split among its members' mob shares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShareLayout {
+    /// The paper's: member of rank r takes the r-th of s contiguous ranges.
+    Blocks,
+    /// Member of rank r takes the pieces i with `i mod s = r`. Where pieces become available
+    /// lowest first (the hybrid's deal), every member then has share pieces to pull all the
+    /// time: with blocks a single member did, over one connection per WAN link, and at each
+    /// hand-over to the next member its idle connections started again from a small window
+    /// (lab, 100 ms: the links into the bound's cluster at 0.90 of their rate).
+    Stripes,
+}
 
 /// The mob layout of a session: who is in which cluster, ranks and shares.
 #[derive(Debug, Clone)]
@@ -80,6 +95,22 @@ impl Mobs {
         }
     }
 
+    /// Word `w` (pieces `64 w .. 64 w + 64`) of node n's mob share of `pieces` pieces under
+    /// `layout`, as a bit mask (zero when n is not live).
+    pub fn share_word(&self, n: NodeId, pieces: u64, layout: ShareLayout, w: usize) -> u64 {
+        let Some(r) = self.rank(n) else {
+            return 0;
+        };
+        let size = self.members(self.cluster(n)).len();
+        match layout {
+            ShareLayout::Blocks => {
+                let s = mob_share(r, size, pieces);
+                crate::swarm::bits::range_word(w, s.start, s.end)
+            }
+            ShareLayout::Stripes => stripe_word(r, size, pieces, w),
+        }
+    }
+
     /// Node n's global peer candidates: per other cluster, the live member of rank
     /// `r(x, n) mod s(y)`.
     pub fn global_candidates(&self, n: NodeId) -> Vec<NodeId> {
@@ -113,6 +144,23 @@ pub fn mob_share(rank: usize, size: usize, pieces: u64) -> Range<u64> {
     at(rank)..at(rank + 1)
 }
 
+/// Word `w` of the stripes share of the member of rank `rank` among `size`: pieces
+/// `i < pieces` with `i mod size = rank`.
+fn stripe_word(rank: usize, size: usize, pieces: u64, w: usize) -> u64 {
+    if size == 0 || rank >= size {
+        return 0;
+    }
+    let (size, start) = (size as u64, w as u64 * 64);
+    let end = (start + 64).min(pieces);
+    let mut i = start + (rank as u64 + size - start % size) % size;
+    let mut word = 0;
+    while i < end {
+        word |= 1 << (i - start);
+        i += size;
+    }
+    word
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,5 +192,40 @@ mod tests {
         assert_eq!(m.rank(2), Some(1));
         assert_eq!(m.share(2, 99), 33..66);
         assert_eq!(m.share(1, 99), 0..0);
+    }
+
+    #[test]
+    fn both_layouts_partition_the_pieces_word_by_word() {
+        for size in 1..10usize {
+            let labels = vec![3u32; size];
+            let m = Mobs::new(&labels, &vec![true; size]);
+            for pieces in [0u64, 1, 63, 64, 65, 200, 1000] {
+                let words = pieces.div_ceil(64) as usize;
+                for layout in [ShareLayout::Blocks, ShareLayout::Stripes] {
+                    for w in 0..words {
+                        let all: Vec<u64> = (0..size)
+                            .map(|n| m.share_word(n, pieces, layout, w))
+                            .collect();
+                        // Disjoint, and together exactly the word's pieces.
+                        let union = all.iter().fold(0u64, |a, b| {
+                            assert_eq!(a & b, 0, "{layout:?} size {size} word {w}");
+                            a | b
+                        });
+                        let want = crate::swarm::bits::range_word(w, 0, pieces);
+                        assert_eq!(union, want, "{layout:?} size {size} pieces {pieces}");
+                    }
+                }
+                // Stripes: piece i belongs to rank i mod size.
+                for i in 0..pieces {
+                    let n = (i % size as u64) as usize;
+                    let word = m.share_word(n, pieces, ShareLayout::Stripes, (i / 64) as usize);
+                    assert_ne!(word & (1 << (i % 64)), 0, "piece {i} size {size}");
+                }
+            }
+        }
+        // A member that is not live has no share.
+        let m = Mobs::new(&[1, 1, 1], &[true, false, true]);
+        assert_eq!(m.share_word(1, 100, ShareLayout::Stripes, 0), 0);
+        assert_eq!(m.share_word(2, 100, ShareLayout::Stripes, 0) & 0b111, 0b010);
     }
 }
