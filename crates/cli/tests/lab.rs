@@ -1,12 +1,15 @@
 //! `bulkcast send` across emulated WANs (the lab): real RTTs and access-link rates. Needs root
 //! and network namespaces; where they are impossible each test prints SKIPPED and passes.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use bulkcast_lab::{Lab, Scenario};
+
+mod common;
+use common::Scratch;
 
 const BIN: &str = env!("CARGO_BIN_EXE_bulkcast");
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -18,24 +21,6 @@ fn lab_possible(test: &str) -> bool {
             eprintln!("SKIPPED {test}: network namespaces are not available here: {e}");
             false
         }
-    }
-}
-
-/// A directory of this test process's own, removed when dropped (also when an assertion fails).
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        let p = std::env::temp_dir().join(format!("bulkcast-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Scratch(p)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 

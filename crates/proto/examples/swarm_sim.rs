@@ -27,7 +27,7 @@ fn main() {
     let mut sweep = false;
     let mut lab = false;
     let defaults = SwarmConfig::new(Strategy::Hybrid, 0, 0);
-    let mut servers = Tune {
+    let mut tune = Tune {
         servers: defaults.hybrid_servers,
         shares: defaults.hybrid_shares,
     };
@@ -43,7 +43,7 @@ fn main() {
             continue;
         }
         if a == "--shares" {
-            servers.shares = match it.next().map(String::as_str) {
+            tune.shares = match it.next().map(String::as_str) {
                 Some("blocks") => ShareLayout::Blocks,
                 Some("stripes") => ShareLayout::Stripes,
                 _ => {
@@ -61,7 +61,7 @@ fn main() {
         let v = it.next().and_then(|v| v.parse::<u64>().ok());
         match (a.as_str(), v) {
             ("--per-cluster", Some(v)) => sizes = [v as usize; 4],
-            ("--servers", Some(v)) => servers.servers = v as usize,
+            ("--servers", Some(v)) => tune.servers = v as usize,
             ("--mb", Some(v)) => mb = v,
             ("--piece-kib", Some(v)) => piece_kib = v as u32,
             ("--detail", Some(v)) => {
@@ -78,7 +78,7 @@ fn main() {
     }
     let len = mb * 1_000_000;
     if sweep {
-        show_sweep(sizes, lab, servers);
+        show_sweep(sizes, lab, tune);
         return;
     }
     if let Some((c, rtt_ms)) = detail {
@@ -89,7 +89,7 @@ fn main() {
             piece_kib,
             rtt_ms,
             lab,
-            servers,
+            tune,
         );
         return;
     }
@@ -125,7 +125,7 @@ fn main() {
                 spec.piece_len = piece_kib << 10;
                 spec.wan_changes = changes;
                 spec.seed = 4;
-                servers.apply(&mut spec.config);
+                tune.apply(&mut spec.config);
                 let r = sim::run(spec);
                 let wan: Vec<String> = r.wan_multiples()[1..]
                     .iter()
@@ -180,7 +180,7 @@ fn show_detail(
     piece_kib: u32,
     rtt_ms: u64,
     lab: bool,
-    servers: Tune,
+    tune: Tune,
 ) {
     for strategy in [Strategy::Mob, Strategy::Hybrid] {
         let mut topo = topology(sizes, rtt_ms, lab);
@@ -191,7 +191,7 @@ fn show_detail(
         spec.piece_len = piece_kib << 10;
         spec.wan_changes = changes;
         spec.seed = 4;
-        servers.apply(&mut spec.config);
+        tune.apply(&mut spec.config);
         let r = sim::run(spec);
         let tp = r.throughput();
         println!(
@@ -257,7 +257,7 @@ fn show_detail(
 /// the hybrid over object sizes from 32 KiB to 128 MiB, static conditions, 20 and 100 ms.
 /// Pieces are sized as `bulkcast send` sizes chunks (about 1/300 of the object, a power of two
 /// between 64 KiB and 1 MiB), so a small object is a few pieces.
-fn show_sweep(sizes: [usize; 4], lab: bool, servers: Tune) {
+fn show_sweep(sizes: [usize; 4], lab: bool, tune: Tune) {
     println!(
         "clusters of {sizes:?} nodes; MB/s (object / time until the last node finished); winner"
     );
@@ -280,7 +280,7 @@ fn show_sweep(sizes: [usize; 4], lab: bool, servers: Tune) {
                     spec.piece_len = piece.min(len as u32);
                     spec.wan_changes = changes;
                     spec.seed = 4;
-                    servers.apply(&mut spec.config);
+                    tune.apply(&mut spec.config);
                     let r = sim::run(spec);
                     if strategy == Strategy::Hybrid {
                         copies = r.wan_multiples()[1..]

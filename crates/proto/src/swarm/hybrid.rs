@@ -188,8 +188,8 @@ impl SwarmNode {
 
     /// Peer k's request window. With striped shares every member of this cluster pulls over
     /// the same WAN link at once, so the spare pieces beyond the rate-delay product are split
-    /// among them: the link's queue of requests stays as deep as when one
-    /// member at a time pulled, which matters behind a thin link.
+    /// among them: the link's queue of requests stays as deep as when one member at a time
+    /// pulled, which matters behind a thin link.
     pub(crate) fn hybrid_window(&self, k: usize) -> usize {
         let p = &self.peers[k];
         let members = self.mobs.members(self.my_cluster()).len().max(1);
