@@ -193,7 +193,7 @@ impl SwarmNode {
     pub(crate) fn hybrid_window(&self, k: usize) -> usize {
         let p = &self.peers[k];
         let members = self.mobs.members(self.my_cluster()).len().max(1);
-        let spare = match self.cfg.hybrid_shares {
+        let spare = match self.share_layout() {
             super::mob::ShareLayout::Stripes if !p.local => MIN_WINDOW as f64 / members as f64,
             _ => MIN_WINDOW as f64,
         };

@@ -96,19 +96,20 @@ impl Mobs {
         }
     }
 
-    /// Word `w` (pieces `64 w .. 64 w + 64`) of node n's mob share of `pieces` pieces under
-    /// `layout`, as a bit mask (zero when n is not live).
-    pub fn share_word(&self, n: NodeId, pieces: u64, layout: ShareLayout, w: usize) -> u64 {
-        let Some(r) = self.rank(n) else {
-            return 0;
+    /// Node n's mob share of `pieces` pieces under `layout`, worked out once and read word by
+    /// word ([`ShareMask::word`]; empty when n is not live).
+    pub fn share_mask(&self, n: NodeId, pieces: u64, layout: ShareLayout) -> ShareMask {
+        let (rank, size) = match self.rank(n) {
+            Some(r) => (r, self.members(self.cluster(n)).len()),
+            None => (0, 0),
         };
-        let size = self.members(self.cluster(n)).len();
-        match layout {
-            ShareLayout::Blocks => {
-                let s = mob_share(r, size, pieces);
-                crate::swarm::bits::range_word(w, s.start, s.end)
-            }
-            ShareLayout::Stripes => stripe_word(r, size, pieces, w),
+        let blocks = mob_share(rank, size, pieces);
+        ShareMask {
+            layout,
+            rank,
+            size,
+            pieces,
+            blocks: (blocks.start, blocks.end),
         }
     }
 
@@ -143,6 +144,28 @@ pub fn mob_share(rank: usize, size: usize, pieces: u64) -> Range<u64> {
     }
     let at = |r: usize| (r as u128 * pieces as u128 / size as u128) as u64;
     at(rank)..at(rank + 1)
+}
+
+/// A member's mob share as a bit mask, word by word (see [`Mobs::share_mask`]).
+#[derive(Debug, Clone, Copy)]
+pub struct ShareMask {
+    layout: ShareLayout,
+    rank: usize,
+    /// Live members of the cluster (0: the member is not live, its share is empty).
+    size: usize,
+    pieces: u64,
+    /// The blocks share, `start..end`.
+    blocks: (u64, u64),
+}
+
+impl ShareMask {
+    /// Word `w` (pieces `64 w .. 64 w + 64`) of the share.
+    pub fn word(&self, w: usize) -> u64 {
+        match self.layout {
+            ShareLayout::Blocks => crate::swarm::bits::range_word(w, self.blocks.0, self.blocks.1),
+            ShareLayout::Stripes => stripe_word(self.rank, self.size, self.pieces, w),
+        }
+    }
 }
 
 /// Word `w` of the stripes share of the member of rank `rank` among `size`: pieces
@@ -205,7 +228,7 @@ mod tests {
                 for layout in [ShareLayout::Blocks, ShareLayout::Stripes] {
                     for w in 0..words {
                         let all: Vec<u64> = (0..size)
-                            .map(|n| m.share_word(n, pieces, layout, w))
+                            .map(|n| m.share_mask(n, pieces, layout).word(w))
                             .collect();
                         // Disjoint, and together exactly the word's pieces.
                         let union = all.iter().fold(0u64, |a, b| {
@@ -219,14 +242,18 @@ mod tests {
                 // Stripes: piece i belongs to rank i mod size.
                 for i in 0..pieces {
                     let n = (i % size as u64) as usize;
-                    let word = m.share_word(n, pieces, ShareLayout::Stripes, (i / 64) as usize);
+                    let mask = m.share_mask(n, pieces, ShareLayout::Stripes);
+                    let word = mask.word((i / 64) as usize);
                     assert_ne!(word & (1 << (i % 64)), 0, "piece {i} size {size}");
                 }
             }
         }
         // A member that is not live has no share.
         let m = Mobs::new(&[1, 1, 1], &[true, false, true]);
-        assert_eq!(m.share_word(1, 100, ShareLayout::Stripes, 0), 0);
-        assert_eq!(m.share_word(2, 100, ShareLayout::Stripes, 0) & 0b111, 0b010);
+        assert_eq!(m.share_mask(1, 100, ShareLayout::Stripes).word(0), 0);
+        assert_eq!(
+            m.share_mask(2, 100, ShareLayout::Stripes).word(0) & 0b111,
+            0b010
+        );
     }
 }

@@ -68,11 +68,11 @@
 //!   blocks ([`mob::ShareLayout`]): the deal goes lowest piece first, so with blocks one
 //!   member per cluster at a time fetched over each WAN link, and each hand-over to the next
 //!   member restarted cold connections and windows (lab, fast links at 100 ms: the links into
-//!   the bound's cluster at 0.85-0.89 of their rate, 0.96 with stripes). The two spare pieces are
-//!   then split among the members that pull over the same link, so its request queue stays
-//!   as deep as before (simulator: level with blocks, 0.93 of the bound in the worst static
-//!   cell). Of what a global peer can give it asks
-//!   first for what no peer in a third cluster holds, so pieces several clusters hold stay
+//!   the bound's cluster at 0.85-0.89 of their rate, 0.96 with stripes). The two spare
+//!   pieces are then split among the members that pull over the same link, so its request
+//!   queue stays as deep as before (simulator: level with blocks, 0.93 of the bound in the
+//!   worst static cell). Of what a global peer can give it asks first for what no peer in a
+//!   third cluster holds, so pieces several clusters hold stay
 //!   free for whichever link has room. One rank-matched member per cluster by default
 //!   (`SwarmConfig::hybrid_servers`): with two, the lab's early idle spell on the link out
 //!   of the deal's busiest target went away, but the simulator read less on slow links
@@ -619,13 +619,20 @@ impl SwarmNode {
 
     /// Node n's share mask, word by word: the pieces n fetches from other clusters and serves
     /// to theirs (MOB: the paper's contiguous blocks; the hybrid: stripes, see
-    /// [`mob::ShareLayout`]).
-    fn share_mask(&self, n: NodeId) -> impl Fn(usize) -> u64 + '_ {
-        let layout = match self.cfg.strategy {
+    /// [`mob::ShareLayout`]). The share is worked out once, here, not per word.
+    fn share_mask(&self, n: NodeId) -> impl Fn(usize) -> u64 {
+        let s = self
+            .mobs
+            .share_mask(n, self.cfg.pieces, self.share_layout());
+        move |w| s.word(w)
+    }
+
+    /// How this session's clusters split their shares: the hybrid's setting, MOB's blocks.
+    fn share_layout(&self) -> mob::ShareLayout {
+        match self.cfg.strategy {
             Strategy::Hybrid => self.cfg.hybrid_shares,
             _ => mob::ShareLayout::Blocks,
-        };
-        move |w| self.mobs.share_word(n, self.cfg.pieces, layout, w)
+        }
     }
 
     /// A connection to `peer` is up (dialled by either side).
