@@ -87,15 +87,15 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     let lab = Lab::up(&sc)?;
     // This bench's own object (another scenario's bench may share the work directory: a
     // common file would be rewritten under its source, or removed before its last method).
-    let object = work_dir.join(format!("object-{}.bin", std::process::id()));
+    let object = RemovedOnDrop(work_dir.join(format!("object-{}.bin", std::process::id())));
     // Random bytes (seeded): nothing compresses, every run distributes the same object.
     let mut rng = rand::rngs::SmallRng::seed_from_u64(42);
     let mut data = vec![0u8; size as usize];
     rng.fill_bytes(&mut data);
-    std::fs::write(&object, &data)?;
+    std::fs::write(&object.0, &data)?;
     drop(data);
     let opts = BenchOptions {
-        object: object.clone(),
+        object: object.0.clone(),
         work_dir: work_dir.join("out"),
         timeout: Duration::from_secs(a.timeout),
         cc: a.cc.clone(),
@@ -130,7 +130,17 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
         });
         std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")?;
     }
-    let _ = std::fs::remove_file(&object);
+    drop(object);
     lab.down()?;
     Ok(())
+}
+
+/// A file removed when the run ends, however it ends (an error half-way through left a copy
+/// of the object, up to gigabytes, in the work directory).
+struct RemovedOnDrop(PathBuf);
+
+impl Drop for RemovedOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }

@@ -241,7 +241,7 @@ impl UdpLoss {
 pub enum Target {
     /// The round trip ([`rtt_ok`]).
     Rtt,
-    /// One bbr stream at 90% of the rate, on a path without loss.
+    /// One bbr stream at [`RATE_SHARE`] of the rate, on a path without loss.
     Rate,
     /// The UDP loss ([`loss_ok`]).
     Loss,
@@ -256,6 +256,9 @@ pub enum Target {
     /// choice of bbr for lossy WAN hops is tuned on a fiction.
     Contrast,
 }
+
+/// [`Target::Rate`]: one bbr stream's share of a path's rate, at least.
+pub const RATE_SHARE: f64 = 0.9;
 
 /// [`Target::Contrast`]: bbr over cubic on a lossy path, at least (the table's verdict
 /// spells this and [`CONTRAST_SHARE`] out).
@@ -298,10 +301,14 @@ impl PathCheck {
             ));
         }
         if let (Some(rate), 0.0, Some(m)) = (p.rate_mbps, p.loss_cfg, p.tcp_mbps("bbr")) {
-            if m < 0.9 * rate {
+            if m < RATE_SHARE * rate {
                 f.push((
                     Target::Rate,
-                    format!("{}: bbr {m:.1} Mbit/s < 90% of {rate} Mbit/s", p.label),
+                    format!(
+                        "{}: bbr {m:.1} Mbit/s < {:.0}% of {rate} Mbit/s",
+                        p.label,
+                        RATE_SHARE * 100.0
+                    ),
                 ));
             }
         }
@@ -568,6 +575,22 @@ impl CheckReport {
             "{:<40} {:<10} {:>16} {:>22}  verdict",
             "path", "what", "configured", "measured"
         );
+        // The verdicts spell out the targets' constants.
+        let pct = |x: f64| format!("{:.0}%", x * 100.0);
+        let (rate_met, rate_missed) = (
+            format!("ok (>= {})", pct(RATE_SHARE)),
+            format!("FAIL (< {})", pct(RATE_SHARE)),
+        );
+        let (contrast_met, contrast_missed) = (
+            format!(
+                "ok (>= {CONTRAST_FACTOR}x cubic, >= {})",
+                pct(CONTRAST_SHARE)
+            ),
+            format!(
+                "FAIL (< {CONTRAST_FACTOR}x cubic or < {})",
+                pct(CONTRAST_SHARE)
+            ),
+        );
         for p in &self.paths {
             let rtt_verdict = if !(10.0..=250.0).contains(&p.rtt_cfg_ms) {
                 "(no target)"
@@ -589,15 +612,15 @@ impl CheckReport {
                         let v = match (cc.as_str(), cubic) {
                             ("bbr", _) if p.loss_cfg == 0.0 => p.verdict(
                                 Target::Rate,
-                                *m >= 0.9 * r,
-                                "ok (>= 90%)",
-                                "FAIL (< 90%)",
+                                *m >= RATE_SHARE * r,
+                                &rate_met,
+                                &rate_missed,
                             ),
                             ("bbr", Some(c)) => p.verdict(
                                 Target::Contrast,
                                 contrast_ok(r, c, *m),
-                                "ok (>= 5x cubic, >= 25%)",
-                                "FAIL (< 5x cubic or < 25%)",
+                                &contrast_met,
+                                &contrast_missed,
                             ),
                             _ => "(no target)",
                         };
