@@ -303,8 +303,9 @@ def render(rows, methods, size, a):
         "bound: MB/s, the broadcast (max-flow) bound of the cluster graph over the schedule "
         "(lab_bound), in the links' IP bytes, of which TCP carries at most "
         f"{PAYLOAD_SHARE:.3f} as payload; cells: MB/s and fraction of it; '<x' = not done "
-        "within the timeout; '!' = TUN drops (invalid); 'h' = the hosts' CPU stalled during the run (a real-time "
-        "probe thread on it woke 50 ms late, or late by 10+ ms for 1% of the run: the hypervisor "
+        "within the timeout; '!' = TUN drops (invalid); 'h' = the hosts' CPU stalled during "
+        "the run (a real-time probe thread on it woke 50 ms late, or late by 10+ ms for 1% of "
+        "the run: the hypervisor "
         "did not run the VM, or the hosts' kernel work, which this kernel does not preempt, held "
         "the CPU): the cell measured the machine as much as the method")
     lines.append(
