@@ -28,8 +28,9 @@ pub(crate) struct PeerRate {
 
 /// A peer is stalled after this many expected piece times without a delivery.
 const STALL_PIECES: f64 = 4.0;
-/// Smallest request window, pieces.
-const MIN_WINDOW: usize = 2;
+/// Pieces asked beyond twice the rate-delay product (split among a cluster's members when
+/// they all pull over one WAN link: [`SwarmNode::hybrid_window`]).
+const SPARE: usize = 2;
 /// Largest request window, pieces.
 const MAX_WINDOW: usize = 64;
 
@@ -194,8 +195,8 @@ impl SwarmNode {
         let p = &self.peers[k];
         let members = self.mobs.members(self.my_cluster()).len().max(1);
         let spare = match self.share_layout() {
-            super::mob::ShareLayout::Stripes if !p.local => MIN_WINDOW as f64 / members as f64,
-            _ => MIN_WINDOW as f64,
+            super::mob::ShareLayout::Stripes if !p.local => SPARE as f64 / members as f64,
+            _ => SPARE as f64,
         };
         p.rate.window(spare)
     }

@@ -90,10 +90,8 @@ impl Mobs {
 
     /// Node n's mob share of `pieces` pieces (empty when it is not live).
     pub fn share(&self, n: NodeId, pieces: u64) -> Range<u64> {
-        match self.rank(n) {
-            Some(r) => mob_share(r, self.members(self.cluster(n)).len(), pieces),
-            None => 0..0,
-        }
+        let (start, end) = self.share_mask(n, pieces, ShareLayout::Blocks).blocks;
+        start..end
     }
 
     /// Node n's mob share of `pieces` pieces under `layout`, worked out once and read word by

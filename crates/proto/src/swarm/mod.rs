@@ -620,11 +620,9 @@ impl SwarmNode {
     /// Node n's share mask, word by word: the pieces n fetches from other clusters and serves
     /// to theirs (MOB: the paper's contiguous blocks; the hybrid: stripes, see
     /// [`mob::ShareLayout`]). The share is worked out once, here, not per word.
-    fn share_mask(&self, n: NodeId) -> impl Fn(usize) -> u64 {
-        let s = self
-            .mobs
-            .share_mask(n, self.cfg.pieces, self.share_layout());
-        move |w| s.word(w)
+    fn share_mask(&self, n: NodeId) -> mob::ShareMask {
+        self.mobs
+            .share_mask(n, self.cfg.pieces, self.share_layout())
     }
 
     /// How this session's clusters split their shares: the hybrid's setting, MOB's blocks.
@@ -940,7 +938,7 @@ impl SwarmNode {
                 // only once it dealt everything (the endgame, or a piece lost with its
                 // target), and its cluster mates never.
                 if self.dealt_all {
-                    self.share_mask(p.id)(w)
+                    self.share_mask(p.id).word(w)
                 } else {
                     0
                 }
@@ -949,7 +947,7 @@ impl SwarmNode {
                 if p.local {
                     u64::MAX
                 } else {
-                    self.share_mask(p.id)(w)
+                    self.share_mask(p.id).word(w)
                 }
             }
         }
@@ -1163,15 +1161,15 @@ impl SwarmNode {
         let p = &self.peers[k];
         let words = self.have_bits.words();
         let in_source_cluster = self.my_cluster() == self.source_cluster;
-        let share_word = self.share_mask(self.me);
+        let share = self.share_mask(self.me);
         let word = |w: usize| match self.cfg.strategy {
             Strategy::TreePush => 0,
             Strategy::Swarm => u64::MAX,
             Strategy::Mob => match (p.local, in_source_cluster) {
                 (true, true) => u64::MAX,
                 (false, true) => 0,
-                (true, false) => !share_word(w),
-                (false, false) => share_word(w),
+                (true, false) => !share.word(w),
+                (false, false) => share.word(w),
             },
             Strategy::Hybrid => {
                 if p.local {
@@ -1185,7 +1183,7 @@ impl SwarmNode {
                 } else if in_source_cluster {
                     0
                 } else {
-                    share_word(w)
+                    share.word(w)
                 }
             }
         };
