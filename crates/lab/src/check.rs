@@ -301,7 +301,7 @@ impl PathCheck {
             ));
         }
         if let (Some(rate), 0.0, Some(m)) = (p.rate_mbps, p.loss_cfg, p.tcp_mbps("bbr")) {
-            if m < RATE_SHARE * rate {
+            if !rate_ok(rate, m) {
                 f.push((
                     Target::Rate,
                     format!(
@@ -518,6 +518,11 @@ pub fn rtt_ok(cfg_ms: f64, measured_ms: f64) -> bool {
     (measured_ms - cfg_ms).abs() <= (0.02 * cfg_ms).max(1.0)
 }
 
+/// [`Target::Rate`] on a path of `rate` Mbit/s where one bbr stream carried `bbr` Mbit/s.
+pub fn rate_ok(rate: f64, bbr: f64) -> bool {
+    bbr >= RATE_SHARE * rate
+}
+
 /// [`Target::Contrast`] on a path of `rate` Mbit/s where one cubic stream carried `cubic`
 /// and one bbr stream `bbr` Mbit/s.
 pub fn contrast_ok(rate: f64, cubic: f64, bbr: f64) -> bool {
@@ -610,12 +615,9 @@ impl CheckReport {
                     Some(r) => {
                         let cubic = p.tcp_mbps("cubic");
                         let v = match (cc.as_str(), cubic) {
-                            ("bbr", _) if p.loss_cfg == 0.0 => p.verdict(
-                                Target::Rate,
-                                *m >= RATE_SHARE * r,
-                                &rate_met,
-                                &rate_missed,
-                            ),
+                            ("bbr", _) if p.loss_cfg == 0.0 => {
+                                p.verdict(Target::Rate, rate_ok(r, *m), &rate_met, &rate_missed)
+                            }
                             ("bbr", Some(c)) => p.verdict(
                                 Target::Contrast,
                                 contrast_ok(r, c, *m),
