@@ -140,6 +140,11 @@ def main():
                     "(BCLAB_SHARE_CPU), which on a 2-core machine doubles what 16 hosts get, "
                     "at the risk of the forwarder's timing (read its late-event count)")
     ap.add_argument("--cc", default="bbr", help="congestion control for bulkcast (default bbr)")
+    ap.add_argument("--tcp-bound", choices=["on", "off"], default="on",
+                    help="on (default): before the methods of a static scenario, load every WAN "
+                    "link at once as a broadcast does (iperf3 with --cc: one way out of the "
+                    "source's site, both ways between the others) and take the bound over what "
+                    "TCP carried (lab_tcp_bound, about 30 s per scenario)")
     ap.add_argument("--work-dir", default="/tmp/bclab-swarm-run",
                     help="where the object and the receivers' copies go (default "
                     "/tmp/bclab-swarm-run; /dev/shm/... keeps the machine's one disk out of the run)")
@@ -201,6 +206,15 @@ def main():
             sys.exit(f"swarm-run: lab_bound {sc}: {b.stderr.strip()}")
         open(os.path.join(raw, "bound.json"), "w").write(b.stdout)
         bound = json.loads(b.stdout)
+        tcp = None
+        if not dynamic and a.tcp_bound == "on":
+            say(f"[{time.time() - started:6.0f} s] {name}: measuring the two-way TCP bound")
+            t = run([os.path.join(rel, "examples/lab_tcp_bound"), sc, "--cc", a.cc],
+                    capture_output=True, text=True)
+            if t.returncode != 0:
+                sys.exit(f"swarm-run: lab_tcp_bound {sc}: {t.stderr.strip()}")
+            open(os.path.join(raw, "tcp_bound.json"), "w").write(t.stdout)
+            tcp = json.loads(t.stdout)
         load0 = loadavg()
         say(f"[{time.time() - started:6.0f} s] {name}: bound {bound['bound_mbps']:.1f} Mbit/s "
             f"({'static' if not dynamic else 'over the schedule'}), load {load0}")
@@ -236,6 +250,8 @@ def main():
         sites = [s for s in bench.get("sites", []) if s != src_site]
         row = {"scenario": name, "layout": layout, "condition": cond, "rtt_ms": rtt,
                "static": not dynamic, "bound_mbps": bound["bound_mbps"],
+               "tcp_bound_mbps": tcp and tcp["tcp_bound_mbps"],
+               "tcp_bound_stalled": tcp and tcp["host_stalled"],
                "bound_time_s": bound["bound_time_s"], "load": load0, "loadavg_end": loadavg(),
                "seconds": round(time.time() - t0, 1), "sites": sites,
                "hosts_cpu": a.hosts_cpu, "methods": {}}
@@ -314,6 +330,24 @@ def render(rows, methods, size, a):
         "forwarder carried into the cluster (TCP/IP headers, retransmissions and acks of "
         "outgoing data included)")
     lines.append("load: 1-minute load average when the scenario started")
+    tcp_rows = [r for r in rows if r.get("tcp_bound_mbps")]
+    if tcp_rows:
+        lines.append("")
+        lines.append("static cells against the two-way TCP bound (lab_tcp_bound: every WAN link "
+                     "loaded at once by iperf3, one way out of the source's site, both ways "
+                     "between the others; the bound over what each direction carried, payload "
+                     "MB/s; 'h' = the machine stalled while it was measured)")
+        head = f"{'condition':<13}{'layout':<8}{'RTT':>4} {'tcp':>6} {'of IP':>6} |"
+        lines.append(head + "".join(f"{m:>{w}}" for m in methods))
+        for r in tcp_rows:
+            tb = r["tcp_bound_mbps"] / 8
+            s = (f"{r['condition']:<13}{r['layout']:<8}{r['rtt_ms']:>4} "
+                 f"{tb:>5.2f}{'h' if r.get('tcp_bound_stalled') else ' '} "
+                 f"{r['tcp_bound_mbps'] / r['bound_mbps']:>6.2f} |")
+            for m in methods:
+                mbs = r["methods"][m]["mb_s"]
+                s += f"{(f'{mbs / tb:.2f}' if mbs else 'n/a'):>{w}}"
+            lines.append(s)
     # Targets (issue 6), from the figures above.
     def frac(r, m):
         return r["methods"].get(m, {}).get("fraction")
@@ -328,6 +362,12 @@ def render(rows, methods, size, a):
                 checks.append(f"{h} >= {bar:.2f} of the bound, {kind} conditions: "
                               f"{len(ok)} of {len(rs)} ({len(ok_payload)} of {len(rs)} against "
                               f"the payload bound, x{PAYLOAD_SHARE:.3f})")
+                tcp_rs = [r for r in rs if r.get("tcp_bound_mbps")]
+                if tcp_rs:
+                    ok_tcp = [r for r in tcp_rs if (r["methods"][h]["mb_s"] or 0) * 8
+                              >= bar * r["tcp_bound_mbps"]]
+                    checks.append(f"{h} >= {bar:.2f} of the two-way TCP bound, {kind} "
+                                  f"conditions: {len(ok_tcp)} of {len(tcp_rs)}")
         for other in ("mob", "mob-direct", "balanced", "balanced-direct"):
             if other in methods:
                 ok = [r for r in rows if (frac(r, h) or 0) > (frac(r, other) or 0)]

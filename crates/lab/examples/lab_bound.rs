@@ -15,8 +15,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use bulkcast_lab::emu::Emulator;
+use bulkcast_lab::mesh::{cluster_topology, UNLIMITED};
 use bulkcast_lab::Scenario;
-use bulkcast_proto::swarm::sim::{bound_time, broadcast_bound, Topology, WanChange};
+use bulkcast_proto::swarm::sim::{bound_time, broadcast_bound, WanChange};
 use clap::Parser;
 
 #[derive(Parser)]
@@ -35,9 +36,6 @@ struct Args {
     horizon_s: u64,
 }
 
-/// Stands for "unlimited" (bytes per second): far above any lab link.
-const UNLIMITED: f64 = 1e13;
-
 fn main() {
     let a = Args::parse();
     if let Err(e) = run(&a) {
@@ -48,48 +46,17 @@ fn main() {
 
 fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let plan = Scenario::load(&a.scenario)?.plan()?;
-    let src_site = plan.hosts[plan.source].site;
-    // Clusters in the simulator's order: the source's site first (its node 0 is the source).
-    let order: Vec<usize> = std::iter::once(src_site)
-        .chain((0..plan.sites.len()).filter(|&s| s != src_site))
-        .collect();
-    let sizes: Vec<usize> = order
-        .iter()
-        .map(|&s| plan.hosts.iter().filter(|h| h.site == s).count())
-        .collect();
-    // Access links: the simulator has one rate for all hosts; take the smallest (the seed 004
-    // scenarios set none).
-    let access = |pick: fn(&bulkcast_lab::scenario::PlanHost) -> usize| {
-        plan.hosts
-            .iter()
-            .filter_map(|h| plan.links[pick(h)].rate_bps)
-            .map(|r| r / 8.0)
-            .fold(UNLIMITED, f64::min)
-    };
     let mut emu = Emulator::new(&plan, 0);
     let rates = |emu: &Emulator| -> Vec<Vec<f64>> {
-        order
-            .iter()
-            .map(|&x| {
-                order
-                    .iter()
-                    .map(|&y| {
-                        plan.site_links[x][y]
-                            .map_or(0.0, |l| emu.link_rate(l).map_or(UNLIMITED, |r| r / 8.0))
-                    })
-                    .collect()
-            })
-            .collect()
+        let link = |x: usize, y: usize| {
+            plan.site_links[x][y].map_or(0.0, |l| emu.link_rate(l).map_or(UNLIMITED, |r| r / 8.0))
+        };
+        cluster_topology(&plan, link).1.wan
     };
-    let wan0 = rates(&emu);
-    let topo = Topology {
-        clusters: sizes.clone(),
-        access_up: access(|h| h.uplink),
-        access_down: access(|h| h.downlink),
-        lan_latency: Duration::ZERO,
-        wan: wan0.clone(),
-        wan_latency: Duration::ZERO,
-    };
+    let (order, mut topo) = cluster_topology(&plan, |_, _| 0.0);
+    topo.wan = rates(&emu);
+    let sizes = topo.clusters.clone();
+    let wan0 = topo.wan.clone();
     // Replay the schedule: every deadline with no packets in flight is a condition change.
     let horizon = a.horizon_s * 1_000_000_000;
     let mut changes = Vec::new();

@@ -15,6 +15,7 @@ mod cli;
 pub mod emu;
 mod forwarder;
 mod lab;
+pub mod mesh;
 mod netns;
 pub mod scenario;
 pub mod streams;

@@ -164,6 +164,112 @@ fn fidelity() {
     assert!(!netns_list().contains("bclab-t-fidelity."));
 }
 
+/// The two-way TCP bound's measurement: every WAN path loaded at once, one way out of the
+/// source's site and both ways between the others, each direction's goodput read back; the
+/// bound over those goodputs sits below the bound over the links' rates by at least TCP's
+/// header share.
+#[test]
+fn tcp_mesh_loads_every_link_as_a_broadcast_does() {
+    use bulkcast_lab::mesh::{cluster_topology, tcp_mesh, MeshOptions};
+    use bulkcast_proto::swarm::sim::broadcast_bound;
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !lab_possible("tcp_mesh") {
+        return;
+    }
+    require_iperf3();
+    let sc = Scenario::parse(
+        r#"
+        name = "mesh"
+        source = "a-1"
+        [[site]]
+        name = "a"
+        hosts = 1
+        [[site]]
+        name = "b"
+        hosts = 2
+        [[site]]
+        name = "c"
+        hosts = 1
+        [[path]]
+        from = "a"
+        to = "b"
+        rate_mbps = 20
+        rtt_ms = 20
+        [[path]]
+        from = "a"
+        to = "c"
+        rate_mbps = 10
+        rtt_ms = 20
+        [[path]]
+        from = "b"
+        to = "c"
+        rate_mbps = 20
+        rtt_ms = 20
+    "#,
+    )
+    .unwrap();
+    let lab = Lab::up_with(
+        &sc,
+        &LabOptions {
+            name: Some("t-mesh".into()),
+        },
+    )
+    .unwrap();
+    let opts = MeshOptions {
+        secs: 5,
+        omit_s: 1,
+        ..Default::default()
+    };
+    let report = tcp_mesh(&lab, &opts).unwrap();
+    let plan = lab.plan().clone();
+    lab.down().unwrap();
+    assert!(!netns_list().contains("bclab-t-mesh."));
+    eprintln!("{report:?}");
+    let dirs: Vec<_> = report
+        .links
+        .iter()
+        .map(|l| (l.from.as_str(), l.to.as_str(), l.two_way))
+        .collect();
+    assert_eq!(
+        dirs,
+        [
+            ("a", "b", false),
+            ("a", "c", false),
+            ("b", "c", true),
+            ("c", "b", true)
+        ]
+    );
+    for l in &report.links {
+        let rate = l.rate_mbps.expect("every path has a rate");
+        // Payload can never pass 1448/1500 of the IP rate; below half, the mesh measured the
+        // machine (or nothing), not TCP.
+        let share = l.mbps / rate;
+        if report.host_stalled() && share < 0.5 {
+            uncaptured(&format!("NOT JUDGED tcp_mesh: the host stalled ({l:?})"));
+            continue;
+        }
+        assert!((0.5..=0.97).contains(&share), "{l:?}");
+    }
+    let goodput = |x: usize, y: usize| {
+        report
+            .links
+            .iter()
+            .find(|l| l.from == plan.sites[x] && l.to == plan.sites[y])
+            .map_or(0.0, |l| l.mbps * 1e6 / 8.0)
+    };
+    let rate = |x: usize, y: usize| {
+        plan.site_links[x][y]
+            .and_then(|l| plan.links[l].rate_bps)
+            .map_or(0.0, |r| r / 8.0)
+    };
+    let tcp = broadcast_bound(&cluster_topology(&plan, goodput).1);
+    let ip = broadcast_bound(&cluster_topology(&plan, rate).1);
+    // The links' bound (paths carry both ways): c takes 10 from a and 20 through b, b takes
+    // 20 from a and 10 through c: 30 Mbit/s.
+    assert!((ip * 8.0 / 1e6 - 30.0).abs() < 1e-6, "{ip}");
+    assert!(tcp > 0.5 * ip && tcp <= 0.97 * ip, "tcp {tcp} ip {ip}");
+}
+
 /// Up, LAN and WAN reachability, hosts file, channels, exec, teardown on drop, and removal of a
 /// stale lab left by a crash.
 #[test]
