@@ -5,16 +5,15 @@
 //! ([`bulkcast_lab::mesh::tcp_mesh`]: one way out of the source's site, both ways between the
 //! receiving sites, iperf3 with the given congestion control). Each direction's payload
 //! goodput becomes that link's rate in the cluster graph (links into the source's site: 0,
-//! nothing has to flow there), and the bound is `sim::broadcast_bound` of that graph, in
-//! payload bytes, so it compares directly with object size / time. A method can beat it
-//! slightly: a link whose reverse direction it leaves idle carries more than two-way TCP
-//! did. Prints one JSON object.
+//! nothing has to flow there), and the bound is `sim::broadcast_bound` of that graph
+//! ([`bulkcast_lab::mesh::MeshReport::bound`]), in payload bytes, so it compares directly with
+//! object size / time. A method can beat it slightly: a link whose reverse direction it leaves
+//! idle carries more than two-way TCP did. Prints one JSON object.
 
 use std::path::PathBuf;
 
-use bulkcast_lab::mesh::{cluster_topology, tcp_mesh, MeshOptions};
+use bulkcast_lab::mesh::{tcp_mesh, MeshOptions};
 use bulkcast_lab::{Lab, Scenario};
-use bulkcast_proto::swarm::sim::broadcast_bound;
 use clap::Parser;
 
 #[derive(Parser)]
@@ -57,15 +56,7 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let plan = lab.plan().clone();
     lab.down()?;
     let report = report?;
-    let goodput = |x: usize, y: usize| {
-        report
-            .links
-            .iter()
-            .find(|l| l.from == plan.sites[x] && l.to == plan.sites[y])
-            .map_or(0.0, |l| l.mbps * 1e6 / 8.0)
-    };
-    let (_, topo) = cluster_topology(&plan, goodput);
-    let bound = broadcast_bound(&topo) * 8.0 / 1e6;
+    let bound = report.bound(&plan) * 8.0 / 1e6;
     let doc = serde_json::json!({
         "scenario": plan.name,
         "cc": a.cc,

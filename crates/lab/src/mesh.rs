@@ -16,7 +16,7 @@
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use bulkcast_proto::swarm::sim::Topology;
+use bulkcast_proto::swarm::sim::{broadcast_bound, Topology};
 
 use crate::check::{wait_output, HostProbe, HostProbeRun};
 use crate::lab::Lab;
@@ -134,6 +134,19 @@ impl MeshReport {
     /// Whether the machine stalled during the measurement (the figures measured it too).
     pub fn host_stalled(&self) -> bool {
         self.host.as_ref().is_some_and(HostProbe::stalled)
+    }
+
+    /// The broadcast bound of `plan` (the lab this was measured on) over the measured
+    /// goodputs, payload bytes per second: each measured direction is its link's rate, every
+    /// other link (into the source's site) carries nothing.
+    pub fn bound(&self, plan: &Plan) -> f64 {
+        let goodput = |x: usize, y: usize| {
+            self.links
+                .iter()
+                .find(|l| l.from == plan.sites[x] && l.to == plan.sites[y])
+                .map_or(0.0, |l| l.mbps * 1e6 / 8.0)
+        };
+        broadcast_bound(&cluster_topology(plan, goodput).1)
     }
 }
 

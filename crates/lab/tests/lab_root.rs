@@ -250,19 +250,12 @@ fn tcp_mesh_loads_every_link_as_a_broadcast_does() {
         }
         assert!((0.5..=0.97).contains(&share), "{l:?}");
     }
-    let goodput = |x: usize, y: usize| {
-        report
-            .links
-            .iter()
-            .find(|l| l.from == plan.sites[x] && l.to == plan.sites[y])
-            .map_or(0.0, |l| l.mbps * 1e6 / 8.0)
-    };
     let rate = |x: usize, y: usize| {
         plan.site_links[x][y]
             .and_then(|l| plan.links[l].rate_bps)
             .map_or(0.0, |r| r / 8.0)
     };
-    let tcp = broadcast_bound(&cluster_topology(&plan, goodput).1);
+    let tcp = report.bound(&plan);
     let ip = broadcast_bound(&cluster_topology(&plan, rate).1);
     // The links' bound (paths carry both ways): c takes 10 from a and 20 through b, b takes
     // 20 from a and 10 through c: 30 Mbit/s.
