@@ -138,7 +138,8 @@ impl MeshReport {
 
     /// The broadcast bound of `plan` (the lab this was measured on) over the measured
     /// goodputs, payload bytes per second: each measured direction is its link's rate, every
-    /// other link (into the source's site) carries nothing.
+    /// other link (into the source's site) carries nothing; access links keep their
+    /// configured rates (none in the seed 004 scenarios).
     pub fn bound(&self, plan: &Plan) -> f64 {
         let goodput = |x: usize, y: usize| {
             self.links
