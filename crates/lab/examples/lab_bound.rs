@@ -47,15 +47,12 @@ fn main() {
 fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let plan = Scenario::load(&a.scenario)?.plan()?;
     let mut emu = Emulator::new(&plan, 0);
-    let rates = |emu: &Emulator| -> Vec<Vec<f64>> {
-        let link = |x: usize, y: usize| {
-            plan.site_links[x][y].map_or(0.0, |l| emu.link_rate(l).map_or(UNLIMITED, |r| r / 8.0))
-        };
-        cluster_topology(&plan, link).1.wan
+    // Site x -> site y now, bytes per second.
+    let link = |emu: &Emulator, x: usize, y: usize| {
+        plan.site_links[x][y].map_or(0.0, |l| emu.link_rate(l).map_or(UNLIMITED, |r| r / 8.0))
     };
-    let (order, mut topo) = cluster_topology(&plan, |_, _| 0.0);
-    topo.wan = rates(&emu);
-    let sizes = topo.clusters.clone();
+    let rates = |emu: &Emulator| cluster_topology(&plan, |x, y| link(emu, x, y)).1.wan;
+    let (order, topo) = cluster_topology(&plan, |x, y| link(&emu, x, y));
     let wan0 = topo.wan.clone();
     // Replay the schedule: every deadline with no packets in flight is a condition change.
     let horizon = a.horizon_s * 1_000_000_000;
@@ -124,7 +121,7 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         .collect();
     let doc = serde_json::json!({
         "scenario": plan.name,
-        "clusters": order.iter().zip(&sizes).map(|(&s, &n)| serde_json::json!({"site": plan.sites[s], "hosts": n})).collect::<Vec<_>>(),
+        "clusters": order.iter().zip(&topo.clusters).map(|(&s, &n)| serde_json::json!({"site": plan.sites[s], "hosts": n})).collect::<Vec<_>>(),
         "size": a.size,
         "static": schedule.len() == 1,
         "initial_bound_mbps": round(mbps(initial)),

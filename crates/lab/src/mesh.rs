@@ -261,6 +261,10 @@ pub fn tcp_mesh(lab: &Lab, opts: &MeshOptions) -> Result<MeshReport, LabError> {
                 .stderr(Stdio::null());
             clients.push(c.spawn().map_err(|e| LabError::sys("start iperf3", e))?);
         }
+        // The configured rate of site x -> site y, Mbit/s.
+        let rate = |x: usize, y: usize| {
+            plan.site_links[x][y].and_then(|l| plan.links[l].rate_bps.map(|r| r / 1e6))
+        };
         let mut links = Vec::new();
         for (f, c) in flows.iter().zip(clients) {
             let (_, out) = wait_output(c, limit)?;
@@ -271,9 +275,6 @@ pub fn tcp_mesh(lab: &Lab, opts: &MeshOptions) -> Result<MeshReport, LabError> {
                 ))
             })?;
             let (fwd, rev) = iperf3_goodput(&v)?;
-            let rate = |x: usize, y: usize| {
-                plan.site_links[x][y].and_then(|l| plan.links[l].rate_bps.map(|r| r / 1e6))
-            };
             links.push(DirectedGoodput {
                 from: plan.sites[f.from_site].clone(),
                 to: plan.sites[f.to_site].clone(),
