@@ -3,7 +3,7 @@
 //! hybrid, at 20 ms and 100 ms RTT between clusters.
 //!
 //! ```text
-//! cargo run --release -p bulkcast-proto --example swarm_sim [-- --per-cluster N --mb M --piece-kib K --lab --unequal --servers N --shares blocks|stripes]
+//! cargo run --release -p bulkcast-proto --example swarm_sim [-- --per-cluster N --mb M --piece-kib K --lab [--tcp] --unequal --servers N --shares blocks|stripes]
 //! ```
 //!
 //! Throughput is the object size over the time until the last receiver finished (the paper's
@@ -16,7 +16,7 @@
 use std::time::Duration;
 
 use bulkcast_proto::swarm::mob::ShareLayout;
-use bulkcast_proto::swarm::sim::{self, Condition, SwarmSimSpec, Topology, MB_S};
+use bulkcast_proto::swarm::sim::{self, Condition, SwarmSimSpec, Topology, WanChange, MB_S};
 use bulkcast_proto::swarm::{Strategy, SwarmConfig};
 
 fn main() {
@@ -26,6 +26,7 @@ fn main() {
     let mut detail: Option<(usize, u64)> = None;
     let mut sweep = false;
     let mut lab = false;
+    let mut tcp = false;
     let defaults = SwarmConfig::new(Strategy::Hybrid, 0, 0);
     let mut tune = Tune {
         servers: defaults.hybrid_servers,
@@ -40,6 +41,10 @@ fn main() {
         }
         if a == "--lab" {
             lab = true;
+            continue;
+        }
+        if a == "--tcp" {
+            tcp = true;
             continue;
         }
         if a == "--shares" {
@@ -70,15 +75,20 @@ fn main() {
             }
             _ => {
                 eprintln!(
-                    "usage: swarm_sim [--per-cluster N] [--mb M] [--piece-kib K] [--detail CONDITION RTT_MS] [--sweep] [--lab] [--unequal] [--servers N] [--shares blocks|stripes]"
+                    "usage: swarm_sim [--per-cluster N] [--mb M] [--piece-kib K] [--detail CONDITION RTT_MS] [--sweep] [--lab [--tcp]] [--unequal] [--servers N] [--shares blocks|stripes]"
                 );
                 std::process::exit(2);
             }
         }
     }
     let len = mb * 1_000_000;
+    let rates = match (lab, tcp) {
+        (false, _) => Rates::Sim,
+        (true, false) => Rates::Lab,
+        (true, true) => Rates::LabTcp,
+    };
     if sweep {
-        show_sweep(sizes, lab, tune);
+        show_sweep(sizes, rates, tune);
         return;
     }
     if let Some((c, rtt_ms)) = detail {
@@ -88,7 +98,7 @@ fn main() {
             len,
             piece_kib,
             rtt_ms,
-            lab,
+            rates,
             tune,
         );
         return;
@@ -96,7 +106,7 @@ fn main() {
     println!(
         "clusters of {sizes:?} nodes, {mb} MB from node 0 in cluster A, {piece_kib} KiB pieces, 1 Gbit/s access links"
     );
-    println!("{}", rates_line(lab));
+    println!("{}", rates_line(rates));
     println!("per strategy: throughput in MB/s (object / time until the last node finished), its fraction of the bound,");
     println!("and the WAN bytes into B/C/D as multiples of the object (1.00: each piece enters each cluster once)");
     println!("bound: min over receivers of the max flow from the source (= arborescence packing, Edmonds);");
@@ -118,8 +128,7 @@ fn main() {
             let mut bound = 0.0;
             let mut tps = Vec::new();
             for strategy in Strategy::ALL {
-                let mut topo = topology(sizes, rtt_ms, lab);
-                let changes = cond.apply(&mut topo, 4, Duration::from_secs(3600));
+                let (topo, changes) = network(cond, sizes, rtt_ms, rates);
                 bound = sim::bound_rate(&topo, &changes, len);
                 let mut spec = SwarmSimSpec::new(topo, strategy, len);
                 spec.piece_len = piece_kib << 10;
@@ -179,12 +188,11 @@ fn show_detail(
     len: u64,
     piece_kib: u32,
     rtt_ms: u64,
-    lab: bool,
+    rates: Rates,
     tune: Tune,
 ) {
     for strategy in [Strategy::Mob, Strategy::Hybrid] {
-        let mut topo = topology(sizes, rtt_ms, lab);
-        let changes = cond.apply(&mut topo, 4, Duration::from_secs(3600));
+        let (topo, changes) = network(cond, sizes, rtt_ms, rates);
         let bound = sim::bound_rate(&topo, &changes, len);
         let rates = topo.wan.clone();
         let mut spec = SwarmSimSpec::new(topo, strategy, len);
@@ -257,11 +265,11 @@ fn show_detail(
 /// the hybrid over object sizes from 32 KiB to 128 MiB, static conditions, 20 and 100 ms.
 /// Pieces are sized as `bulkcast send` sizes chunks (about 1/300 of the object, a power of two
 /// between 64 KiB and 1 MiB), so a small object is a few pieces.
-fn show_sweep(sizes: [usize; 4], lab: bool, tune: Tune) {
+fn show_sweep(sizes: [usize; 4], rates: Rates, tune: Tune) {
     println!(
         "clusters of {sizes:?} nodes; MB/s (object / time until the last node finished); winner"
     );
-    println!("{}", rates_line(lab));
+    println!("{}", rates_line(rates));
     println!(
         "{:>6} {:<11} {:>9} | {:>7} {:>7} {:>7} | winner | hybrid's WAN copies B/C/D",
         "RTT", "condition", "size", "tree", "mob", "hybrid"
@@ -274,8 +282,7 @@ fn show_sweep(sizes: [usize; 4], lab: bool, tune: Tune) {
                 let mut tps = Vec::new();
                 let mut copies = String::new();
                 for strategy in [Strategy::TreePush, Strategy::Mob, Strategy::Hybrid] {
-                    let mut topo = topology(sizes, rtt_ms, lab);
-                    let changes = cond.apply(&mut topo, 4, Duration::from_secs(3600));
+                    let (topo, changes) = network(cond, sizes, rtt_ms, rates);
                     let mut spec = SwarmSimSpec::new(topo, strategy, len);
                     spec.piece_len = piece.min(len as u32);
                     spec.wan_changes = changes;
@@ -314,22 +321,58 @@ fn show_sweep(sizes: [usize; 4], lab: bool, tune: Tune) {
     }
 }
 
-/// The four-cluster topology: the simulator's own rates, or with `--lab` those of the lab's
-/// seed 004 scenarios ([`sim::LAB_LINKS`]).
-fn topology(sizes: [usize; 4], rtt_ms: u64, lab: bool) -> Topology {
+/// Which WAN rates a run uses.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Rates {
+    /// The simulator's own (`sim::FAST_LINKS`).
+    Sim,
+    /// The lab's seed 004 scenarios (`--lab`).
+    Lab,
+    /// The lab's, as TCP carries them when every WAN path is loaded at once (`--lab --tcp`):
+    /// what the lab measured with iperf3 (`lab_tcp_bound`, 2026-11-24), 0.95 of the rate one
+    /// way out of the source's cluster and 0.91 between the others, which carry data both ways
+    /// and so each other's acks behind it.
+    LabTcp,
+}
+
+/// TCP's share of a WAN link out of the source's cluster, and between two receiving
+/// clusters ([`Rates::LabTcp`]).
+const TCP_ONE_WAY: f64 = 0.95;
+const TCP_TWO_WAY: f64 = 0.91;
+
+/// The four-cluster network of a condition at `rtt_ms`, and its schedule of changes.
+fn network(
+    cond: Condition,
+    sizes: [usize; 4],
+    rtt_ms: u64,
+    rates: Rates,
+) -> (Topology, Vec<WanChange>) {
     let mut topo = Topology::four_clusters(sizes, Duration::from_millis(rtt_ms));
-    if lab {
+    if rates != Rates::Sim {
         topo.set_lab_links();
     }
-    topo
+    let mut changes = cond.apply(&mut topo, 4, Duration::from_secs(3600));
+    if rates == Rates::LabTcp {
+        // Cluster 0 holds the source.
+        let share = |from: usize| if from == 0 { TCP_ONE_WAY } else { TCP_TWO_WAY };
+        for (x, row) in topo.wan.iter_mut().enumerate() {
+            for r in row.iter_mut() {
+                *r *= share(x);
+            }
+        }
+        for c in &mut changes {
+            c.rate *= share(c.from);
+        }
+    }
+    (topo, changes)
 }
 
 /// Which WAN rates a run uses, for the header.
-fn rates_line(lab: bool) -> &'static str {
-    if lab {
-        "WAN rates: the lab's seed 004 scenarios (--lab, sim::LAB_LINKS)"
-    } else {
-        "WAN rates: the simulator's own (sim::FAST_LINKS)"
+fn rates_line(rates: Rates) -> &'static str {
+    match rates {
+        Rates::Sim => "WAN rates: the simulator's own (sim::FAST_LINKS)",
+        Rates::Lab => "WAN rates: the lab's seed 004 scenarios (--lab, sim::LAB_LINKS)",
+        Rates::LabTcp => "WAN rates: the lab's seed 004 scenarios as TCP carries them (--lab --tcp: x0.95 out of the source's cluster, x0.91 between the others)",
     }
 }
 

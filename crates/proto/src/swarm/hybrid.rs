@@ -33,6 +33,15 @@ const STALL_PIECES: f64 = 4.0;
 const SPARE: usize = 2;
 /// Largest request window, pieces.
 const MAX_WINDOW: usize = 64;
+/// A window holds a second request, queued behind the one being served, when a piece takes at
+/// most this long at the peer's rate. With one request the connection idles a round trip
+/// after every piece, and where a site's members split a WAN link each one's rate-delay
+/// product is a fraction of a piece, so one is what the rate gives (lab, unequal layout, slow
+/// links at 100 ms: D's eight members held one request each at B with 20-80 pieces they could
+/// ask for, and B->D carried 0.86 of what balanced's pushes got through it). A piece that
+/// takes longer (a thin link, big pieces) would wait that long behind the first, where it can
+/// no longer be moved to a faster peer.
+const SECOND_REQUEST_WITHIN: f64 = 1.0;
 
 impl PeerRate {
     /// A requested piece arrived; `rtt` when it answered our first request for it, `idle`
@@ -84,11 +93,17 @@ impl PeerRate {
     }
 
     /// How many requests to keep outstanding: twice the rate-delay product and `spare`
-    /// pieces more (at least one in all).
+    /// pieces more, at least one, or two where a piece takes at most
+    /// [`SECOND_REQUEST_WITHIN`].
     pub(crate) fn window(&self, spare: f64) -> usize {
         match (self.rate, self.min_rtt) {
             (Some(r), Some(t)) => {
-                ((2.0 * r * t.as_secs_f64() + spare).ceil() as usize).clamp(1, MAX_WINDOW)
+                let least = if r * SECOND_REQUEST_WITHIN >= 1.0 {
+                    2
+                } else {
+                    1
+                };
+                ((2.0 * r * t.as_secs_f64() + spare).ceil() as usize).clamp(least, MAX_WINDOW)
             }
             _ => spare.ceil() as usize + 1,
         }
@@ -373,4 +388,48 @@ fn continue_steal(node: &mut SwarmNode, k: usize, i: u64, now: Instant) {
         }
     }
     node.pend(k, i, now);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A peer that delivers a piece every `every` with two requests out, whose smallest
+    /// round trip was `rtt`.
+    fn measured(every: Duration, rtt: Duration) -> PeerRate {
+        let mut r = PeerRate::default();
+        let t0 = Instant::now();
+        r.resume(t0);
+        for n in 1..=20u32 {
+            r.on_delivery(t0 + every * n, Some(rtt), false);
+        }
+        r
+    }
+
+    #[test]
+    fn window_is_twice_the_rate_delay_product_and_the_spare() {
+        // 20 pieces/s over 100 ms: 2 x 2 pieces, and 0.5 spare.
+        let r = measured(Duration::from_millis(50), Duration::from_millis(100));
+        assert!((r.rate().unwrap() - 20.0).abs() < 0.5, "{:?}", r.rate());
+        assert_eq!(r.window(0.5), 5);
+        assert_eq!(r.window(2.0), 6);
+    }
+
+    /// One of eight members pulling over a shared WAN link: 1.2 pieces/s, 165 ms at best.
+    /// Its rate-delay product is a fifth of a piece, so the rate alone asks for one request,
+    /// and the connection would idle a round trip after every piece: it keeps two.
+    #[test]
+    fn a_share_of_a_link_keeps_a_second_request_queued() {
+        let r = measured(Duration::from_millis(830), Duration::from_millis(165));
+        assert!(2.0 * r.rate().unwrap() * 0.165 + 0.25 < 1.0);
+        assert_eq!(r.window(0.25), 2);
+    }
+
+    /// Where a piece takes longer than a second (a thin link, big pieces), a second request
+    /// would wait that long behind the first, too long to be moved: one.
+    #[test]
+    fn a_slow_peer_gets_one_request_at_a_time() {
+        let r = measured(Duration::from_millis(2500), Duration::from_millis(300));
+        assert_eq!(r.window(0.25), 1);
+    }
 }
