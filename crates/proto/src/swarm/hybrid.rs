@@ -41,7 +41,7 @@ const MAX_WINDOW: usize = 64;
 /// ask for, and B->D carried 0.86 of what balanced's pushes got through it). A piece that
 /// takes longer (a thin link, big pieces) would wait that long behind the first, where it can
 /// no longer be moved to a faster peer.
-const SECOND_REQUEST_WITHIN: f64 = 1.0;
+const SECOND_REQUEST_WITHIN: Duration = Duration::from_secs(1);
 
 impl PeerRate {
     /// A requested piece arrived; `rtt` when it answered our first request for it, `idle`
@@ -72,6 +72,16 @@ impl PeerRate {
             }
         }
         if idle {
+            // Nothing else was outstanding, so this piece had the connection to itself for
+            // its round trip: the rate the window allowed, not the link's. It may only raise
+            // the estimate (a link that sped up while one request at a time went out);
+            // without it a window of one would never measure again.
+            if let (Some(r), Some(rate)) = (rtt, self.rate) {
+                let allowed = 1.0 / r.as_secs_f64().max(1e-3);
+                if allowed > rate {
+                    self.rate = Some(allowed);
+                }
+            }
             self.since = None;
         }
     }
@@ -98,7 +108,7 @@ impl PeerRate {
     pub(crate) fn window(&self, spare: f64) -> usize {
         match (self.rate, self.min_rtt) {
             (Some(r), Some(t)) => {
-                let least = if r * SECOND_REQUEST_WITHIN >= 1.0 {
+                let least = if r * SECOND_REQUEST_WITHIN.as_secs_f64() >= 1.0 {
                     2
                 } else {
                     1
@@ -431,5 +441,25 @@ mod tests {
     fn a_slow_peer_gets_one_request_at_a_time() {
         let r = measured(Duration::from_millis(2500), Duration::from_millis(300));
         assert_eq!(r.window(0.25), 1);
+    }
+
+    /// With one request out a delivery is not a rate sample, but one that came back sooner
+    /// than the rate says shows the link sped up: the window opens again.
+    #[test]
+    fn a_window_of_one_still_sees_its_link_speed_up() {
+        let mut r = measured(Duration::from_millis(2500), Duration::from_millis(300));
+        let t = Instant::now() + Duration::from_secs(60);
+        // As slow as measured: nothing changes.
+        r.on_delivery(t, Some(Duration::from_millis(2600)), true);
+        assert!((r.rate().unwrap() - 0.4).abs() < 0.05, "{:?}", r.rate());
+        assert_eq!(r.window(0.25), 1);
+        // The link sped up: the piece came back in 300 ms.
+        r.on_delivery(
+            t + Duration::from_secs(1),
+            Some(Duration::from_millis(300)),
+            true,
+        );
+        assert!(r.rate().unwrap() > 3.0, "{:?}", r.rate());
+        assert!(r.window(0.25) >= 2);
     }
 }

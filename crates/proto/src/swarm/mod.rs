@@ -66,11 +66,13 @@
 //!   windows sized by measured delivery (`hybrid::PeerRate`, BBR-like: twice the
 //!   rate-delay product plus two pieces, at most 64, and at least two where a piece takes
 //!   under a second, so that a member's connection never idles a round trip between pieces
-//!   when it pulls a small share of a WAN link). The shares are stripes, not MOB's
-//!   blocks ([`mob::ShareLayout`]): the deal goes lowest piece first, so with blocks one
-//!   member per cluster at a time fetched over each WAN link, and each hand-over to the next
-//!   member restarted cold connections and windows (lab, fast links at 100 ms: the links into
-//!   the bound's cluster at 0.85-0.89 of their rate, 0.96 with stripes). The two spare
+//!   when it pulls a small share of a WAN link; a piece that came back with nothing else
+//!   outstanding can only raise the rate, so a window of one still sees its link speed up).
+//!   The shares are stripes, not MOB's blocks ([`mob::ShareLayout`]): the deal goes lowest
+//!   piece first, so with blocks one member per cluster at a time fetched over each WAN
+//!   link, and each hand-over to the next member restarted cold connections and windows
+//!   (lab, fast links at 100 ms: the links into the bound's cluster at 0.85-0.89 of their
+//!   rate, 0.96 with stripes). The two spare
 //!   pieces are then split among the members that pull over the same link, so its request
 //!   queue stays as deep as before (simulator: level with blocks, 0.93 of the bound in the
 //!   worst static cell). Of what a global peer can give it asks first for what no peer in a
@@ -135,9 +137,8 @@
 //! gives B more than B can pass into {C, D}, and C and D finish after the deal, in the
 //! endgame (a deal held back from a cluster that reported a deep backlog of pieces no other
 //! cluster held did not help: the simulator's endgame absorbs the backlog, and on the
-//! unequal layout it read lower); a window of one request measures no new rate, so a peer
-//! whose pieces take over a second keeps its old rate until its link slows further; a
-//! request already queued at a peer that slows down still arrives late; small
+//! unequal layout it read lower); a request already queued at a peer that slows down still
+//! arrives late; small
 //! objects pay start-up and endgame (64 MiB: about 0.84 of the bound on fast links); the
 //! bound of a changing condition is the time average of the instantaneous bound, a reference
 //! rather than a strict bound (storage lets a schedule beat a per-instant cut: mayhem reaches
