@@ -83,9 +83,13 @@ fn main() {
     }
     let len = mb * 1_000_000;
     let rates = match (lab, tcp) {
-        (false, _) => Rates::Sim,
+        (false, false) => Rates::Sim,
         (true, false) => Rates::Lab,
         (true, true) => Rates::LabTcp,
+        (false, true) => {
+            eprintln!("--tcp scales the lab's rates: it needs --lab");
+            std::process::exit(2);
+        }
     };
     if sweep {
         show_sweep(sizes, rates, tune);
