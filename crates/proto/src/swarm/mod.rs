@@ -138,12 +138,12 @@
 //! endgame (a deal held back from a cluster that reported a deep backlog of pieces no other
 //! cluster held did not help: the simulator's endgame absorbs the backlog, and on the
 //! unequal layout it read lower); with slow links several cuts bind at once (into {C, D},
-//! into C and into D), and about 7% of the pieces cross the {C, D} cut twice, C and D both
-//! fetching them from B or the source's cluster (a `Fetching` notice to third clusters and a
-//! preference for the faster holder halved that in the simulator, but C->D then became the
-//! bottleneck and the run was slower); a request already queued at a peer that slows down
-//! still arrives late; small
-//! objects pay start-up and endgame (64 MiB: about 0.84 of the bound on fast links); the
+//! into C and into D), and 7-9% of the pieces cross the {C, D} cut twice (simulator, lab), C
+//! and D both fetching them from B or the source's cluster (a `Fetching` notice to third
+//! clusters and a preference for the faster holder took that from 154 pieces to 59 in the
+//! simulator, but C->D then became the bottleneck and the run was slower); a request
+//! already queued at a peer that slows down still arrives late; small objects pay start-up
+//! and endgame (64 MiB: about 0.84 of the bound on fast links); the
 //! bound of a changing condition is the time average of the instantaneous bound, a reference
 //! rather than a strict bound (storage lets a schedule beat a per-instant cut: mayhem reaches
 //! 0.99 of it); and nothing here has met a real network yet.
