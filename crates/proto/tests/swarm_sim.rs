@@ -25,6 +25,27 @@ fn spec(strategy: Strategy, len: u64, cond: Condition) -> SwarmSimSpec {
     s
 }
 
+/// The lab's rates ([`sim::LAB_LINKS`]) in its "slow links" condition at 20 ms, clusters of
+/// `sizes` members, and the bound of that network for `len` bytes.
+fn lab_slow_links(
+    sizes: [usize; 4],
+    strategy: Strategy,
+    len: u64,
+    piece_len: u32,
+    seed: u64,
+) -> (SwarmSimSpec, f64) {
+    let mut topo = Topology::four_clusters(sizes, Duration::from_millis(20));
+    topo.set_lab_links();
+    // A static condition: no schedule, so the horizon is immaterial.
+    let changes = Condition::SlowLinks.apply(&mut topo, seed, Duration::ZERO);
+    let bound = sim::bound_rate(&topo, &changes, len);
+    let mut s = SwarmSimSpec::new(topo, strategy, len);
+    s.wan_changes = changes;
+    s.piece_len = piece_len;
+    s.seed = seed;
+    (s, bound)
+}
+
 fn assert_all_done(r: &SwarmSimReport, what: &str) {
     assert!(
         r.incomplete().is_empty(),
@@ -118,15 +139,7 @@ fn mob_brings_each_piece_into_each_cluster_exactly_once() {
 /// cluster once. Without the moves it reached 0.25 of the bound here, waiting on that link.
 #[test]
 fn mob_moves_requests_off_a_slow_link_and_still_brings_each_piece_in_once() {
-    let mut topo = Topology::four_clusters([1, 3, 4, 8], Duration::from_millis(20));
-    topo.set_lab_links();
-    let changes = Condition::SlowLinks.apply(&mut topo, 7, Duration::from_secs(600));
-    let len = 32 * MIB;
-    let bound = sim::bound_rate(&topo, &changes, len);
-    let mut s = SwarmSimSpec::new(topo, Strategy::Mob, len);
-    s.wan_changes = changes;
-    s.piece_len = 256 << 10;
-    s.seed = 4;
+    let (s, bound) = lab_slow_links([1, 3, 4, 8], Strategy::Mob, 32 * MIB, 256 << 10, 4);
     let r = sim::run(s);
     assert_all_done(&r, "mob, unequal, slow links");
     for c in 1..4 {
@@ -437,15 +450,7 @@ fn hybrid_endgame_brings_a_second_copy_from_afar_only_when_it_is_sooner() {
 fn hybrid_moves_pieces_queued_behind_a_thin_link_to_a_faster_peer_that_holds_them() {
     let (mut tails, mut fractions) = (Vec::new(), Vec::new());
     for seed in 1..=7 {
-        let mut topo = Topology::four_clusters([4; 4], Duration::from_millis(20));
-        topo.set_lab_links();
-        let changes = Condition::SlowLinks.apply(&mut topo, 7, Duration::from_secs(600));
-        let len = 600 * MIB;
-        let bound = sim::bound_rate(&topo, &changes, len);
-        let mut s = SwarmSimSpec::new(topo, Strategy::Hybrid, len);
-        s.wan_changes = changes;
-        s.piece_len = 1 << 20;
-        s.seed = seed;
+        let (s, bound) = lab_slow_links([4; 4], Strategy::Hybrid, 600 * MIB, 1 << 20, seed);
         let r = sim::run(s);
         assert_all_done(&r, "hybrid, slow links, 1 MiB pieces");
         let cluster_done = |c: usize| {
@@ -479,15 +484,7 @@ fn hybrid_moves_pieces_queued_behind_a_thin_link_to_a_faster_peer_that_holds_the
 /// request queued wherever a piece takes under a second: 0.94.
 #[test]
 fn hybrid_keeps_each_members_share_of_a_wan_link_busy() {
-    let mut topo = Topology::four_clusters([1, 3, 4, 8], Duration::from_millis(20));
-    topo.set_lab_links();
-    let changes = Condition::SlowLinks.apply(&mut topo, 4, Duration::from_secs(3600));
-    let len = 600_000_000;
-    let bound = sim::bound_rate(&topo, &changes, len);
-    let mut s = SwarmSimSpec::new(topo, Strategy::Hybrid, len);
-    s.wan_changes = changes;
-    s.piece_len = 256 << 10;
-    s.seed = 4;
+    let (s, bound) = lab_slow_links([1, 3, 4, 8], Strategy::Hybrid, 600_000_000, 256 << 10, 4);
     let r = sim::run(s);
     assert_all_done(&r, "hybrid, unequal layout, slow links");
     let f = r.throughput() / bound;
