@@ -288,7 +288,7 @@ async fn drive(
             let (c, rc) = (st.conn.stats(), st.conn.controller());
             tracing::debug!(
                 "paced {peer}: rate {:.1} Mbit/s window {} (path {:.1} Mbit/s x{:.2}) inflight {} \
-                 srtt {:?} min {:?} {:?}; sent {} lost {} resent {} B acked {} B",
+                 srtt {:?} min {:?} queue {:?} {:?}; sent {} lost {} resent {} B acked {} B",
                 rc.rate() * 8e-6,
                 rc.window(),
                 rc.path_rate() * 8e-6,
@@ -296,6 +296,7 @@ async fn drive(
                 st.conn.inflight(),
                 c.srtt,
                 rc.min_rtt(),
+                rc.queue(),
                 rc.phase(),
                 c.packets_sent,
                 c.packets_lost,

@@ -192,6 +192,9 @@ struct Sent {
 pub struct Conn {
     id: u32,
     cfg: Config,
+    /// The origin of this side's microsecond stamps (ACKs' `recv_us`, and the send times
+    /// they are read against).
+    epoch: Instant,
     // --- sending: stream bytes snd_base..snd_base + snd_buf.len() are held ---
     snd_buf: BytesMut,
     /// Every byte below is acknowledged.
@@ -273,6 +276,7 @@ impl Conn {
         let window = cfg.recv_window;
         Conn {
             id,
+            epoch: now,
             snd_buf: BytesMut::new(),
             snd_base: 0,
             snd_next: 0,
@@ -557,7 +561,7 @@ impl Conn {
             ));
         }
         self.peer_max_data = self.peer_max_data.max(ack.max_data);
-        let (mut acked, mut lost, mut rtt) = (0u64, 0u64, None);
+        let (mut acked, mut lost, mut rtt, mut fwd) = (0u64, 0u64, None, None);
         let last = ack.largest.min(self.next_pn - 1);
         if last >= self.first_pn {
             for pn in self.first_pn..=last {
@@ -574,6 +578,7 @@ impl Conn {
                         } else {
                             r
                         });
+                        fwd = Some(self.stamp(s.time));
                     }
                     acked += s.len;
                     self.on_acked(&s);
@@ -595,7 +600,15 @@ impl Conn {
         if acked > 0 || lost > 0 {
             self.pto_count = 0;
         }
+        if let Some(sent) = fwd {
+            self.rate.on_forward_delay(now, ack.recv_us, sent);
+        }
         self.rate.on_ack(now, acked, lost, rtt);
+    }
+
+    /// `t` in microseconds since this side's epoch, wrapping as the wire's stamps do.
+    fn stamp(&self, t: Instant) -> u32 {
+        t.saturating_duration_since(self.epoch).as_micros() as u64 as u32
     }
 
     fn on_acked(&mut self, s: &Sent) {
@@ -766,14 +779,15 @@ impl Conn {
 
     fn send_ack(&mut self, now: Instant, out: &mut Vec<u8>) {
         let max_data = self.rcv_read + self.cfg.recv_window;
-        let (largest, delay_us) = match self.rcv_largest {
+        let (largest, delay_us, recv_us) = match self.rcv_largest {
             Some(l) => (
                 l,
                 now.saturating_duration_since(self.rcv_largest_at)
                     .as_micros()
                     .min(u32::MAX as u128) as u32,
+                self.stamp(self.rcv_largest_at),
             ),
-            None => (u64::MAX, 0),
+            None => (u64::MAX, 0, 0),
         };
         let mut bits = [0u8; ACK_BITS as usize / 8];
         for (w, word) in self.rcv_bits.iter().enumerate() {
@@ -785,6 +799,7 @@ impl Conn {
             &Ack {
                 largest,
                 delay_us,
+                recv_us,
                 max_data,
                 bits,
             },

@@ -12,7 +12,7 @@ pub const DATA_HEADER_LEN: usize = COMMON_LEN + 8 + 8 + 1;
 /// Packet numbers an ACK's bitmap covers below its largest.
 pub const ACK_BITS: u64 = 256;
 /// Bytes of an ACK.
-pub const ACK_LEN: usize = COMMON_LEN + 8 + 4 + 8 + (ACK_BITS as usize / 8);
+pub const ACK_LEN: usize = COMMON_LEN + 8 + 4 + 4 + 8 + (ACK_BITS as usize / 8);
 /// Bytes of a CLOSE.
 pub const CLOSE_LEN: usize = COMMON_LEN + 1;
 
@@ -95,6 +95,11 @@ pub struct Ack {
     pub largest: u64,
     /// Microseconds between receiving `largest` and sending this ACK.
     pub delay_us: u32,
+    /// When `largest` arrived, in microseconds of the receiver's own clock (wrapping; its
+    /// origin is the receiver's). Against the time the sender sent it, this is the forward
+    /// delay plus a constant: what the sender reads its own queue from, blind to the queue
+    /// its ACKs wait in on the way back (see [`super::rate`]).
+    pub recv_us: u32,
     /// The receiver accepts stream bytes below this offset (flow control).
     pub max_data: u64,
     /// Bit `i` (LSB first within bytes): packet `largest - 1 - i` arrived.
@@ -147,12 +152,14 @@ pub fn decode(d: &[u8]) -> Result<(u32, Packet<'_>), PacketError> {
             }
             let largest = b.get_u64();
             let delay_us = b.get_u32();
+            let recv_us = b.get_u32();
             let max_data = b.get_u64();
             let mut bits = [0u8; ACK_BITS as usize / 8];
             b.copy_to_slice(&mut bits);
             Packet::Ack(Ack {
                 largest,
                 delay_us,
+                recv_us,
                 max_data,
                 bits,
             })
@@ -194,6 +201,7 @@ pub fn encode_ack(out: &mut Vec<u8>, conn: u32, ack: &Ack) {
     common(out, KIND_ACK, conn);
     out.put_u64(ack.largest);
     out.put_u32(ack.delay_us);
+    out.put_u32(ack.recv_us);
     out.put_u64(ack.max_data);
     out.extend_from_slice(&ack.bits);
 }
@@ -229,6 +237,7 @@ mod tests {
         let mut ack = Ack {
             largest: 1000,
             delay_us: 7,
+            recv_us: u32::MAX - 3,
             max_data: 5,
             bits: [0; 32],
         };

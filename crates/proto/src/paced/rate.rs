@@ -3,35 +3,46 @@
 //! Loss-based control (cubic) collapses on a long path with random loss. BBR ignores loss but
 //! paces at the rate the path *delivered*, which random loss shrinks (at 5% it sends 0.95 of
 //! the link, and loses 5% of that), and TCP's recovery slows it further. Here:
-//! - the path's rate is what an interval (one round trip) got acknowledged, the largest of
-//!   the last [`FILTER_LEN`] intervals;
-//! - the window is that rate times the smallest RTT plus a target queue delay (5% of the
-//!   RTT, at least 3 ms), times a factor (`boost`) that rises while the queue stays under
-//!   half the target (3% a round trip, doubling each round it stays short, up to 25%) and
-//!   falls 5% while it is over twice the target. The
+//! - the path's rate is what an interval (at least one round trip) got acknowledged, over
+//!   the interval's span on our clock or on the receiver's if that is longer (ACKs that
+//!   waited behind the other direction's data arrive bunched), the largest of the last
+//!   [`FILTER_LEN`] intervals;
+//! - the window is that rate times the smallest RTT plus twice a target queue delay (5% of
+//!   the RTT, at least 3 ms: one for our queue, one for the queue our ACKs may wait in where
+//!   the path carries another of us the other way), times a factor (`boost`) that rises
+//!   while the queue stays under half the target (3% a round trip, doubling each round it
+//!   stays short, up to [`MAX_BOOST`]) and falls 5% while it is over twice the target. The
 //!   factor is what makes up for random loss (about 1 / (1 - loss)), found from the queue,
 //!   not from loss counts, which cannot tell random loss from overflow. Being a window, it
 //!   is self-clocked: a rate-only version oscillated, since delay feedback comes a round
-//!   trip late. The bottleneck keeps a queue of about the target, so it never runs dry (a
+//!   trip late. The bottleneck keeps a queue of one to two targets, so it never runs dry (a
 //!   few ms of host stall do not empty it) and stays far below a deep queue's limit;
 //! - pacing runs at 1.25 times window / RTT, so packets are spread but the window limits;
-//! - **startup** grows the window 1.5x per round trip until every RTT sample of the last
-//!   [`QUEUE_SPAN`] shows a queue beyond the target (or the acknowledged rate stops growing
-//!   by a quarter for three intervals); the window then becomes what was delivered over the
-//!   last [`STARTUP_SPAN`] times (RTT + target);
+//! - **startup** grows the window 1.5x per round trip until every queue sample of the last
+//!   [`QUEUE_SPAN`] is beyond the target (or the acknowledged rate stops growing by a
+//!   quarter for three intervals); the window then becomes what was delivered over the last
+//!   [`STARTUP_SPAN`] times (RTT + target);
 //! - an interval whose loss is above twice the usual level plus 1% lowers the factor (a
 //!   queue too short to show as delay overflowing), and one that loses more than
 //!   [`HEAVY_LOSS`] cuts the rate to 0.7x.
 //!
-//! The queue delay of an interval is its smallest RTT sample less the smallest ever seen:
-//! the smallest, so a stall of the host (late timers, a descheduled receiver) that delays a
-//! few samples does not read as a queue. The floor is the smallest sample, replaced by the
-//! smallest of the last [`FLOOR_EXPIRY`] when none of them came near it. Delay never takes
-//! the factor below 1 (at 1 the window cannot hold a queue beyond the target), so a floor
-//! read too low cannot shrink the window round after round. Known limits: a
-//! bottleneck queue shorter than about twice the target overflows before its delay shows
-//! (see the `paced_sim` tests); and a delay-based sender yields to loss-based TCP sharing
-//! its bottleneck.
+//! The queue delay of an interval is its smallest *forward* delay sample less the smallest
+//! ever seen: the time the peer received a packet (its clock, stamped in the ACK) less the
+//! time it was sent (ours), which is the one-way delay plus a constant offset that the floor
+//! cancels. Forward, because a path that carries data both ways (a broadcast between sites
+//! does) queues each side's ACKs behind the other side's data: read from the round trip,
+//! that queue looks like one's own, so each side yields to the other until one of them
+//! starves (one direction at 0.53-0.67 of the link in the lab, docs/benchmarks.md). Without
+//! forward samples (none yet) the round trip stands in. The smallest sample of an interval,
+//! so a stall of the host (late timers, a descheduled receiver) that delays a few samples
+//! does not read as a queue. A floor is the smallest sample, replaced by the smallest of the
+//! last [`FLOOR_EXPIRY`] when none of them came near it (which also absorbs clock drift).
+//! Delay never takes the factor below 1 (at 1 the window cannot hold a queue beyond two
+//! targets), so a floor read too low cannot shrink the window round after round. Known
+//! limits: a bottleneck queue shorter than about twice the target overflows before its delay
+//! shows (see the `paced_sim` tests); a delay-based sender yields to loss-based TCP sharing
+//! its bottleneck; and with random loss on a path loaded both ways each side keeps about
+//! 0.89-0.92 of the link in the simulator, where one way keeps 0.94-0.95.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -53,6 +64,13 @@ pub const QUEUE_SPAN: Duration = Duration::from_millis(10);
 pub const GROWTH_STEP: f64 = 0.03;
 /// How long the RTT floor stands without a sample near it.
 pub const FLOOR_EXPIRY: Duration = Duration::from_secs(10);
+/// The window factor's ceiling: random loss of up to a third needs no more. Higher lets a
+/// window that ACKs held up behind the other direction's data left idle grow far past the
+/// path and flood it once they come: with 2.0, two streams both ways over a 100 ms path
+/// with 1% loss swung between an empty queue and 80 ms (0.86 of the link each, against 0.88
+/// with 1.5 in the simulator). Lower (1.25: 0.89) costs drops where the bottleneck's queue
+/// is too short to show delay (12% of packets against 7%).
+pub const MAX_BOOST: f64 = 1.5;
 /// Smallest window, bytes (a few datagrams, so a lost one is found by the ones after it).
 pub const MIN_WINDOW: f64 = 8.0 * 1500.0;
 
@@ -71,7 +89,18 @@ pub struct RateControl {
     phase: Phase,
     max_rate: f64,
     initial_rate: f64,
-    min_rtt: Option<Duration>,
+    /// Round-trip floor, ns: sizes the window and the pacing.
+    rtt_floor: Floor,
+    /// Forward-delay floor, us in the unwrapped stamp space of `fwd_origin`.
+    fwd_floor: Floor,
+    /// The first forward sample: later ones are unwrapped relative to it.
+    fwd_origin: Option<u32>,
+    /// The forward sample of the ACK being handled, taken by the next [`Self::on_ack`].
+    fwd_sample: Option<i64>,
+    /// The peer's receive stamp of the latest forward sample, and of the last one before
+    /// the interval began: the interval's span on the receiver's clock.
+    recv_last: Option<u32>,
+    recv_start: Option<u32>,
     /// Carried rate of the last intervals, bytes/s.
     carried: VecDeque<f64>,
     /// The window, bytes.
@@ -90,15 +119,22 @@ pub struct RateControl {
     // The interval being measured: opened at `start`, closed on the first ACK one interval
     // length later.
     start: Instant,
-    interval_min_rtt: Option<Duration>,
+    /// The smallest queue sample of the interval.
+    interval_queue: Option<Duration>,
+    /// The last interval's queue delay.
+    queue: Duration,
+    /// The interval's round trips less their forward queue and the RTT floor, added up,
+    /// and how many: how long ACKs waited on the way back (behind the other direction's
+    /// data).
+    interval_back: (Duration, u32),
+    /// The last interval's mean of those, at most the target (kept while an interval has
+    /// no sample).
+    back: Duration,
     acked: u64,
     lost: u64,
     app_limited: bool,
     acks_seen: bool,
-    /// When a sample last came near the RTT floor, and the smallest sample since.
-    floor_seen: Instant,
-    recent_min: Option<Duration>,
-    /// Startup: recent ACKs (time, bytes acknowledged so far, RTT sample), the last 50 ms.
+    /// Startup: recent ACKs (time, bytes acknowledged so far, queue sample), the last 50 ms.
     recent: VecDeque<(Instant, u64, Option<Duration>)>,
     acked_total: u64,
 }
@@ -112,7 +148,12 @@ impl RateControl {
             phase: Phase::Startup,
             max_rate,
             initial_rate,
-            min_rtt: None,
+            rtt_floor: Floor::new(now),
+            fwd_floor: Floor::new(now),
+            fwd_origin: None,
+            fwd_sample: None,
+            recv_last: None,
+            recv_start: None,
             carried: VecDeque::new(),
             // What the initial rate sends in 100 ms, until an RTT is known.
             window: (initial_rate * 0.1).max(MIN_WINDOW),
@@ -122,15 +163,16 @@ impl RateControl {
             best: 0.0,
             flat: 0,
             start: now,
-            interval_min_rtt: None,
+            interval_queue: None,
+            queue: Duration::ZERO,
+            interval_back: (Duration::ZERO, 0),
+            back: Duration::ZERO,
             acked: 0,
             lost: 0,
             app_limited: false,
             acks_seen: false,
             recent: VecDeque::new(),
             acked_total: 0,
-            floor_seen: now,
-            recent_min: None,
         }
     }
 
@@ -169,13 +211,18 @@ impl RateControl {
         self.boost
     }
 
+    /// The queue delay of the last interval (forward, see the module's doc).
+    pub fn queue(&self) -> Duration {
+        self.queue
+    }
+
     /// The smallest RTT seen.
     pub fn min_rtt(&self) -> Option<Duration> {
-        self.min_rtt
+        self.rtt_floor.min.map(|n| Duration::from_nanos(n as u64))
     }
 
     fn rtt(&self) -> Duration {
-        self.min_rtt.unwrap_or(Duration::from_millis(100))
+        self.min_rtt().unwrap_or(Duration::from_millis(100))
     }
 
     /// The queue delay the controller aims at: 5% of the path's RTT, at least 3 ms.
@@ -194,6 +241,21 @@ impl RateControl {
         self.window = MIN_WINDOW;
     }
 
+    /// The ACK about to be handled ([`Self::on_ack`]) acknowledged a packet that the peer
+    /// received at `recv` microseconds of its clock and that was sent at `sent` of ours
+    /// (both wrapping). Only differences between stamps count.
+    pub fn on_forward_delay(&mut self, now: Instant, recv: u32, sent: u32) {
+        self.recv_last = Some(recv);
+        let stamp = recv.wrapping_sub(sent);
+        let origin = *self.fwd_origin.get_or_insert(stamp);
+        // Samples lie within 35 minutes of the first (the floor moves with drift), so the
+        // signed difference unwraps them.
+        let us = i64::from(stamp.wrapping_sub(origin) as i32);
+        self.fwd_floor
+            .observe(now, us, 2 * self.target().as_micros() as i64);
+        self.fwd_sample = Some(us);
+    }
+
     /// An ACK came: `acked` and `lost` bytes newly resolved, an RTT sample if it had one.
     pub fn on_ack(&mut self, now: Instant, acked: u64, lost: u64, rtt: Option<Duration>) {
         if !self.acks_seen {
@@ -204,15 +266,30 @@ impl RateControl {
         self.acked += acked;
         self.lost += lost;
         self.acked_total += acked;
+        let fwd_queue = match (self.fwd_sample.take(), self.fwd_floor.min) {
+            (Some(f), Some(m)) => Some(Duration::from_micros((f - m).max(0) as u64)),
+            _ => None,
+        };
         if let Some(r) = rtt {
-            self.on_rtt(now, r);
-            self.interval_min_rtt = Some(self.interval_min_rtt.map_or(r, |m| m.min(r)));
+            // Less our own queue: a path busy both ways may keep a queue for longer than
+            // FLOOR_EXPIRY, and the floor must not rise with it.
+            let r = r.saturating_sub(fwd_queue.unwrap_or(Duration::ZERO));
+            let band = 2 * self.target().as_nanos() as i64;
+            self.rtt_floor.observe(now, r.as_nanos() as i64, band);
+        }
+        let queue = fwd_queue.or_else(|| rtt.zip(self.min_rtt()).map(|(r, m)| r.saturating_sub(m)));
+        if let Some(q) = queue {
+            self.interval_queue = Some(self.interval_queue.map_or(q, |m| m.min(q)));
+            if let (Some(r), Some(m)) = (rtt, self.min_rtt()) {
+                self.interval_back.0 += r.saturating_sub(q).saturating_sub(m);
+                self.interval_back.1 += 1;
+            }
         }
         if self.phase == Phase::Startup {
             // 1.5x per round trip: the queue signal comes a round trip late, so the window
             // overshoots by the growth of one round (2x would double the path's BDP).
             self.window = (self.window + acked as f64 / 2.0).min(self.max_rate * 4.0);
-            self.recent.push_back((now, self.acked_total, rtt));
+            self.recent.push_back((now, self.acked_total, queue));
             while self
                 .recent
                 .front()
@@ -227,10 +304,10 @@ impl RateControl {
         }
     }
 
-    /// Leaves startup as soon as every RTT sample of the last [`QUEUE_SPAN`] shows a queue
-    /// beyond the target; the window becomes what the path delivered over [`STARTUP_SPAN`].
+    /// Leaves startup as soon as every queue sample of the last [`QUEUE_SPAN`] is beyond
+    /// the target; the window becomes what the path delivered over [`STARTUP_SPAN`].
     fn check_startup(&mut self, now: Instant) {
-        let (Some(min), Some(first)) = (self.min_rtt, self.recent.front()) else {
+        let (Some(min), Some(first)) = (self.min_rtt(), self.recent.front()) else {
             return;
         };
         if now.saturating_duration_since(first.0) < QUEUE_SPAN {
@@ -242,7 +319,7 @@ impl RateControl {
             .filter(|r| now.saturating_duration_since(r.0) <= QUEUE_SPAN)
             .filter_map(|r| r.2)
             .min();
-        if span_min.is_none_or(|m| m <= min + self.target()) {
+        if span_min.is_none_or(|q| q <= self.target()) {
             return;
         }
         let secs = now.saturating_duration_since(first.0).as_secs_f64();
@@ -254,44 +331,28 @@ impl RateControl {
         self.recent.clear();
     }
 
-    /// Keeps the RTT floor: the smallest sample, unless for [`FLOOR_EXPIRY`] no sample came
-    /// within twice the target of it (more than the queue the window keeps), when the
-    /// smallest of that time becomes the floor (a route that got longer, or a sample that was
-    /// too low).
-    fn on_rtt(&mut self, now: Instant, r: Duration) {
-        let Some(m) = self.min_rtt else {
-            self.min_rtt = Some(r);
-            self.floor_seen = now;
-            return;
-        };
-        if r <= m {
-            self.min_rtt = Some(r);
-        }
-        if r <= m + 2 * self.target() {
-            self.floor_seen = now;
-            self.recent_min = None;
-            return;
-        }
-        self.recent_min = Some(self.recent_min.map_or(r, |x| x.min(r)));
-        if now.saturating_duration_since(self.floor_seen) > FLOOR_EXPIRY {
-            self.min_rtt = self.recent_min.take();
-            self.floor_seen = now;
-        }
-    }
-
     fn end_interval(&mut self, now: Instant) {
-        let secs = now.saturating_duration_since(self.start).as_secs_f64();
+        // The interval's length on our clock, or on the receiver's if longer: ACKs that
+        // waited in a queue behind the other direction's data arrive bunched, and over the
+        // ACKs' span alone the path would seem to carry more than it does (BBR takes the
+        // longer of the send and ACK spans for the same reason).
+        let mut secs = now.saturating_duration_since(self.start).as_secs_f64();
+        if let (Some(a), Some(b)) = (self.recv_start, self.recv_last) {
+            secs = secs.max(f64::from(b.wrapping_sub(a)) * 1e-6);
+        }
+        self.recv_start = self.recv_last;
         let resolved = self.acked + self.lost;
         let loss = if resolved > 0 {
             self.lost as f64 / resolved as f64
         } else {
             0.0
         };
-        let queue = match (self.interval_min_rtt, self.min_rtt) {
-            (Some(i), Some(m)) => i.saturating_sub(m),
-            _ => Duration::ZERO,
-        };
+        let queue = self.interval_queue.unwrap_or(Duration::ZERO);
+        self.queue = queue;
         let target = self.target();
+        if let (sum, n @ 1..) = std::mem::take(&mut self.interval_back) {
+            self.back = (sum / n).min(target);
+        }
         if loss > HEAVY_LOSS {
             let cut = 0.7 * self.path_rate();
             self.carried.clear();
@@ -337,7 +398,7 @@ impl RateControl {
                         // Room on the path: grow, faster each interval it stays (3%, 6%,
                         // 12%, ... up to 25%), so a window left small (an early end of
                         // startup, a path that got faster) is back within a few round trips.
-                        self.boost = (self.boost * (1.0 + step)).min(2.0);
+                        self.boost = (self.boost * (1.0 + step)).min(MAX_BOOST);
                         self.step = (step * 2.0).min(0.25);
                     }
                     self.usual_loss += (loss - self.usual_loss) / 8.0;
@@ -345,14 +406,59 @@ impl RateControl {
             }
         }
         if self.phase == Phase::Steady {
-            let rtt = (self.rtt() + target).as_secs_f64();
+            // The loop is the RTT, our queue (the target) and, on a path loaded both ways,
+            // the queue our ACKs wait in behind the other side's data: up to one more target
+            // (what the other side keeps where it is one of us).
+            let rtt = (self.rtt() + self.back + target).as_secs_f64();
             self.window = (self.path_rate() * rtt * self.boost).max(MIN_WINDOW);
         }
         self.start = now;
-        self.interval_min_rtt = None;
+        self.interval_queue = None;
         self.acked = 0;
         self.lost = 0;
         self.app_limited = false;
+    }
+}
+
+/// The smallest of a delay's samples: kept unless for [`FLOOR_EXPIRY`] no sample came within
+/// `band` of it (more than the queue the window keeps), when the smallest of that time
+/// becomes the floor (a route that got longer, a sample read too low, clocks that drift).
+#[derive(Debug, Clone)]
+struct Floor {
+    min: Option<i64>,
+    /// When a sample last came within the band, and the smallest sample since.
+    seen: Instant,
+    recent_min: Option<i64>,
+}
+
+impl Floor {
+    fn new(now: Instant) -> Self {
+        Floor {
+            min: None,
+            seen: now,
+            recent_min: None,
+        }
+    }
+
+    fn observe(&mut self, now: Instant, x: i64, band: i64) {
+        let Some(m) = self.min else {
+            self.min = Some(x);
+            self.seen = now;
+            return;
+        };
+        if x <= m {
+            self.min = Some(x);
+        }
+        if x <= m + band {
+            self.seen = now;
+            self.recent_min = None;
+            return;
+        }
+        self.recent_min = Some(self.recent_min.map_or(x, |r| r.min(x)));
+        if now.saturating_duration_since(self.seen) > FLOOR_EXPIRY {
+            self.min = self.recent_min.take();
+            self.seen = now;
+        }
     }
 }
 
@@ -478,6 +584,33 @@ mod tests {
         let (busy, _) = busy_and_max(&series, 16.0);
         assert!(busy > 0.95, "link idle {:.1}%", 100.0 * (1.0 - busy));
         assert!(rc.min_rtt() >= Some(base), "{:?}", rc.min_rtt());
+    }
+
+    /// ACKs that wait behind the other direction's data stretch the round trip, not the
+    /// forward delay: the queue is read from the latter.
+    #[test]
+    fn a_queue_on_the_way_back_is_not_ours() {
+        let t0 = Instant::now();
+        let mut rc = RateControl::new(4e6, 1e12, t0);
+        let base = Duration::from_millis(100);
+        let mut t = t0;
+        let mut sent = 0u32;
+        for i in 0..180u32 {
+            t += Duration::from_millis(50);
+            sent = sent.wrapping_add(50_000);
+            // After the first second: 30 ms of our own queue on the way there, 40 ms of
+            // someone else's on the way back. The peer's clock is offset (and wraps).
+            let (fwd, back) = if i < 20 { (0, 0) } else { (30, 40) };
+            let recv = sent
+                .wrapping_add(50_000 + fwd * 1000)
+                .wrapping_add(u32::MAX - 7);
+            rc.on_forward_delay(t, recv, sent);
+            let rtt = base + Duration::from_millis(u64::from(fwd + back));
+            rc.on_ack(t, 200_000, 0, Some(rtt));
+        }
+        // Read from the round trip, this would be a 70 ms queue.
+        assert_eq!(rc.queue(), Duration::from_millis(30));
+        assert_eq!(rc.min_rtt(), Some(base));
     }
 
     #[test]

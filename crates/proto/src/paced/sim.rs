@@ -183,13 +183,24 @@ impl Pair {
     /// Sends `total` pattern bytes one way; runs until both sides are done or failed, or
     /// `limit` of simulated time passed.
     pub fn transfer(&mut self, total: u64, limit: Duration) -> Outcome {
-        let mut written = 0u64;
-        let mut read = 0u64;
+        let [fwd, _] = self.exchange([total, 0], limit);
+        fwd
+    }
+
+    /// Sends `totals[0]` pattern bytes from the sender to the receiver and `totals[1]` back
+    /// at the same time, each side's data sharing its link with the other's ACKs, as on a
+    /// path that carries a broadcast both ways. Returns the outcome of each direction.
+    pub fn exchange(&mut self, totals: [u64; 2], limit: Duration) -> [Outcome; 2] {
+        // The side that opened the connection ends its stream once written; the other, once
+        // it has also read its peer's (so a one-way transfer's receiver answers with an
+        // empty stream at the end, as an application that only reads does).
+        let mut dirs = [
+            Flow::new(totals[0], false, self.now),
+            Flow::new(totals[1], true, self.now),
+        ];
         let mut chunk = vec![0u8; 64 * 1024];
         let mut rbuf = vec![0u8; 64 * 1024];
         let mut dgram = Vec::with_capacity(2048);
-        let mut last_read_at = self.now;
-        let mut corrupt = None;
         let mut last_tick = self.now;
         let mut budget = 0usize;
         let trace = std::env::var_os("PACED_TRACE").is_some();
@@ -197,41 +208,35 @@ impl Pair {
         while self.now - self.start < limit {
             if trace && self.now >= next_trace {
                 next_trace += Duration::from_millis(200);
-                let rc = self.sender.controller();
-                eprintln!(
-                    "{:>7.2} s read {:>6.1} MB rate {:>6.1} Mbit/s window {:>8} inflight {:>8} \
-                     queue {:>7} sent {} lost {} {:?}",
-                    (self.now - self.start).as_secs_f64(),
-                    read as f64 / 1e6,
-                    rc.rate() * 8e-6,
-                    rc.window(),
-                    self.sender.inflight(),
-                    (self
-                        .fwd
-                        .busy_until
-                        .saturating_duration_since(self.now)
-                        .as_secs_f64()
-                        * self.fwd.p.rate) as u64,
-                    self.sender.stats().packets_sent,
-                    self.sender.stats().packets_lost,
-                    rc.phase(),
-                );
+                for (name, c, link, d) in [
+                    ("fwd", &self.sender, &self.fwd, &dirs[0]),
+                    ("back", &self.receiver, &self.back, &dirs[1]),
+                ] {
+                    let rc = c.controller();
+                    eprintln!(
+                        "{:>7.2} s {name:>4} read {:>6.1} MB rate {:>6.1} Mbit/s window {:>8} \
+                         (x{:.2}) inflight {:>8} queue {:>7} ({:?}) sent {} lost {} {:?}",
+                        (self.now - self.start).as_secs_f64(),
+                        d.read as f64 / 1e6,
+                        rc.rate() * 8e-6,
+                        rc.window(),
+                        rc.boost(),
+                        c.inflight(),
+                        (link
+                            .busy_until
+                            .saturating_duration_since(self.now)
+                            .as_secs_f64()
+                            * link.p.rate) as u64,
+                        rc.queue(),
+                        c.stats().packets_sent,
+                        c.stats().packets_lost,
+                        rc.phase(),
+                    );
+                }
             }
             // Application: write what fits, read what is ready.
-            while written < total {
-                let n = (total - written).min(chunk.len() as u64) as usize;
-                for (k, b) in chunk[..n].iter_mut().enumerate() {
-                    *b = pattern(written + k as u64);
-                }
-                let w = self.sender.write(&chunk[..n]);
-                written += w as u64;
-                if w < n {
-                    break;
-                }
-            }
-            if written == total {
-                self.sender.finish();
-            }
+            dirs[0].write(&mut self.sender, &mut chunk);
+            dirs[1].write(&mut self.receiver, &mut chunk);
             if let Some(per_ms) = self.reader_limit {
                 let ms = (self.now - last_tick).as_millis() as usize;
                 if ms > 0 {
@@ -239,29 +244,9 @@ impl Pair {
                     last_tick = self.now;
                 }
             }
-            loop {
-                let room = match self.reader_limit {
-                    Some(_) => budget.min(rbuf.len()),
-                    None => rbuf.len(),
-                };
-                let n = self.receiver.read(&mut rbuf[..room]);
-                if n == 0 {
-                    break;
-                }
-                if self.reader_limit.is_some() {
-                    budget -= n;
-                }
-                for (k, b) in rbuf[..n].iter().enumerate() {
-                    if *b != pattern(read + k as u64) && corrupt.is_none() {
-                        corrupt = Some(read + k as u64);
-                    }
-                }
-                read += n as u64;
-                last_read_at = self.now;
-            }
-            if self.receiver.recv_finished() && !self.receiver.send_finished() {
-                self.receiver.finish();
-            }
+            let limit = self.reader_limit.map(|_| &mut budget);
+            dirs[0].read(&mut self.receiver, &mut rbuf, limit, self.now);
+            dirs[1].read(&mut self.sender, &mut rbuf, None, self.now);
             let over = |c: &Conn| c.is_done() || c.error().is_some();
             if over(&self.sender) && over(&self.receiver) {
                 break;
@@ -306,24 +291,122 @@ impl Pair {
             // Timers fire on the next simulated microsecond at the earliest.
             self.now = next.max(self.now + Duration::from_micros(1));
         }
-        let seconds = (last_read_at - self.start).as_secs_f64();
         let error = self
             .sender
             .error()
             .or(self.receiver.error())
-            .map(|e| e.to_string())
-            .or(corrupt.map(|at| format!("byte {at} differs from what was written")));
+            .map(|e| e.to_string());
+        let done = self.sender.is_done() && self.receiver.is_done();
+        let [a, b] = dirs;
+        [
+            a.outcome(&self.sender, &self.fwd, self.start, self.now, done, &error),
+            b.outcome(
+                &self.receiver,
+                &self.back,
+                self.start,
+                self.now,
+                done,
+                &error,
+            ),
+        ]
+    }
+}
+
+/// One direction of an exchange: what its sender wrote and its receiver read.
+struct Flow {
+    total: u64,
+    /// End the stream only after the peer's was read to the end.
+    finish_after_peer: bool,
+    written: u64,
+    read: u64,
+    last_read_at: Instant,
+    /// The first stream offset whose byte differs from the pattern.
+    corrupt: Option<u64>,
+}
+
+impl Flow {
+    fn new(total: u64, finish_after_peer: bool, now: Instant) -> Self {
+        Flow {
+            total,
+            finish_after_peer,
+            written: 0,
+            read: 0,
+            last_read_at: now,
+            corrupt: None,
+        }
+    }
+
+    /// Writes pattern bytes into `c` while it takes them; finishes the stream at the end.
+    fn write(&mut self, c: &mut Conn, chunk: &mut [u8]) {
+        while self.written < self.total {
+            let n = (self.total - self.written).min(chunk.len() as u64) as usize;
+            for (k, b) in chunk[..n].iter_mut().enumerate() {
+                *b = pattern(self.written + k as u64);
+            }
+            let w = c.write(&chunk[..n]);
+            self.written += w as u64;
+            if w < n {
+                break;
+            }
+        }
+        if self.written == self.total && (!self.finish_after_peer || c.recv_finished()) {
+            c.finish();
+        }
+    }
+
+    /// Reads what `c` has ready (at most `budget` bytes if given), checking the pattern.
+    fn read(
+        &mut self,
+        c: &mut Conn,
+        rbuf: &mut [u8],
+        mut budget: Option<&mut usize>,
+        now: Instant,
+    ) {
+        loop {
+            let room = match &budget {
+                Some(b) => (**b).min(rbuf.len()),
+                None => rbuf.len(),
+            };
+            let n = c.read(&mut rbuf[..room]);
+            if n == 0 {
+                break;
+            }
+            if let Some(b) = budget.as_deref_mut() {
+                *b -= n;
+            }
+            for (k, b) in rbuf[..n].iter().enumerate() {
+                if *b != pattern(self.read + k as u64) && self.corrupt.is_none() {
+                    self.corrupt = Some(self.read + k as u64);
+                }
+            }
+            self.read += n as u64;
+            self.last_read_at = now;
+        }
+    }
+
+    fn outcome(
+        self,
+        sender: &Conn,
+        link: &Link,
+        start: Instant,
+        now: Instant,
+        done: bool,
+        error: &Option<String>,
+    ) -> Outcome {
+        let seconds = (self.last_read_at - start).as_secs_f64();
         Outcome {
-            bytes: read,
+            bytes: self.read,
             seconds,
-            ended: (self.now - self.start).as_secs_f64(),
-            done: self.sender.is_done() && self.receiver.is_done() && corrupt.is_none(),
-            error,
-            sender: self.sender.stats(),
-            queue_drops: self.fwd.queue_drops,
-            random_drops: self.fwd.random_drops,
-            max_queue: self.fwd.max_queue,
-            fraction: read as f64 / seconds.max(1e-9) / self.fwd.p.rate,
+            ended: (now - start).as_secs_f64(),
+            done: done && self.corrupt.is_none(),
+            error: error.clone().or(self
+                .corrupt
+                .map(|at| format!("byte {at} differs from what was written"))),
+            sender: sender.stats(),
+            queue_drops: link.queue_drops,
+            random_drops: link.random_drops,
+            max_queue: link.max_queue,
+            fraction: self.read as f64 / seconds.max(1e-9) / link.p.rate,
         }
     }
 }
