@@ -3,8 +3,10 @@
 
 use bytes::{Buf, BufMut};
 
-/// First two bytes of every datagram.
-pub const MAGIC: u16 = 0xBC75;
+/// First two bytes of every datagram; a new value for each change of the formats, so that
+/// peers of two builds ignore each other's datagrams (a connect times out, and `--transport
+/// auto` uses TCP) instead of misreading them. 0xBC75: ACKs without `recv_us`.
+pub const MAGIC: u16 = 0xBC76;
 /// Bytes before a kind's fields.
 pub const COMMON_LEN: usize = 7;
 /// Bytes of a DATA header (common, packet number, offset, flags).
