@@ -561,7 +561,7 @@ impl Conn {
             ));
         }
         self.peer_max_data = self.peer_max_data.max(ack.max_data);
-        let (mut acked, mut lost, mut rtt, mut fwd) = (0u64, 0u64, None, None);
+        let (mut acked, mut lost, mut rtt, mut largest_sent) = (0u64, 0u64, None, None);
         let last = ack.largest.min(self.next_pn - 1);
         if last >= self.first_pn {
             for pn in self.first_pn..=last {
@@ -578,7 +578,7 @@ impl Conn {
                         } else {
                             r
                         });
-                        fwd = Some(self.stamp(s.time));
+                        largest_sent = Some(self.stamp(s.time));
                     }
                     acked += s.len;
                     self.on_acked(&s);
@@ -600,7 +600,7 @@ impl Conn {
         if acked > 0 || lost > 0 {
             self.pto_count = 0;
         }
-        if let Some(sent) = fwd {
+        if let Some(sent) = largest_sent {
             self.rate.on_forward_delay(now, ack.recv_us, sent);
         }
         self.rate.on_ack(now, acked, lost, rtt);

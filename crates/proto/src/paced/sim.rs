@@ -244,8 +244,8 @@ impl Pair {
                     last_tick = self.now;
                 }
             }
-            let limit = self.reader_limit.map(|_| &mut budget);
-            dirs[0].read(&mut self.receiver, &mut rbuf, limit, self.now);
+            let read_budget = self.reader_limit.map(|_| &mut budget);
+            dirs[0].read(&mut self.receiver, &mut rbuf, read_budget, self.now);
             dirs[1].read(&mut self.sender, &mut rbuf, None, self.now);
             let over = |c: &Conn| c.is_done() || c.error().is_some();
             if over(&self.sender) && over(&self.receiver) {
