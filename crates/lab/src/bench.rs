@@ -5,7 +5,8 @@
 //! `bench/lab-methods.toml`); adding a bulkcast strategy means adding a `[[method]]` entry.
 //!
 //! Template variables: `{object}` (path of the object), `{object_dir}`, `{object_name}`,
-//! `{size}` (bytes), `{hosts_file}`, `{port}`, `{src_ip}`, `{first_ip}` (first receiver),
+//! `{size}` (bytes), `{hosts_file}`, `{hosts_list}` (the receivers' agents as `IP:PORT,...`,
+//! what a user types without a hosts file), `{port}`, `{src_ip}`, `{first_ip}` (first receiver),
 //! `{ip}` (this host), `{next_ip}` (the next receiver in scenario order; for the source: the
 //! first receiver), `{out}` (where this receiver must write its copy), `{host}`, `{index}`
 //! (receiver number from 1), `{cc}` (congestion control), `{raw}` (a directory of this method's
@@ -299,6 +300,11 @@ pub fn run_method(
     );
     base.insert("size", size.to_string());
     base.insert("hosts_file", lab.hosts_file().display().to_string());
+    let list: Result<Vec<String>, LabError> = receivers
+        .iter()
+        .map(|r| Ok(format!("{}:{}", ip(r)?, plan.agent_port)))
+        .collect();
+    base.insert("hosts_list", list?.join(","));
     base.insert("port", port.to_string());
     base.insert("src_ip", ip(&src)?);
     base.insert("first_ip", ip(&receivers[0])?);

@@ -141,6 +141,9 @@ impl Lab {
             )));
         }
         netns::preflight()?;
+        if plan.kernel_shaping {
+            crate::kernel::preflight(&plan)?;
+        }
         let _lock = SetupLock::take(&name)?;
         clear_stale(&name)?;
         let dir = netns::state_dir(&name);
@@ -423,7 +426,8 @@ impl Lab {
         c.env("BULKCAST_LAB", &self.name)
             .env("BULKCAST_LAB_HOSTS", self.hosts_file())
             .env("BULKCAST_LAB_MATRIX", self.matrix_file());
-        if std::env::var_os("BCLAB_SHARE_CPU").is_none() {
+        // With kernel shaping the forwarder is idle: the hosts get every core.
+        if !self.plan.kernel_shaping && std::env::var_os("BCLAB_SHARE_CPU").is_none() {
             if let Some(cpu) = forwarder::forwarder_cpu() {
                 // Keep the hosts' processes off the forwarder's core: this kernel does not
                 // preempt a process inside a long syscall, which delays the forwarder's wake-ups.

@@ -14,6 +14,7 @@ pub mod check;
 mod cli;
 pub mod emu;
 mod forwarder;
+mod kernel;
 mod lab;
 pub mod mesh;
 mod netns;

@@ -5,6 +5,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::forwarder::{rps_mask, TUN_NAME};
+use crate::kernel;
 use crate::scenario::Plan;
 use crate::LabError;
 
@@ -164,12 +165,17 @@ pub fn build(lab: &str, plan: &Plan) -> Result<(), LabError> {
     for (i, h) in plan.hosts.iter().enumerate() {
         let ns = host_ns(lab, &h.name);
         ip(&["netns", "add", &ns])?;
+        // Kernel shaping: every host on one bridge, its access links shaped on its veth.
+        let bridge = if plan.kernel_shaping { 0 } else { h.site };
         hub_script.push_str(&format!(
-            "link add v{i} type veth peer name lan0 netns {ns}\nlink set v{i} master br{} up\n",
-            h.site
+            "link add v{i} type veth peer name lan0 netns {ns}\nlink set v{i} master br{bridge} up\n"
         ));
     }
-    ip_batch(Some(&hub), &hub_script)
+    ip_batch(Some(&hub), &hub_script)?;
+    if plan.kernel_shaping {
+        kernel::shape_hub(&hub, plan)?;
+    }
+    Ok(())
 }
 
 /// Configures each host once its TUN exists: addresses, routes, sysctls, RPS.
@@ -206,8 +212,14 @@ pub fn configure_hosts(lab: &str, plan: &Plan) -> Result<(), LabError> {
         sh.push_str(&format!(
             "ip link set {TUN_NAME} mtu 1500 txqueuelen 10000 up\n"
         ));
+        let wan = if plan.kernel_shaping {
+            sh.push_str(&kernel::host_script(plan, i));
+            "lan0"
+        } else {
+            TUN_NAME
+        };
         sh.push_str(&format!(
-            "ip route add 10.77.0.0/16 dev {TUN_NAME} src {}\n",
+            "ip route add 10.77.0.0/16 dev {wan} src {}\n",
             h.addr
         ));
         sh.push_str("ip route add 224.0.0.0/4 dev lan0\n");

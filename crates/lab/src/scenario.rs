@@ -59,6 +59,24 @@ pub struct Scenario {
     /// Seeded random fluctuation of every WAN path.
     #[serde(default)]
     pub fluctuation: Option<FluctuationSpec>,
+    /// Who emulates the links between sites (default: [`Shaping::Auto`]).
+    #[serde(default)]
+    pub shaping: Shaping,
+}
+
+/// Who emulates the links between sites.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Shaping {
+    /// The kernel where the scenario allows it ([`Plan::kernel_shaping`]), else the forwarder.
+    #[default]
+    Auto,
+    /// The user-space forwarder (delay, jitter, changes over time; one thread for every packet).
+    Forwarder,
+    /// The kernel: htb on every access link and nft random drop per pair of sites. Only for
+    /// scenarios without delay, jitter, WAN rates, channels or changes over time; the kernel
+    /// carries a star at line rate where the forwarder's one thread caps it near 0.90.
+    Kernel,
 }
 
 fn default_seed() -> u64 {
@@ -310,6 +328,10 @@ pub struct Plan {
     pub agent_port: u16,
     /// Ideal per-receiver rate in bit/s (None: unbounded).
     pub ideal_bps: Option<f64>,
+    /// Traffic between sites crosses one kernel bridge, shaped by htb and dropped by nft,
+    /// instead of the forwarder ([`Shaping`]).
+    #[serde(default)]
+    pub kernel_shaping: bool,
 }
 
 /// One host of the plan.
@@ -795,7 +817,7 @@ impl Scenario {
             }
             bound.is_finite().then_some(bound * 1e6)
         });
-        Ok(Plan {
+        let mut plan = Plan {
             name: self.name.clone().unwrap_or_else(|| "lab".into()),
             seed: self.seed,
             sites: self.sites.iter().map(|s| s.name.clone()).collect(),
@@ -809,7 +831,54 @@ impl Scenario {
             source,
             agent_port: self.agent_port.unwrap_or(DEFAULT_AGENT_PORT),
             ideal_bps,
-        })
+            kernel_shaping: false,
+        };
+        plan.kernel_shaping = match (self.shaping, plan.kernel_obstacle()) {
+            (Shaping::Forwarder, _) => false,
+            (Shaping::Auto, obstacle) => obstacle.is_none(),
+            (Shaping::Kernel, None) => true,
+            (Shaping::Kernel, Some(why)) => {
+                return Err(bad(format!("shaping = \"kernel\": {why}")));
+            }
+        };
+        Ok(plan)
+    }
+}
+
+impl Plan {
+    /// Why the kernel cannot emulate this plan (None: it can). The kernel path has rates on
+    /// access links and random loss between sites, nothing else: no `tc netem` here, so no
+    /// delay or jitter, and no shared WAN bottleneck or schedule.
+    pub fn kernel_obstacle(&self) -> Option<String> {
+        if !self.channels.is_empty() {
+            return Some("channels need the forwarder".into());
+        }
+        if !self.events.is_empty() || !self.alternates.is_empty() || self.fluctuation.is_some() {
+            return Some("conditions that change over time need the forwarder".into());
+        }
+        for l in self
+            .site_links
+            .iter()
+            .flatten()
+            .flatten()
+            .map(|&i| &self.links[i])
+        {
+            if l.delay_ns > 0 || l.jitter_ns > 0 {
+                return Some(format!("path {} has delay or jitter", l.name));
+            }
+            if l.rate_bps.is_some() {
+                return Some(format!("path {} has a rate of its own", l.name));
+            }
+        }
+        None
+    }
+
+    /// Random loss from site `from` to site `to` (0 inside a site).
+    pub fn site_loss(&self, from: usize, to: usize) -> f64 {
+        self.site_links
+            .get(from)
+            .and_then(|row| row.get(to).copied().flatten())
+            .map_or(0.0, |i| self.links[i].loss)
     }
 }
 
