@@ -179,7 +179,8 @@ loss = 0.01
         let plan = Scenario::parse(&with_delay).unwrap().plan().unwrap();
         assert!(!plan.kernel_shaping);
         let forced = with_delay.replace("name = \"k\"", "name = \"k\"\nshaping = \"kernel\"");
-        let err = Scenario::parse(&forced).unwrap().plan().unwrap_err();
+        // The scenario is planned as it is parsed, so the error comes from parse.
+        let err = Scenario::parse(&forced).unwrap_err();
         assert!(err.to_string().contains("delay"), "{err}");
         let off = STAR.replace("name = \"k\"", "name = \"k\"\nshaping = \"forwarder\"");
         assert!(
