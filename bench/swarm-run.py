@@ -149,7 +149,7 @@ def main():
                     help="where the object and the receivers' copies go (default "
                     "/tmp/bclab-swarm-run; /dev/shm/... keeps the machine's one disk out of the run)")
     ap.add_argument("--out", default="", help="raw output directory (default "
-                    "bench/results/issue6/<date-time>)")
+                    "target/bench/swarm/<date-time>)")
     ap.add_argument("--render", default="", help="only print the table of a results.json "
                     "written by an earlier run (with that run's --size, --time-scale, --timeout)")
     a = ap.parse_args()
@@ -175,7 +175,7 @@ def main():
             for cond in a.conditions.split(",")
         ]
     out = a.out or os.path.join(
-        ROOT, "bench/results/issue6", datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+        ROOT, "target/bench/swarm", datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
     os.makedirs(os.path.join(out, "scenarios"), exist_ok=True)
     rel = os.path.join(ROOT, "target/release")
     log = open(os.path.join(out, "run.log"), "a")

@@ -373,12 +373,13 @@ fn swarm_strategy(s: Strategy) -> Option<SwarmStrategy> {
 }
 
 /// Smallest object `--strategy auto` sends by `hybrid` rather than `mob` across sites. In the
-/// lab's size sweep (docs/benchmarks.md, "Issue 6", re-run 2026-11-23 with the hybrid's small
-/// pieces, three runs at 512 KiB and 4 MiB) MOB was ahead of the hybrid at 512 KiB in 5 of 6
-/// runs, with one copy per site against the hybrid's 1.4-1.75 (its endgame doubles requests
-/// when a few pieces are all there is); from 4 MiB the hybrid was ahead at 20 ms (3 of 3) and
-/// level at 100 ms. The push tree was behind both at every size from 32 KiB: a tree connects
-/// level by level, a WAN round trip per hop, where a swarm dials every member at once.
+/// lab's size sweep (docs/notes/swarm-size-sweep.md, re-run 2026-11-23 with the hybrid's small
+/// pieces, three runs at 512 KiB and 4 MiB; the current sweep is in docs/benchmarks.md) MOB
+/// was ahead of the hybrid at 512 KiB in 5 of 6 runs, with one copy per site against the
+/// hybrid's 1.4-1.75 (its endgame doubles requests when a few pieces are all there is); from
+/// 4 MiB the hybrid was ahead at 20 ms (3 of 3) and level at 100 ms. The push tree was behind
+/// both at every size from 32 KiB: a tree connects level by level, a WAN round trip per hop,
+/// where a swarm dials every member at once.
 pub const AUTO_HYBRID_MIN_BYTES: u64 = 2 << 20;
 
 /// What `--strategy auto` means for this send: a swarm where swarming pays (an object of known,

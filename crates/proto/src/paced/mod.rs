@@ -1,8 +1,9 @@
 //! A paced, selective-repeat byte stream over UDP datagrams (issue 5's WAN hop at 5% loss).
 //!
 //! TCP spends a lossy long path in recovery: at 100 ms and 5% random loss one bbr flow keeps
-//! about 0.6 of a 100 Mbit/s link and eight keep 0.87 (`bench/results/issue5`). quinn 0.11
-//! with its BBR overran the queue there (36% of packets declared lost, docs/benchmarks.md).
+//! about 0.6 of a 100 Mbit/s link and eight keep 0.87 (docs/notes/multi-stream-edges.md).
+//! quinn 0.11 with its BBR overran the queue there (36% of packets declared lost,
+//! docs/notes/paced-transport.md).
 //! This transport keeps rate and loss apart: the sender paces at a rate set by the queue
 //! delay the path builds ([`rate`]), never by loss, and resends exactly what was lost in new
 //! packets (numbered afresh, as QUIC does, so an ACK is never ambiguous). Its ceiling at 5%
