@@ -13,11 +13,13 @@ use clap::{Args, ValueEnum};
 /// How every edge is carried.
 #[derive(Args, Clone)]
 pub struct EdgeArgs {
-    /// Parallel connections per edge: a number (1-64), or `auto`. Over TCP, `auto` is one per
-    /// 20 ms of round trip to start, 1-8 and at least one per path, then one more at a time
-    /// while the last one added raised the edge's rate by 10%, up to 8. Over `--transport udp`
-    /// it is one (a paced connection keeps its rate under loss by itself; give a number to
-    /// spread an edge over several paths).
+    /// Parallel connections per edge: a number (1-64), or `auto`. With `--cc bbr` (the default
+    /// where the kernel has it) and one address per host, `auto` is one connection per edge: bbr
+    /// keeps a path full alone, under loss too. Otherwise, over TCP, `auto` is one per 20 ms of
+    /// round trip to start, 1-8 and at least one per path, then one more at a time while the
+    /// last one added raised the edge's rate by 10%, up to 8. Over `--transport udp` it is one
+    /// (a paced connection keeps its rate under loss by itself; give a number to spread an edge
+    /// over several paths).
     #[arg(long, default_value = "auto")]
     streams: String,
     /// How frames are dealt to the connections of an edge.

@@ -294,7 +294,10 @@ pub async fn run(a: SendArgs) -> Result<i32> {
         None => auto_chunk_size(input.manifest.total_len, &tree),
     };
     let cfg = SendConfig {
-        edges: a.edges.mode()?,
+        edges: a
+            .edges
+            .mode()?
+            .for_session(&tuning.cc, hosts.iter().any(|h| !h.paths.is_empty())),
         observer: a.edges.observer()?,
         chunk_size,
         stall_timeout: Duration::from_secs(a.stall_timeout.max(1)),

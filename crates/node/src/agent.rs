@@ -38,6 +38,8 @@ pub struct AgentConfig {
     pub attachments: Attachments,
     /// Write every object to stdout instead of `dir` (`pipe recv`).
     pub stdout: bool,
+    /// Connections to children opened ahead of sessions at a source's `Dial`.
+    pub predialed: crate::predial::PreDialed,
     /// How one-file copies are written (`--direct-io`).
     pub io: crate::direct::CopyIo,
     /// Swarm sessions running here, for their peers' connections.
@@ -201,6 +203,11 @@ pub async fn session(
             .await?;
             return Ok(Served::Probe);
         }
+        Frame::Dial { session, addrs } if expect.is_none() => {
+            tracing::debug!("session {session:016x}: pre-dialling {addrs:?}");
+            cfg.predialed.dial(session, addrs, &cfg.keys, &cfg.tuning);
+            return Ok(Served::Probe);
+        }
         Frame::Sink if expect.is_none() => {
             probe::serve_sink(&mut stream).await?;
             return Ok(Served::Probe);
@@ -316,6 +323,7 @@ pub async fn serve_open(
         Some(store),
     );
     driver.accept_attachments(cfg.attachments.clone());
+    driver.use_predialed(cfg.predialed.clone());
     driver
         .run(|ev| {
             if let bulkcast_proto::node::Event::Corrupt { index, reason } = ev {
@@ -401,6 +409,7 @@ async fn run_without_copy(
         None,
     );
     driver.accept_attachments(cfg.attachments.clone());
+    driver.use_predialed(cfg.predialed.clone());
     driver
         .run(|_| {})
         .await

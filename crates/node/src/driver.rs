@@ -20,6 +20,7 @@ use tokio::task::JoinHandle;
 
 use crate::edge::{Attachments, EdgeStreams, InEdge, OutEdge};
 use crate::input::InputEvent;
+use crate::predial::PreDialed;
 use crate::store::{LocalCopy, StoreEvent};
 use crate::transport::{self, Stream, TcpTuning};
 
@@ -119,6 +120,10 @@ pub struct Driver {
     ceiling: Option<u64>,
     /// Per child edge: the transport its connection 0 got (set when it reached the child).
     edge_transport: HashMap<usize, transport::Transport>,
+    /// Connections to children opened ahead of the session (agents; see [`crate::predial`]).
+    predialed: Option<PreDialed>,
+    /// Whether [`Driver::dial_children`] ran.
+    dialled: bool,
 }
 
 impl Drop for Driver {
@@ -133,7 +138,7 @@ impl Drop for Driver {
 }
 
 impl Driver {
-    /// Sets up the driver: starts connecting to every child right away.
+    /// Sets up the driver; [`Driver::run`] starts by connecting to every child.
     pub fn new(
         node: Node,
         keys: Keys,
@@ -165,6 +170,8 @@ impl Driver {
             pace: None,
             ceiling: None,
             edge_transport: HashMap::new(),
+            predialed: None,
+            dialled: false,
         };
         d.tuning.cc = d.node.params().cc.clone();
         if let Some((s, rx)) = store {
@@ -195,11 +202,17 @@ impl Driver {
                 d.ceiling = Some(uplink as u64);
             }
         }
+        d
+    }
+
+    /// Starts connecting to every child (once, when [`Driver::run`] starts, so that options set
+    /// after [`Driver::new`] apply to these connections).
+    fn dial_children(&mut self) {
         let now = Instant::now();
-        let edges = d.node.params().edges;
-        let chunk_size = d.node.params().chunk_size;
-        for k in 0..d.node.children().len() {
-            let child = &d.node.children()[k];
+        let edges = self.node.params().edges;
+        let chunk_size = self.node.params().chunk_size;
+        for k in 0..self.node.children().len() {
+            let child = &self.node.children()[k];
             let addrs: Vec<String> = child.addr.split_whitespace().map(String::from).collect();
             let addrs = if addrs.is_empty() {
                 vec![child.addr.clone()]
@@ -208,14 +221,19 @@ impl Driver {
             };
             if edges.is_striped() {
                 let e = OutEdge::new(child.name.clone(), edges, addrs, chunk_size, now);
-                d.out_edges.insert(k, e);
-                d.connect_edge(k, now);
+                self.out_edges.insert(k, e);
+                self.connect_edge(k, now);
             } else {
-                let open = Frame::Open(d.node.open_for(k));
-                d.spawn_connect(k, 0, addrs[0].clone(), vec![open]);
+                let open = Frame::Open(self.node.open_for(k));
+                self.spawn_connect(k, 0, addrs[0].clone(), vec![open]);
             }
         }
-        d
+    }
+
+    /// Take the connections to children that a source's `Dial` had this agent open ahead of
+    /// the session, where they are up ([`crate::predial`]).
+    pub fn use_predialed(&mut self, pool: PreDialed) {
+        self.predialed = Some(pool);
     }
 
     /// Accept further connections of a striped parent edge through `a` (agents).
@@ -273,8 +291,17 @@ impl Driver {
         let tx = self.ev_tx.clone();
         let name = self.node.children()[k].name.clone();
         let dialed = (conn == 0 && self.out_edges.contains_key(&k)).then(|| (tx.clone(), k));
+        let pool = self.predialed.clone().filter(|_| conn == 0);
+        let session = self.node.params().session;
         self.other_tasks.push(tokio::spawn(async move {
-            let ev = match connect_child(&addr, &keys, &tuning, &first, dialed).await {
+            let pre = match pool {
+                Some(p) => p.take(session, &addr).await,
+                None => None,
+            };
+            if pre.is_some() {
+                tracing::debug!("{name}: using the connection opened ahead of the session");
+            }
+            let ev = match connect_child(&addr, &keys, &tuning, &first, dialed, pre).await {
                 Ok(s) => Ev::Connected(k, conn, s),
                 Err(e) => Ev::ConnectFailed(
                     k,
@@ -294,6 +321,10 @@ impl Driver {
     /// Runs until the node is finished (`Ok`) or gives up (`Err` with the reason). Every other
     /// node-level event is passed to `observe` (progress, completions, failures, corruption).
     pub async fn run(&mut self, mut observe: impl FnMut(&Event)) -> Result<(), String> {
+        if !self.dialled {
+            self.dialled = true;
+            self.dial_children();
+        }
         let mut ticker = tokio::time::interval(Duration::from_millis(250));
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -741,16 +772,28 @@ async fn connect_child(
     tuning: &TcpTuning,
     first: &[Frame],
     dialed: Option<(mpsc::Sender<Ev>, usize)>,
+    predialed: Option<Stream>,
 ) -> Result<Stream, transport::ConnError> {
     let started = Instant::now();
-    let mut s = transport::connect(addr, tuning).await?;
+    let fresh = predialed.is_none();
+    let mut s = match predialed {
+        // Opened with the agent's own tuning: the session's congestion control applies.
+        Some(Stream::Tcp(t)) => {
+            transport::set_cc(&t, &tuning.cc)?;
+            Stream::Tcp(t)
+        }
+        Some(s) => s,
+        None => transport::connect(addr, tuning).await?,
+    };
     if let Some((tx, k)) = dialed {
         // Without a sample from the kernel (a retransmitted SYN, no timestamps), the connect's
         // own duration: at least a round trip.
         let rtt = s.rtt().or_else(|| Some(started.elapsed()));
         let _ = tx.send(Ev::Dialed(k, rtt, s.transport())).await;
     }
-    transport::handshake_connect(&mut s, keys).await?;
+    if fresh {
+        transport::handshake_connect(&mut s, keys).await?;
+    }
     for f in first {
         transport::write_frame(&mut s, f).await?;
     }

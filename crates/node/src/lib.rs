@@ -27,6 +27,7 @@ pub mod edge;
 pub mod input;
 pub mod mapped;
 pub mod paced;
+pub mod predial;
 pub mod probe;
 pub mod report;
 pub mod source;

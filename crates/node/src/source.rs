@@ -117,6 +117,18 @@ pub async fn send(
         edges: cfg.edges,
     };
     let names: Vec<Named> = hosts.iter().map(|h| named(h, true)).collect();
+    // Every relay opens its children's connections now, while the first hop is set up.
+    let first_addrs: Vec<String> = hosts
+        .iter()
+        .map(|h| {
+            h.addr
+                .split_whitespace()
+                .next()
+                .unwrap_or(&h.addr)
+                .to_string()
+        })
+        .collect();
+    crate::predial::send_dials(tree, session, &first_addrs, &keys, &cfg.tuning);
     let mut node = Node::source(
         params,
         keys.clone(),

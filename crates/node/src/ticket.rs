@@ -277,6 +277,7 @@ mod tests {
             stored: None,
             groups: Default::default(),
             attachments: Default::default(),
+            predialed: Default::default(),
             stdout: false,
             swarms: Default::default(),
             io: Default::default(),

@@ -27,6 +27,7 @@ async fn matrix_of_three_agents_and_one_dead_host() {
             stored: None,
             groups: Default::default(),
             attachments: Default::default(),
+            predialed: Default::default(),
             swarms: Default::default(),
             stdout: false,
             io: Default::default(),

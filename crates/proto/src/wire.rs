@@ -126,6 +126,17 @@ pub enum Frame {
         /// Agent addresses (`host:port`).
         targets: Vec<String>,
     },
+    /// Set-up: the source asks a relay to open (connect and pass the handshake with) the
+    /// connections to its children in `session` now, before the session's `Open` reaches it
+    /// from its parent, so that every hop of a tree is dialled at once rather than one level
+    /// after another. Answered by nothing; the relay's driver takes the connections when the
+    /// session starts there, or dials afresh if they are not up.
+    Dial {
+        /// The session the connections are for.
+        session: SessionId,
+        /// The children's agent addresses (`host:port`).
+        addrs: Vec<String>,
+    },
     /// Probing: round-trip times in microseconds, one per target of the `Probe`, in order;
     /// [`UNREACHABLE`] where a target could not be measured.
     Probed {
@@ -334,6 +345,24 @@ impl EdgeMode {
     pub fn is_striped(&self) -> bool {
         self.streams != 1
     }
+
+    /// What automatic striping (`streams` 0) comes to for a session whose hops use congestion
+    /// control `cc`, where `multipath` says whether some host has more than one address.
+    ///
+    /// A model-based control (`bbr`) keeps one path full with one connection, under random loss
+    /// too, so there every edge is one plain connection: more connections to the same
+    /// bottleneck only share its queue, and the child puts their frames back in order. On the
+    /// lab's 100 Mbit/s star (2026-11-26, `bench/lab-run star-8`) a chain of 8 finished with
+    /// its receivers 0.06 s apart on plain edges and 0.2-0.3 s apart per hop with automatic
+    /// striping, which had added a second connection at the source. Striping stays where it
+    /// pays: loss-based control on long round trips (seed 002), and several paths.
+    pub fn for_session(self, cc: &str, multipath: bool) -> EdgeMode {
+        if self.streams == 0 && cc == "bbr" && !multipath {
+            EdgeMode { streams: 1, ..self }
+        } else {
+            self
+        }
+    }
 }
 
 /// The multi-stream schedulers (see [`crate::multipath::Scheduler`]).
@@ -459,6 +488,7 @@ const T_BWPROBE: u8 = 0x44;
 const T_BWRESULT: u8 = 0x45;
 const T_SINK: u8 = 0x46;
 const T_SINKREPORT: u8 = 0x47;
+const T_DIAL: u8 = 0x48;
 const T_SWARM: u8 = 0x50;
 const T_SWARM_SETUP: u8 = 0x51;
 const T_ERROR: u8 = 0x7f;
@@ -516,6 +546,7 @@ impl Frame {
             Frame::Pong { .. } => "Pong",
             Frame::Probe { .. } => "Probe",
             Frame::Probed { .. } => "Probed",
+            Frame::Dial { .. } => "Dial",
             Frame::BwProbe { .. } => "BwProbe",
             Frame::BwResult { .. } => "BwResult",
             Frame::Sink => "Sink",
@@ -614,6 +645,14 @@ impl Frame {
                 b.put_u32(targets.len() as u32);
                 for t in targets {
                     put_str(&mut b, t);
+                }
+            }
+            Frame::Dial { session, addrs } => {
+                b.put_u8(T_DIAL);
+                b.put_u64(*session);
+                b.put_u32(addrs.len() as u32);
+                for a in addrs {
+                    put_str(&mut b, a);
                 }
             }
             Frame::Probed { rtt_us } => {
@@ -796,6 +835,16 @@ impl Frame {
                     timeout_ms,
                     targets,
                 }
+            }
+            T_DIAL => {
+                r.what = "Dial";
+                let session = r.u64()?;
+                let n = r.count(4)?;
+                let mut addrs = Vec::with_capacity(n);
+                for _ in 0..n {
+                    addrs.push(r.string()?);
+                }
+                Frame::Dial { session, addrs }
             }
             T_PROBED => {
                 r.what = "Probed";
@@ -1224,6 +1273,23 @@ impl Reader {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn automatic_striping_is_one_plain_connection_with_bbr_on_one_path() {
+        let auto = EdgeMode {
+            streams: 0,
+            scheduler: EdgeScheduler::Pull,
+        };
+        assert_eq!(auto.for_session("bbr", false).streams, 1);
+        assert!(!auto.for_session("bbr", false).is_striped());
+        // Loss-based control, the system's choice, or several paths keep striping.
+        assert_eq!(auto.for_session("cubic", false).streams, 0);
+        assert_eq!(auto.for_session("", false).streams, 0);
+        assert_eq!(auto.for_session("bbr", true).streams, 0);
+        // A number given by the user is kept.
+        let four = EdgeMode { streams: 4, ..auto };
+        assert_eq!(four.for_session("bbr", false).streams, 4);
+    }
     use super::*;
 
     fn samples() -> Vec<Frame> {
@@ -1319,6 +1385,10 @@ mod tests {
             },
             Frame::Probed {
                 rtt_us: vec![120, UNREACHABLE],
+            },
+            Frame::Dial {
+                session: 9,
+                addrs: vec!["a:1".into(), "b:2".into()],
             },
             Frame::BwProbe {
                 target: "a:1".into(),
