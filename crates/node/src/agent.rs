@@ -116,6 +116,11 @@ pub async fn serve(
                                 Ok((s, 1))
                             }
                             Ok(Served::Stripe { group, trees }) => Ok((group, trees)),
+                            // A connect's spare attempt, dropped when another won.
+                            Err(SessionError::Conn(ConnError::Closed)) => {
+                                tracing::debug!("connection from {peer} closed before a frame");
+                                return;
+                            }
                             // Admission and set-up failures are not sessions.
                             Err(e @ (SessionError::Conn(_) | SessionError::Refused(_))) => {
                                 tracing::warn!("connection from {peer}: {e}");

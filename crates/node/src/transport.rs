@@ -223,16 +223,19 @@ pub async fn connect_tcp(addr: &str, tuning: &TcpTuning) -> Result<TcpStream, Co
         format!("{addr} resolves to nothing"),
     );
     for a in addrs {
-        let sock = if a.is_ipv4() {
-            TcpSocket::new_v4()?
-        } else {
-            TcpSocket::new_v6()?
+        let socket = || -> io::Result<TcpSocket> {
+            let sock = if a.is_ipv4() {
+                TcpSocket::new_v4()?
+            } else {
+                TcpSocket::new_v6()?
+            };
+            if let Some(n) = tuning.sockbuf {
+                sock.set_send_buffer_size(n)?;
+                sock.set_recv_buffer_size(n)?;
+            }
+            Ok(sock)
         };
-        if let Some(n) = tuning.sockbuf {
-            sock.set_send_buffer_size(n)?;
-            sock.set_recv_buffer_size(n)?;
-        }
-        match tokio::time::timeout(CONNECT_TIMEOUT, sock.connect(a)).await {
+        match tokio::time::timeout(CONNECT_TIMEOUT, connect_staggered(socket, a)).await {
             Ok(Ok(s)) => {
                 s.set_nodelay(true)?;
                 set_cc(&s, &tuning.cc)?;
@@ -243,6 +246,42 @@ pub async fn connect_tcp(addr: &str, tuning: &TcpTuning) -> Result<TcpStream, Co
         }
     }
     Err(ConnError::Io(last))
+}
+
+/// When further attempts at a connect start while none has been answered, after the first.
+///
+/// A lost SYN or SYN-ACK is sent again only after the kernel's initial timeout of 1 s (then 3 s
+/// more), which on a path with 1% random loss holds a hop's set-up for a second in a few
+/// percent of connections, and a tree makes dozens. A second SYN sent meanwhile usually gets
+/// through: the first attempt answered wins, the others are dropped (a round trip longer than
+/// the first stagger costs the agent a connection that closes before its `Hello`).
+const CONNECT_STAGGER: [Duration; 2] = [Duration::from_millis(250), Duration::from_millis(750)];
+
+/// Connects to `a` with sockets from `socket`, starting another attempt at each
+/// [`CONNECT_STAGGER`] while none has succeeded; the first to connect wins. An attempt that
+/// fails (refused, unreachable) ends the whole connect: the others would fail the same way.
+async fn connect_staggered(
+    socket: impl Fn() -> io::Result<TcpSocket>,
+    a: SocketAddr,
+) -> io::Result<TcpStream> {
+    let start = tokio::time::Instant::now();
+    let mut attempts = tokio::task::JoinSet::new();
+    attempts.spawn(socket()?.connect(a));
+    let mut later = CONNECT_STAGGER.iter().map(|d| start + *d);
+    let mut next = later.next();
+    loop {
+        tokio::select! {
+            done = attempts.join_next() => match done {
+                Some(Ok(result)) => return result,
+                Some(Err(e)) => return Err(io::Error::other(e)),
+                None => return Err(io::Error::other("no connect attempt under way")),
+            },
+            _ = tokio::time::sleep_until(next.unwrap_or(start)), if next.is_some() => {
+                attempts.spawn(socket()?.connect(a));
+                next = later.next();
+            }
+        }
+    }
 }
 
 /// Binds a listener with the tuning applied (accepted sockets inherit it).
