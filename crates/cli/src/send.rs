@@ -67,6 +67,10 @@ pub struct SendArgs {
     /// Keep setuid, setgid and sticky bits (by default copies get the permission bits only).
     #[arg(long)]
     keep_special_modes: bool,
+    /// Follow a directory's symlinks and send what they point at (by default a link inside
+    /// the tree is sent as a link and one leading out of it is left out).
+    #[arg(long)]
+    follow_symlinks: bool,
     #[command(flatten)]
     edges: EdgeArgs,
     #[command(flatten)]
@@ -111,7 +115,7 @@ pub async fn run(a: SendArgs) -> Result<i32> {
             );
         }
     }
-    let mut input = Input::open(&a.path, a.name.as_deref())?;
+    let mut input = Input::open_with(&a.path, a.name.as_deref(), a.follow_symlinks)?;
     if !a.keep_special_modes {
         input.manifest.drop_special_modes();
     }

@@ -1593,3 +1593,46 @@ fn a_single_file_keeps_its_mode_and_time_as_a_directory_would() {
         }
     }
 }
+
+#[test]
+fn follow_symlinks_sends_what_links_point_at() {
+    use std::os::unix::fs::symlink;
+    let s = Scratch::new("follow");
+    let key = secret(29);
+    let ags = agents(&s.0.join("rx"), 2, &key);
+    let src = s.0.join("snap");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::create_dir_all(s.0.join("blobs")).unwrap();
+    make_file(&s.0.join("blobs/w.bin"), 200_000, b"w");
+    symlink("../blobs/w.bin", src.join("model.bin")).unwrap();
+    symlink("../blobs", src.join("all")).unwrap();
+    symlink("nowhere", src.join("dangling")).unwrap();
+    let out = send(
+        &[
+            src.to_str().unwrap(),
+            "--to",
+            &to_list(&ags),
+            "--follow-symlinks",
+        ],
+        &key,
+        None,
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(report(&out)["object"]["skipped"][0]["path"], "dangling");
+    for a in &ags {
+        let got = a.dir.join("snap");
+        for p in ["model.bin", "all/w.bin"] {
+            assert!(
+                std::fs::symlink_metadata(got.join(p)).unwrap().is_file(),
+                "{p}"
+            );
+            assert_eq!(hash(&got.join(p)), hash(&s.0.join("blobs/w.bin")), "{p}");
+        }
+        assert!(std::fs::symlink_metadata(got.join("all")).unwrap().is_dir());
+    }
+}

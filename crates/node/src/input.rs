@@ -3,7 +3,7 @@
 
 use std::fs::{self, File};
 use std::io::{self, Read};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use bulkcast_proto::auth::Keys;
@@ -46,8 +46,16 @@ pub struct Skipped {
 }
 
 impl Input {
-    /// Describes `path` (a file or a directory) or, for `-`, standard input named `name`.
+    /// Describes `path` (a file or a directory) or, for `-`, standard input named `name`. A
+    /// directory's symlinks are carried as links (see [`link_target`]), never followed.
     pub fn open(path: &Path, name: Option<&str>) -> io::Result<Input> {
+        Input::open_with(path, name, false)
+    }
+
+    /// [`Input::open`]; with `follow`, a directory's symlinks are followed and what they point
+    /// at is sent in their place (a link that dangles or leads back into a directory it is in
+    /// is left out).
+    pub fn open_with(path: &Path, name: Option<&str>, follow: bool) -> io::Result<Input> {
         if path == Path::new("-") {
             let name = name.unwrap_or("stdin").to_string();
             return Ok(Input {
@@ -103,8 +111,11 @@ impl Input {
                 format!("{} is neither a file nor a directory", path.display()),
             ));
         }
-        let mut w = Walk::default();
-        w.dir(path, "")?;
+        let mut w = Walk {
+            follow,
+            ..Walk::default()
+        };
+        w.dir(path, "", &meta)?;
         let total = w.entries.iter().map(|e| e.len).sum();
         Ok(Input {
             manifest: Manifest {
@@ -402,10 +413,22 @@ struct Walk {
     entries: Vec<Entry>,
     files: Vec<PathBuf>,
     skipped: Vec<Skipped>,
+    /// Follow symlinks (`send --follow-symlinks`).
+    follow: bool,
+    /// Device and inode of the directories being walked, outermost first: a followed link to
+    /// one of them would loop.
+    open_dirs: Vec<(u64, u64)>,
 }
 
 impl Walk {
-    fn dir(&mut self, dir: &Path, prefix: &str) -> io::Result<()> {
+    fn dir(&mut self, dir: &Path, prefix: &str, meta: &fs::Metadata) -> io::Result<()> {
+        self.open_dirs.push((meta.dev(), meta.ino()));
+        let r = self.list(dir, prefix);
+        self.open_dirs.pop();
+        r
+    }
+
+    fn list(&mut self, dir: &Path, prefix: &str) -> io::Result<()> {
         let mut list: Vec<_> = fs::read_dir(dir)
             .map_err(|e| with_path(e, dir))?
             .collect::<Result<_, _>>()
@@ -431,7 +454,16 @@ impl Walk {
             };
             let rel = join(&name);
             let path = e.path();
-            let meta = fs::symlink_metadata(&path).map_err(|er| with_path(er, &path))?;
+            let mut meta = fs::symlink_metadata(&path).map_err(|er| with_path(er, &path))?;
+            if self.follow && meta.file_type().is_symlink() {
+                meta = match self.followed(&path) {
+                    Ok(m) => m,
+                    Err(why) => {
+                        self.skip(rel, why);
+                        continue;
+                    }
+                };
+            }
             self.entry(path, rel, &meta)?;
         }
         Ok(())
@@ -456,11 +488,23 @@ impl Walk {
             mtime,
         });
         if is_dir {
-            self.dir(&path, &rel)?;
+            self.dir(&path, &rel, meta)?;
         } else if is_file {
             self.files.push(path);
         }
         Ok(())
+    }
+
+    /// What a followed symlink points at, or why it is left out.
+    fn followed(&self, path: &Path) -> Result<fs::Metadata, String> {
+        let target = fs::read_link(path).map_or_else(|_| "?".into(), |t| t.display().to_string());
+        let meta = fs::metadata(path).map_err(|e| format!("symlink to {target}: {e}"))?;
+        if meta.is_dir() && self.open_dirs.contains(&(meta.dev(), meta.ino())) {
+            return Err(format!(
+                "symlink to {target}: leads back into a directory it is in (a loop)"
+            ));
+        }
+        Ok(meta)
     }
 
     fn skip(&mut self, path: String, reason: String) {
@@ -590,6 +634,46 @@ mod tests {
         assert!(input.skipped()[3].reason.contains("leaves the tree"));
         assert!(m.mtime.is_some() && m.entries.iter().all(|e| e.mtime.is_some()));
         fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn following_links_sends_what_they_point_at_and_stops_at_loops() {
+        use std::os::unix::fs::symlink;
+        let base =
+            std::env::temp_dir().join(format!("bulkcast-input-follow-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&base);
+        let d = base.join("d");
+        fs::create_dir_all(d.join("sub")).unwrap();
+        fs::create_dir_all(base.join("elsewhere")).unwrap();
+        fs::write(base.join("elsewhere/w"), b"1234").unwrap();
+        fs::write(d.join("sub/f"), b"12345").unwrap();
+        symlink("../../elsewhere", d.join("sub/out")).unwrap();
+        symlink("f", d.join("sub/in")).unwrap();
+        symlink("..", d.join("sub/loop")).unwrap();
+        symlink("nowhere", d.join("dangling")).unwrap();
+        let input = Input::open_with(&d, None, true).unwrap();
+        let m = &input.manifest;
+        assert_eq!(m.validate(), Ok(()));
+        let got: Vec<(&str, &EntryKind, u64)> = m
+            .entries
+            .iter()
+            .map(|e| (e.path.as_str(), &e.kind, e.len))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("sub", &EntryKind::Dir, 0),
+                ("sub/f", &EntryKind::File, 5),
+                ("sub/in", &EntryKind::File, 5),
+                ("sub/out", &EntryKind::Dir, 0),
+                ("sub/out/w", &EntryKind::File, 4),
+            ]
+        );
+        assert_eq!(input.files.len(), 3);
+        let skipped: Vec<&str> = input.skipped().iter().map(|s| s.path.as_str()).collect();
+        assert_eq!(skipped, ["dangling", "sub/loop"]);
+        assert!(input.skipped()[1].reason.contains("loop"));
+        fs::remove_dir_all(&base).unwrap();
     }
 
     #[test]
