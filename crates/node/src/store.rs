@@ -441,8 +441,14 @@ fn finish_tree(tmp: &Path, m: &Manifest) -> Result<(), String> {
             EntryKind::Dir => {}
         }
     }
-    // Entries list a directory before what it holds, so reverse order is deepest first.
-    for e in m.entries.iter().rev().filter(|e| e.kind == EntryKind::Dir) {
+    // Deepest first: a parent whose mode forbids entering it must not stop its children.
+    let mut dirs: Vec<_> = m
+        .entries
+        .iter()
+        .filter(|e| e.kind == EntryKind::Dir)
+        .collect();
+    dirs.sort_by_key(|e| std::cmp::Reverse(e.path.split('/').count()));
+    for e in dirs {
         let p = tmp.join(&e.path);
         let f = open_no_follow(&p).map_err(|er| describe(er, "opening", &p))?;
         set_meta(&f, e.mode, e.mtime);
