@@ -236,7 +236,10 @@ pub async fn for_send(
         None => measure(hosts, keys, tuning, 3).await?,
     };
     let mut net = Network::from_hosts(hosts, &matrices)?;
-    let opts = PlanOptions::default().with_object(size.unwrap_or(1 << 30), chunk as u64)?;
+    // An empty object is planned as one byte: the planner's rates need a size, and for
+    // nothing to move the tree's set-up is all that costs.
+    let size = size.map_or(1 << 30, |s| s.max(1));
+    let opts = PlanOptions::default().with_object(size, chunk as u64)?;
     if balanced {
         if net.is_uncapacitated() {
             bail!("--strategy balanced needs capacities (uplink_mbps/downlink_mbps in the hosts file, or a matrix)");

@@ -64,6 +64,13 @@ pub struct SendArgs {
     /// No progress display.
     #[arg(long, short)]
     quiet: bool,
+    /// Keep setuid, setgid and sticky bits (by default copies get the permission bits only).
+    #[arg(long)]
+    keep_special_modes: bool,
+    /// Follow a directory's symlinks and send what they point at (by default a link inside
+    /// the tree is sent as a link and one leading out of it is left out).
+    #[arg(long)]
+    follow_symlinks: bool,
     #[command(flatten)]
     edges: EdgeArgs,
     #[command(flatten)]
@@ -108,7 +115,11 @@ pub async fn run(a: SendArgs) -> Result<i32> {
             );
         }
     }
-    let input = Input::open(&a.path, a.name.as_deref())?;
+    let mut input = Input::open_with(&a.path, a.name.as_deref(), a.follow_symlinks)?;
+    if !a.keep_special_modes {
+        input.manifest.drop_special_modes();
+    }
+    let skipped = input.skipped().to_vec();
     let tuning = a.common.tuning()?;
     let session: u64 = rand::random();
     let mut source_spec = None;
@@ -246,9 +257,10 @@ pub async fn run(a: SendArgs) -> Result<i32> {
         let Some(result) = progress::sending(status.clone(), a.quiet, work).await else {
             bail!("interrupted: receivers discard their partial copies");
         };
-        let report = result.map_err(anyhow::Error::msg)?;
+        let mut report = result.map_err(anyhow::Error::msg)?;
+        report.object.skipped = skipped;
         print_report(&report, a.json)?;
-        return Ok(if report.ok { 0 } else { 1 });
+        return Ok(exit_code(&report));
     }
     let (trees, strategy): (Vec<(Tree, f64)>, String) = match (a.strategy, a.fanout) {
         (Strategy::Flat, _) => (vec![(Tree::flat(n), 0.0)], "flat".to_string()),
@@ -334,9 +346,21 @@ pub async fn run(a: SendArgs) -> Result<i32> {
     let Some(result) = progress::sending(status.clone(), a.quiet, work).await else {
         bail!("interrupted: receivers discard their partial copies");
     };
-    let report = result?;
+    let mut report = result?;
+    report.object.skipped = skipped;
     print_report(&report, a.json)?;
-    Ok(if report.ok { 0 } else { 1 })
+    Ok(exit_code(&report))
+}
+
+/// 0 when every receiver has all of the object, 1 when some receiver failed, 3 when every
+/// receiver has what was sent but the directory had entries that were left out: a script
+/// that needs every entry must not take that for a full copy.
+fn exit_code(r: &Report) -> i32 {
+    match (r.ok, r.object.skipped.is_empty()) {
+        (false, _) => 1,
+        (true, false) => 3,
+        (true, true) => 0,
+    }
 }
 
 /// Probes (or reads `--matrix`) and plans, saying what it did unless `--quiet`.
@@ -519,6 +543,15 @@ pub fn print_report(r: &Report, json: bool) -> Result<()> {
                 }
             );
         }
+    }
+    for x in &r.object.skipped {
+        eprintln!("  not sent: {}: {}", x.path, x.reason);
+    }
+    if !r.object.skipped.is_empty() {
+        eprintln!(
+            "{} entries of the directory were left out (listed above); the rest arrived",
+            r.object.skipped.len()
+        );
     }
     if !failed.is_empty() {
         eprintln!(

@@ -3,11 +3,13 @@
 
 use std::fs::{self, File};
 use std::io::{self, Read};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use bulkcast_proto::auth::Keys;
-use bulkcast_proto::manifest::{Entry, EntryKind, Manifest, ObjectKind};
+use bulkcast_proto::manifest::{
+    link_target, plain_component, Entry, EntryKind, Manifest, Mtime, ObjectKind, MODE_BITS,
+};
 use bulkcast_proto::stripe::Stripes;
 use bulkcast_proto::wire::{Chunk, SessionId};
 use bytes::BytesMut;
@@ -31,11 +33,29 @@ pub struct Input {
     pub manifest: Manifest,
     files: Vec<PathBuf>,
     stdin: bool,
+    skipped: Vec<Skipped>,
+}
+
+/// An entry of a directory that is not sent, and why (the rest of the directory is).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Skipped {
+    /// Its path in the directory (lossy where the name is not UTF-8).
+    pub path: String,
+    /// Why it is left out.
+    pub reason: String,
 }
 
 impl Input {
-    /// Describes `path` (a file or a directory) or, for `-`, standard input named `name`.
+    /// Describes `path` (a file or a directory) or, for `-`, standard input named `name`. A
+    /// directory's symlinks are carried as links (see [`link_target`]), never followed.
     pub fn open(path: &Path, name: Option<&str>) -> io::Result<Input> {
+        Input::open_with(path, name, false)
+    }
+
+    /// [`Input::open`]; with `follow`, a directory's symlinks are followed and what they point
+    /// at is sent in their place (a link that dangles or leads back into a directory it is in
+    /// is left out).
+    pub fn open_with(path: &Path, name: Option<&str>, follow: bool) -> io::Result<Input> {
         if path == Path::new("-") {
             let name = name.unwrap_or("stdin").to_string();
             return Ok(Input {
@@ -44,9 +64,12 @@ impl Input {
                     kind: ObjectKind::Stream,
                     total_len: None,
                     entries: vec![],
+                    mode: 0,
+                    mtime: None,
                 },
                 files: vec![],
                 stdin: true,
+                skipped: vec![],
             });
         }
         let meta = fs::metadata(path).map_err(|e| with_path(e, path))?;
@@ -66,6 +89,7 @@ impl Input {
                     )
                 })?,
         };
+        let (mode, mtime) = mode_and_mtime(&meta);
         if meta.is_file() {
             return Ok(Input {
                 manifest: Manifest {
@@ -73,9 +97,12 @@ impl Input {
                     kind: ObjectKind::File,
                     total_len: Some(meta.len()),
                     entries: vec![],
+                    mode,
+                    mtime,
                 },
                 files: vec![path.to_path_buf()],
                 stdin: false,
+                skipped: vec![],
             });
         }
         if !meta.is_dir() {
@@ -84,20 +111,30 @@ impl Input {
                 format!("{} is neither a file nor a directory", path.display()),
             ));
         }
-        let mut entries = Vec::new();
-        let mut files = Vec::new();
-        walk(path, "", &mut entries, &mut files)?;
-        let total = entries.iter().map(|e| e.len).sum();
+        let mut w = Walk {
+            follow,
+            ..Walk::default()
+        };
+        w.dir(path, "", &meta)?;
+        let total = w.entries.iter().map(|e| e.len).sum();
         Ok(Input {
             manifest: Manifest {
                 name,
                 kind: ObjectKind::Dir,
                 total_len: Some(total),
-                entries,
+                entries: w.entries,
+                mode,
+                mtime,
             },
-            files,
+            files: w.files,
             stdin: false,
+            skipped: w.skipped,
         })
+    }
+
+    /// The directory's entries that are not sent (each also logged as a warning).
+    pub fn skipped(&self) -> &[Skipped] {
+        &self.skipped
     }
 
     /// The file when the object is one regular file (which can be mapped and sent with
@@ -369,56 +406,141 @@ impl Read for Concat {
     }
 }
 
-fn walk(
-    dir: &Path,
-    prefix: &str,
-    entries: &mut Vec<Entry>,
-    files: &mut Vec<PathBuf>,
-) -> io::Result<()> {
-    let mut list: Vec<_> = fs::read_dir(dir)
-        .map_err(|e| with_path(e, dir))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| with_path(e, dir))?;
-    list.sort_by_key(|e| e.file_name());
-    for e in list {
-        let name = e.file_name().into_string().map_err(|n| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("{}: name {n:?} is not UTF-8", dir.display()),
-            )
-        })?;
-        let path = e.path();
-        let rel = if prefix.is_empty() {
-            name
-        } else {
-            format!("{prefix}/{name}")
-        };
-        let meta = fs::symlink_metadata(&path).map_err(|er| with_path(er, &path))?;
-        let mode = meta.permissions().mode() & 0o7777;
-        if meta.is_dir() {
-            entries.push(Entry {
-                path: rel.clone(),
-                kind: EntryKind::Dir,
-                len: 0,
-                mode,
-            });
-            walk(&path, &rel, entries, files)?;
-        } else if meta.is_file() {
-            entries.push(Entry {
-                path: rel,
-                kind: EntryKind::File,
-                len: meta.len(),
-                mode,
-            });
-            files.push(path);
-        } else {
-            tracing::warn!(
-                "skipping {} (not a regular file or directory)",
-                path.display()
-            );
-        }
+/// A directory walk: the manifest's entries, the files whose bytes make the object, and what
+/// is left out. Symlinks are never followed.
+#[derive(Default)]
+struct Walk {
+    entries: Vec<Entry>,
+    files: Vec<PathBuf>,
+    skipped: Vec<Skipped>,
+    /// Follow symlinks (`send --follow-symlinks`).
+    follow: bool,
+    /// Device and inode of the directories being walked, outermost first: a followed link to
+    /// one of them would loop.
+    open_dirs: Vec<(u64, u64)>,
+}
+
+impl Walk {
+    fn dir(&mut self, dir: &Path, prefix: &str, meta: &fs::Metadata) -> io::Result<()> {
+        self.open_dirs.push((meta.dev(), meta.ino()));
+        let r = self.list(dir, prefix);
+        self.open_dirs.pop();
+        r
     }
-    Ok(())
+
+    fn list(&mut self, dir: &Path, prefix: &str) -> io::Result<()> {
+        let mut list: Vec<_> = fs::read_dir(dir)
+            .map_err(|e| with_path(e, dir))?
+            .collect::<Result<_, _>>()
+            .map_err(|e| with_path(e, dir))?;
+        list.sort_by_key(|e| e.file_name());
+        for e in list {
+            let join = |name: &str| match prefix {
+                "" => name.to_string(),
+                _ => format!("{prefix}/{name}"),
+            };
+            // Manifest paths are UTF-8 strings and plain components; a name that is not
+            // cannot be stored as it is, so it is left out and reported, not renamed.
+            let name = match e.file_name().into_string() {
+                Ok(n) if plain_component(&n) => n,
+                Ok(n) => {
+                    self.skip(join(&n), "the name holds a backslash".into());
+                    continue;
+                }
+                Err(n) => {
+                    self.skip(join(&n.to_string_lossy()), "the name is not UTF-8".into());
+                    continue;
+                }
+            };
+            let rel = join(&name);
+            let path = e.path();
+            let mut meta = fs::symlink_metadata(&path).map_err(|er| with_path(er, &path))?;
+            if self.follow && meta.file_type().is_symlink() {
+                meta = match self.followed(&path) {
+                    Ok(m) => m,
+                    Err(why) => {
+                        self.skip(rel, why);
+                        continue;
+                    }
+                };
+            }
+            self.entry(path, rel, &meta)?;
+        }
+        Ok(())
+    }
+
+    fn entry(&mut self, path: PathBuf, rel: String, meta: &fs::Metadata) -> io::Result<()> {
+        let (mode, mtime) = mode_and_mtime(meta);
+        let kind = match kind_of(&path, &rel, meta)? {
+            Ok(kind) => kind,
+            Err(why) => {
+                self.skip(rel, why);
+                return Ok(());
+            }
+        };
+        let (is_dir, is_file) = (kind == EntryKind::Dir, kind == EntryKind::File);
+        let len = if is_file { meta.len() } else { 0 };
+        self.entries.push(Entry {
+            path: rel.clone(),
+            kind,
+            len,
+            mode,
+            mtime,
+        });
+        if is_dir {
+            self.dir(&path, &rel, meta)?;
+        } else if is_file {
+            self.files.push(path);
+        }
+        Ok(())
+    }
+
+    /// What a followed symlink points at, or why it is left out.
+    fn followed(&self, path: &Path) -> Result<fs::Metadata, String> {
+        let target = fs::read_link(path).map_or_else(|_| "?".into(), |t| t.display().to_string());
+        let meta = fs::metadata(path).map_err(|e| format!("symlink to {target}: {e}"))?;
+        if meta.is_dir() && self.open_dirs.contains(&(meta.dev(), meta.ino())) {
+            return Err(format!(
+                "symlink to {target}: leads back into a directory it is in (a loop)"
+            ));
+        }
+        Ok(meta)
+    }
+
+    fn skip(&mut self, path: String, reason: String) {
+        tracing::warn!("not sending {path}: {reason}");
+        self.skipped.push(Skipped { path, reason });
+    }
+}
+
+/// What an entry is sent as, or why it is left out: a symlink is carried as a link, in the form
+/// [`link_target`] gives, or not at all (never followed).
+fn kind_of(path: &Path, rel: &str, meta: &fs::Metadata) -> io::Result<Result<EntryKind, String>> {
+    if meta.is_dir() {
+        return Ok(Ok(EntryKind::Dir));
+    }
+    if meta.is_file() {
+        return Ok(Ok(EntryKind::File));
+    }
+    if !meta.file_type().is_symlink() {
+        return Ok(Err("not a regular file, directory or symlink".into()));
+    }
+    let target = fs::read_link(path).map_err(|er| with_path(er, path))?;
+    let carried = match target.to_str() {
+        Some(t) => link_target(rel, t),
+        None => Err("the target is not UTF-8"),
+    };
+    Ok(carried
+        .map(EntryKind::Symlink)
+        .map_err(|why| format!("symlink to {}: {why}", target.display())))
+}
+
+/// What a manifest keeps of an entry's metadata: the permission bits with setuid, setgid and
+/// sticky (a send drops those unless asked, [`Manifest::drop_special_modes`]), and the
+/// modification time.
+fn mode_and_mtime(meta: &fs::Metadata) -> (u32, Option<Mtime>) {
+    let mode = meta.permissions().mode() & MODE_BITS;
+    (mode, meta.modified().ok().and_then(Mtime::from_system))
 }
 
 fn with_path(e: io::Error, p: &Path) -> io::Error {
@@ -471,6 +593,87 @@ mod tests {
             keys().verify(9, c).expect("sealed for the session");
         }
         std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn a_walk_carries_in_tree_links_and_reports_what_it_leaves_out() {
+        use std::os::unix::ffi::OsStrExt;
+        use std::os::unix::fs::symlink;
+        let d = std::env::temp_dir().join(format!("bulkcast-input-walk-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(d.join("sub/empty")).unwrap();
+        fs::write(d.join("sub/f"), b"12345").unwrap();
+        symlink("f", d.join("sub/in")).unwrap();
+        symlink("../sub/./f", d.join("sub/up")).unwrap();
+        symlink("../../etc", d.join("sub/out")).unwrap();
+        symlink("/etc/passwd", d.join("abs")).unwrap();
+        fs::write(d.join(std::ffi::OsStr::from_bytes(b"bad\xff")), b"x").unwrap();
+        fs::write(d.join("back\\slash"), b"x").unwrap();
+        let input = Input::open(&d, Some("d")).unwrap();
+        let m = &input.manifest;
+        assert_eq!(m.validate(), Ok(()));
+        let got: Vec<(&str, &EntryKind)> = m
+            .entries
+            .iter()
+            .map(|e| (e.path.as_str(), &e.kind))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("sub", &EntryKind::Dir),
+                ("sub/empty", &EntryKind::Dir),
+                ("sub/f", &EntryKind::File),
+                ("sub/in", &EntryKind::Symlink("f".into())),
+                ("sub/up", &EntryKind::Symlink("../sub/f".into())),
+            ]
+        );
+        assert_eq!(m.total_len, Some(5));
+        let skipped: Vec<&str> = input.skipped().iter().map(|s| s.path.as_str()).collect();
+        assert_eq!(skipped, ["abs", "back\\slash", "bad\u{fffd}", "sub/out"]);
+        assert!(input.skipped()[0].reason.contains("absolute"));
+        assert!(input.skipped()[3].reason.contains("leaves the tree"));
+        assert!(m.mtime.is_some() && m.entries.iter().all(|e| e.mtime.is_some()));
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn following_links_sends_what_they_point_at_and_stops_at_loops() {
+        use std::os::unix::fs::symlink;
+        let base =
+            std::env::temp_dir().join(format!("bulkcast-input-follow-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&base);
+        let d = base.join("d");
+        fs::create_dir_all(d.join("sub")).unwrap();
+        fs::create_dir_all(base.join("elsewhere")).unwrap();
+        fs::write(base.join("elsewhere/w"), b"1234").unwrap();
+        fs::write(d.join("sub/f"), b"12345").unwrap();
+        symlink("../../elsewhere", d.join("sub/out")).unwrap();
+        symlink("f", d.join("sub/in")).unwrap();
+        symlink("..", d.join("sub/loop")).unwrap();
+        symlink("nowhere", d.join("dangling")).unwrap();
+        let input = Input::open_with(&d, None, true).unwrap();
+        let m = &input.manifest;
+        assert_eq!(m.validate(), Ok(()));
+        let got: Vec<(&str, &EntryKind, u64)> = m
+            .entries
+            .iter()
+            .map(|e| (e.path.as_str(), &e.kind, e.len))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("sub", &EntryKind::Dir, 0),
+                ("sub/f", &EntryKind::File, 5),
+                ("sub/in", &EntryKind::File, 5),
+                ("sub/out", &EntryKind::Dir, 0),
+                ("sub/out/w", &EntryKind::File, 4),
+            ]
+        );
+        assert_eq!(input.files.len(), 3);
+        let skipped: Vec<&str> = input.skipped().iter().map(|s| s.path.as_str()).collect();
+        assert_eq!(skipped, ["dangling", "sub/loop"]);
+        assert!(input.skipped()[1].reason.contains("loop"));
+        fs::remove_dir_all(&base).unwrap();
     }
 
     #[test]

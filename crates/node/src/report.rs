@@ -104,6 +104,9 @@ pub struct ObjectReport {
     pub kind: String,
     /// Length in bytes.
     pub bytes: u64,
+    /// A directory's entries that were not sent, and why (the rest were).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<crate::input::Skipped>,
 }
 
 /// One receiver in a report.
@@ -250,6 +253,7 @@ impl Report {
                 name: name.into(),
                 kind: kind.into(),
                 bytes: total,
+                skipped: Vec::new(),
             },
             strategy: strategy.into(),
             chunk_size: status.chunk_size,

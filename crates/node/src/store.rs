@@ -8,14 +8,14 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
 
 use crate::direct::{self, CopyIo};
-use bulkcast_proto::manifest::{EntryKind, Manifest, ObjectKind};
+use bulkcast_proto::manifest::{EntryKind, Manifest, Mtime, ObjectKind, MODE_BITS};
 use bulkcast_proto::wire::SessionId;
 use bytes::Bytes;
 use tokio::sync::mpsc;
@@ -199,6 +199,9 @@ enum Sink {
         direct: Option<direct::Writer>,
         /// Bytes written through the page cache since write-back was last started.
         unflushed: u64,
+        /// The file's mode and modification time, set once its content is in place (`None`
+        /// for a stream, whose copy keeps the receiver's defaults).
+        meta: Option<(u32, Option<Mtime>)>,
     },
     Tree {
         tmp: PathBuf,
@@ -248,25 +251,17 @@ impl Sink {
                     file,
                     direct,
                     unflushed: 0,
+                    meta: (m.kind == ObjectKind::File).then_some((m.mode, m.mtime)),
                 })
             }
             ObjectKind::Dir => {
+                // Checked here too, whoever checked before: the paths below are trusted to
+                // stay under `tmp` and never to pass through a symlink.
+                m.validate()
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
                 let _ = fs::remove_dir_all(&tmp);
                 fs::create_dir_all(&tmp).map_err(|e| ctx(e, "creating", &tmp))?;
-                for e in &m.entries {
-                    let p = tmp.join(&e.path);
-                    match e.kind {
-                        EntryKind::Dir => {
-                            fs::create_dir_all(&p).map_err(|er| ctx(er, "creating", &p))?
-                        }
-                        EntryKind::File => {
-                            if let Some(d) = p.parent() {
-                                fs::create_dir_all(d).map_err(|er| ctx(er, "creating", d))?;
-                            }
-                            File::create(&p).map_err(|er| ctx(er, "creating", &p))?;
-                        }
-                    }
-                }
+                create_tree(&tmp, m)?;
                 Ok(Sink::Tree {
                     tmp,
                     dest,
@@ -319,6 +314,7 @@ impl Sink {
                     if open.as_ref().map(|o| o.0) != Some(entry) {
                         let f = OpenOptions::new()
                             .write(true)
+                            .custom_flags(libc::O_NOFOLLOW)
                             .open(&path)
                             .map_err(|e| describe(e, "opening", &path))?;
                         *open = Some((entry, f));
@@ -340,9 +336,16 @@ impl Sink {
     fn finalize(&mut self) -> Result<PathBuf, String> {
         match std::mem::replace(self, Sink::Done) {
             Sink::File {
-                tmp, dest, file, ..
+                tmp,
+                dest,
+                file,
+                meta,
+                ..
             } => {
                 file.sync_data().map_err(|e| describe(e, "syncing", &tmp))?;
+                if let Some((mode, mtime)) = meta {
+                    set_meta(&file, mode, mtime);
+                }
                 drop(file);
                 fs::rename(&tmp, &dest).map_err(|e| {
                     let _ = fs::remove_file(&tmp);
@@ -357,15 +360,7 @@ impl Sink {
                 open,
             } => {
                 drop(open);
-                for e in &manifest.entries {
-                    let p = tmp.join(&e.path);
-                    if e.kind == EntryKind::File {
-                        if let Ok(f) = File::open(&p) {
-                            f.sync_data().map_err(|er| describe(er, "syncing", &p))?;
-                        }
-                    }
-                    let _ = fs::set_permissions(&p, fs::Permissions::from_mode(e.mode & 0o7777));
-                }
+                finish_tree(&tmp, &manifest)?;
                 if dest.is_dir() {
                     // A previous copy is replaced whole, as a re-sent file would be.
                     fs::remove_dir_all(&dest).map_err(|e| describe(e, "replacing", &dest))?;
@@ -397,6 +392,113 @@ impl Sink {
             }
             Sink::Stdout(_) | Sink::Done => {}
         }
+    }
+}
+
+/// Creates a validated tree's directories and empty files under `tmp`. Symlinks wait for
+/// [`finish_tree`], after every write: nothing is ever written through one.
+fn create_tree(tmp: &Path, m: &Manifest) -> io::Result<()> {
+    for e in &m.entries {
+        let p = tmp.join(&e.path);
+        if let Some(d) = p.parent() {
+            fs::create_dir_all(d).map_err(|er| ctx(er, "creating", d))?;
+        }
+        match e.kind {
+            EntryKind::Dir => fs::create_dir_all(&p).map_err(|er| ctx(er, "creating", &p))?,
+            EntryKind::File => {
+                // `create_new` (O_EXCL) never follows a link, whatever is there.
+                OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(&p)
+                    .map_err(|er| ctx(er, "creating", &p))?;
+            }
+            EntryKind::Symlink(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// Once every byte is written: syncs the files, creates the symlinks, then sets modes and
+/// modification times, files first and directories deepest first, the top one last, so no
+/// later change inside a directory moves its time again.
+fn finish_tree(tmp: &Path, m: &Manifest) -> Result<(), String> {
+    for e in &m.entries {
+        let p = tmp.join(&e.path);
+        match &e.kind {
+            EntryKind::File => {
+                let f = open_no_follow(&p).map_err(|er| describe(er, "opening", &p))?;
+                f.sync_data().map_err(|er| describe(er, "syncing", &p))?;
+                set_meta(&f, e.mode, e.mtime);
+            }
+            EntryKind::Symlink(target) => {
+                std::os::unix::fs::symlink(target, &p)
+                    .map_err(|er| describe(er, "creating the symlink", &p))?;
+                if let Some(t) = e.mtime {
+                    set_link_mtime(&p, t);
+                }
+            }
+            EntryKind::Dir => {}
+        }
+    }
+    // Deepest first: a parent whose mode forbids entering it must not stop its children.
+    let mut dirs: Vec<_> = m
+        .entries
+        .iter()
+        .filter(|e| e.kind == EntryKind::Dir)
+        .collect();
+    dirs.sort_by_key(|e| std::cmp::Reverse(e.path.split('/').count()));
+    for e in dirs {
+        let p = tmp.join(&e.path);
+        let f = open_no_follow(&p).map_err(|er| describe(er, "opening", &p))?;
+        set_meta(&f, e.mode, e.mtime);
+    }
+    let f = File::open(tmp).map_err(|er| describe(er, "opening", tmp))?;
+    set_meta(&f, m.mode, m.mtime);
+    Ok(())
+}
+
+/// Opens what must not be a symlink (a file or directory this store created) to read.
+fn open_no_follow(p: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(p)
+}
+
+/// Sets a file's or directory's mode and modification time through its descriptor. Best
+/// effort, as `cp -p` without root: a file system that keeps neither still gets the content.
+fn set_meta(f: &File, mode: u32, mtime: Option<Mtime>) {
+    if let Some(t) = mtime.and_then(Mtime::to_system) {
+        let _ = f.set_modified(t);
+    }
+    let _ = f.set_permissions(fs::Permissions::from_mode(mode & MODE_BITS));
+}
+
+/// A symlink's own modification time (`utimensat` with `AT_SYMLINK_NOFOLLOW`).
+fn set_link_mtime(p: &Path, t: Mtime) {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(p.as_os_str().as_bytes()) else {
+        return;
+    };
+    let times = [
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+        libc::timespec {
+            tv_sec: t.secs as libc::time_t,
+            tv_nsec: t.nanos as libc::c_long,
+        },
+    ];
+    // SAFETY: a NUL-terminated path and two timespecs, as utimensat(2) takes.
+    unsafe {
+        libc::utimensat(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            times.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        );
     }
 }
 
@@ -444,20 +546,25 @@ mod tests {
                     kind: EntryKind::Dir,
                     len: 0,
                     mode: 0o755,
+                    mtime: None,
                 },
                 Entry {
                     path: "a/x".into(),
                     kind: EntryKind::File,
                     len: 3,
                     mode: 0o600,
+                    mtime: None,
                 },
                 Entry {
                     path: "y".into(),
                     kind: EntryKind::File,
                     len: 4,
                     mode: 0o644,
+                    mtime: None,
                 },
             ],
+            mode: 0o755,
+            mtime: None,
         }
     }
 
@@ -498,6 +605,135 @@ mod tests {
         fs::remove_dir_all(d).unwrap();
     }
 
+    fn at(secs: i64) -> Option<Mtime> {
+        Some(Mtime { secs, nanos: 250 })
+    }
+
+    fn entry(path: &str, kind: EntryKind, len: u64, mode: u32, mtime: i64) -> Entry {
+        Entry {
+            path: path.into(),
+            kind,
+            len,
+            mode,
+            mtime: at(mtime),
+        }
+    }
+
+    async fn store_tree(d: &Path, m: &Manifest, data: &'static [u8]) -> PathBuf {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let s = Store::open(Target::Dir(d.into()), m, 5, CopyIo::Buffered, tx, None).unwrap();
+        if !data.is_empty() {
+            s.write(0, 0, Bytes::from_static(data));
+            assert!(matches!(rx.recv().await, Some(StoreEvent::Stored(0))));
+        }
+        s.finalize();
+        let Some(StoreEvent::Finalized(Ok(p))) = rx.recv().await else {
+            panic!()
+        };
+        p
+    }
+
+    fn mtime_of(p: &Path) -> Option<Mtime> {
+        Mtime::from_system(fs::symlink_metadata(p).unwrap().modified().unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_tree_keeps_links_empty_entries_modes_and_times() {
+        let d = tmpdir("meta");
+        let m = Manifest {
+            name: "t".into(),
+            kind: ObjectKind::Dir,
+            total_len: Some(3),
+            entries: vec![
+                entry("a", EntryKind::Dir, 0, 0o750, 1_000),
+                entry("a/x", EntryKind::File, 3, 0o4750, 2_000),
+                entry("a/l", EntryKind::Symlink("x".into()), 0, 0o777, 3_000),
+                entry("e", EntryKind::Dir, 0, 0o700, 4_000),
+                entry("e/f", EntryKind::Dir, 0, 0o755, 5_000),
+                entry("z", EntryKind::File, 0, 0o600, 6_000),
+            ],
+            mode: 0o705,
+            mtime: at(7_000),
+        };
+        let p = store_tree(&d, &m, b"abc").await;
+        assert_eq!(fs::read_link(p.join("a/l")).unwrap(), Path::new("x"));
+        assert_eq!(fs::read(p.join("a/l")).unwrap(), b"abc");
+        assert!(p.join("e/f").is_dir());
+        assert_eq!(fs::read(p.join("z")).unwrap(), b"");
+        for (path, mode, t) in [
+            ("a", 0o750, 1_000),
+            ("a/x", 0o4750, 2_000),
+            ("a/l", 0, 3_000),
+            ("e", 0o700, 4_000),
+            ("e/f", 0o755, 5_000),
+            ("z", 0o600, 6_000),
+            ("", 0o705, 7_000),
+        ] {
+            let meta = fs::symlink_metadata(p.join(path)).unwrap();
+            if mode != 0 {
+                assert_eq!(meta.permissions().mode() & 0o7777, mode, "{path}");
+            }
+            assert_eq!(mtime_of(&p.join(path)), at(t), "{path}");
+        }
+        fs::remove_dir_all(d).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_tree_refuses_paths_through_links_and_creates_nothing() {
+        let d = tmpdir("through");
+        let outside = tmpdir("through-outside");
+        let target = format!("../../{}", outside.file_name().unwrap().to_str().unwrap());
+        for entries in [
+            // A link the next entry would be written through.
+            vec![
+                entry("a", EntryKind::Symlink(".".into()), 0, 0o777, 1),
+                entry("a/x", EntryKind::File, 1, 0o644, 1),
+            ],
+            // A link out of the tree.
+            vec![entry("l", EntryKind::Symlink(target.clone()), 0, 0o777, 1)],
+            vec![entry("l", EntryKind::Symlink("/etc".into()), 0, 0o777, 1)],
+        ] {
+            let total = entries.iter().map(|e| e.len).sum();
+            let m = Manifest {
+                name: "t".into(),
+                kind: ObjectKind::Dir,
+                total_len: Some(total),
+                entries,
+                mode: 0o755,
+                mtime: None,
+            };
+            let (tx, _rx) = mpsc::unbounded_channel();
+            let r = Store::open(Target::Dir(d.clone()), &m, 6, CopyIo::Buffered, tx, None);
+            assert!(r.is_err(), "{m:?}");
+            assert_eq!(leftovers(&d), 0);
+        }
+        assert_eq!(leftovers(&outside), 0);
+        fs::remove_dir_all(d).unwrap();
+        fs::remove_dir_all(outside).unwrap();
+    }
+
+    fn leftovers(d: &Path) -> usize {
+        fs::read_dir(d).unwrap().count()
+    }
+
+    #[tokio::test]
+    async fn a_file_keeps_its_mode_and_time() {
+        let d = tmpdir("filemeta");
+        let m = Manifest {
+            name: "f".into(),
+            kind: ObjectKind::File,
+            total_len: Some(3),
+            entries: vec![],
+            mode: 0o751,
+            mtime: at(123_456),
+        };
+        let p = store_tree(&d, &m, b"xyz").await;
+        let meta = fs::metadata(&p).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o751);
+        assert_eq!(mtime_of(&p), at(123_456));
+        fs::remove_dir_all(d).unwrap();
+    }
+
     #[tokio::test]
     async fn a_direct_copy_reads_back_and_lands_whole() {
         let d = tmpdir("direct");
@@ -510,6 +746,8 @@ mod tests {
             kind: ObjectKind::File,
             total_len: Some(body.len() as u64),
             entries: vec![],
+            mode: 0o640,
+            mtime: None,
         };
         let s = Store::open(Target::Dir(d.clone()), &m, 3, CopyIo::Direct, tx, None).unwrap();
         let disk = s.reader().expect("a one-file copy has a file");
@@ -548,6 +786,8 @@ mod tests {
             kind: ObjectKind::File,
             total_len: Some(3),
             entries: vec![],
+            mode: 0o640,
+            mtime: None,
         };
         let s = Store::open(Target::Dir(d.clone()), &m, 2, CopyIo::Direct, tx, None).unwrap();
         s.write(0, 0, Bytes::from_static(b"ab"));

@@ -315,6 +315,8 @@ mod tests {
                     kind: ObjectKind::File,
                     total_len: Some(1),
                     entries: vec![],
+                    mode: 0,
+                    mtime: None,
                 },
                 members: vec![],
                 stripe: None,

@@ -273,6 +273,8 @@ impl Sim {
             },
             total_len: (!spec.stream).then_some(spec.len),
             entries: vec![],
+            mode: 0,
+            mtime: None,
         };
         let params = SessionParams {
             session: 77,

@@ -152,6 +152,8 @@ impl Stripes {
             kind: ObjectKind::File,
             total_len: Some(len),
             entries: Vec::new(),
+            mode: 0,
+            mtime: None,
         })
     }
 
@@ -217,6 +219,8 @@ mod tests {
                 kind: ObjectKind::File,
                 total_len: Some(total),
                 entries: vec![],
+                mode: 0,
+                mtime: None,
             };
             let sum: u64 = (0..3)
                 .map(|t| s.stripe_manifest(t, &m, 4096).unwrap().total_len.unwrap())

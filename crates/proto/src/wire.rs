@@ -20,7 +20,7 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-use crate::manifest::{Entry, EntryKind, Manifest, ObjectKind};
+use crate::manifest::{Entry, EntryKind, Manifest, Mtime, ObjectKind};
 
 /// Largest frame accepted: a chunk of the largest chunk size plus headers, or a manifest.
 pub const MAX_FRAME: usize = 16 * 1024 * 1024 + 4096;
@@ -29,8 +29,9 @@ pub const MAX_FRAME: usize = 16 * 1024 * 1024 + 4096;
 pub const HEADER_LEN: usize = 5;
 
 /// The protocol version spoken; a peer with another version is refused at the handshake.
-/// 2: `Open`'s members carry `uplink_kbps`.
-pub const VERSION: u16 = 2;
+/// 2: `Open`'s members carry `uplink_kbps`. 3: manifests carry modes and modification times
+/// for every object, and symlink entries.
+pub const VERSION: u16 = 3;
 
 /// Magic bytes at the start of every connection's first frame, so a stray client (an HTTP
 /// probe, a port scanner) is told apart from a peer with the wrong secret.
@@ -1041,6 +1042,13 @@ fn put_swarm_setup(b: &mut BytesMut, s: &SwarmSetup) {
     }
 }
 
+/// ```text
+/// manifest = name | kind:u8 (0 file, 1 dir, 2 stream) | has_len:u8 | [len:u64] | mode:u32
+///            | mtime | count:u32 | entry*
+/// entry    = path | kind:u8 (0 file, 1 dir, 2 symlink) | len:u64 | mode:u32 | mtime
+///            | [target, symlinks only]
+/// mtime    = 0:u8 | 1:u8 secs:i64 nanos:u32
+/// ```
 fn put_manifest(b: &mut BytesMut, m: &Manifest) {
     put_str(b, &m.name);
     b.put_u8(match m.kind {
@@ -1055,15 +1063,33 @@ fn put_manifest(b: &mut BytesMut, m: &Manifest) {
         }
         None => b.put_u8(0),
     }
+    b.put_u32(m.mode);
+    put_mtime(b, m.mtime);
     b.put_u32(m.entries.len() as u32);
     for e in &m.entries {
         put_str(b, &e.path);
         b.put_u8(match e.kind {
             EntryKind::File => 0,
             EntryKind::Dir => 1,
+            EntryKind::Symlink(_) => 2,
         });
         b.put_u64(e.len);
         b.put_u32(e.mode);
+        put_mtime(b, e.mtime);
+        if let EntryKind::Symlink(t) = &e.kind {
+            put_str(b, t);
+        }
+    }
+}
+
+fn put_mtime(b: &mut BytesMut, t: Option<Mtime>) {
+    match t {
+        Some(t) => {
+            b.put_u8(1);
+            b.put_i64(t.secs);
+            b.put_u32(t.nanos);
+        }
+        None => b.put_u8(0),
     }
 }
 
@@ -1246,20 +1272,28 @@ impl Reader {
             1 => Some(self.u64()?),
             _ => return Err(WireError::BadValue("Open", "bad length flag")),
         };
-        let n = self.count(4 + 1 + 8 + 4)?;
+        let mode = self.u32()?;
+        let mtime = self.mtime()?;
+        let n = self.count(4 + 1 + 8 + 4 + 1)?;
         let mut entries = Vec::with_capacity(n);
         for _ in 0..n {
             let path = self.string()?;
-            let kind = match self.u8()? {
+            let kind = self.u8()?;
+            let len = self.u64()?;
+            let mode = self.u32()?;
+            let mtime = self.mtime()?;
+            let kind = match kind {
                 0 => EntryKind::File,
                 1 => EntryKind::Dir,
+                2 => EntryKind::Symlink(self.string()?),
                 _ => return Err(WireError::BadValue("Open", "unknown entry kind")),
             };
             entries.push(Entry {
                 path,
                 kind,
-                len: self.u64()?,
-                mode: self.u32()?,
+                len,
+                mode,
+                mtime,
             });
         }
         Ok(Manifest {
@@ -1267,7 +1301,27 @@ impl Reader {
             kind,
             total_len,
             entries,
+            mode,
+            mtime,
         })
+    }
+
+    fn mtime(&mut self) -> Result<Option<Mtime>, WireError> {
+        match self.u8()? {
+            0 => Ok(None),
+            1 => {
+                let secs = self.u64()? as i64;
+                let nanos = self.u32()?;
+                if nanos >= 1_000_000_000 {
+                    return Err(WireError::BadValue(
+                        "Open",
+                        "mtime nanoseconds past a second",
+                    ));
+                }
+                Ok(Some(Mtime { secs, nanos }))
+            }
+            _ => Err(WireError::BadValue("Open", "bad mtime flag")),
+        }
     }
 }
 
@@ -1326,14 +1380,31 @@ mod tests {
                             kind: EntryKind::Dir,
                             len: 0,
                             mode: 0o755,
+                            mtime: Some(Mtime {
+                                secs: -5,
+                                nanos: 999_999_999,
+                            }),
                         },
                         Entry {
                             path: "a/b.bin".into(),
                             kind: EntryKind::File,
                             len: 10,
-                            mode: 0o644,
+                            mode: 0o4750,
+                            mtime: None,
+                        },
+                        Entry {
+                            path: "a/link".into(),
+                            kind: EntryKind::Symlink("b.bin".into()),
+                            len: 0,
+                            mode: 0o777,
+                            mtime: Some(Mtime {
+                                secs: 1_700_000_000,
+                                nanos: 1,
+                            }),
                         },
                     ],
+                    mode: 0o750,
+                    mtime: Some(Mtime { secs: 7, nanos: 0 }),
                 },
                 members: vec![Member {
                     node: 3,
@@ -1351,6 +1422,8 @@ mod tests {
                         kind: ObjectKind::File,
                         total_len: Some(30),
                         entries: vec![],
+                        mode: 0o644,
+                        mtime: None,
                     },
                 })),
                 edges: EdgeMode {
@@ -1433,6 +1506,8 @@ mod tests {
                     kind: ObjectKind::File,
                     total_len: Some(1 << 20),
                     entries: vec![],
+                    mode: 0o600,
+                    mtime: Some(Mtime { secs: 1, nanos: 2 }),
                 },
                 members: vec![
                     SwarmMember {
@@ -1539,6 +1614,7 @@ mod tests {
         body.extend_from_slice(&0u32.to_be_bytes()); // empty cc
         body.extend_from_slice(&0u32.to_be_bytes()); // empty name
         body.extend_from_slice(&[0, 0]);
+        body.extend_from_slice(&[0, 0, 0, 0, 0]); // mode, no mtime
         body.extend_from_slice(&u32::MAX.to_be_bytes());
         assert_eq!(
             Frame::decode(Bytes::from(body)),
@@ -1551,6 +1627,7 @@ mod tests {
         body.extend_from_slice(&[0; 8]);
         body.extend_from_slice(&0u32.to_be_bytes()); // empty name
         body.extend_from_slice(&[0, 0]); // file, no length
+        body.extend_from_slice(&[0, 0, 0, 0, 0]); // mode, no mtime
         body.extend_from_slice(&0u32.to_be_bytes()); // no entries
         body.extend_from_slice(&u32::MAX.to_be_bytes());
         assert_eq!(
@@ -1580,6 +1657,60 @@ mod tests {
             Frame::decode(Bytes::from_static(b"\x01GET / HTTP/1.1")),
             Err(WireError::BadMagic)
         );
+    }
+
+    fn decode_manifest(b: BytesMut) -> Result<Manifest, WireError> {
+        Reader {
+            b: b.freeze(),
+            what: "Open",
+        }
+        .manifest()
+    }
+
+    #[test]
+    fn manifest_entries_decode_strictly() {
+        let link = |target: &str| Manifest {
+            name: "d".into(),
+            kind: ObjectKind::Dir,
+            total_len: Some(0),
+            entries: vec![Entry {
+                path: "sub/l".into(),
+                kind: EntryKind::Symlink(target.into()),
+                len: 0,
+                mode: 0o777,
+                mtime: Some(Mtime { secs: 1, nanos: 2 }),
+            }],
+            mode: 0o755,
+            mtime: None,
+        };
+        let m = link("../x");
+        let mut b = BytesMut::new();
+        put_manifest(&mut b, &m);
+        let good = b.clone();
+        assert_eq!(decode_manifest(b), Ok(m));
+        // An escaping target decodes (the decoder is syntax) and validation refuses it.
+        let mut b = BytesMut::new();
+        put_manifest(&mut b, &link("../../x"));
+        assert!(decode_manifest(b).unwrap().validate().is_err());
+        // The entry's kind byte, then its mtime's nanoseconds, made impossible. Layout:
+        // name(4+1) kind(1) len(1+8) mode(4) mtime(1) count(4) | path(4+5) kind ...
+        let kind_at = 5 + 1 + 9 + 4 + 1 + 4 + 9;
+        let mut b = good.clone();
+        b[kind_at] = 3;
+        assert_eq!(
+            decode_manifest(b),
+            Err(WireError::BadValue("Open", "unknown entry kind"))
+        );
+        let nanos_at = kind_at + 1 + 8 + 4 + 1 + 8;
+        let mut b = good.clone();
+        b[nanos_at..nanos_at + 4].copy_from_slice(&1_000_000_000u32.to_be_bytes());
+        assert!(matches!(decode_manifest(b), Err(WireError::BadValue(..))));
+        let mut b = good.clone();
+        b[nanos_at - 9] = 2; // the mtime flag
+        assert!(matches!(decode_manifest(b), Err(WireError::BadValue(..))));
+        // A symlink's target cut short.
+        let cut = good.len() - 1;
+        assert!(decode_manifest(good.clone().split_to(cut)).is_err());
     }
 
     #[test]

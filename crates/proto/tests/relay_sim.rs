@@ -268,6 +268,8 @@ mod protocol_errors {
                 kind: ObjectKind::File,
                 total_len: Some(10),
                 entries: vec![],
+                mode: 0,
+                mtime: None,
             },
         };
         let names: Vec<Named> = (1..=4)
