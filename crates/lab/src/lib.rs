@@ -84,8 +84,8 @@ impl LabError {
     }
 }
 
-/// Checks that a lab can run here (root, `ip netns`, `/dev/net/tun`); tests skip with the
-/// returned reason when it cannot.
+/// Checks that a lab can run here (root, `ip netns`, `/dev/net/tun`); a root-only test that was
+/// built to run fails with the returned reason when it cannot (`crates/lab/tests/lab_root.rs`).
 pub fn preflight() -> Result<(), LabError> {
     netns::preflight()
 }

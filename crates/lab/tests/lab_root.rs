@@ -1,7 +1,15 @@
-//! Lab tests on real namespaces: they need root, `ip`, /dev/net/tun and iperf3. Where network
-//! namespaces are impossible they print a SKIPPED line and pass; every other failure fails.
-//! All tests of this binary take one lock, so they run one after another (and each lab also
-//! takes its own flock under /run/bclab).
+//! Lab tests on real namespaces: they need root with `CAP_SYS_ADMIN`, `ip`, `/dev/net/tun` and
+//! iperf3. All tests of this binary take one lock, so they run one after another (and each lab
+//! also takes its own flock under /run/bclab).
+//!
+//! Whether they run is fixed when the test binary is built (`build.rs` sets
+//! `cfg(bulkcast_root_tests)`), since libtest cannot ignore a test at run time:
+//! - built as root with `CAP_SYS_ADMIN`, or with `BULKCAST_REQUIRE_ROOT=1` (CI sets it): they run.
+//!   Where the lab cannot run after all (`bulkcast_lab::preflight` fails: not root at run time, no
+//!   `/dev/net/tun`, namespaces refused), each fails with the reason; none passes without running.
+//! - built otherwise (no root, or root without `CAP_SYS_ADMIN` as in an unprivileged container):
+//!   each is marked `ignored` with the reason in cargo test's summary, never `ok`. `-- --ignored`
+//!   runs them anyway, and they fail where the lab cannot run.
 
 use std::io::Write as _;
 use std::process::Command;
@@ -12,13 +20,25 @@ use bulkcast_lab::{Lab, LabOptions, Scenario};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
-fn lab_possible(test: &str) -> bool {
-    match bulkcast_lab::preflight() {
-        Ok(()) => true,
-        Err(e) => {
-            eprintln!("SKIPPED {test}: network namespaces are not available here: {e}");
-            false
-        }
+/// Fails `test` with the reason when the lab cannot run here (module doc).
+fn require_lab(test: &str) {
+    if let Err(e) = bulkcast_lab::preflight() {
+        root_test_cannot_run(test, &e.to_string());
+    }
+}
+
+/// Fails a test that needs root and cannot run here; `reason` says what is missing. Such a test
+/// runs only where it was built to run (as root with `CAP_SYS_ADMIN`, or with
+/// `BULKCAST_REQUIRE_ROOT=1`: `crates/lab/build.rs`) or when `--ignored` asks for it, so it must
+/// fail, never pass without running. (`crates/cli/tests/common` holds the same function.)
+fn root_test_cannot_run(test: &str, reason: &str) -> ! {
+    match option_env!("BULKCAST_ROOT_TESTS_WHY") {
+        Some(why) => panic!(
+            "{test} did not run: {reason}. It was built to run because {why}, so it fails rather \
+             than pass; built without root (or CAP_SYS_ADMIN) and without \
+             BULKCAST_REQUIRE_ROOT=1, it is marked ignored instead"
+        ),
+        None => panic!("{test} did not run: {reason} (it ran because --ignored asked for it)"),
     }
 }
 
@@ -68,10 +88,15 @@ fn netns_list() -> String {
 /// The issue's targets: RTT within 1 ms (or 2%) at 10-250 ms, one bbr stream >= 90% of a
 /// 100 Mbit/s, 100 ms path, UDP loss within 15% of the configured rate, no TUN drops; and the
 /// cubic/bbr contrast on the lossy paths.
+#[cfg_attr(
+    not(bulkcast_root_tests),
+    ignore = "needs root (network namespaces): run as root, or set BULKCAST_REQUIRE_ROOT=1 to make it fail instead"
+)]
 #[test]
 fn fidelity() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !lab_possible("fidelity") || !host_keeps_time("fidelity") {
+    require_lab("fidelity");
+    if !host_keeps_time("fidelity") {
         return;
     }
     require_iperf3();
@@ -168,14 +193,16 @@ fn fidelity() {
 /// source's site and both ways between the others, each direction's goodput read back; the
 /// bound over those goodputs sits below the bound over the links' rates by at least TCP's
 /// header share.
+#[cfg_attr(
+    not(bulkcast_root_tests),
+    ignore = "needs root (network namespaces): run as root, or set BULKCAST_REQUIRE_ROOT=1 to make it fail instead"
+)]
 #[test]
 fn tcp_mesh_loads_every_link_as_a_broadcast_does() {
     use bulkcast_lab::mesh::{cluster_topology, tcp_mesh, MeshOptions};
     use bulkcast_proto::swarm::sim::broadcast_bound;
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !lab_possible("tcp_mesh") {
-        return;
-    }
+    require_lab("tcp_mesh_loads_every_link_as_a_broadcast_does");
     require_iperf3();
     let sc = Scenario::parse(
         r#"
@@ -265,12 +292,14 @@ fn tcp_mesh_loads_every_link_as_a_broadcast_does() {
 
 /// Up, LAN and WAN reachability, hosts file, channels, exec, teardown on drop, and removal of a
 /// stale lab left by a crash.
+#[cfg_attr(
+    not(bulkcast_root_tests),
+    ignore = "needs root (network namespaces): run as root, or set BULKCAST_REQUIRE_ROOT=1 to make it fail instead"
+)]
 #[test]
 fn lifecycle_and_stale_cleanup() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !lab_possible("lifecycle_and_stale_cleanup") {
-        return;
-    }
+    require_lab("lifecycle_and_stale_cleanup");
     let name = "t-life";
     // A crashed lab: a namespace and a state dir whose owner is gone.
     let _ = Lab::remove(name);
@@ -376,12 +405,15 @@ fn lifecycle_and_stale_cleanup() {
 
 /// A step change on the scenario clock shows in a real transfer: one bbr stream gets the first
 /// rate before the change and the second after it.
+#[cfg_attr(
+    not(bulkcast_root_tests),
+    ignore = "needs root (network namespaces): run as root, or set BULKCAST_REQUIRE_ROOT=1 to make it fail instead"
+)]
 #[test]
 fn step_change_applies_on_time() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !lab_possible("step_change_applies_on_time")
-        || !host_keeps_time("step_change_applies_on_time")
-    {
+    require_lab("step_change_applies_on_time");
+    if !host_keeps_time("step_change_applies_on_time") {
         return;
     }
     require_iperf3();
@@ -490,12 +522,14 @@ fn step_change_applies_on_time() {
 
 /// `lab run` (the CLI path): the command sees the lab's hosts file, its exit code comes back,
 /// and the lab is gone afterwards.
+#[cfg_attr(
+    not(bulkcast_root_tests),
+    ignore = "needs root (network namespaces): run as root, or set BULKCAST_REQUIRE_ROOT=1 to make it fail instead"
+)]
 #[test]
 fn cli_run_passes_exit_code_and_cleans_up() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !lab_possible("cli_run_passes_exit_code_and_cleans_up") {
-        return;
-    }
+    require_lab("cli_run_passes_exit_code_and_cleans_up");
     let dir = std::env::temp_dir().join(format!("bclab-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("s.toml");
