@@ -610,7 +610,9 @@ impl Driver {
                     let (ftx, frx) = mpsc::channel(WRITE_SLOTS + 1);
                     let ev = self.ev_tx.clone();
                     let pace = pace_for(&mut self.pace, self.ceiling, k);
-                    let task = tokio::spawn(write_link(w, frx, None, pace, link, conn, ev));
+                    let adapt = self.tuning.cc == "auto";
+                    let sock = SocketControl { pace, adapt };
+                    let task = tokio::spawn(write_link(w, frx, None, sock, link, conn, ev));
                     self.tasks.entry(link).or_default().push(task);
                     e.handle_connected(conn, ftx, now);
                 } else {
@@ -699,7 +701,10 @@ impl Driver {
             Link::Child(k) => pace_for(&mut self.pace, self.ceiling, k),
             _ => None,
         };
-        let task = tokio::spawn(write_link(w, rx, acks, pace, link, conn, ev));
+        // Under `--cc auto` a tree edge's connections start on cubic and are watched.
+        let adapt = matches!(link, Link::Child(_)) && self.tuning.cc == "auto";
+        let sock = SocketControl { pace, adapt };
+        let task = tokio::spawn(write_link(w, rx, acks, sock, link, conn, ev));
         self.tasks.entry(link).or_default().push(task);
         self.writers.insert(link, Writer { tx, inflight: 0 });
     }
@@ -874,11 +879,12 @@ async fn write_link(
     w: transport::WriteHalf,
     mut rx: mpsc::Receiver<Frame>,
     mut acks: Option<mpsc::UnboundedReceiver<Frame>>,
-    mut pace: Option<watch::Receiver<u64>>,
+    sock: SocketControl,
     link: Link,
     conn: u16,
     ev: mpsc::Sender<Ev>,
 ) {
+    let SocketControl { mut pace, adapt } = sock;
     // The socket, to change its pacing cap while a write is under way (a frame can take
     // seconds on a slow connection). It stays open while this task holds `w`.
     // A paced connection has no kernel pacing to cap (a known limit: uplink caps apply to
@@ -895,6 +901,7 @@ async fn write_link(
     if let Some(p) = &mut pace {
         repace(*p.borrow_and_update());
     }
+    let mut cc = fd.filter(|_| adapt).and_then(CcWatch::start);
     let mut w = BufWriter::with_capacity(64 << 10, w);
     loop {
         let (f, report) = tokio::select! {
@@ -931,9 +938,68 @@ async fn write_link(
         if report && ev.send(Ev::Written(link, conn)).await.is_err() {
             return;
         }
+        if let Some(c) = &mut cc {
+            c.check();
+        }
     }
     let _ = w.flush().await;
     let _ = w.shutdown().await;
+}
+
+/// What a link's writer controls on its socket besides writing.
+struct SocketControl {
+    /// The pacing cap, changed while the session runs (a paced relay's children).
+    pace: Option<watch::Receiver<u64>>,
+    /// Run cubic until the path shows random loss, then bbr ([`CcWatch`]).
+    adapt: bool,
+}
+
+/// A tree edge's connection under `--cc auto`: cubic until its path shows random loss, then
+/// bbr ([`bulkcast_proto::cc`]).
+struct CcWatch {
+    fd: std::os::fd::RawFd,
+    watch: bulkcast_proto::cc::Watch,
+    next: Instant,
+}
+
+impl CcWatch {
+    /// How often the kernel's counters are read.
+    const EVERY: Duration = Duration::from_millis(250);
+
+    /// Puts the socket `fd` on cubic; `None` where it cannot (the connection keeps bbr).
+    fn start(fd: std::os::fd::RawFd) -> Option<Self> {
+        // SAFETY: `fd` is the writer's socket, open while the writer holds it.
+        let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        transport::set_cc(&sock, bulkcast_proto::cc::Control::Cubic.name()).ok()?;
+        Some(Self {
+            fd,
+            watch: bulkcast_proto::cc::Watch::new(),
+            next: Instant::now() + Self::EVERY,
+        })
+    }
+
+    /// Reads the counters if it is time, and switches to bbr once they show random loss.
+    fn check(&mut self) {
+        let now = Instant::now();
+        if now < self.next || self.watch.switched() {
+            return;
+        }
+        self.next = now + Self::EVERY;
+        // SAFETY: as in `start`.
+        let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(self.fd) };
+        let Some((segs, retrans)) = transport::loss_counters(&sock) else {
+            return;
+        };
+        if let Some(c) = self.watch.handle_counters(segs, retrans) {
+            match transport::set_cc(&sock, c.name()) {
+                Ok(()) => tracing::debug!(
+                    "{retrans} of {segs} segments retransmitted: random loss, switching to {}",
+                    c.name()
+                ),
+                Err(e) => tracing::debug!("switching to {}: {e}", c.name()),
+            }
+        }
+    }
 }
 
 /// For a new writer to child `k` of a paced relay ([`Driver::pace`]): where its connection's cap

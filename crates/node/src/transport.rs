@@ -73,23 +73,28 @@ pub struct TcpTuning {
     pub sockbuf: Option<u32>,
 }
 
-/// The congestion control to use by default: `bbr` where the kernel offers it (it keeps its
-/// rate under random loss, where loss-based algorithms collapse on long paths), else the
-/// system default.
+/// The congestion control to use by default: `auto` where the kernel offers bbr (a tree's
+/// edges run cubic until their path shows random loss, then bbr, see
+/// [`bulkcast_proto::cc`]; every other connection runs bbr), else the system default.
 pub fn default_cc() -> String {
     let avail = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
         .unwrap_or_default();
     if avail.split_whitespace().any(|c| c == "bbr") {
-        "bbr".into()
+        "auto".into()
     } else {
         String::new()
     }
 }
 
-/// Sets the congestion control algorithm of a socket.
+/// Sets the congestion control algorithm of a socket. `auto` sets bbr where the kernel has it
+/// (a tree edge's writer then starts it on cubic and watches it, [`bulkcast_proto::cc`]).
 pub fn set_cc(stream: &impl AsRawFd, cc: &str) -> io::Result<()> {
     if cc.is_empty() {
         return Ok(());
+    }
+    if cc == "auto" {
+        // A relay without bbr keeps the system's control rather than failing the edge.
+        return set_cc(stream, "bbr").or(Ok(()));
     }
     // SAFETY: the fd is a valid socket for the duration of the call and the buffer is valid
     // for the given length.
@@ -139,6 +144,31 @@ pub fn rtt(stream: &impl AsRawFd) -> Option<Duration> {
         )
     };
     (rc == 0 && info.tcpi_rtt > 0).then(|| Duration::from_micros(u64::from(info.tcpi_rtt)))
+}
+
+/// Segments a TCP connection has sent and retransmitted since it started (`TCP_INFO`), or
+/// `None` where the kernel does not say (kernels before 4.2 lack the count of segments sent).
+pub fn loss_counters(stream: &impl AsRawFd) -> Option<(u64, u64)> {
+    // SAFETY: `tcp_info` is plain data (all zeroes is valid); the kernel writes at most `len`
+    // bytes into it and the fd is a valid socket for the duration of the call.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    let needed = std::mem::offset_of!(libc::tcp_info, tcpi_segs_out) + 4;
+    (rc == 0 && len as usize >= needed).then(|| {
+        (
+            u64::from(info.tcpi_segs_out),
+            u64::from(info.tcpi_total_retrans),
+        )
+    })
 }
 
 /// Caps the rate at which a socket sends (`SO_MAX_PACING_RATE`, bytes per second; `u64::MAX`:

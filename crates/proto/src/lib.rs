@@ -24,6 +24,7 @@
 #![warn(missing_docs)]
 
 pub mod auth;
+pub mod cc;
 pub mod chunkmap;
 pub mod hosts;
 pub mod manifest;

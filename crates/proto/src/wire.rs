@@ -348,7 +348,8 @@ impl EdgeMode {
     }
 
     /// What automatic striping (`streams` 0) comes to for a session whose hops use congestion
-    /// control `cc`, where `multipath` says whether some host has more than one address.
+    /// control `cc` (`auto`: cubic, bbr once the path shows random loss, [`crate::cc`]), where
+    /// `multipath` says whether some host has more than one address.
     ///
     /// A model-based control (`bbr`) keeps one path full with one connection, under random loss
     /// too, so there every edge is one plain connection: more connections to the same
@@ -358,7 +359,7 @@ impl EdgeMode {
     /// striping, which had added a second connection at the source. Striping stays where it
     /// pays: loss-based control on long round trips (seed 002), and several paths.
     pub fn for_session(self, cc: &str, multipath: bool) -> EdgeMode {
-        if self.streams == 0 && cc == "bbr" && !multipath {
+        if self.streams == 0 && (cc == "bbr" || cc == "auto") && !multipath {
             EdgeMode { streams: 1, ..self }
         } else {
             self
@@ -1335,6 +1336,8 @@ mod tests {
             scheduler: EdgeScheduler::Pull,
         };
         assert_eq!(auto.for_session("bbr", false).streams, 1);
+        // `--cc auto` ends on bbr wherever the path is lossy.
+        assert_eq!(auto.for_session("auto", false).streams, 1);
         assert!(!auto.for_session("bbr", false).is_striped());
         // Loss-based control, the system's choice, or several paths keep striping.
         assert_eq!(auto.for_session("cubic", false).streams, 0);
