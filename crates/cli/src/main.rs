@@ -69,9 +69,9 @@ pub struct Common {
     /// Memory for chunk buffers per session, in MiB.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(4..=65536))]
     budget_mib: u64,
-    /// TCP congestion control for data this process sends: auto (tree edges start on cubic and
-    /// move to bbr once the path shows random loss; everything else runs bbr), bbr, cubic, or
-    /// system.
+    /// TCP congestion control for data this process sends: auto (tree edges start on bbr and
+    /// move to cubic once the path shows no random loss, back to bbr if it appears; everything
+    /// else runs bbr), bbr, cubic, or system.
     #[arg(long, default_value = "auto")]
     cc: String,
     /// Socket buffer size in bytes (default: kernel autotuning).

@@ -27,20 +27,9 @@ fn require_lab(test: &str) {
     }
 }
 
-/// Fails a test that needs root and cannot run here; `reason` says what is missing. Such a test
-/// runs only where it was built to run (as root with `CAP_SYS_ADMIN`, or with
-/// `BULKCAST_REQUIRE_ROOT=1`: `crates/lab/build.rs`) or when `--ignored` asks for it, so it must
-/// fail, never pass without running. (`crates/cli/tests/common` holds the same function.)
-fn root_test_cannot_run(test: &str, reason: &str) -> ! {
-    match option_env!("BULKCAST_ROOT_TESTS_WHY") {
-        Some(why) => panic!(
-            "{test} did not run: {reason}. It was built to run because {why}, so it fails rather \
-             than pass; built without root (or CAP_SYS_ADMIN) and without \
-             BULKCAST_REQUIRE_ROOT=1, it is marked ignored instead"
-        ),
-        None => panic!("{test} did not run: {reason} (it ran because --ignored asked for it)"),
-    }
-}
+#[path = "support/root.rs"]
+mod root;
+use root::root_test_cannot_run;
 
 /// Whether this host keeps time well enough to judge the emulator's timing at all (see
 /// `check::host_timer_lateness`): at most 1% of 1 ms sleeps more than 1 ms late. Where it does

@@ -701,7 +701,7 @@ impl Driver {
             Link::Child(k) => pace_for(&mut self.pace, self.ceiling, k),
             _ => None,
         };
-        // Under `--cc auto` a tree edge's connections start on cubic and are watched.
+        // Under `--cc auto` a tree edge's connections start on bbr and are watched.
         let adapt = matches!(link, Link::Child(_)) && self.tuning.cc == "auto";
         let sock = SocketControl { pace, adapt };
         let task = tokio::spawn(write_link(w, rx, acks, sock, link, conn, ev));
@@ -950,12 +950,12 @@ async fn write_link(
 struct SocketControl {
     /// The pacing cap, changed while the session runs (a paced relay's children).
     pace: Option<watch::Receiver<u64>>,
-    /// Run cubic until the path shows random loss, then bbr ([`CcWatch`]).
+    /// Run bbr until the path shows it is clean, then cubic ([`CcWatch`]).
     adapt: bool,
 }
 
-/// A tree edge's connection under `--cc auto`: cubic until its path shows random loss, then
-/// bbr ([`bulkcast_proto::cc`]).
+/// A tree edge's connection under `--cc auto`: bbr until its path shows it is clean, then
+/// cubic, and bbr again if random loss appears ([`bulkcast_proto::cc`]).
 struct CcWatch {
     fd: std::os::fd::RawFd,
     watch: bulkcast_proto::cc::Watch,
@@ -966,11 +966,9 @@ impl CcWatch {
     /// How often the kernel's counters are read.
     const EVERY: Duration = Duration::from_millis(250);
 
-    /// Puts the socket `fd` on cubic; `None` where it cannot (the connection keeps bbr).
+    /// Watches the socket `fd`, which `auto` put on bbr (or left on the system's control
+    /// where the kernel has no bbr).
     fn start(fd: std::os::fd::RawFd) -> Option<Self> {
-        // SAFETY: `fd` is the writer's socket, open while the writer holds it.
-        let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-        transport::set_cc(&sock, bulkcast_proto::cc::Control::Cubic.name()).ok()?;
         Some(Self {
             fd,
             watch: bulkcast_proto::cc::Watch::new(),
@@ -978,10 +976,10 @@ impl CcWatch {
         })
     }
 
-    /// Reads the counters if it is time, and switches to bbr once they show random loss.
+    /// Reads the counters if it is time, and moves the socket where the watch says.
     fn check(&mut self) {
         let now = Instant::now();
-        if now < self.next || self.watch.switched() {
+        if now < self.next {
             return;
         }
         self.next = now + Self::EVERY;
@@ -993,7 +991,7 @@ impl CcWatch {
         if let Some(c) = self.watch.handle_counters(segs, retrans) {
             match transport::set_cc(&sock, c.name()) {
                 Ok(()) => tracing::debug!(
-                    "{retrans} of {segs} segments retransmitted: random loss, switching to {}",
+                    "{retrans} of {segs} segments retransmitted: moving to {}",
                     c.name()
                 ),
                 Err(e) => tracing::debug!("switching to {}: {e}", c.name()),

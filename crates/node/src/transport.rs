@@ -74,7 +74,7 @@ pub struct TcpTuning {
 }
 
 /// The congestion control to use by default: `auto` where the kernel offers bbr (a tree's
-/// edges run cubic until their path shows random loss, then bbr, see
+/// edges run bbr until their path shows it is clean, then cubic, see
 /// [`bulkcast_proto::cc`]; every other connection runs bbr), else the system default.
 pub fn default_cc() -> String {
     let avail = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
@@ -87,7 +87,7 @@ pub fn default_cc() -> String {
 }
 
 /// Sets the congestion control algorithm of a socket. `auto` sets bbr where the kernel has it
-/// (a tree edge's writer then starts it on cubic and watches it, [`bulkcast_proto::cc`]).
+/// (a tree edge's writer then watches it, [`bulkcast_proto::cc`]).
 pub fn set_cc(stream: &impl AsRawFd, cc: &str) -> io::Result<()> {
     if cc.is_empty() {
         return Ok(());
@@ -127,9 +127,8 @@ pub fn set_notsent_lowat(stream: &impl AsRawFd, bytes: u32) -> io::Result<()> {
     setsockopt_u32(stream, libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT, bytes)
 }
 
-/// The connection's smoothed round trip as TCP measured it (`TCP_INFO`); `None` if the kernel
-/// does not say.
-pub fn rtt(stream: &impl AsRawFd) -> Option<Duration> {
+/// The kernel's `TCP_INFO` of a connection and how many bytes of it the kernel filled.
+fn tcp_info(stream: &impl AsRawFd) -> Option<(libc::tcp_info, usize)> {
     // SAFETY: `tcp_info` is plain data (all zeroes is valid); the kernel writes at most `len`
     // bytes into it and the fd is a valid socket for the duration of the call.
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
@@ -143,27 +142,22 @@ pub fn rtt(stream: &impl AsRawFd) -> Option<Duration> {
             &mut len,
         )
     };
-    (rc == 0 && info.tcpi_rtt > 0).then(|| Duration::from_micros(u64::from(info.tcpi_rtt)))
+    (rc == 0).then_some((info, len as usize))
+}
+
+/// The connection's smoothed round trip as TCP measured it (`TCP_INFO`); `None` if the kernel
+/// does not say.
+pub fn rtt(stream: &impl AsRawFd) -> Option<Duration> {
+    let (info, _) = tcp_info(stream)?;
+    (info.tcpi_rtt > 0).then(|| Duration::from_micros(u64::from(info.tcpi_rtt)))
 }
 
 /// Segments a TCP connection has sent and retransmitted since it started (`TCP_INFO`), or
 /// `None` where the kernel does not say (kernels before 4.2 lack the count of segments sent).
 pub fn loss_counters(stream: &impl AsRawFd) -> Option<(u64, u64)> {
-    // SAFETY: `tcp_info` is plain data (all zeroes is valid); the kernel writes at most `len`
-    // bytes into it and the fd is a valid socket for the duration of the call.
-    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-    let rc = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            (&mut info as *mut libc::tcp_info).cast(),
-            &mut len,
-        )
-    };
+    let (info, len) = tcp_info(stream)?;
     let needed = std::mem::offset_of!(libc::tcp_info, tcpi_segs_out) + 4;
-    (rc == 0 && len as usize >= needed).then(|| {
+    (len >= needed).then(|| {
         (
             u64::from(info.tcpi_segs_out),
             u64::from(info.tcpi_total_retrans),

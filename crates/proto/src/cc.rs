@@ -1,25 +1,36 @@
-//! Which congestion control a TCP connection of a tree runs under `--cc auto` (the default): the
-//! loss-based one (cubic) until the path shows random loss, then the model-based one (bbr) for
-//! the rest of the connection.
+//! Which congestion control a TCP connection of a tree runs under `--cc auto` (the default):
+//! the model-based one (bbr) until the path has shown it is clean, then the loss-based one
+//! (cubic), and bbr again if random loss appears.
 //!
 //! Why not bbr throughout: on a path without random loss bbr gives away about 2% of the link
 //! to its round-trip probes (it drains its queue to 4 packets for 200 ms whenever its minimum
 //! round trip is 10 s old), and a chain pays that on every hop: in the lab (2026-11-26,
-//! `bench/lab-run star-8`, 128 MiB, 8 receivers) a chain read 0.920-0.921 with bbr and
-//! 0.935-0.937 with cubic; at 50 ms RTT 0.849 against 0.865. Why not cubic throughout: under
-//! random loss it takes each loss for congestion and halves its window, which at 1% loss
-//! holds a 50 ms path to a few Mbit/s, where bbr keeps its rate.
+//! `star-8`, 128 MiB, 8 receivers) a chain read 0.920-0.921 with bbr and 0.935-0.937 with
+//! cubic; at 50 ms RTT 0.849 against 0.865. Why not cubic throughout: under random loss it takes
+//! each loss for congestion and halves its window, which at 1% loss holds a 50 ms path to a few
+//! Mbit/s, where bbr keeps its rate. Why bbr first: a first version started on cubic and moved
+//! to bbr at the first signs of loss, and the first hop of a 50 ms, 1%-loss star read 0.73 of
+//! the link against 0.90 for one bbr stream: cubic's collapse in the first second cost more
+//! than bbr's probes cost on a clean path.
 //!
-//! The sign of random loss: retransmissions above [`SWITCH_AT`] of the segments sent, counted
-//! from the connection's start and at least [`MIN_RETRANS`] of them. cubic's own losses when
-//! it fills a drop-tail queue are a few packets every few seconds, far below that; 1% random
-//! loss crosses it within the first second or two.
+//! Clean: at least [`CLEAN_SEGS`] segments sent with at most [`CLEAN_AT`] of them sent again
+//! (cubic's own losses when it fills a drop-tail queue are a few packets every few seconds).
+//! Lossy, once on cubic: [`LOSSY_AT`] of the segments of a window of at least [`WINDOW_SEGS`],
+//! and at least [`MIN_RETRANS`] of them.
 
-/// Retransmitted segments over sent segments at which a connection switches to bbr.
-pub const SWITCH_AT: f64 = 0.004;
+/// Segments a connection sends on bbr before it may be judged clean (about 3 s at 100 Mbit/s).
+pub const CLEAN_SEGS: u64 = 25_000;
 
-/// Retransmissions a connection must have made before it may switch: a burst at the end of
-/// slow start on a short transfer is not a sign of a lossy path.
+/// Retransmitted over sent segments at or below which a path is clean.
+pub const CLEAN_AT: f64 = 0.001;
+
+/// Retransmitted over sent segments (in a window on cubic) at which a path is lossy.
+pub const LOSSY_AT: f64 = 0.004;
+
+/// Segments of each window in which a connection on cubic is judged.
+pub const WINDOW_SEGS: u64 = 2_000;
+
+/// Retransmissions in a window before the path may be judged lossy.
 pub const MIN_RETRANS: u64 = 12;
 
 /// A congestion control the kernel offers.
@@ -48,7 +59,7 @@ pub enum Choice {
     System,
     /// One control throughout.
     Fixed(Control),
-    /// Cubic until the path shows random loss, then bbr ([`Watch`]).
+    /// bbr until the path shows it is clean, then cubic ([`Watch`]).
     Auto,
 }
 
@@ -70,39 +81,71 @@ impl Choice {
         match self {
             Choice::System => None,
             Choice::Fixed(c) => Some(c),
-            Choice::Auto => Some(Control::Cubic),
+            Choice::Auto => Some(Control::Bbr),
         }
     }
 }
 
-/// Watches one connection under [`Choice::Auto`] and says when to switch.
-#[derive(Debug, Clone, Default)]
+/// Watches one connection under [`Choice::Auto`] and says when to move.
+#[derive(Debug, Clone)]
 pub struct Watch {
-    switched: bool,
+    now: Control,
+    /// The counters when the current window on cubic began.
+    since: (u64, u64),
+    /// Random loss showed on cubic: the connection stays on bbr.
+    lossy: bool,
+}
+
+impl Default for Watch {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl Watch {
-    /// A connection that started with cubic.
+    /// A connection that started on bbr.
     pub fn new() -> Self {
-        Self::default()
+        Self {
+            now: Control::Bbr,
+            since: (0, 0),
+            lossy: false,
+        }
+    }
+
+    /// The control the connection runs.
+    pub fn control(&self) -> Control {
+        self.now
     }
 
     /// Takes the kernel's counters of the connection since its start (segments sent,
-    /// segments retransmitted) and returns the control to switch to, once.
+    /// segments retransmitted) and returns the control to move to, if any.
     pub fn handle_counters(&mut self, segs_out: u64, retrans: u64) -> Option<Control> {
-        if self.switched || retrans < MIN_RETRANS {
-            return None;
+        match self.now {
+            Control::Bbr => {
+                let clean = !self.lossy
+                    && segs_out >= CLEAN_SEGS
+                    && retrans as f64 <= CLEAN_AT * segs_out as f64;
+                if !clean {
+                    return None;
+                }
+                self.now = Control::Cubic;
+                self.since = (segs_out, retrans);
+            }
+            Control::Cubic => {
+                let segs = segs_out.saturating_sub(self.since.0);
+                if segs < WINDOW_SEGS {
+                    return None;
+                }
+                let lost = retrans.saturating_sub(self.since.1);
+                self.since = (segs_out, retrans);
+                if lost < MIN_RETRANS || (lost as f64) < LOSSY_AT * segs as f64 {
+                    return None;
+                }
+                self.now = Control::Bbr;
+                self.lossy = true;
+            }
         }
-        if retrans as f64 >= SWITCH_AT * segs_out.max(1) as f64 {
-            self.switched = true;
-            return Some(Control::Bbr);
-        }
-        None
-    }
-
-    /// Whether the connection switched to bbr.
-    pub fn switched(&self) -> bool {
-        self.switched
+        Some(self.now)
     }
 }
 
@@ -111,22 +154,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn random_loss_switches_to_bbr_once() {
+    fn a_clean_path_moves_to_cubic_and_random_loss_back_to_bbr() {
         let mut w = Watch::new();
-        // 1% of 2,000 segments: a lossy path.
-        assert_eq!(w.handle_counters(2_000, 20), Some(Control::Bbr));
-        assert!(w.switched());
-        assert_eq!(w.handle_counters(4_000, 40), None);
+        assert_eq!(w.handle_counters(10_000, 0), None, "too early to judge");
+        // 0.04% over 30,000 segments: clean.
+        assert_eq!(w.handle_counters(30_000, 12), Some(Control::Cubic));
+        // A queue overflow now and then keeps cubic: 5 of 100,000 segments.
+        assert_eq!(w.handle_counters(130_000, 17), None);
+        // 1% random loss appears: 20 of the next 2,000, back to bbr.
+        assert_eq!(w.handle_counters(131_000, 27), None, "half a window");
+        assert_eq!(w.handle_counters(132_000, 37), Some(Control::Bbr));
+        assert_eq!(w.handle_counters(500_000, 300), None);
+        assert_eq!(w.control(), Control::Bbr);
     }
 
     #[test]
-    fn a_queue_overflow_now_and_then_keeps_cubic() {
+    fn a_lossy_path_stays_on_bbr() {
         let mut w = Watch::new();
-        // A few packets lost each time cubic fills the queue: 0.05% of 100,000 segments.
-        assert_eq!(w.handle_counters(100_000, 50), None);
-        // Too few retransmissions to judge, whatever the share.
-        assert_eq!(w.handle_counters(100, 5), None);
-        assert!(!w.switched());
+        // 1% of 30,000 segments.
+        assert_eq!(w.handle_counters(30_000, 300), None);
+        assert_eq!(w.handle_counters(300_000, 3_000), None);
+        assert_eq!(w.control(), Control::Bbr);
     }
 
     #[test]
@@ -134,7 +182,7 @@ mod tests {
         assert_eq!(Choice::parse("auto"), Some(Choice::Auto));
         assert_eq!(
             Choice::parse("auto").and_then(Choice::initial),
-            Some(Control::Cubic)
+            Some(Control::Bbr)
         );
         assert_eq!(Choice::parse(""), Some(Choice::System));
         assert_eq!(Choice::parse("bbr"), Some(Choice::Fixed(Control::Bbr)));

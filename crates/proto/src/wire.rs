@@ -348,7 +348,7 @@ impl EdgeMode {
     }
 
     /// What automatic striping (`streams` 0) comes to for a session whose hops use congestion
-    /// control `cc` (`auto`: cubic, bbr once the path shows random loss, [`crate::cc`]), where
+    /// control `cc` (`auto`: bbr, cubic once the path shows no random loss, [`crate::cc`]), where
     /// `multipath` says whether some host has more than one address.
     ///
     /// A model-based control (`bbr`) keeps one path full with one connection, under random loss
