@@ -23,6 +23,10 @@ use tokio::sync::oneshot;
 
 use crate::transport::{self, ConnError, Stream, TcpTuning};
 
+/// The most children one `Dial` may name: a relay dials at most this many at once for a peer
+/// (a tree's fan-out is far smaller; a larger list is cut, and the rest are dialled as usual).
+pub const MAX_DIAL: usize = 64;
+
 /// How long a pooled connection stays usable: well under the child's wait for the `Open`
 /// ([`transport::HANDSHAKE_TIMEOUT`]).
 pub const FRESH: Duration = Duration::from_secs(5);
@@ -40,7 +44,7 @@ pub struct PreDialed {
 impl PreDialed {
     /// Opens a connection to each of `addrs` for `session` in the background.
     pub fn dial(&self, session: SessionId, addrs: Vec<String>, keys: &Keys, tuning: &TcpTuning) {
-        for addr in addrs {
+        for addr in addrs.into_iter().take(MAX_DIAL) {
             let (tx, rx) = oneshot::channel();
             self.lock().insert((session, addr.clone()), rx);
             let (keys, tuning, pool) = (keys.clone(), tuning.clone(), self.clone());
