@@ -609,9 +609,7 @@ impl Driver {
                     }
                     let (ftx, frx) = mpsc::channel(WRITE_SLOTS + 1);
                     let ev = self.ev_tx.clone();
-                    let pace = pace_for(&mut self.pace, self.ceiling, k);
-                    let adapt = self.tuning.cc == "auto";
-                    let sock = SocketControl { pace, adapt };
+                    let sock = child_socket(&mut self.pace, self.ceiling, &self.tuning, k);
                     let task = tokio::spawn(write_link(w, frx, None, sock, link, conn, ev));
                     self.tasks.entry(link).or_default().push(task);
                     e.handle_connected(conn, ftx, now);
@@ -697,13 +695,13 @@ impl Driver {
     ) {
         let (tx, rx) = mpsc::channel(WRITE_SLOTS + 1);
         let ev = self.ev_tx.clone();
-        let pace = match link {
-            Link::Child(k) => pace_for(&mut self.pace, self.ceiling, k),
-            _ => None,
+        let sock = match link {
+            Link::Child(k) => child_socket(&mut self.pace, self.ceiling, &self.tuning, k),
+            _ => SocketControl {
+                pace: None,
+                adapt: false,
+            },
         };
-        // Under `--cc auto` a tree edge's connections start on bbr and are watched.
-        let adapt = matches!(link, Link::Child(_)) && self.tuning.cc == "auto";
-        let sock = SocketControl { pace, adapt };
         let task = tokio::spawn(write_link(w, rx, acks, sock, link, conn, ev));
         self.tasks.entry(link).or_default().push(task);
         self.writers.insert(link, Writer { tx, inflight: 0 });
@@ -901,7 +899,7 @@ async fn write_link(
     if let Some(p) = &mut pace {
         repace(*p.borrow_and_update());
     }
-    let mut cc = fd.filter(|_| adapt).and_then(CcWatch::start);
+    let mut cc = fd.filter(|_| adapt).map(CcWatch::new);
     let mut w = BufWriter::with_capacity(64 << 10, w);
     loop {
         let (f, report) = tokio::select! {
@@ -968,12 +966,12 @@ impl CcWatch {
 
     /// Watches the socket `fd`, which `auto` put on bbr (or left on the system's control
     /// where the kernel has no bbr).
-    fn start(fd: std::os::fd::RawFd) -> Option<Self> {
-        Some(Self {
+    fn new(fd: std::os::fd::RawFd) -> Self {
+        Self {
             fd,
             watch: bulkcast_proto::cc::Watch::new(),
             next: Instant::now() + Self::EVERY,
-        })
+        }
     }
 
     /// Reads the counters if it is time, and moves the socket where the watch says.
@@ -983,7 +981,7 @@ impl CcWatch {
             return;
         }
         self.next = now + Self::EVERY;
-        // SAFETY: as in `start`.
+        // SAFETY: `fd` is the writer's socket, open while the writer holds it (and with it us).
         let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(self.fd) };
         let Some((segs, retrans)) = transport::loss_counters(&sock) else {
             return;
@@ -997,6 +995,21 @@ impl CcWatch {
                 Err(e) => tracing::debug!("switching to {}: {e}", c.name()),
             }
         }
+    }
+}
+
+/// What the writer of a connection to child `k` controls on its socket: its pacing cap
+/// ([`pace_for`]), and under `--cc auto` its congestion control (it starts on bbr and is
+/// watched, [`CcWatch`]).
+fn child_socket(
+    pace: &mut Option<HashMap<usize, watch::Sender<u64>>>,
+    ceiling: Option<u64>,
+    tuning: &TcpTuning,
+    k: usize,
+) -> SocketControl {
+    SocketControl {
+        pace: pace_for(pace, ceiling, k),
+        adapt: tuning.cc == "auto",
     }
 }
 

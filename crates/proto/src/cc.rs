@@ -52,41 +52,7 @@ impl Control {
     }
 }
 
-/// What the `--cc` of a session asks every hop to run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Choice {
-    /// The system's default, untouched.
-    System,
-    /// One control throughout.
-    Fixed(Control),
-    /// bbr until the path shows it is clean, then cubic ([`Watch`]).
-    Auto,
-}
-
-impl Choice {
-    /// Reads the session's `cc` as the wire carries it (`""`, `cubic`, `bbr`, `auto`; any other
-    /// name is passed to the kernel as it is, as `Fixed` cannot name it: `None`).
-    pub fn parse(cc: &str) -> Option<Choice> {
-        match cc {
-            "" => Some(Choice::System),
-            "cubic" => Some(Choice::Fixed(Control::Cubic)),
-            "bbr" => Some(Choice::Fixed(Control::Bbr)),
-            "auto" => Some(Choice::Auto),
-            _ => None,
-        }
-    }
-
-    /// The control a new connection starts with (`None`: leave the system's).
-    pub fn initial(self) -> Option<Control> {
-        match self {
-            Choice::System => None,
-            Choice::Fixed(c) => Some(c),
-            Choice::Auto => Some(Control::Bbr),
-        }
-    }
-}
-
-/// Watches one connection under [`Choice::Auto`] and says when to move.
+/// Watches one connection under `--cc auto` and says when to move.
 #[derive(Debug, Clone)]
 pub struct Watch {
     now: Control,
@@ -175,17 +141,5 @@ mod tests {
         assert_eq!(w.handle_counters(30_000, 300), None);
         assert_eq!(w.handle_counters(300_000, 3_000), None);
         assert_eq!(w.control(), Control::Bbr);
-    }
-
-    #[test]
-    fn the_wire_names_parse() {
-        assert_eq!(Choice::parse("auto"), Some(Choice::Auto));
-        assert_eq!(
-            Choice::parse("auto").and_then(Choice::initial),
-            Some(Control::Bbr)
-        );
-        assert_eq!(Choice::parse(""), Some(Choice::System));
-        assert_eq!(Choice::parse("bbr"), Some(Choice::Fixed(Control::Bbr)));
-        assert_eq!(Choice::parse("reno"), None);
     }
 }
