@@ -52,12 +52,6 @@ enum Cmd {
     Plan(plan::PlanArgs),
     /// Print a new random session secret (64 hex digits) for agents and senders to share.
     Secret,
-    /// An emulated WAN of many hosts on this machine (network namespaces and a user-space
-    /// forwarder for delay, loss and rates): try a deployment before it goes live.
-    Lab {
-        #[command(subcommand)]
-        cmd: bulkcast_lab::LabCommand,
-    },
 }
 
 /// Options shared by every command that takes part in a session.
@@ -240,18 +234,6 @@ fn main() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
         )
         .init();
-    // The lab is synchronous (and its forwarder daemon, re-executed as `bulkcast lab ...`,
-    // must not start a runtime's worker threads on the core it pins).
-    let cli = match cli.cmd {
-        Cmd::Lab { cmd } => match bulkcast_lab::run(cmd) {
-            Ok(code) => std::process::exit(code),
-            Err(e) => {
-                eprintln!("error: {e}");
-                std::process::exit(2);
-            }
-        },
-        other => Cli { cmd: other },
-    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -279,7 +261,6 @@ async fn run(cli: Cli) -> Result<i32> {
         Cmd::Pipe { cmd } => pipe::run(cmd).await,
         Cmd::Agent(a) => run_agent(a).await,
         Cmd::Plan(a) => plan::run(a).await,
-        Cmd::Lab { .. } => unreachable!("handled before the runtime starts"),
         Cmd::Secret => {
             println!("{}", Secret::from_bytes(rand::random()).to_hex());
             Ok(0)
