@@ -72,8 +72,9 @@ pub struct Common {
     #[arg(long)]
     sockbuf: Option<u32>,
     /// Transport of the connections this process makes: tcp; udp (bulkcast's paced UDP
-    /// transport, which keeps its rate under random loss); or auto (udp, and tcp where UDP
-    /// gets no answer within 3 s). Receivers accept both. Default: auto for `pipe send`, tcp
+    /// transport, which keeps its rate under random loss); or auto (tcp where the handshake
+    /// takes under 2 ms, a LAN or loopback; udp elsewhere, and tcp where UDP gets no answer
+    /// within 3 s). Receivers accept both. Default: auto for `pipe send`, tcp
     /// elsewhere.
     #[arg(long, value_enum)]
     transport: Option<TransportArg>,
