@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use bulkcast_node::input::Input;
+use bulkcast_node::measure::{ProbeCache, ProbeReport};
 use bulkcast_node::report::Report;
 use bulkcast_node::source::{self, SendConfig};
 use bulkcast_node::ticket::{self, Ticket};
@@ -55,6 +56,10 @@ pub struct SendArgs {
     /// Plan from this matrix file (see `bulkcast plan --save-matrix`) instead of probing.
     #[arg(long)]
     matrix: Option<PathBuf>,
+    /// Reuse round trips probed for the same hosts within this many seconds (kept under
+    /// `~/.cache/bulkcast/probes`); 0 probes before every send.
+    #[arg(long, default_value_t = 600)]
+    probe_max_age: u64,
     /// Seconds without progress after which a receiver is cut off (with its subtree).
     #[arg(long, default_value_t = 30)]
     stall_timeout: u64,
@@ -202,6 +207,7 @@ pub async fn run(a: SendArgs) -> Result<i32> {
                 strategy.name()
             );
         }
+        let mut probed = None;
         let tree = match (strategy, a.fanout) {
             (SwarmStrategy::Hybrid, Some(k)) => Some(Tree::kary(n, k as usize)),
             (SwarmStrategy::Hybrid, None) => {
@@ -215,7 +221,8 @@ pub async fn run(a: SendArgs) -> Result<i32> {
                     false,
                 )
                 .await?;
-                Some(p.tree().clone())
+                probed = p.1;
+                Some(p.0.tree().clone())
             }
             _ => None,
         };
@@ -259,9 +266,11 @@ pub async fn run(a: SendArgs) -> Result<i32> {
         };
         let mut report = result.map_err(anyhow::Error::msg)?;
         report.object.skipped = skipped;
+        report.probe = probed;
         print_report(&report, a.json)?;
         return Ok(exit_code(&report));
     }
+    let mut probed = None;
     let (trees, strategy): (Vec<(Tree, f64)>, String) = match (a.strategy, a.fanout) {
         (Strategy::Flat, _) => (vec![(Tree::flat(n), 0.0)], "flat".to_string()),
         (Strategy::Tree, Some(k)) => (
@@ -274,7 +283,7 @@ pub async fn run(a: SendArgs) -> Result<i32> {
         }
         (strategy, _) => {
             let balanced = strategy == Strategy::Balanced;
-            let p = planned(
+            let (p, probe) = planned(
                 &a,
                 &file,
                 &secret,
@@ -284,6 +293,7 @@ pub async fn run(a: SendArgs) -> Result<i32> {
                 balanced,
             )
             .await?;
+            probed = probe;
             if balanced {
                 (p.trees, "balanced".to_string())
             } else {
@@ -348,6 +358,7 @@ pub async fn run(a: SendArgs) -> Result<i32> {
     };
     let mut report = result?;
     report.object.skipped = skipped;
+    report.probe = probed;
     print_report(&report, a.json)?;
     Ok(exit_code(&report))
 }
@@ -363,7 +374,8 @@ fn exit_code(r: &Report) -> i32 {
     }
 }
 
-/// Probes (or reads `--matrix`) and plans, saying what it did unless `--quiet`.
+/// Probes (or reads `--matrix` or the probe cache) and plans, saying what it did unless
+/// `--quiet`.
 async fn planned(
     a: &SendArgs,
     file: &HostsFile,
@@ -372,12 +384,17 @@ async fn planned(
     size: Option<u64>,
     chunk: u32,
     balanced: bool,
-) -> Result<bulkcast_planner::Plan> {
-    let (p, note) = plan::for_send(
+) -> Result<(bulkcast_planner::Plan, Option<ProbeReport>)> {
+    let cache = match a.probe_max_age {
+        0 => None,
+        secs => ProbeCache::in_user_cache(Duration::from_secs(secs)),
+    };
+    let (p, probed, note) = plan::for_send(
         file,
         a.matrix.as_deref(),
         &Keys::derive(secret),
         tuning,
+        cache.as_ref(),
         size,
         chunk,
         balanced,
@@ -386,7 +403,7 @@ async fn planned(
     if !a.quiet {
         eprintln!("{note}\nplan: {} ({})", p.algorithm, p.reason);
     }
-    Ok(p)
+    Ok((p, probed))
 }
 
 /// The swarm strategy behind a `--strategy` value, if it is one.

@@ -138,7 +138,12 @@ fn send(args: &[&str], secret: &str, stdin: Option<&Path>) -> Output {
     c.arg("send")
         .args(args)
         .args(["--json", "--quiet"])
-        .env("BULKCAST_SECRET", secret);
+        .env("BULKCAST_SECRET", secret)
+        // Probe caches of tests stay out of the user's home (keyed by the agents' random ports).
+        .env(
+            "XDG_CACHE_HOME",
+            std::env::temp_dir().join("bulkcast-it-cache"),
+        );
     if let Some(p) = stdin {
         c.stdin(std::fs::File::open(p).unwrap());
     }
@@ -581,6 +586,8 @@ fn plan_probes_agents_and_send_uses_the_planned_tree() {
     );
     let r = report(&out);
     assert_eq!(r["strategy"], "tree (planned: dcmst)");
+    assert_eq!(r["probe"]["cached"], false, "{r}");
+    assert!(r["probe"]["seconds"].as_f64().unwrap() > 0.0, "{r}");
     let from_source = r["edges"]
         .as_array()
         .unwrap()
@@ -594,6 +601,31 @@ fn plan_probes_agents_and_send_uses_the_planned_tree() {
     for a in &ags {
         assert_eq!(hash(&a.dir.join("f.bin")), hash(&src));
     }
+    // Sent again to the same hosts: the round trips just probed are reused.
+    let out = send(
+        &[src.to_str().unwrap(), "--to", &list, "--name", "h.bin"],
+        &key,
+        None,
+    );
+    let r = report_ok(&out);
+    assert_eq!(r["probe"]["cached"], true, "{r}");
+    assert_eq!(r["probe"]["seconds"], 0.0, "{r}");
+    assert_eq!(r["strategy"], "tree (planned: dcmst)");
+    // ... unless told not to.
+    let out = send(
+        &[
+            src.to_str().unwrap(),
+            "--to",
+            &list,
+            "--name",
+            "i.bin",
+            "--probe-max-age",
+            "0",
+        ],
+        &key,
+        None,
+    );
+    assert_eq!(report_ok(&out)["probe"]["cached"], false);
     // The saved matrix replaces probing.
     let m = s.0.join("m.toml");
     let out = send(

@@ -93,6 +93,9 @@ pub struct Report {
     /// Swarm strategies: per cluster.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub clusters: Vec<ClusterReport>,
+    /// A planned tree: how its round trips were measured (probed now or cached).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub probe: Option<crate::measure::ProbeReport>,
 }
 
 /// The object in a report.
@@ -263,6 +266,7 @@ impl Report {
             receivers,
             edges,
             clusters: Vec::new(),
+            probe: None,
         }
     }
 }
