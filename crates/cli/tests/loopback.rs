@@ -587,6 +587,12 @@ fn plan_probes_agents_and_send_uses_the_planned_tree() {
     let r = report(&out);
     assert_eq!(r["strategy"], "tree (planned: dcmst)");
     assert_eq!(r["probe"]["cached"], false, "{r}");
+    // A send takes the round trips TCP measured while connecting: no echoes to wait for.
+    let note = r["probe"]["note"].as_str().unwrap();
+    assert!(
+        note.contains("probed all 10 pairs") && note.contains("round trip of each connect"),
+        "{note}"
+    );
     assert!(r["probe"]["seconds"].as_f64().unwrap() > 0.0, "{r}");
     let from_source = r["edges"]
         .as_array()

@@ -76,7 +76,11 @@ pub fn rtt_matrix(
             }
         }
         let pairs = n * (n - 1) / 2;
-        let note = format!("probed all {pairs} pairs of {n} nodes, the source included (median of {samples} echoes each)");
+        let how = match samples {
+            0 => "the round trip of each connect".to_string(),
+            n => format!("median of {n} echoes each"),
+        };
+        let note = format!("probed all {pairs} pairs of {n} nodes, the source included ({how})");
         (rtt, note)
     } else {
         let (rtt, coords) = vivaldi::complete(n, &probed, VivaldiConfig::default());
