@@ -10,6 +10,7 @@ use bulkcast_node::report::Report;
 use bulkcast_node::source::{self, SendConfig};
 use bulkcast_node::ticket::{self, Ticket};
 use bulkcast_node::{swarm, transport};
+use bulkcast_planner::strategy;
 use bulkcast_proto::auth::{Keys, Secret};
 use bulkcast_proto::hosts::HostsFile;
 use bulkcast_proto::node::CHUNK_SIZE_RANGE;
@@ -50,7 +51,7 @@ pub struct SendArgs {
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     fanout: Option<u16>,
     /// Chunk size in KiB (default: chosen from the object size and the tree depth, see
-    /// `auto_chunk_size`; the hybrid uses `hybrid_chunk_size`).
+    /// `bulkcast_planner::strategy::chunk_size`).
     #[arg(long)]
     chunk_kib: Option<u32>,
     /// Plan from this matrix file (see `bulkcast plan --save-matrix`) instead of probing.
@@ -86,7 +87,7 @@ pub struct SendArgs {
 enum Strategy {
     /// For a file (or a directory of at most 2 GiB) spread over two or more sites of the hosts
     /// file: `hybrid` from `AUTO_HYBRID_MIN_BYTES` (2 MiB), `mob` below; `tree` otherwise (see
-    /// `auto_strategy`).
+    /// `bulkcast_planner::strategy::choose`).
     Auto,
     /// The source sends to every receiver itself (the baseline).
     Flat,
@@ -107,19 +108,35 @@ enum Strategy {
     Hybrid,
 }
 
-pub async fn run(a: SendArgs) -> Result<i32> {
-    if let Some(k) = a.chunk_kib {
-        if !k
-            .checked_mul(1024)
-            .is_some_and(|c| CHUNK_SIZE_RANGE.contains(&c))
-        {
-            bail!(
-                "--chunk-kib must be between {} and {}",
-                CHUNK_SIZE_RANGE.start() / 1024,
-                CHUNK_SIZE_RANGE.end() / 1024
-            );
+impl Strategy {
+    /// The library's name for it.
+    fn to_planner(self) -> strategy::Strategy {
+        match self {
+            Strategy::Auto => strategy::Strategy::Auto,
+            Strategy::Flat => strategy::Strategy::Flat,
+            Strategy::Tree => strategy::Strategy::Tree,
+            Strategy::Balanced => strategy::Strategy::Balanced,
+            Strategy::Mob => strategy::Strategy::Mob,
+            Strategy::Swarm => strategy::Strategy::Swarm,
+            Strategy::Hybrid => strategy::Strategy::Hybrid,
         }
     }
+
+    fn from_planner(s: strategy::Strategy) -> Strategy {
+        match s {
+            strategy::Strategy::Auto => Strategy::Auto,
+            strategy::Strategy::Flat => Strategy::Flat,
+            strategy::Strategy::Tree => Strategy::Tree,
+            strategy::Strategy::Balanced => Strategy::Balanced,
+            strategy::Strategy::Mob => Strategy::Mob,
+            strategy::Strategy::Swarm => Strategy::Swarm,
+            strategy::Strategy::Hybrid => Strategy::Hybrid,
+        }
+    }
+}
+
+pub async fn run(a: SendArgs) -> Result<i32> {
+    check_chunk_kib(a.chunk_kib)?;
     let mut input = Input::open_with(&a.path, a.name.as_deref(), a.follow_symlinks)?;
     if !a.keep_special_modes {
         input.manifest.drop_special_modes();
@@ -127,74 +144,135 @@ pub async fn run(a: SendArgs) -> Result<i32> {
     let skipped = input.skipped().to_vec();
     let tuning = a.common.tuning()?;
     let session: u64 = rand::random();
-    let mut source_spec = None;
-    let (hosts, secret) = match (&a.to, a.expect) {
-        (Some(to), _) => {
-            let file = load_hosts(to)?;
-            source_spec = file.source;
-            (file.hosts, a.common.require_secret()?)
-        }
-        (None, Some(n)) => {
-            if n == 0 {
-                bail!("--expect must be at least 1");
-            }
-            let secret = a
-                .common
-                .secret()?
-                .unwrap_or_else(|| Secret::from_bytes(rand::random()));
-            let keys = Keys::derive(&secret);
-            let listener = transport::listen(&a.listen, &tuning)
-                .await
-                .with_context(|| format!("listening on {}", a.listen))?;
-            let port = listener.local_addr()?.port();
-            let addr = a.advertise.clone().unwrap_or_else(|| {
-                let ip = listener
-                    .local_addr()
-                    .map(|l| l.ip())
-                    .ok()
-                    .filter(|ip| !ip.is_unspecified());
-                match ip {
-                    Some(ip) => format!("{ip}:{port}"),
-                    None => format!("{}:{port}", progress::hostname()),
-                }
-            });
-            let t = Ticket {
-                secret: secret.clone(),
-                session,
-                addr,
-            };
-            // The ticket goes to stdout alone on its line so scripts can capture it.
-            println!("{t}");
-            eprintln!("waiting for {n} receivers: bulkcast recv {t}");
-            let hosts = tokio::select! {
-                h = ticket::gather(&listener, &keys, n, Duration::from_secs(a.join_timeout)) => h,
-                _ = shutdown_signal() => bail!("interrupted"),
-            };
-            if hosts.is_empty() {
-                bail!("nobody joined within {} s", a.join_timeout);
-            }
-            if hosts.len() < n {
-                eprintln!(
-                    "warning: only {} of {n} receivers joined; sending to them",
-                    hosts.len()
-                );
-            }
-            (hosts, secret)
-        }
-        (None, None) => bail!("give --to HOSTS or --expect N"),
-    };
-    let n = hosts.len();
+    let (file, secret) = receivers(&a, &tuning, session).await?;
     let a = SendArgs {
-        strategy: auto_strategy(&a, &input, source_spec.as_ref(), &hosts),
+        strategy: auto_strategy(&a, &input, file.source.as_ref(), &file.hosts),
         ..a
     };
-    let planned_chunk = a.chunk_kib.map_or(1 << 20, |k| k * 1024);
-    let file = HostsFile {
-        source: source_spec.clone(),
-        hosts: hosts.clone(),
+    let send = Send {
+        a: &a,
+        file: &file,
+        secret: &secret,
+        session,
     };
-    // One tree, or several with their rates (balanced).
-    if let Some(strategy) = swarm_strategy(a.strategy) {
+    let mut report = match swarm_strategy(a.strategy) {
+        Some(strategy) => send.swarm(input, strategy, tuning).await?,
+        None => send.push(input, tuning).await?,
+    };
+    report.object.skipped = skipped;
+    print_report(&report, a.json)?;
+    Ok(exit_code(&report))
+}
+
+fn check_chunk_kib(chunk_kib: Option<u32>) -> Result<()> {
+    let fits = |k: u32| {
+        k.checked_mul(1024)
+            .is_some_and(|c| CHUNK_SIZE_RANGE.contains(&c))
+    };
+    if chunk_kib.is_some_and(|k| !fits(k)) {
+        bail!(
+            "--chunk-kib must be between {} and {}",
+            CHUNK_SIZE_RANGE.start() / 1024,
+            CHUNK_SIZE_RANGE.end() / 1024
+        );
+    }
+    Ok(())
+}
+
+/// The receivers and the session secret: from `--to` (a list or a hosts file, the secret from
+/// the environment), or the receivers that join with a ticket (`--expect`).
+async fn receivers(
+    a: &SendArgs,
+    tuning: &transport::TcpTuning,
+    session: u64,
+) -> Result<(HostsFile, Secret)> {
+    match (&a.to, a.expect) {
+        (Some(to), _) => Ok((load_hosts(to)?, a.common.require_secret()?)),
+        (None, Some(0)) => bail!("--expect must be at least 1"),
+        (None, Some(n)) => ticket_receivers(a, tuning, session, n).await,
+        (None, None) => bail!("give --to HOSTS or --expect N"),
+    }
+}
+
+/// Prints a ticket and waits (up to `--join-timeout`) for `n` receivers to join with it.
+async fn ticket_receivers(
+    a: &SendArgs,
+    tuning: &transport::TcpTuning,
+    session: u64,
+    n: usize,
+) -> Result<(HostsFile, Secret)> {
+    let secret = a
+        .common
+        .secret()?
+        .unwrap_or_else(|| Secret::from_bytes(rand::random()));
+    let keys = Keys::derive(&secret);
+    let listener = transport::listen(&a.listen, tuning)
+        .await
+        .with_context(|| format!("listening on {}", a.listen))?;
+    let port = listener.local_addr()?.port();
+    let addr = a.advertise.clone().unwrap_or_else(|| {
+        let ip = listener
+            .local_addr()
+            .map(|l| l.ip())
+            .ok()
+            .filter(|ip| !ip.is_unspecified());
+        match ip {
+            Some(ip) => format!("{ip}:{port}"),
+            None => format!("{}:{port}", progress::hostname()),
+        }
+    });
+    let t = Ticket {
+        secret: secret.clone(),
+        session,
+        addr,
+    };
+    // The ticket goes to stdout alone on its line so scripts can capture it.
+    println!("{t}");
+    eprintln!("waiting for {n} receivers: bulkcast recv {t}");
+    let hosts = tokio::select! {
+        h = ticket::gather(&listener, &keys, n, Duration::from_secs(a.join_timeout)) => h,
+        _ = shutdown_signal() => bail!("interrupted"),
+    };
+    if hosts.is_empty() {
+        bail!("nobody joined within {} s", a.join_timeout);
+    }
+    if hosts.len() < n {
+        eprintln!(
+            "warning: only {} of {n} receivers joined; sending to them",
+            hosts.len()
+        );
+    }
+    Ok((
+        HostsFile {
+            source: None,
+            hosts,
+        },
+        secret,
+    ))
+}
+
+/// One send, its receivers known: what the push and the swarm strategies share.
+struct Send<'a> {
+    a: &'a SendArgs,
+    file: &'a HostsFile,
+    secret: &'a Secret,
+    session: u64,
+}
+
+impl Send<'_> {
+    /// The chunk size the planner plans with (the real one follows the tree's depth).
+    fn planned_chunk(&self) -> u32 {
+        self.a.chunk_kib.map_or(1 << 20, |k| k * 1024)
+    }
+
+    /// A swarm (MOB, the BitTorrent-style baseline, or the hybrid over its tree).
+    async fn swarm(
+        &self,
+        input: Input,
+        strategy: SwarmStrategy,
+        tuning: transport::TcpTuning,
+    ) -> Result<Report> {
+        let (a, n) = (self.a, self.file.hosts.len());
         if a.expect.is_some() {
             bail!(
                 "--strategy {} needs --to (ticket receivers cannot reach each other)",
@@ -207,34 +285,22 @@ pub async fn run(a: SendArgs) -> Result<i32> {
                 strategy.name()
             );
         }
+        let len = input.manifest.total_len;
         let mut probed = None;
         let tree = match (strategy, a.fanout) {
             (SwarmStrategy::Hybrid, Some(k)) => Some(Tree::kary(n, k as usize)),
             (SwarmStrategy::Hybrid, None) => {
-                let p = planned(
-                    &a,
-                    &file,
-                    &secret,
-                    &tuning,
-                    input.manifest.total_len,
-                    planned_chunk,
-                    false,
-                )
-                .await?;
-                probed = p.1;
-                Some(p.0.tree().clone())
+                let (p, probe) = self.planned(&tuning, len, false).await?;
+                probed = probe;
+                Some(p.tree().clone())
             }
             _ => None,
         };
+        // Without a tree every receiver hangs off the source, as in a flat tree.
+        let flat = Tree::flat(n);
         let chunk_size = match a.chunk_kib {
             Some(k) => k * 1024,
-            // The hybrid's windows follow each peer's rate, so it can use small pieces;
-            // MOB and the swarm baseline keep `R` requests per peer, which small pieces
-            // would starve at long round trips.
-            None if strategy == SwarmStrategy::Hybrid => {
-                hybrid_chunk_size(input.manifest.total_len)
-            }
-            None => auto_chunk_size(input.manifest.total_len, &Tree::flat(n)),
+            None => strategy::chunk_size(a.strategy.to_planner(), len, &flat),
         };
         let cfg = swarm::SwarmSendConfig {
             strategy,
@@ -243,21 +309,15 @@ pub async fn run(a: SendArgs) -> Result<i32> {
             tuning,
             seed: rand::random(),
         };
-        // Without a tree every receiver hangs off the source, as in a flat tree.
-        let flat = Tree::flat(n);
-        let status = source::new_status(
-            &hosts,
-            tree.as_ref().unwrap_or(&flat),
-            chunk_size,
-            input.manifest.total_len,
-        );
+        let hosts = &self.file.hosts;
+        let status = source::new_status(hosts, tree.as_ref().unwrap_or(&flat), chunk_size, len);
         let work = swarm::send(
             input,
-            source_spec.as_ref(),
-            &hosts,
+            self.file.source.as_ref(),
+            hosts,
             tree.as_ref(),
-            Keys::derive(&secret),
-            session,
+            Keys::derive(self.secret),
+            self.session,
             &cfg,
             status.clone(),
         );
@@ -265,102 +325,118 @@ pub async fn run(a: SendArgs) -> Result<i32> {
             bail!("interrupted: receivers discard their partial copies");
         };
         let mut report = result.map_err(anyhow::Error::msg)?;
-        report.object.skipped = skipped;
         report.probe = probed;
-        print_report(&report, a.json)?;
-        return Ok(exit_code(&report));
+        Ok(report)
     }
-    let mut probed = None;
-    let (trees, strategy): (Vec<(Tree, f64)>, String) = match (a.strategy, a.fanout) {
-        (Strategy::Flat, _) => (vec![(Tree::flat(n), 0.0)], "flat".to_string()),
-        (Strategy::Tree, Some(k)) => (
-            vec![(Tree::kary(n, k as usize), 0.0)],
-            format!("tree (fan-out {k})"),
-        ),
-        // Ticket receivers take only their parent's connection, so they cannot be probed.
-        (_, None) if a.expect.is_some() => {
-            (vec![(Tree::kary(n, 1), 0.0)], "tree (chain)".to_string())
-        }
-        (strategy, _) => {
-            let balanced = strategy == Strategy::Balanced;
-            let (p, probe) = planned(
-                &a,
-                &file,
-                &secret,
-                &tuning,
-                input.manifest.total_len,
-                planned_chunk,
-                balanced,
-            )
-            .await?;
-            probed = probe;
-            if balanced {
-                (p.trees, "balanced".to_string())
+
+    /// A push down one tree, or several with their rates (balanced).
+    async fn push(&self, input: Input, tuning: transport::TcpTuning) -> Result<Report> {
+        let (a, hosts) = (self.a, &self.file.hosts);
+        let len = input.manifest.total_len;
+        let (trees, strategy, probed) = self.trees(&tuning, len).await?;
+        // The deepest tree sets the chunk size.
+        let tree = trees
+            .iter()
+            .map(|t| &t.0)
+            .max_by_key(|t| (1..t.len()).map(|i| t.depth(i)).max().unwrap_or(0))
+            .expect("at least one tree")
+            .clone();
+        let chunk_size = match a.chunk_kib {
+            Some(k) => k * 1024,
+            None => strategy::push_chunk_size(len, &tree),
+        };
+        let cfg = SendConfig {
+            edges: a
+                .edges
+                .mode()?
+                .for_session(&tuning.cc, hosts.iter().any(|h| !h.paths.is_empty())),
+            observer: a.edges.observer()?,
+            chunk_size,
+            stall_timeout: Duration::from_secs(a.stall_timeout.max(1)),
+            node: a.common.node(),
+            tuning,
+            strategy,
+            uplink_mbps: self.file.source.as_ref().and_then(|s| s.uplink_mbps),
+        };
+        let status = source::new_status(hosts, &tree, chunk_size, len);
+        let keys = Keys::derive(self.secret);
+        let work = async {
+            if trees.len() > 1 {
+                source::send_balanced(input, hosts, &trees, keys, &cfg, status.clone()).await
             } else {
-                (
-                    vec![(p.tree().clone(), p.rate_mbps)],
-                    format!("tree (planned: {})", p.algorithm),
-                )
+                let tree = &trees[0].0;
+                source::send(input, hosts, tree, keys, self.session, &cfg, status.clone()).await
             }
+        };
+        let Some(result) = progress::sending(status.clone(), a.quiet, work).await else {
+            bail!("interrupted: receivers discard their partial copies");
+        };
+        let mut report = result?;
+        report.probe = probed;
+        Ok(report)
+    }
+
+    /// The push's trees with their planned rates, the strategy's name for the report, and how
+    /// the round trips were measured when the tree was planned.
+    async fn trees(
+        &self,
+        tuning: &transport::TcpTuning,
+        len: Option<u64>,
+    ) -> Result<(Vec<(Tree, f64)>, String, Option<ProbeReport>)> {
+        let (a, n) = (self.a, self.file.hosts.len());
+        Ok(match (a.strategy, a.fanout) {
+            (Strategy::Flat, _) => (vec![(Tree::flat(n), 0.0)], "flat".into(), None),
+            (Strategy::Tree, Some(k)) => (
+                vec![(Tree::kary(n, k as usize), 0.0)],
+                format!("tree (fan-out {k})"),
+                None,
+            ),
+            // Ticket receivers take only their parent's connection, so they cannot be probed.
+            (_, None) if a.expect.is_some() => {
+                (vec![(Tree::kary(n, 1), 0.0)], "tree (chain)".into(), None)
+            }
+            (strategy, _) => {
+                let balanced = strategy == Strategy::Balanced;
+                let (p, probed) = self.planned(tuning, len, balanced).await?;
+                if balanced {
+                    (p.trees, "balanced".into(), probed)
+                } else {
+                    let name = format!("tree (planned: {})", p.algorithm);
+                    (vec![(p.tree().clone(), p.rate_mbps)], name, probed)
+                }
+            }
+        })
+    }
+
+    /// Probes (or reads `--matrix` or the probe cache) and plans, saying what it did unless
+    /// `--quiet`.
+    async fn planned(
+        &self,
+        tuning: &transport::TcpTuning,
+        size: Option<u64>,
+        balanced: bool,
+    ) -> Result<(bulkcast_planner::Plan, Option<ProbeReport>)> {
+        let a = self.a;
+        let cache = match a.probe_max_age {
+            0 => None,
+            secs => ProbeCache::in_user_cache(Duration::from_secs(secs)),
+        };
+        let (p, probed, note) = plan::for_send(
+            self.file,
+            a.matrix.as_deref(),
+            &Keys::derive(self.secret),
+            tuning,
+            cache.as_ref(),
+            size,
+            self.planned_chunk(),
+            balanced,
+        )
+        .await?;
+        if !a.quiet {
+            eprintln!("{note}\nplan: {} ({})", p.algorithm, p.reason);
         }
-    };
-    // The deepest tree sets the chunk size.
-    let tree = trees
-        .iter()
-        .map(|t| &t.0)
-        .max_by_key(|t| (1..t.len()).map(|i| t.depth(i)).max().unwrap_or(0))
-        .expect("at least one tree")
-        .clone();
-    let chunk_size = match a.chunk_kib {
-        Some(k) => k * 1024,
-        None => auto_chunk_size(input.manifest.total_len, &tree),
-    };
-    let cfg = SendConfig {
-        edges: a
-            .edges
-            .mode()?
-            .for_session(&tuning.cc, hosts.iter().any(|h| !h.paths.is_empty())),
-        observer: a.edges.observer()?,
-        chunk_size,
-        stall_timeout: Duration::from_secs(a.stall_timeout.max(1)),
-        node: a.common.node(),
-        tuning,
-        strategy,
-        uplink_mbps: source_spec.as_ref().and_then(|s| s.uplink_mbps),
-    };
-    let status = source::new_status(&hosts, &tree, chunk_size, input.manifest.total_len);
-    let work = async {
-        if trees.len() > 1 {
-            source::send_balanced(
-                input,
-                &hosts,
-                &trees,
-                Keys::derive(&secret),
-                &cfg,
-                status.clone(),
-            )
-            .await
-        } else {
-            source::send(
-                input,
-                &hosts,
-                &trees[0].0,
-                Keys::derive(&secret),
-                session,
-                &cfg,
-                status.clone(),
-            )
-            .await
-        }
-    };
-    let Some(result) = progress::sending(status.clone(), a.quiet, work).await else {
-        bail!("interrupted: receivers discard their partial copies");
-    };
-    let mut report = result?;
-    report.object.skipped = skipped;
-    report.probe = probed;
-    print_report(&report, a.json)?;
-    Ok(exit_code(&report))
+        Ok((p, probed))
+    }
 }
 
 /// 0 when every receiver has all of the object, 1 when some receiver failed, 3 when every
@@ -374,38 +450,6 @@ fn exit_code(r: &Report) -> i32 {
     }
 }
 
-/// Probes (or reads `--matrix` or the probe cache) and plans, saying what it did unless
-/// `--quiet`.
-async fn planned(
-    a: &SendArgs,
-    file: &HostsFile,
-    secret: &Secret,
-    tuning: &transport::TcpTuning,
-    size: Option<u64>,
-    chunk: u32,
-    balanced: bool,
-) -> Result<(bulkcast_planner::Plan, Option<ProbeReport>)> {
-    let cache = match a.probe_max_age {
-        0 => None,
-        secs => ProbeCache::in_user_cache(Duration::from_secs(secs)),
-    };
-    let (p, probed, note) = plan::for_send(
-        file,
-        a.matrix.as_deref(),
-        &Keys::derive(secret),
-        tuning,
-        cache.as_ref(),
-        size,
-        chunk,
-        balanced,
-    )
-    .await?;
-    if !a.quiet {
-        eprintln!("{note}\nplan: {} ({})", p.algorithm, p.reason);
-    }
-    Ok((p, probed))
-}
-
 /// The swarm strategy behind a `--strategy` value, if it is one.
 fn swarm_strategy(s: Strategy) -> Option<SwarmStrategy> {
     match s {
@@ -416,20 +460,7 @@ fn swarm_strategy(s: Strategy) -> Option<SwarmStrategy> {
     }
 }
 
-/// Smallest object `--strategy auto` sends by `hybrid` rather than `mob` across sites. In the
-/// lab's size sweep (docs/notes/swarm-size-sweep.md, re-run 2026-11-23 with the hybrid's small
-/// pieces, three runs at 512 KiB and 4 MiB; the current sweep is in docs/benchmarks.md) MOB
-/// was ahead of the hybrid at 512 KiB in 5 of 6 runs, with one copy per site against the
-/// hybrid's 1.4-1.75 (its endgame doubles requests when a few pieces are all there is); from
-/// 4 MiB the hybrid was ahead at 20 ms (3 of 3) and level at 100 ms. The push tree was behind
-/// both at every size from 32 KiB: a tree connects level by level, a WAN round trip per hop,
-/// where a swarm dials every member at once.
-pub const AUTO_HYBRID_MIN_BYTES: u64 = 2 << 20;
-
-/// What `--strategy auto` means for this send: a swarm where swarming pays (an object of known,
-/// non-zero length, a file or a small enough directory, hosts in two or more sites, receivers
-/// that can reach each other: not ticket mode, no `--fanout`): `hybrid` from
-/// [`AUTO_HYBRID_MIN_BYTES`], `mob` below; `tree` otherwise. Any other strategy is kept.
+/// What `--strategy auto` means for this send ([`strategy::choose`]), said unless `--quiet`.
 fn auto_strategy(
     a: &SendArgs,
     input: &Input,
@@ -439,65 +470,30 @@ fn auto_strategy(
     if a.strategy != Strategy::Auto {
         return a.strategy;
     }
-    let m = &input.manifest;
     let sites: std::collections::BTreeSet<&str> = hosts
         .iter()
         .filter_map(|h| h.site.as_deref())
         .chain(source.and_then(|s| s.site.as_deref()))
         .collect();
-    let swarm = a.expect.is_none()
-        && a.fanout.is_none()
-        && sites.len() >= 2
-        && m.total_len.is_some_and(|l| {
-            l > 0 && (input.single_file().is_some() || l <= swarm::MAX_SWARM_BYTES)
-        });
-    let chosen = match m.total_len {
-        Some(l) if swarm && l >= AUTO_HYBRID_MIN_BYTES => Strategy::Hybrid,
-        _ if swarm => Strategy::Mob,
-        _ => Strategy::Tree,
+    let shape = strategy::SendShape {
+        len: input.manifest.total_len,
+        single_file: input.single_file().is_some(),
+        sites: sites.len(),
+        ticket: a.expect.is_some(),
+        fanout: a.fanout.is_some(),
     };
+    let chosen = Strategy::from_planner(strategy::choose(strategy::Strategy::Auto, &shape));
     if !a.quiet {
         eprintln!(
             "strategy auto: {} ({} sites, {})",
             swarm_strategy(chosen).map_or("tree", SwarmStrategy::name),
             sites.len(),
-            m.total_len
+            shape
+                .len
                 .map_or("unknown length".to_string(), |l| format!("{} MiB", l >> 20))
         );
     }
     chosen
-}
-
-/// The default chunk size. Every relay forwards a chunk only once it is whole and verified, so
-/// each hop adds one chunk's serialization time: a tree of depth d costs about
-/// `d * chunk / size` of the transfer time. Pick the largest power of two that keeps that under
-/// 1%, between 64 KiB (per-chunk costs) and 1 MiB; streams of unknown size get 256 KiB.
-pub fn auto_chunk_size(len: Option<u64>, tree: &Tree) -> u32 {
-    const MIN: u64 = 64 << 10;
-    const MAX: u64 = 1 << 20;
-    let Some(len) = len else { return 256 << 10 };
-    let depth = (1..tree.len())
-        .map(|i| tree.depth(i))
-        .max()
-        .unwrap_or(1)
-        .max(1) as u64;
-    let target = (len / 100 / depth).clamp(MIN, MAX);
-    // Round down to a power of two.
-    (1u64 << (63 - target.leading_zeros())) as u32
-}
-
-/// The default chunk (piece) size of the hybrid. Pulls work in whole pieces: a
-/// request window is a few pieces deep at least, so a cluster's last pieces queued behind a
-/// thin WAN link wait about `window * piece / link rate` (three 1 MiB pieces are 4 s at
-/// 6.4 Mbit/s). In the seed 004 simulation (`swarm_sim --lab`, 600 MB, slow links) the hybrid
-/// reads 0.87 of the bound with 1 MiB pieces, 0.90 with 512 KiB and 0.93 with 256 KiB.
-/// So: about a thousandth of the object, a power of two between 64 KiB (per-piece costs) and
-/// 256 KiB; 256 KiB when the size is unknown.
-pub fn hybrid_chunk_size(len: Option<u64>) -> u32 {
-    const MIN: u64 = 64 << 10;
-    const MAX: u64 = 256 << 10;
-    let target = len.map_or(MAX, |l| (l / 1000).clamp(MIN, MAX));
-    (1u64 << (63 - target.leading_zeros())) as u32
 }
 
 /// A comma-separated list or a hosts file.
@@ -578,18 +574,4 @@ pub fn print_report(r: &Report, json: bool) -> Result<()> {
         );
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hybrid_pieces_are_a_thousandth_of_the_object_between_64_and_256_kib() {
-        assert_eq!(hybrid_chunk_size(Some(600 << 20)), 256 << 10);
-        assert_eq!(hybrid_chunk_size(Some(128 << 20)), 128 << 10);
-        assert_eq!(hybrid_chunk_size(Some(32 << 20)), 64 << 10);
-        assert_eq!(hybrid_chunk_size(Some(32 << 10)), 64 << 10);
-        assert_eq!(hybrid_chunk_size(None), 256 << 10);
-    }
 }

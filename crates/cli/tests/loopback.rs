@@ -886,8 +886,8 @@ fn pipe_over_parallel_connections_with_every_scheduler_arrives_in_order() {
         assert_eq!(r["verified"], true);
         assert_eq!(r["bytes"], 24 * MIB + 4321);
         assert_eq!(r["scheduler"], scheduler);
-        // `pipe send`'s default transport is auto: UDP answers on loopback.
-        assert_eq!(r["transport"], "udp", "{r}");
+        // `pipe send`'s default transport is auto: TCP where the round trip is that short.
+        assert_eq!(r["transport"], "tcp", "{r}");
         let conns = r["conns"].as_array().unwrap();
         assert_eq!(conns.len(), 4, "{scheduler}: {r}");
         // Every connection carried part of the stream, and together all of it.
@@ -1388,7 +1388,7 @@ fn mob_with_an_unreachable_member_delivers_to_the_others_and_reports_it() {
     }
 }
 
-/// `AUTO_HYBRID_MIN_BYTES` in crates/cli/src/send.rs.
+/// `AUTO_HYBRID_MIN_BYTES` in crates/planner/src/strategy.rs.
 const AUTO_HYBRID_MIN: u64 = 2 * MIB;
 
 #[test]
