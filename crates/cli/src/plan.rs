@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use bulkcast_node::measure::{self, ProbeCache, ProbeReport};
+use bulkcast_node::measure::{self, LeftOut, ProbeCache, ProbeReport};
 use bulkcast_node::probe;
 use bulkcast_node::transport::TcpTuning;
 use bulkcast_planner::{
@@ -124,7 +124,8 @@ fn read_matrix(p: &std::path::Path) -> Result<MatrixFile> {
 }
 
 /// The plan for a send: the RTT matrix from `matrix` (a file), the probe cache, or probed now;
-/// then the planner's push plan ([`bulkcast_planner::measured::push_plan`]).
+/// then the planner's push plan ([`bulkcast_planner::measured::push_plan`]) over the hosts
+/// that answered the probe.
 #[allow(clippy::too_many_arguments)]
 pub async fn for_send(
     hosts: &HostsFile,
@@ -135,22 +136,47 @@ pub async fn for_send(
     size: Option<u64>,
     chunk: u32,
     balanced: bool,
-) -> Result<(Plan, Option<ProbeReport>, String)> {
-    let (matrices, probed, note) = match matrix {
-        Some(p) => (
-            read_matrix(p)?,
-            None,
-            format!("matrix from {}", p.display()),
-        ),
+) -> Result<SendPlan> {
+    let Some(path) = matrix else {
         // The round trips TCP measures while connecting: probing is paid before the send, and
         // they order paths that differ by more than jitter (`bulkcast plan --samples` echoes).
-        None => {
-            let (m, r) = measure::rtt_matrix(hosts, keys, tuning, 0, cache).await?;
-            let note = r.note.clone();
-            (m, Some(r), note)
-        }
+        let m = measure::rtt_matrix(hosts, keys, tuning, 0, cache).await?;
+        let answered = HostsFile {
+            source: hosts.source.clone(),
+            hosts: (0..hosts.hosts.len())
+                .filter(|&i| !m.left_out.iter().any(|l| l.host == i))
+                .map(|i| hosts.hosts[i].clone())
+                .collect(),
+        };
+        let net = Network::from_hosts(&answered, &m.matrix)?;
+        return Ok(SendPlan {
+            plan: measured::push_plan(net, size, chunk, balanced)?,
+            hosts: answered,
+            note: m.report.note.clone(),
+            probe: Some(m.report),
+            left_out: m.left_out,
+        });
     };
-    let net = Network::from_hosts(hosts, &matrices)?;
-    let p = measured::push_plan(net, size, chunk, balanced)?;
-    Ok((p, probed, note))
+    let net = Network::from_hosts(hosts, &read_matrix(path)?)?;
+    Ok(SendPlan {
+        plan: measured::push_plan(net, size, chunk, balanced)?,
+        hosts: hosts.clone(),
+        note: format!("matrix from {}", path.display()),
+        probe: None,
+        left_out: Vec::new(),
+    })
+}
+
+/// What [`for_send`] decided.
+pub struct SendPlan {
+    /// The plan, over `hosts`.
+    pub plan: Plan,
+    /// The hosts the plan spans: those given, less `left_out`.
+    pub hosts: HostsFile,
+    /// How the round trips were measured (`None`: from a matrix file).
+    pub probe: Option<ProbeReport>,
+    /// Hosts that did not answer the probe, with why.
+    pub left_out: Vec<LeftOut>,
+    /// What was done, for the user.
+    pub note: String,
 }

@@ -5,14 +5,14 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use bulkcast_node::input::Input;
-use bulkcast_node::measure::{ProbeCache, ProbeReport};
+use bulkcast_node::measure::{self, LeftOut, ProbeCache, ProbeReport};
 use bulkcast_node::report::Report;
 use bulkcast_node::source::{self, SendConfig};
 use bulkcast_node::ticket::{self, Ticket};
 use bulkcast_node::{swarm, transport};
 use bulkcast_planner::strategy;
 use bulkcast_proto::auth::{Keys, Secret};
-use bulkcast_proto::hosts::HostsFile;
+use bulkcast_proto::hosts::{HostSpec, HostsFile};
 use bulkcast_proto::node::CHUNK_SIZE_RANGE;
 use bulkcast_proto::swarm::Strategy as SwarmStrategy;
 use bulkcast_proto::tree::Tree;
@@ -149,17 +149,24 @@ pub async fn run(a: SendArgs) -> Result<i32> {
         strategy: auto_strategy(&a, &input, file.source.as_ref(), &file.hosts),
         ..a
     };
-    let send = Send {
+    let mut send = Send {
         a: &a,
-        file: &file,
+        file,
         secret: &secret,
         session,
+        left_out: Vec::new(),
     };
+    send.check_hosts(&tuning).await?;
     let mut report = match swarm_strategy(a.strategy) {
         Some(strategy) => send.swarm(input, strategy, tuning).await?,
         None => send.push(input, tuning).await?,
     };
     report.object.skipped = skipped;
+    report.leave_out(
+        send.left_out
+            .into_iter()
+            .map(|(h, why)| (h.name, h.addr, why)),
+    );
     print_report(&report, a.json)?;
     Ok(exit_code(&report))
 }
@@ -254,12 +261,57 @@ async fn ticket_receivers(
 /// One send, its receivers known: what the push and the swarm strategies share.
 struct Send<'a> {
     a: &'a SendArgs,
-    file: &'a HostsFile,
+    /// The receivers the send goes to: those given, less `left_out` once they are checked.
+    file: HostsFile,
     secret: &'a Secret,
     session: u64,
+    /// Receivers that did not admit the source up front, with why: they fail alone.
+    left_out: Vec<(HostSpec, String)>,
 }
 
 impl Send<'_> {
+    /// Whether the plan's probe will check the receivers (a planned tree without `--matrix`).
+    fn probes(&self) -> bool {
+        let a = self.a;
+        let planned = match a.strategy {
+            Strategy::Tree | Strategy::Balanced | Strategy::Hybrid => a.fanout.is_none(),
+            _ => false,
+        };
+        planned && a.matrix.is_none() && a.expect.is_none()
+    }
+
+    /// Leaves out, before any tree is fixed, every receiver that does not admit the source
+    /// (unreachable, refused, another secret), so that it fails alone and is named. The probe
+    /// of a planned tree does this itself; ticket receivers were admitted when they joined.
+    async fn check_hosts(&mut self, tuning: &transport::TcpTuning) -> Result<()> {
+        if self.a.expect.is_some() || self.probes() {
+            return Ok(());
+        }
+        let keys = Keys::derive(self.secret);
+        let out = measure::unadmitted(&self.file, &keys, tuning, Duration::from_secs(5)).await;
+        self.leave_out(out)
+    }
+
+    /// Takes `out` off the receivers; an error when none is left.
+    fn leave_out(&mut self, out: Vec<LeftOut>) -> Result<()> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        let mut hosts = std::mem::take(&mut self.file.hosts);
+        for l in out.iter().rev() {
+            let h = hosts.remove(l.host);
+            if !self.a.quiet {
+                eprintln!("warning: leaving {} out: {}", h.name, l.reason);
+            }
+            self.left_out.push((h, l.reason.clone()));
+        }
+        if hosts.is_empty() {
+            bail!("no receiver admitted the source (see the warnings above)");
+        }
+        self.file.hosts = hosts;
+        Ok(())
+    }
+
     /// The chunk size the planner plans with (the real one follows the tree's depth).
     fn planned_chunk(&self) -> u32 {
         self.a.chunk_kib.map_or(1 << 20, |k| k * 1024)
@@ -267,12 +319,12 @@ impl Send<'_> {
 
     /// A swarm (MOB, the BitTorrent-style baseline, or the hybrid over its tree).
     async fn swarm(
-        &self,
+        &mut self,
         input: Input,
         strategy: SwarmStrategy,
         tuning: transport::TcpTuning,
     ) -> Result<Report> {
-        let (a, n) = (self.a, self.file.hosts.len());
+        let a = self.a;
         if a.expect.is_some() {
             bail!(
                 "--strategy {} needs --to (ticket receivers cannot reach each other)",
@@ -288,7 +340,7 @@ impl Send<'_> {
         let len = input.manifest.total_len;
         let mut probed = None;
         let tree = match (strategy, a.fanout) {
-            (SwarmStrategy::Hybrid, Some(k)) => Some(Tree::kary(n, k as usize)),
+            (SwarmStrategy::Hybrid, Some(k)) => Some(Tree::kary(self.file.hosts.len(), k as usize)),
             (SwarmStrategy::Hybrid, None) => {
                 let (p, probe) = self.planned(&tuning, len, false).await?;
                 probed = probe;
@@ -297,7 +349,7 @@ impl Send<'_> {
             _ => None,
         };
         // Without a tree every receiver hangs off the source, as in a flat tree.
-        let flat = Tree::flat(n);
+        let flat = Tree::flat(self.file.hosts.len());
         let chunk_size = match a.chunk_kib {
             Some(k) => k * 1024,
             None => strategy::chunk_size(a.strategy.to_planner(), len, &flat),
@@ -330,10 +382,11 @@ impl Send<'_> {
     }
 
     /// A push down one tree, or several with their rates (balanced).
-    async fn push(&self, input: Input, tuning: transport::TcpTuning) -> Result<Report> {
-        let (a, hosts) = (self.a, &self.file.hosts);
+    async fn push(&mut self, input: Input, tuning: transport::TcpTuning) -> Result<Report> {
+        let a = self.a;
         let len = input.manifest.total_len;
         let (trees, strategy, probed) = self.trees(&tuning, len).await?;
+        let hosts = &self.file.hosts;
         // The deepest tree sets the chunk size.
         let tree = trees
             .iter()
@@ -379,11 +432,12 @@ impl Send<'_> {
     /// The push's trees with their planned rates, the strategy's name for the report, and how
     /// the round trips were measured when the tree was planned.
     async fn trees(
-        &self,
+        &mut self,
         tuning: &transport::TcpTuning,
         len: Option<u64>,
     ) -> Result<(Vec<(Tree, f64)>, String, Option<ProbeReport>)> {
         let (a, n) = (self.a, self.file.hosts.len());
+        // `n` holds for every tree but the planned ones, whose probe may leave hosts out.
         Ok(match (a.strategy, a.fanout) {
             (Strategy::Flat, _) => (vec![(Tree::flat(n), 0.0)], "flat".into(), None),
             (Strategy::Tree, Some(k)) => (
@@ -411,7 +465,7 @@ impl Send<'_> {
     /// Probes (or reads `--matrix` or the probe cache) and plans, saying what it did unless
     /// `--quiet`.
     async fn planned(
-        &self,
+        &mut self,
         tuning: &transport::TcpTuning,
         size: Option<u64>,
         balanced: bool,
@@ -421,8 +475,8 @@ impl Send<'_> {
             0 => None,
             secs => ProbeCache::in_user_cache(Duration::from_secs(secs)),
         };
-        let (p, probed, note) = plan::for_send(
-            self.file,
+        let sp = plan::for_send(
+            &self.file,
             a.matrix.as_deref(),
             &Keys::derive(self.secret),
             tuning,
@@ -433,9 +487,15 @@ impl Send<'_> {
         )
         .await?;
         if !a.quiet {
-            eprintln!("{note}\nplan: {} ({})", p.algorithm, p.reason);
+            eprintln!(
+                "{}\nplan: {} ({})",
+                sp.note, sp.plan.algorithm, sp.plan.reason
+            );
         }
-        Ok((p, probed))
+        // The plan spans the hosts that answered the probe: the send goes to those.
+        self.leave_out(sp.left_out)?;
+        debug_assert_eq!(self.file.hosts.len(), sp.hosts.hosts.len());
+        Ok((sp.plan, sp.probe))
     }
 }
 

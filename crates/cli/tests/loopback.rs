@@ -1685,3 +1685,53 @@ fn follow_symlinks_sends_what_links_point_at() {
         assert!(std::fs::symlink_metadata(got.join("all")).unwrap().is_dir());
     }
 }
+
+#[test]
+fn a_host_that_does_not_admit_the_source_is_left_out_and_fails_alone() {
+    let s = Scratch::new("leftout");
+    let key = secret(31);
+    let mut ags = agents(&s.0, 4, &key);
+    // The third agent holds another secret, and a fifth address has nobody listening.
+    ags[2] = agent(&s.0.join("wrong"), &secret(32));
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let list = format!("{},{dead}", to_list(&ags));
+    let src = s.0.join("f.bin");
+    make_file(&src, 2 * MIB, b"leftout");
+    // The planned tree (its probe checks every host) and a fixed chain (checked up front).
+    for (name, extra) in [("a.bin", vec![]), ("b.bin", vec!["--fanout", "1"])] {
+        let mut args = vec![src.to_str().unwrap(), "--to", &list, "--name", name];
+        args.extend(extra.iter().copied());
+        let out = send(&args, &key, None);
+        assert_eq!(out.status.code(), Some(1), "{name}: some receivers failed");
+        let r = report(&out);
+        let failed: Vec<&str> = r["receivers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|x| x["verified"] != true)
+            .map(|x| x["addr"].as_str().unwrap())
+            .collect();
+        let mut want = vec![ags[2].addr.as_str(), dead.as_str()];
+        want.sort();
+        let mut got = failed.clone();
+        got.sort();
+        assert_eq!(got, want, "{name}: only the two bad hosts fail: {r}");
+        for x in r["receivers"].as_array().unwrap() {
+            if x["verified"] != true {
+                let why = x["error"].as_str().unwrap();
+                assert!(why.starts_with("left out before the send"), "{why}");
+            }
+        }
+        for i in [0, 1, 3] {
+            assert_eq!(
+                hash(&ags[i].dir.join(name)),
+                hash(&src),
+                "{name}: agent {i}"
+            );
+        }
+        assert!(!ags[2].dir.join(name).exists());
+    }
+}

@@ -92,6 +92,27 @@ impl ProbeCache {
     }
 }
 
+/// A host the source could not admit before the send (unreachable, refused, wrong secret): it
+/// is left out of the tree, so that it fails alone, and named with the reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeftOut {
+    /// Index into the hosts given.
+    pub host: usize,
+    /// What went wrong.
+    pub reason: String,
+}
+
+/// The round trips of a planned send, over the hosts that answered.
+#[derive(Debug, Clone)]
+pub struct Measured {
+    /// The RTT matrix over the source and the hosts not in `left_out`, in their given order.
+    pub matrix: MatrixFile,
+    /// How it was obtained.
+    pub report: ProbeReport,
+    /// Hosts that could not be probed.
+    pub left_out: Vec<LeftOut>,
+}
+
 /// How the matrix of a send was obtained, for its report.
 #[derive(Debug, Clone, Serialize)]
 pub struct ProbeReport {
@@ -117,15 +138,16 @@ pub enum MeasureError {
 }
 
 /// The RTT matrix over the source and `hosts`: from `cache` when it holds a recent one for this
-/// host set, otherwise probed (the median of `samples` echoes per pair) and cached.
+/// host set, otherwise probed (see [`crate::probe`] for `samples`) and cached when every host
+/// answered. Hosts that did not answer are left out of the matrix and listed.
 pub async fn rtt_matrix(
     hosts: &HostsFile,
     keys: &Keys,
     tuning: &TcpTuning,
     samples: u16,
     cache: Option<&ProbeCache>,
-) -> Result<(MatrixFile, ProbeReport), MeasureError> {
-    if let Some((m, age)) = cache.and_then(|c| c.load(hosts, samples)) {
+) -> Result<Measured, MeasureError> {
+    if let Some((matrix, age)) = cache.and_then(|c| c.load(hosts, samples)) {
         let report = ProbeReport {
             cached: true,
             age_s: age.as_secs_f64(),
@@ -135,14 +157,16 @@ pub async fn rtt_matrix(
                 age.as_secs_f64()
             ),
         };
-        return Ok((m, report));
+        return Ok(Measured {
+            matrix,
+            report,
+            left_out: Vec::new(),
+        });
     }
     let started = Instant::now();
-    let (m, note) = probe_now(hosts, keys, tuning, samples).await?;
-    if let Some(c) = cache {
-        if !note.contains("warning") {
-            c.store(hosts, samples, &m);
-        }
+    let (matrix, note, left_out) = probe_answering(hosts, keys, tuning, samples).await?;
+    if let Some(c) = cache.filter(|_| left_out.is_empty()) {
+        c.store(hosts, samples, &matrix);
     }
     let report = ProbeReport {
         cached: false,
@@ -150,7 +174,81 @@ pub async fn rtt_matrix(
         seconds: started.elapsed().as_secs_f64(),
         note,
     };
-    Ok((m, report))
+    Ok(Measured {
+        matrix,
+        report,
+        left_out,
+    })
+}
+
+/// Probes the agents now; the matrix covers the source and the hosts that answered, the rest
+/// are listed with why.
+async fn probe_answering(
+    hosts: &HostsFile,
+    keys: &Keys,
+    tuning: &TcpTuning,
+    samples: u16,
+) -> Result<(MatrixFile, String, Vec<LeftOut>), MeasureError> {
+    let m = probed(hosts, keys, tuning, samples).await?;
+    let left_out: Vec<LeftOut> = m
+        .errors
+        .iter()
+        .map(|(node, reason)| LeftOut {
+            host: node - 1,
+            reason: reason.clone(),
+        })
+        .collect();
+    // Node ids: 0 the source, i + 1 host i; keep the source and the hosts that answered.
+    let keep: Vec<usize> = (0..=hosts.hosts.len())
+        .filter(|&i| i == 0 || !left_out.iter().any(|l| l.host + 1 == i))
+        .collect();
+    let rtt: Vec<Vec<Option<f64>>> = keep
+        .iter()
+        .map(|&i| keep.iter().map(|&j| m.rtt_ms[i][j]).collect())
+        .collect();
+    let names = node_names(hosts);
+    let nodes = keep.iter().map(|&i| names[i].clone()).collect();
+    let (file, note) = measured::rtt_matrix(nodes, &rtt, samples)?;
+    Ok((file, note, left_out))
+}
+
+/// Every host that does not admit the source (unreachable, refused, another secret), tried in
+/// parallel: a connection and the handshake each, within `deadline`.
+pub async fn unadmitted(
+    hosts: &HostsFile,
+    keys: &Keys,
+    tuning: &TcpTuning,
+    deadline: Duration,
+) -> Vec<LeftOut> {
+    let tries: Vec<_> = hosts
+        .hosts
+        .iter()
+        .map(|h| {
+            let (addr, keys, tuning) = (h.addr.clone(), keys.clone(), tuning.clone());
+            tokio::spawn(async move {
+                let admit = async {
+                    let mut s = crate::transport::connect(&addr, &tuning).await?;
+                    crate::transport::handshake_connect(&mut s, &keys).await
+                };
+                tokio::time::timeout(deadline, admit).await
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for (host, t) in tries.into_iter().enumerate() {
+        let why = match t.await {
+            Ok(Ok(Ok(()))) => continue,
+            Ok(Ok(Err(e))) => e.to_string(),
+            Ok(Err(_)) => format!("no answer within {deadline:?}"),
+            Err(e) => e.to_string(),
+        };
+        let h = &hosts.hosts[host];
+        out.push(LeftOut {
+            host,
+            reason: format!("{} at {}: {why}", h.name, h.addr),
+        });
+    }
+    out
 }
 
 /// Probes the agents now: every pair up to [`bulkcast_planner::PROBE_ALL_MAX`] nodes, a sample
@@ -161,6 +259,21 @@ pub async fn probe_now(
     tuning: &TcpTuning,
     samples: u16,
 ) -> Result<(MatrixFile, String), MeasureError> {
+    let m = probed(hosts, keys, tuning, samples).await?;
+    let (file, mut note) = measured::rtt_matrix(node_names(hosts), &m.rtt_ms, samples)?;
+    for (i, e) in &m.errors {
+        note += &format!("\nwarning: could not probe node {i}: {e}");
+    }
+    Ok((file, note))
+}
+
+/// The probe's raw measurements; an error when no host answered at all.
+async fn probed(
+    hosts: &HostsFile,
+    keys: &Keys,
+    tuning: &TcpTuning,
+    samples: u16,
+) -> Result<probe::RttMatrix, MeasureError> {
     let specs = &hosts.hosts;
     let targets = measured::probe_targets(specs.len());
     let deadline = Duration::from_secs(5);
@@ -169,18 +282,19 @@ pub async fn probe_now(
         let why: Vec<&str> = m.errors.iter().map(|e| e.1.as_str()).collect();
         return Err(MeasureError::NoAgent(why.join("; ")));
     }
+    Ok(m)
+}
+
+/// The matrix's node names: the source (named in the hosts file, else "source"), then the hosts.
+fn node_names(hosts: &HostsFile) -> Vec<String> {
     let source = hosts.source.clone().unwrap_or_default();
     let mut nodes = vec![if source.name.is_empty() {
         "source".to_string()
     } else {
         source.name
     }];
-    nodes.extend(specs.iter().map(|h| h.name.clone()));
-    let (file, mut note) = measured::rtt_matrix(nodes, &m.rtt_ms, samples)?;
-    for (i, e) in &m.errors {
-        note += &format!("\nwarning: could not probe node {i}: {e}");
-    }
-    Ok((file, note))
+    nodes.extend(hosts.hosts.iter().map(|h| h.name.clone()));
+    nodes
 }
 
 #[cfg(test)]

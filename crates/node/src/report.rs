@@ -195,6 +195,28 @@ fn is_zero(n: &u64) -> bool {
 }
 
 impl Report {
+    /// Adds receivers that were left out before the send (`(name, addr, why)`): they have no
+    /// copy, so the report is not `ok`.
+    pub fn leave_out(&mut self, out: impl IntoIterator<Item = (String, String, String)>) {
+        for (name, addr, why) in out {
+            self.ok = false;
+            self.receivers.push(ReceiverReport {
+                name,
+                addr,
+                parent: "-".into(),
+                bytes: 0,
+                seconds: 0.0,
+                rate_mbps: 0.0,
+                verified: false,
+                error: Some(format!("left out before the send: {why}")),
+                site: None,
+                received_from: Vec::new(),
+            });
+        }
+    }
+}
+
+impl Report {
     /// Builds the report from the final status.
     pub fn build(status: &Status, session: u64, name: &str, kind: &str, strategy: &str) -> Report {
         let end = status.started.elapsed();
