@@ -149,12 +149,14 @@ pub async fn run(a: SendArgs) -> Result<i32> {
         strategy: auto_strategy(&a, &input, file.source.as_ref(), &file.hosts),
         ..a
     };
+    let file_len = file.hosts.len();
     let mut send = Send {
         a: &a,
         file,
         secret: &secret,
         session,
         left_out: Vec::new(),
+        given: (0..file_len).collect(),
     };
     send.check_hosts(&tuning).await?;
     let mut report = match swarm_strategy(a.strategy) {
@@ -165,7 +167,7 @@ pub async fn run(a: SendArgs) -> Result<i32> {
     report.leave_out(
         send.left_out
             .into_iter()
-            .map(|(h, why)| (h.name, h.addr, why)),
+            .map(|(i, h, why)| (i, h.name, h.addr, why)),
     );
     print_report(&report, a.json)?;
     Ok(exit_code(&report))
@@ -265,8 +267,11 @@ struct Send<'a> {
     file: HostsFile,
     secret: &'a Secret,
     session: u64,
-    /// Receivers that did not admit the source up front, with why: they fail alone.
-    left_out: Vec<(HostSpec, String)>,
+    /// Receivers that did not admit the source up front, with their place in the list given
+    /// and why: they fail alone.
+    left_out: Vec<(usize, HostSpec, String)>,
+    /// For each receiver in `file`, its place in the list given.
+    given: Vec<usize>,
 }
 
 impl Send<'_> {
@@ -298,12 +303,15 @@ impl Send<'_> {
             return Ok(());
         }
         let mut hosts = std::mem::take(&mut self.file.hosts);
+        let mut out = out;
+        out.sort_by_key(|l| l.host);
         for l in out.iter().rev() {
             let h = hosts.remove(l.host);
             if !self.a.quiet {
                 eprintln!("warning: leaving {} out: {}", h.name, l.reason);
             }
-            self.left_out.push((h, l.reason.clone()));
+            let given = self.given.remove(l.host);
+            self.left_out.push((given, h, l.reason.clone()));
         }
         if hosts.is_empty() {
             bail!("no receiver admitted the source (see the warnings above)");

@@ -195,23 +195,29 @@ fn is_zero(n: &u64) -> bool {
 }
 
 impl Report {
-    /// Adds receivers that were left out before the send (`(name, addr, why)`): they have no
-    /// copy, so the report is not `ok`.
-    pub fn leave_out(&mut self, out: impl IntoIterator<Item = (String, String, String)>) {
-        for (name, addr, why) in out {
+    /// Adds receivers that were left out before the send (`(place in the list given, name,
+    /// addr, why)`) where they were in that list: they have no copy, so the report is not `ok`.
+    pub fn leave_out(&mut self, out: impl IntoIterator<Item = (usize, String, String, String)>) {
+        let mut out: Vec<_> = out.into_iter().collect();
+        out.sort_by_key(|o| o.0);
+        for (given, name, addr, why) in out {
             self.ok = false;
-            self.receivers.push(ReceiverReport {
-                name,
-                addr,
-                parent: "-".into(),
-                bytes: 0,
-                seconds: 0.0,
-                rate_mbps: 0.0,
-                verified: false,
-                error: Some(format!("left out before the send: {why}")),
-                site: None,
-                received_from: Vec::new(),
-            });
+            let at = given.min(self.receivers.len());
+            self.receivers.insert(
+                at,
+                ReceiverReport {
+                    name,
+                    addr,
+                    parent: "-".into(),
+                    bytes: 0,
+                    seconds: 0.0,
+                    rate_mbps: 0.0,
+                    verified: false,
+                    error: Some(format!("left out before the send: {why}")),
+                    site: None,
+                    received_from: Vec::new(),
+                },
+            );
         }
     }
 }
