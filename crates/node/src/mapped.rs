@@ -10,7 +10,7 @@
 //! retransmit window); only the writer asks [`file_range`] whether the bytes it is about to write
 //! lie in a mapping.
 //!
-//! The source maps its file a window of many chunks at a time ([`window`]) and slices the chunks
+//! The source maps its file a window of many chunks at a time ([`WINDOW`]) and slices the chunks
 //! out of it: a mapping per chunk cost a `mmap`, a `munmap` and a TLB shootdown each, which at
 //! 64 KiB chunks was most of the source's system time (2.3 CPU-s per GiB on loopback against
 //! 0.95 with 1 MiB chunks).
