@@ -62,7 +62,8 @@ pub enum Transport {
 /// How long `Transport::Auto` waits for an answer over UDP before it uses TCP.
 pub const AUTO_UDP_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// `Transport::Auto` keeps a TCP connection whose handshake took less than this.
+/// `Transport::Auto` keeps a TCP connection whose handshake's round trip (as the kernel measured
+/// it) is less than this.
 ///
 /// Why: the paced transport earns its keep where TCP cannot recover a loss quickly, on long
 /// round trips; on a LAN or loopback TCP repairs a loss within a millisecond and the kernel's
@@ -231,7 +232,10 @@ async fn connect_auto(
 ) -> Result<Stream, ConnError> {
     let started = std::time::Instant::now();
     if let Ok(s) = connect_tcp(addr, tuning).await {
-        if started.elapsed() < tcp_below {
+        // The kernel's round trip of the handshake (its SYN and SYN-ACK), not the time the
+        // connect took here, which a busy host's scheduler inflates.
+        let rtt = rtt(&s).unwrap_or_else(|| started.elapsed());
+        if rtt < tcp_below {
             return Ok(Stream::Tcp(s));
         }
         // A long round trip: the paced transport instead (the receiver takes the connection,
