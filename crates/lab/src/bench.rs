@@ -207,12 +207,12 @@ fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> usize {
 const SERIES_STEP: Duration = Duration::from_millis(200);
 
 /// Every WAN link as ("FROM>TO", link index).
-fn wan_links(plan: &crate::scenario::Plan) -> Vec<(String, usize)> {
+fn wan_links(layout: &crate::scenario::Layout) -> Vec<(String, usize)> {
     let mut v = Vec::new();
-    for (x, row) in plan.site_links.iter().enumerate() {
+    for (x, row) in layout.site_links.iter().enumerate() {
         for (y, l) in row.iter().enumerate() {
             if let Some(l) = l {
-                v.push((format!("{}>{}", plan.sites[x], plan.sites[y]), *l));
+                v.push((format!("{}>{}", layout.sites[x], layout.sites[y]), *l));
             }
         }
     }
@@ -261,7 +261,7 @@ pub fn run_method(
             )));
         }
     }
-    let plan = lab.plan();
+    let layout = lab.layout();
     let src = lab.source().to_string();
     let mut receivers: Vec<String> = lab.host_names().into_iter().filter(|h| *h != src).collect();
     if m.first_receiver_only {
@@ -302,14 +302,14 @@ pub fn run_method(
     base.insert("hosts_file", lab.hosts_file().display().to_string());
     let list: Result<Vec<String>, LabError> = receivers
         .iter()
-        .map(|r| Ok(format!("{}:{}", ip(r)?, plan.agent_port)))
+        .map(|r| Ok(format!("{}:{}", ip(r)?, layout.agent_port)))
         .collect();
     base.insert("hosts_list", list?.join(","));
     base.insert("port", port.to_string());
     base.insert("src_ip", ip(&src)?);
     base.insert("first_ip", ip(&receivers[0])?);
     base.insert("cc", opts.cc.clone());
-    base.insert("agent_port", plan.agent_port.to_string());
+    base.insert("agent_port", layout.agent_port.to_string());
     base.insert("raw", raw_dir.display().to_string());
 
     // Each command's standard error goes to `{raw}/<host>.stderr`: kept for diagnosis, and a
@@ -393,7 +393,7 @@ pub fn run_method(
     // Bytes over each WAN link since the start, sampled every `SERIES_STEP` (the forwarder's
     // publication period) on the runner's clock, so that a link that idles shows up; written
     // to the raw directory as `wan_links.csv`, with the final counters as the last row.
-    let wan = wan_links(plan);
+    let wan = wan_links(layout);
     let mut series = String::from("t_s");
     for (name, _) in &wan {
         series.push_str(&format!(",{name}"));
@@ -460,11 +460,11 @@ pub fn run_method(
         &stats0,
     );
     let _ = std::fs::write(raw_dir.join("wan_links.csv"), series);
-    let wan_bytes_in = (0..plan.sites.len())
+    let wan_bytes_in = (0..layout.sites.len())
         .map(|y| SiteBytes {
-            site: plan.sites[y].clone(),
-            bytes: (0..plan.sites.len())
-                .filter_map(|x| plan.site_links[x][y])
+            site: layout.sites[y].clone(),
+            bytes: (0..layout.sites.len())
+                .filter_map(|x| layout.site_links[x][y])
                 .map(|l| link_delta(&stats1, &stats0, l))
                 .sum(),
         })
@@ -510,13 +510,13 @@ pub fn run_method(
 
 /// The table the bench prints.
 pub fn render(lab: &Lab, size: u64, results: &[BenchResult]) -> String {
-    let ideal = lab.plan().ideal_bps;
+    let ideal = lab.layout().ideal_bps;
     let mut s = String::new();
     let _ = writeln!(
         s,
         "scenario {} ({} receivers), object {:.1} MiB, ideal per-receiver rate {}",
-        lab.plan().name,
-        lab.plan().hosts.len() - 1,
+        lab.layout().name,
+        lab.layout().hosts.len() - 1,
         size as f64 / (1u64 << 20) as f64,
         ideal.map_or("unknown".into(), |i| format!("{:.1} Mbit/s", i / 1e6))
     );

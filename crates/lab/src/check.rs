@@ -758,7 +758,7 @@ struct Probe {
 }
 
 fn probes(lab: &Lab, max: usize) -> Vec<Probe> {
-    let p = lab.plan();
+    let p = lab.layout();
     let mut out: Vec<Probe> = Vec::new();
     let mut seen = std::collections::HashSet::new();
     let mut add = |from: usize, to: usize, src: Ipv4Addr, dst: Ipv4Addr, what: String| {
@@ -1253,7 +1253,7 @@ pub fn check(
         report.forwarder_cpu = Some((b - a) / report.wall_s);
     }
     report.tx_dropped = lab.tx_dropped()?.iter().map(|(_, d)| d).sum();
-    report.kernel_shaping = lab.plan().kernel_shaping;
+    report.kernel_shaping = lab.layout().kernel_shaping;
     let s = lab.stats();
     report.late_events = s.late_events - stats0.late_events;
     report.max_lateness_ms = s.max_lateness_ns as f64 / 1e6;

@@ -162,14 +162,14 @@ pub fn run(cmd: LabCommand) -> Result<i32, LabError> {
             println!(
                 "lab {:?} is up: {} hosts",
                 lab.name(),
-                lab.plan().hosts.len()
+                lab.layout().hosts.len()
             );
-            for h in &lab.plan().hosts {
+            for h in &lab.layout().hosts {
                 println!(
                     "  {:<20} {:<16} site {}",
                     h.name,
                     h.addr,
-                    lab.plan().sites[h.site]
+                    lab.layout().sites[h.site]
                 );
             }
             println!("hosts file: {}", lab.hosts_file().display());

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::emu::{EmuStats, Emulator};
-use crate::scenario::Plan;
+use crate::scenario::Layout;
 use crate::LabError;
 
 /// Name of the TUN device in every host namespace.
@@ -218,7 +218,7 @@ const EARLY_NS: u64 = 50_000;
 const READ_BATCH: usize = 64;
 
 /// Runs the forwarding loop until `control.stop` is set.
-pub fn run_loop(plan: &Plan, tuns: &[OwnedFd], control: &Control) -> Result<(), LabError> {
+pub fn run_loop(layout: &Layout, tuns: &[OwnedFd], control: &Control) -> Result<(), LabError> {
     *control.tid.lock().expect("tid lock") = unsafe { libc::gettid() };
     // SAFETY: plain syscalls; returned fds are owned below.
     let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
@@ -245,7 +245,7 @@ pub fn run_loop(plan: &Plan, tuns: &[OwnedFd], control: &Control) -> Result<(), 
     epoll_add(ep.as_raw_fd(), tfd.as_raw_fd(), TOKEN_TIMER)?;
     epoll_add(ep.as_raw_fd(), control.wake.as_raw_fd(), TOKEN_WAKE)?;
 
-    let mut emu = Emulator::new(plan, mono_ns());
+    let mut emu = Emulator::new(layout, mono_ns());
     let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 64];
     let mut armed: u64 = 0;
     let mut woke_at = mono_ns();
@@ -367,7 +367,7 @@ pub fn run_loop(plan: &Plan, tuns: &[OwnedFd], control: &Control) -> Result<(), 
 /// Starts the forwarder on its own thread: creates the TUNs (in the caller's process), pins the
 /// thread and runs the loop. Returns once the TUNs exist.
 pub fn spawn_thread(
-    plan: Plan,
+    layout: Layout,
     namespaces: Vec<String>,
     control: Arc<Control>,
 ) -> Result<std::thread::JoinHandle<Result<(), LabError>>, LabError> {
@@ -385,7 +385,7 @@ pub fn spawn_thread(
             };
             let warnings = tune_thread(forwarder_cpu());
             let _ = tx.send(Ok(warnings));
-            run_loop(&plan, &tuns, &control)
+            run_loop(&layout, &tuns, &control)
         })
         .map_err(|e| LabError::sys("spawn forwarder thread", e))?;
     match rx.recv_timeout(std::time::Duration::from_secs(20)) {

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use rand::{RngCore, SeedableRng};
 
 use crate::lab::Lab;
-use crate::scenario::Plan;
+use crate::scenario::Layout;
 use crate::LabError;
 
 /// Width of the receiver's time bins in seconds.
@@ -92,17 +92,17 @@ impl Pattern {
 /// rate, then every `[[change]]` due by then, then its `[[alternate]]` cycle (the forwarder's
 /// order). `None`: unlimited. Random `[fluctuation]` is not modelled (the nominal rate is
 /// returned).
-pub fn rate_at(plan: &Plan, link: usize, t_s: f64) -> Option<f64> {
+pub fn rate_at(layout: &Layout, link: usize, t_s: f64) -> Option<f64> {
     let t_ns = (t_s.max(0.0) * 1e9) as u64;
-    let mut r = plan.links[link].rate_bps;
-    for e in &plan.events {
+    let mut r = layout.links[link].rate_bps;
+    for e in &layout.events {
         if e.link == link && e.at_ns <= t_ns {
             if let Some(x) = e.rate_bps {
                 r = Some(x);
             }
         }
     }
-    for a in &plan.alternates {
+    for a in &layout.alternates {
         if a.link == link {
             let k = t_ns / a.every_ns;
             r = Some(a.rates_bps[(k % a.rates_bps.len() as u64) as usize]);
@@ -111,18 +111,18 @@ pub fn rate_at(plan: &Plan, link: usize, t_s: f64) -> Option<f64> {
     r
 }
 
-/// Nominal capacity in bit/s of a set of routes (each a list of links, as [`Plan::route`]
+/// Nominal capacity in bit/s of a set of routes (each a list of links, as [`Layout::route`]
 /// gives) at second `t_s`: each route is limited by its slowest link, and distinct routes add
 /// up (a link shared by several routes is counted once: routes that share a link are limited
 /// together by it). `None` when some route is unlimited.
-pub fn capacity_at(plan: &Plan, routes: &[Vec<usize>], t_s: f64) -> Option<f64> {
+pub fn capacity_at(layout: &Layout, routes: &[Vec<usize>], t_s: f64) -> Option<f64> {
     // Group routes by their bottleneck link, so that routes through the same link (several
     // connections on one channel) count once.
     let mut by_bottleneck: HashMap<usize, f64> = HashMap::new();
     for r in routes {
         let mut best: Option<(usize, f64)> = None;
         for &l in r {
-            if let Some(rate) = rate_at(plan, l, t_s) {
+            if let Some(rate) = rate_at(layout, l, t_s) {
                 if best.is_none_or(|(_, b)| rate < b) {
                     best = Some((l, rate));
                 }
@@ -136,16 +136,16 @@ pub fn capacity_at(plan: &Plan, routes: &[Vec<usize>], t_s: f64) -> Option<f64> 
 
 /// The times in `(0, t_end)` at which the capacity of `routes` changes, with the new capacity
 /// (bit/s), probing the schedule every 10 ms.
-pub fn capacity_steps(plan: &Plan, routes: &[Vec<usize>], t_end: f64) -> Vec<(f64, f64)> {
+pub fn capacity_steps(layout: &Layout, routes: &[Vec<usize>], t_end: f64) -> Vec<(f64, f64)> {
     let mut steps = Vec::new();
-    let mut prev = capacity_at(plan, routes, 0.0);
+    let mut prev = capacity_at(layout, routes, 0.0);
     let mut i = 1u64;
     loop {
         let t = i as f64 * 0.01;
         if t >= t_end {
             break;
         }
-        let c = capacity_at(plan, routes, t);
+        let c = capacity_at(layout, routes, t);
         if c != prev {
             if let Some(c) = c {
                 steps.push(((t * 100.0).round() / 100.0, c));
@@ -616,32 +616,37 @@ pub fn run_stream(lab: &Lab, spec: &StreamSpec) -> Result<StreamOutcome, LabErro
     Ok(out)
 }
 
-/// The links from `sender` to each address in `addrs` (its routes; see [`Plan::route`]).
-pub fn routes(plan: &Plan, sender: &str, addrs: &[Ipv4Addr]) -> Result<Vec<Vec<usize>>, LabError> {
-    let s = plan
+/// The links from `sender` to each address in `addrs` (its routes; see [`Layout::route`]).
+pub fn routes(
+    layout: &Layout,
+    sender: &str,
+    addrs: &[Ipv4Addr],
+) -> Result<Vec<Vec<usize>>, LabError> {
+    let s = layout
         .host(sender)
         .ok_or_else(|| LabError::UnknownHost(sender.into()))?;
     addrs
         .iter()
         .map(|a| {
-            plan.route(s, *a)
+            layout
+                .route(s, *a)
                 .ok_or_else(|| LabError::Measure(format!("no emulated route from {sender} to {a}")))
         })
         .collect()
 }
 
 /// Each route's bottleneck link (the slowest at its nominal rate), in route order.
-pub fn bottlenecks(plan: &Plan, routes: &[Vec<usize>]) -> Vec<usize> {
+pub fn bottlenecks(layout: &Layout, routes: &[Vec<usize>]) -> Vec<usize> {
     routes
         .iter()
         .filter_map(|r| {
             r.iter()
                 .copied()
-                .filter(|&l| plan.links[l].rate_bps.is_some())
+                .filter(|&l| layout.links[l].rate_bps.is_some())
                 .min_by(|&a, &b| {
-                    plan.links[a]
+                    layout.links[a]
                         .rate_bps
-                        .partial_cmp(&plan.links[b].rate_bps)
+                        .partial_cmp(&layout.links[b].rate_bps)
                         .unwrap_or(std::cmp::Ordering::Equal)
                 })
         })
@@ -735,34 +740,34 @@ mod tests {
 
     #[test]
     fn capacity_follows_the_schedule() {
-        let plan = Scenario::parse(DYN).unwrap().plan().unwrap();
-        let d = plan.host("d").unwrap();
-        let addrs: Vec<Ipv4Addr> = plan
+        let layout = Scenario::parse(DYN).unwrap().resolve().unwrap();
+        let d = layout.host("d").unwrap();
+        let addrs: Vec<Ipv4Addr> = layout
             .channels
             .iter()
             .map(|c| if c.b == d { c.b_addr } else { c.a_addr })
             .collect();
         // Two connections on each channel: each channel counts once.
         let all: Vec<Ipv4Addr> = addrs.iter().chain(addrs.iter()).copied().collect();
-        let r = routes(&plan, "s", &all).unwrap();
-        let mbps = |t: f64| capacity_at(&plan, &r, t).unwrap() / 1e6;
+        let r = routes(&layout, "s", &all).unwrap();
+        let mbps = |t: f64| capacity_at(&layout, &r, t).unwrap() / 1e6;
         assert_eq!(mbps(0.0), 30.0);
         assert_eq!(mbps(19.9), 30.0);
         assert_eq!(mbps(20.0), 40.0);
         assert_eq!(mbps(45.0), 30.0);
         assert_eq!(mbps(55.0), 25.0);
         assert_eq!(mbps(61.0), 35.0);
-        let steps = capacity_steps(&plan, &r, 70.0);
+        let steps = capacity_steps(&layout, &r, 70.0);
         assert_eq!(
             steps,
             vec![(20.0, 40e6), (40.0, 30e6), (50.0, 25e6), (60.0, 35e6)]
         );
-        let b = bottlenecks(&plan, &r);
-        assert_eq!(b[0], plan.channels[0].a_to_b);
-        assert_eq!(b[1], plan.channels[1].a_to_b);
+        let b = bottlenecks(&layout, &r);
+        assert_eq!(b[0], layout.channels[0].a_to_b);
+        assert_eq!(b[1], layout.channels[1].a_to_b);
         // The main path: 100 Mbit/s.
-        let main = routes(&plan, "s", &[plan.hosts[d].addr]).unwrap();
-        assert_eq!(capacity_at(&plan, &main, 3.0), Some(100e6));
+        let main = routes(&layout, "s", &[layout.hosts[d].addr]).unwrap();
+        assert_eq!(capacity_at(&layout, &main, 3.0), Some(100e6));
     }
 
     #[test]
