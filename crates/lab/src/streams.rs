@@ -14,7 +14,7 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::time::{Duration, Instant};
 
 use rand::{RngCore, SeedableRng};
@@ -416,36 +416,9 @@ fn code(st: std::process::ExitStatus) -> i32 {
 /// Runs one transfer on a running lab (see [`StreamSpec`]). Processes left in the two hosts
 /// are killed at the end.
 pub fn run_stream(lab: &Lab, spec: &StreamSpec) -> Result<StreamOutcome, LabError> {
-    let err_file = |side: &str| -> Result<(PathBuf, File), LabError> {
-        let p = PathBuf::from(format!("{}.{side}.err", spec.log_prefix.display()));
-        let f =
-            File::create(&p).map_err(|e| LabError::sys(format!("create {}", p.display()), e))?;
-        Ok((p, f))
-    };
-    let (recv_err_path, recv_err) = err_file("recv")?;
-    let (send_err_path, send_err) = err_file("send")?;
-    let mut rc = lab.command(&spec.receiver, "sh")?;
-    rc.args(["-c", &format!("exec {}", spec.recv_cmd)])
-        .stdin(Stdio::null())
-        .stdout(if spec.sink {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stderr(recv_err);
-    let mut recv = rc
-        .spawn()
-        .map_err(|e| LabError::sys(format!("start {:?}", spec.recv_cmd), e))?;
-    if !wait_listening(lab, &spec.receiver, spec.port, Duration::from_secs(10)) {
-        let _ = recv.kill();
-        let _ = recv.wait();
-        return Err(LabError::Measure(format!(
-            "the receiver does not listen on port {} ({:?}): {}",
-            spec.port,
-            spec.recv_cmd,
-            tail(&recv_err_path, 5)
-        )));
-    }
+    let (recv_err_path, recv_err) = err_file(spec, "recv")?;
+    let (send_err_path, send_err) = err_file(spec, "send")?;
+    let mut recv = start_receiver(lab, spec, recv_err, &recv_err_path)?;
     let drops0: u64 = lab.tx_dropped()?.iter().map(|(_, d)| d).sum();
     let (cpu0, late0) = (lab.forwarder_cpu_s(), lab.stats().late_events);
     let mut sc = lab.command(&spec.sender, "sh")?;
@@ -465,62 +438,16 @@ pub fn run_stream(lab: &Lab, spec: &StreamSpec) -> Result<StreamOutcome, LabErro
         .spawn()
         .map_err(|e| LabError::sys(format!("start {:?}", spec.send_cmd), e))?;
 
-    // Feeder: the pattern into the sender's stdin, until the size or the time is reached.
-    let feeder = send.stdin.take().map(|mut stdin| {
+    // Three threads move the data, so that the loop below only watches: the feeder writes the
+    // pattern into the sender, the sink checks the receiver's output, a reader keeps the
+    // sender's stdout (its report) from filling its pipe.
+    let feeder = send.stdin.take().map(|stdin| {
         let (limit, max_s, seed) = (spec.feed_bytes, spec.feed_max_s, spec.seed);
-        std::thread::spawn(move || {
-            pin_off_forwarder();
-            let mut p = Pattern::new(seed);
-            let mut buf = vec![0u8; 256 << 10];
-            let mut sent = 0u64;
-            loop {
-                let n = limit.map_or(buf.len() as u64, |l| (l - sent).min(buf.len() as u64));
-                if n == 0 || max_s.is_some_and(|m| t0.elapsed().as_secs_f64() >= m) {
-                    break;
-                }
-                p.fill(&mut buf[..n as usize]);
-                if stdin.write_all(&buf[..n as usize]).is_err() {
-                    break;
-                }
-                sent += n;
-            }
-            drop(stdin);
-            (sent, t0.elapsed().as_secs_f64())
-        })
+        std::thread::spawn(move || feed(stdin, seed, limit, max_s, t0))
     });
-    // Sink: the receiver's stdout, checked and binned.
-    let sink = recv.stdout.take().map(|mut out| {
+    let sink = recv.stdout.take().map(|out| {
         let seed = spec.seed;
-        std::thread::spawn(move || {
-            pin_off_forwarder();
-            let mut p = Pattern::new(seed);
-            let mut buf = vec![0u8; 256 << 10];
-            let mut r = SinkReport {
-                verified: true,
-                ..Default::default()
-            };
-            loop {
-                let n = match out.read(&mut buf) {
-                    Ok(0) => break,
-                    Ok(n) => n,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                    Err(_) => break,
-                };
-                let t = t0.elapsed().as_secs_f64();
-                r.first_s.get_or_insert(t);
-                r.last_s = Some(t);
-                r.bytes += n as u64;
-                if r.verified && !p.matches(&buf[..n]) {
-                    r.verified = false;
-                }
-                let bin = (t / BIN_S) as usize;
-                if r.bins.len() <= bin {
-                    r.bins.resize(bin + 1, 0);
-                }
-                r.bins[bin] += n as u64;
-            }
-            r
-        })
+        std::thread::spawn(move || check_sink(out, seed, t0))
     });
     let stdout_reader = send.stdout.take().map(|mut o| {
         std::thread::spawn(move || {
@@ -530,65 +457,7 @@ pub fn run_stream(lab: &Lab, spec: &StreamSpec) -> Result<StreamOutcome, LabErro
         })
     });
 
-    let mut out = StreamOutcome::default();
-    let mut last_sample = None::<Instant>;
-    let mut children: [(&mut Child, bool); 2] = [(&mut send, true), (&mut recv, true)];
-    loop {
-        for (i, (c, running)) in children.iter_mut().enumerate() {
-            if *running {
-                if let Ok(Some(st)) = c.try_wait() {
-                    *running = false;
-                    let t = Some(t0.elapsed().as_secs_f64());
-                    if i == 0 {
-                        out.send_code = Some(code(st));
-                        out.send_s = t;
-                    } else {
-                        out.recv_code = Some(code(st));
-                        out.recv_s = t;
-                    }
-                }
-            }
-        }
-        if last_sample.is_none_or(|s| s.elapsed() >= Duration::from_millis(100)) {
-            last_sample = Some(Instant::now());
-            let st = lab.stats();
-            out.links.push(LinkSample {
-                t_s: t0.elapsed().as_secs_f64(),
-                bytes_out: spec
-                    .watch_links
-                    .iter()
-                    .map(|&l| st.links.get(l).map_or(0, |s| s.bytes_out))
-                    .collect(),
-                rate_bps: spec
-                    .watch_links
-                    .iter()
-                    .map(|&l| st.links.get(l).map_or(0.0, |s| s.rate_bps))
-                    .collect(),
-            });
-            if out.links.len() % 10 == 1 && !out.build_running {
-                out.build_running = build_running();
-            }
-        }
-        if children.iter().all(|(_, r)| !r) {
-            break;
-        }
-        // A receiver that fails while the sender waits: give the sender a few seconds.
-        let recv_failed = out.recv_code.is_some_and(|c| c != 0)
-            && out
-                .recv_s
-                .is_some_and(|s| t0.elapsed().as_secs_f64() > s + 5.0);
-        if t0.elapsed() >= spec.timeout || recv_failed {
-            out.timed_out = !recv_failed;
-            for (c, running) in children.iter_mut() {
-                if *running {
-                    let _ = c.kill();
-                    let _ = c.wait();
-                }
-            }
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut out = watch(lab, spec, t0, &mut send, &mut recv);
     let run_s = t0.elapsed().as_secs_f64();
     out.forwarder_cpu = match (cpu0, lab.forwarder_cpu_s()) {
         (Some(a), Some(b)) => Some((b - a) / run_s),
@@ -614,6 +483,180 @@ pub fn run_stream(lab: &Lab, spec: &StreamSpec) -> Result<StreamOutcome, LabErro
     out.build_running |= build_running();
     out.load1 = load1();
     Ok(out)
+}
+
+/// The file one side's stderr goes to, `<log_prefix>.<side>.err`.
+fn err_file(spec: &StreamSpec, side: &str) -> Result<(PathBuf, File), LabError> {
+    let p = PathBuf::from(format!("{}.{side}.err", spec.log_prefix.display()));
+    let f = File::create(&p).map_err(|e| LabError::sys(format!("create {}", p.display()), e))?;
+    Ok((p, f))
+}
+
+/// Starts the receiver and waits until it listens, so the sender never meets a closed port.
+fn start_receiver(
+    lab: &Lab,
+    spec: &StreamSpec,
+    err: File,
+    err_path: &Path,
+) -> Result<Child, LabError> {
+    let mut rc = lab.command(&spec.receiver, "sh")?;
+    rc.args(["-c", &format!("exec {}", spec.recv_cmd)])
+        .stdin(Stdio::null())
+        .stdout(if spec.sink {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stderr(err);
+    let mut recv = rc
+        .spawn()
+        .map_err(|e| LabError::sys(format!("start {:?}", spec.recv_cmd), e))?;
+    if !wait_listening(lab, &spec.receiver, spec.port, Duration::from_secs(10)) {
+        let _ = recv.kill();
+        let _ = recv.wait();
+        return Err(LabError::Measure(format!(
+            "the receiver does not listen on port {} ({:?}): {}",
+            spec.port,
+            spec.recv_cmd,
+            tail(err_path, 5)
+        )));
+    }
+    Ok(recv)
+}
+
+/// The feeder: the pattern into the sender's stdin until `limit` bytes or `max_s` seconds;
+/// closing stdin then ends the sender's input. Returns the bytes written and when it stopped.
+fn feed(
+    mut stdin: ChildStdin,
+    seed: u64,
+    limit: Option<u64>,
+    max_s: Option<f64>,
+    t0: Instant,
+) -> (u64, f64) {
+    pin_off_forwarder();
+    let mut p = Pattern::new(seed);
+    let mut buf = vec![0u8; 256 << 10];
+    let mut sent = 0u64;
+    loop {
+        let n = limit.map_or(buf.len() as u64, |l| (l - sent).min(buf.len() as u64));
+        if n == 0 || max_s.is_some_and(|m| t0.elapsed().as_secs_f64() >= m) {
+            break;
+        }
+        p.fill(&mut buf[..n as usize]);
+        if stdin.write_all(&buf[..n as usize]).is_err() {
+            break;
+        }
+        sent += n;
+    }
+    drop(stdin);
+    (sent, t0.elapsed().as_secs_f64())
+}
+
+/// The sink: the receiver's stdout, checked against the pattern and counted in [`BIN_S`] bins.
+fn check_sink(mut out: ChildStdout, seed: u64, t0: Instant) -> SinkReport {
+    pin_off_forwarder();
+    let mut p = Pattern::new(seed);
+    let mut buf = vec![0u8; 256 << 10];
+    let mut r = SinkReport {
+        verified: true,
+        ..Default::default()
+    };
+    loop {
+        let n = match out.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        };
+        let t = t0.elapsed().as_secs_f64();
+        r.first_s.get_or_insert(t);
+        r.last_s = Some(t);
+        r.bytes += n as u64;
+        if r.verified && !p.matches(&buf[..n]) {
+            r.verified = false;
+        }
+        let bin = (t / BIN_S) as usize;
+        if r.bins.len() <= bin {
+            r.bins.resize(bin + 1, 0);
+        }
+        r.bins[bin] += n as u64;
+    }
+    r
+}
+
+/// Polls both sides every 20 ms until both exit, the timeout, or a failed receiver the sender
+/// outlives by 5 s; samples the watched links every 100 ms meanwhile.
+fn watch(
+    lab: &Lab,
+    spec: &StreamSpec,
+    t0: Instant,
+    send: &mut Child,
+    recv: &mut Child,
+) -> StreamOutcome {
+    let mut out = StreamOutcome::default();
+    let mut last_sample = None::<Instant>;
+    let mut children: [(&mut Child, bool); 2] = [(send, true), (recv, true)];
+    loop {
+        for (i, (c, running)) in children.iter_mut().enumerate() {
+            if *running {
+                if let Ok(Some(st)) = c.try_wait() {
+                    *running = false;
+                    let t = Some(t0.elapsed().as_secs_f64());
+                    if i == 0 {
+                        out.send_code = Some(code(st));
+                        out.send_s = t;
+                    } else {
+                        out.recv_code = Some(code(st));
+                        out.recv_s = t;
+                    }
+                }
+            }
+        }
+        if last_sample.is_none_or(|s| s.elapsed() >= Duration::from_millis(100)) {
+            last_sample = Some(Instant::now());
+            out.links.push(sample_links(lab, &spec.watch_links, t0));
+            // Checked once a second: a compiler on the machine explains a slow run.
+            if out.links.len() % 10 == 1 && !out.build_running {
+                out.build_running = build_running();
+            }
+        }
+        if children.iter().all(|(_, r)| !r) {
+            break;
+        }
+        // A receiver that fails while the sender waits: give the sender a few seconds.
+        let recv_failed = out.recv_code.is_some_and(|c| c != 0)
+            && out
+                .recv_s
+                .is_some_and(|s| t0.elapsed().as_secs_f64() > s + 5.0);
+        if t0.elapsed() >= spec.timeout || recv_failed {
+            out.timed_out = !recv_failed;
+            for (c, running) in children.iter_mut() {
+                if *running {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+            }
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    out
+}
+
+/// The forwarder's current counters of `links`.
+fn sample_links(lab: &Lab, links: &[usize], t0: Instant) -> LinkSample {
+    let st = lab.stats();
+    LinkSample {
+        t_s: t0.elapsed().as_secs_f64(),
+        bytes_out: links
+            .iter()
+            .map(|&l| st.links.get(l).map_or(0, |s| s.bytes_out))
+            .collect(),
+        rate_bps: links
+            .iter()
+            .map(|&l| st.links.get(l).map_or(0.0, |s| s.rate_bps))
+            .collect(),
+    }
 }
 
 /// The links from `sender` to each address in `addrs` (its routes; see [`Layout::route`]).
