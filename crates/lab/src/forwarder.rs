@@ -219,149 +219,212 @@ const READ_BATCH: usize = 64;
 
 /// Runs the forwarding loop until `control.stop` is set.
 pub fn run_loop(layout: &Layout, tuns: &[OwnedFd], control: &Control) -> Result<(), LabError> {
+    // SAFETY: gettid has no arguments and cannot fail.
     *control.tid.lock().expect("tid lock") = unsafe { libc::gettid() };
-    // SAFETY: plain syscalls; returned fds are owned below.
-    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-    if ep < 0 {
-        return Err(LabError::sys("epoll_create1", io::Error::last_os_error()));
-    }
-    // SAFETY: fresh fd.
-    let ep = unsafe { OwnedFd::from_raw_fd(ep) };
-    // SAFETY: plain syscall.
-    let tfd = unsafe {
-        libc::timerfd_create(
-            libc::CLOCK_MONOTONIC,
-            libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
-        )
-    };
-    if tfd < 0 {
-        return Err(LabError::sys("timerfd_create", io::Error::last_os_error()));
-    }
-    // SAFETY: fresh fd.
-    let tfd = unsafe { OwnedFd::from_raw_fd(tfd) };
-    for (i, t) in tuns.iter().enumerate() {
-        epoll_add(ep.as_raw_fd(), t.as_raw_fd(), i as u64)?;
-    }
-    epoll_add(ep.as_raw_fd(), tfd.as_raw_fd(), TOKEN_TIMER)?;
-    epoll_add(ep.as_raw_fd(), control.wake.as_raw_fd(), TOKEN_WAKE)?;
-
-    let mut emu = Emulator::new(layout, mono_ns());
-    let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 64];
-    let mut armed: u64 = 0;
-    let mut woke_at = mono_ns();
-    let mut last_publish = 0u64;
-    let mut scratch = [0u8; 16];
-    let fds: Vec<RawFd> = tuns.iter().map(|t| t.as_raw_fd()).collect();
+    let mut fwd = Forwarder::new(layout, tuns, control)?;
     while !control.stop.load(Ordering::Relaxed) {
         if control.restart_clock.swap(false, Ordering::Relaxed) {
-            emu.start_clock(mono_ns());
+            fwd.emu.start_clock(mono_ns());
         }
+        let Some(deadline) = fwd.due() else {
+            continue;
+        };
+        fwd.arm(deadline);
+        let Some(n) = fwd.wait()? else {
+            continue;
+        };
+        for i in 0..n {
+            let token = fwd.events[i].u64;
+            fwd.handle(token);
+        }
+    }
+    *control.stats.lock().expect("stats lock") = fwd.emu.stats().clone();
+    Ok(())
+}
+
+/// The forwarding loop's state: the emulator between the TUNs, the epoll set and the timer.
+struct Forwarder<'a> {
+    emu: Emulator,
+    control: &'a Control,
+    /// The TUN of host `i` is `fds[i]` (and epoll token `i`).
+    fds: Vec<RawFd>,
+    ep: OwnedFd,
+    tfd: OwnedFd,
+    events: Vec<libc::epoll_event>,
+    /// The timer's expiry (monotonic ns), 0 when it is not armed.
+    armed: u64,
+    /// When the loop last woke from epoll, to account how long it stays busy.
+    woke_at: u64,
+    last_publish: u64,
+}
+
+impl<'a> Forwarder<'a> {
+    /// Creates the epoll set (every TUN, the timer, the owner's wake-up eventfd) and the
+    /// emulator, whose scenario clock starts now.
+    fn new(layout: &Layout, tuns: &[OwnedFd], control: &'a Control) -> Result<Self, LabError> {
+        // SAFETY: plain syscall; the returned fd is owned below.
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if ep < 0 {
+            return Err(LabError::sys("epoll_create1", io::Error::last_os_error()));
+        }
+        // SAFETY: fresh fd.
+        let ep = unsafe { OwnedFd::from_raw_fd(ep) };
+        // SAFETY: plain syscall; the returned fd is owned below.
+        let tfd = unsafe {
+            libc::timerfd_create(
+                libc::CLOCK_MONOTONIC,
+                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+            )
+        };
+        if tfd < 0 {
+            return Err(LabError::sys("timerfd_create", io::Error::last_os_error()));
+        }
+        // SAFETY: fresh fd.
+        let tfd = unsafe { OwnedFd::from_raw_fd(tfd) };
+        for (i, t) in tuns.iter().enumerate() {
+            epoll_add(ep.as_raw_fd(), t.as_raw_fd(), i as u64)?;
+        }
+        epoll_add(ep.as_raw_fd(), tfd.as_raw_fd(), TOKEN_TIMER)?;
+        epoll_add(ep.as_raw_fd(), control.wake.as_raw_fd(), TOKEN_WAKE)?;
+        Ok(Forwarder {
+            emu: Emulator::new(layout, mono_ns()),
+            control,
+            fds: tuns.iter().map(|t| t.as_raw_fd()).collect(),
+            ep,
+            tfd,
+            events: vec![libc::epoll_event { events: 0, u64: 0 }; 64],
+            armed: 0,
+            woke_at: mono_ns(),
+            last_publish: 0,
+        })
+    }
+
+    /// Sends what is due (up to [`EARLY_NS`] ahead), publishes the counters every 200 ms, and
+    /// returns when to wake next; None when that is within [`EARLY_NS`] already.
+    fn due(&mut self) -> Option<u64> {
         let now = mono_ns();
-        emu.advance(now + EARLY_NS, |dst, pkt| {
+        let fds = &self.fds;
+        self.emu.advance(now + EARLY_NS, |dst, pkt| {
             // SAFETY: writes a valid buffer to a TUN fd we own.
             let n = unsafe { libc::write(fds[dst], pkt.as_ptr().cast(), pkt.len()) };
             n == pkt.len() as isize
         });
-        if now - last_publish > 200_000_000 {
-            last_publish = now;
-            *control.stats.lock().expect("stats lock") = emu.stats().clone();
+        if now - self.last_publish > 200_000_000 {
+            self.last_publish = now;
+            *self.control.stats.lock().expect("stats lock") = self.emu.stats().clone();
         }
         // Sleep until the next due event, but at most 100 ms so flags are seen.
-        let deadline = emu
+        let deadline = self
+            .emu
             .next_deadline()
             .unwrap_or(u64::MAX)
             .min(now + 100_000_000);
-        let now = mono_ns();
-        if deadline <= now + EARLY_NS {
-            continue;
-        }
+        (deadline > mono_ns() + EARLY_NS).then_some(deadline)
+    }
+
+    /// Makes the timer fire by `deadline`.
+    fn arm(&mut self, deadline: u64) {
         // Re-arming a timer costs a VM exit here (a third of the forwarder's CPU when done per
         // packet): keep an earlier timer armed and let it fire, re-arm only to wake sooner.
-        if armed == 0 || deadline < armed {
-            let spec = libc::itimerspec {
-                it_interval: libc::timespec {
-                    tv_sec: 0,
-                    tv_nsec: 0,
-                },
-                it_value: libc::timespec {
-                    tv_sec: (deadline / 1_000_000_000) as libc::time_t,
-                    tv_nsec: (deadline % 1_000_000_000) as libc::c_long,
-                },
-            };
-            // SAFETY: valid timerfd and spec.
-            unsafe {
-                libc::timerfd_settime(
-                    tfd.as_raw_fd(),
-                    libc::TFD_TIMER_ABSTIME,
-                    &spec,
-                    std::ptr::null_mut(),
-                )
-            };
-            armed = deadline;
+        if self.armed != 0 && deadline >= self.armed {
+            return;
         }
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: (deadline / 1_000_000_000) as libc::time_t,
+                tv_nsec: (deadline % 1_000_000_000) as libc::c_long,
+            },
+        };
+        // SAFETY: valid timerfd and spec.
+        unsafe {
+            libc::timerfd_settime(
+                self.tfd.as_raw_fd(),
+                libc::TFD_TIMER_ABSTIME,
+                &spec,
+                std::ptr::null_mut(),
+            )
+        };
+        self.armed = deadline;
+    }
+
+    /// Sleeps in epoll (at most 100 ms); returns how many events are ready (None: interrupted
+    /// by a signal). Records the longest busy spell and the worst oversleep past the timer.
+    fn wait(&mut self) -> Result<Option<usize>, LabError> {
         let slept_at = mono_ns();
-        let busy = slept_at - woke_at;
-        if busy > emu.stats().max_busy_ns {
-            emu.stats_mut().max_busy_ns = busy;
+        let busy = slept_at - self.woke_at;
+        if busy > self.emu.stats().max_busy_ns {
+            self.emu.stats_mut().max_busy_ns = busy;
         }
         // SAFETY: valid epoll fd and event buffer.
         let n = unsafe {
             libc::epoll_wait(
-                ep.as_raw_fd(),
-                events.as_mut_ptr(),
-                events.len() as i32,
+                self.ep.as_raw_fd(),
+                self.events.as_mut_ptr(),
+                self.events.len() as i32,
                 100,
             )
         };
         if n < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
-                continue;
+                return Ok(None);
             }
             return Err(LabError::sys("epoll_wait", e));
         }
-        woke_at = mono_ns();
-        if armed != 0 && woke_at > armed + 1_000_000 {
-            let over = woke_at - armed;
-            if over > emu.stats().max_oversleep_ns {
-                emu.stats_mut().max_oversleep_ns = over;
+        self.woke_at = mono_ns();
+        if self.armed != 0 && self.woke_at > self.armed + 1_000_000 {
+            let over = self.woke_at - self.armed;
+            if over > self.emu.stats().max_oversleep_ns {
+                self.emu.stats_mut().max_oversleep_ns = over;
             }
         }
-        for ev in &events[..n as usize] {
-            match ev.u64 {
-                TOKEN_TIMER => {
-                    // SAFETY: drains the timerfd counter into a local buffer.
-                    unsafe { libc::read(tfd.as_raw_fd(), scratch.as_mut_ptr().cast(), 8) };
-                    armed = 0;
-                }
-                TOKEN_WAKE => {
-                    // SAFETY: drains the eventfd counter.
-                    unsafe { libc::read(control.wake.as_raw_fd(), scratch.as_mut_ptr().cast(), 8) };
-                }
-                host => {
-                    let host = host as usize;
-                    for _ in 0..READ_BATCH {
-                        let mut buf = emu.buffer();
-                        buf.clear();
-                        // SAFETY: reads at most capacity bytes into the vector's spare capacity;
-                        // only the bytes the kernel wrote are exposed below.
-                        let r = unsafe {
-                            libc::read(fds[host], buf.as_mut_ptr().cast(), buf.capacity())
-                        };
-                        if r <= 0 {
-                            emu.recycle(buf);
-                            break;
-                        }
-                        // SAFETY: the kernel initialised r <= capacity bytes.
-                        unsafe { buf.set_len(r as usize) };
-                        emu.ingress(mono_ns(), host, buf);
-                    }
-                }
+        Ok(Some(n as usize))
+    }
+
+    /// One ready event: the timer fired, the owner woke us, or a host's TUN has packets.
+    fn handle(&mut self, token: u64) {
+        let mut scratch = [0u8; 8];
+        match token {
+            TOKEN_TIMER => {
+                // SAFETY: drains the timerfd counter into a local buffer.
+                unsafe { libc::read(self.tfd.as_raw_fd(), scratch.as_mut_ptr().cast(), 8) };
+                self.armed = 0;
             }
+            TOKEN_WAKE => {
+                // SAFETY: drains the eventfd counter.
+                unsafe {
+                    libc::read(
+                        self.control.wake.as_raw_fd(),
+                        scratch.as_mut_ptr().cast(),
+                        8,
+                    )
+                };
+            }
+            host => self.read_tun(host as usize),
         }
     }
-    *control.stats.lock().expect("stats lock") = emu.stats().clone();
-    Ok(())
+
+    /// Takes up to [`READ_BATCH`] packets from one host's TUN into the emulator.
+    fn read_tun(&mut self, host: usize) {
+        for _ in 0..READ_BATCH {
+            let mut buf = self.emu.buffer();
+            buf.clear();
+            // SAFETY: reads at most capacity bytes into the vector's spare capacity; only the
+            // bytes the kernel wrote are exposed below.
+            let r = unsafe { libc::read(self.fds[host], buf.as_mut_ptr().cast(), buf.capacity()) };
+            if r <= 0 {
+                self.emu.recycle(buf);
+                break;
+            }
+            // SAFETY: the kernel initialised r <= capacity bytes.
+            unsafe { buf.set_len(r as usize) };
+            self.emu.ingress(mono_ns(), host, buf);
+        }
+    }
 }
 
 /// Starts the forwarder on its own thread: creates the TUNs (in the caller's process), pins the
