@@ -436,7 +436,7 @@ fn snmp_rcvbuf_errors(path: &str) -> Result<u64, LabError> {
 }
 
 /// A counter of /proc/net/snmp: the line after the header line of `proto` holds the values.
-fn snmp_counter(snmp: &str, proto: &str, name: &str) -> Option<u64> {
+pub(super) fn snmp_counter(snmp: &str, proto: &str, name: &str) -> Option<u64> {
     let mut lines = snmp.lines().filter(|l| l.starts_with(proto));
     let header = lines.next()?;
     let values = lines.next()?;

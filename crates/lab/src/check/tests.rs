@@ -1,3 +1,4 @@
+use super::measure::snmp_counter;
 use super::*;
 
 /// A 10 ms, 200 Mbit/s path whose RTT probes read 12 ms.
