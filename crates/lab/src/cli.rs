@@ -97,7 +97,8 @@ extern "C" fn on_interrupt(_: libc::c_int) {
 /// Catch Ctrl-C / SIGTERM so the lab is torn down before exiting (handlers reset on exec,
 /// so commands started later get the default behaviour).
 fn catch_interrupts() {
-    // SAFETY: the handler only stores to an atomic.
+    // SAFETY: the handler only stores to an atomic. Kept on libc: rustix installs no signal
+    // handlers outside its unstable runtime module.
     unsafe {
         libc::signal(
             libc::SIGINT,

@@ -52,8 +52,10 @@ fn valid_lab_name(n: &str) -> bool {
 }
 
 fn pid_alive(pid: i32) -> bool {
-    // SAFETY: signal 0 only checks existence.
-    pid > 0 && unsafe { libc::kill(pid, 0) } == 0
+    // Signal 0 only checks existence.
+    pid > 0
+        && rustix::process::Pid::from_raw(pid)
+            .is_some_and(|p| rustix::process::test_kill_process(p).is_ok())
 }
 
 /// Holds an exclusive flock on `/run/bclab/<lab>.lock` while a lab is built or removed.
@@ -70,11 +72,9 @@ impl SetupLock {
             .write(true)
             .open(&path)
             .map_err(|e| LabError::sys(format!("open {}", path.display()), e))?;
-        use std::os::fd::AsRawFd;
-        // SAFETY: flock on an fd we own; released when the file closes.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(LabError::sys("flock", std::io::Error::last_os_error()));
-        }
+        // Released when the file closes.
+        rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)
+            .map_err(|e| LabError::sys("flock", e.into()))?;
         Ok(SetupLock(f))
     }
 }
@@ -438,17 +438,12 @@ impl Lab {
                 // Keep the hosts' processes off the forwarder's core: this kernel does not
                 // preempt a process inside a long syscall, which delays the forwarder's wake-ups.
                 // The set is built here: only async-signal-safe calls may run after fork.
-                let n = std::thread::available_parallelism().map_or(1, |n| n.get());
-                // SAFETY: cpu_set_t is plain data; zeroed is its empty value.
-                let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-                for i in (0..n.min(libc::CPU_SETSIZE as usize)).filter(|&i| i != cpu) {
-                    // SAFETY: i < CPU_SETSIZE, set is a valid cpu_set_t.
-                    unsafe { libc::CPU_SET(i, &mut set) };
-                }
-                // SAFETY: sched_setaffinity is async-signal-safe and only affects the child.
+                let set = forwarder::cpus_except(cpu);
+                // SAFETY: sched_setaffinity is one system call (async-signal-safe, no
+                // allocation) and only affects the child.
                 unsafe {
                     c.pre_exec(move || {
-                        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+                        let _ = rustix::thread::sched_setaffinity(None, &set);
                         Ok(())
                     });
                 }
@@ -488,8 +483,7 @@ impl Lab {
             }
             // Only a detached forwarder takes SIGUSR1 (for any other owner it would be fatal).
             Forwarder::Daemon { pid } if is_forwarder(*pid) => {
-                // SAFETY: signal to our own forwarder daemon.
-                unsafe { libc::kill(*pid, libc::SIGUSR1) };
+                netns::signal(*pid, rustix::process::Signal::USR1);
             }
             Forwarder::Daemon { .. } => {}
         }
@@ -520,8 +514,7 @@ impl Lab {
         let rest = s.rsplit_once(')')?.1;
         let f: Vec<&str> = rest.split_whitespace().collect();
         let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
-        // SAFETY: plain getter.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        let hz = rustix::param::clock_ticks_per_second() as f64;
         Some(ticks / hz)
     }
 
@@ -600,15 +593,14 @@ fn is_forwarder(pid: i32) -> bool {
 }
 
 fn stop_pid(pid: i32) {
-    // SAFETY: signals to our own forwarder daemon (checked by the callers).
-    unsafe { libc::kill(pid, libc::SIGTERM) };
+    // Our own forwarder daemon (checked by the callers).
+    netns::signal(pid, rustix::process::Signal::TERM);
     let deadline = Instant::now() + Duration::from_secs(3);
     while pid_alive(pid) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
     if pid_alive(pid) {
-        // SAFETY: as above.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
+        netns::signal(pid, rustix::process::Signal::KILL);
     }
 }
 
@@ -626,7 +618,7 @@ fn spawn_daemon(exe: &Path, args: &[String], dir: &Path) -> Result<i32, LabError
     // SAFETY: setsid is async-signal-safe; it detaches the daemon from the terminal's Ctrl-C.
     unsafe {
         cmd.pre_exec(|| {
-            libc::setsid();
+            let _ = rustix::process::setsid();
             Ok(())
         });
     }
@@ -665,7 +657,8 @@ pub fn daemon_main(dir: &Path) -> Result<(), LabError> {
     extern "C" fn on_usr1(_: libc::c_int) {
         RESTART.store(true, Ordering::Relaxed);
     }
-    // SAFETY: the handlers only store to atomics (async-signal-safe).
+    // SAFETY: the handlers only store to atomics (async-signal-safe). Kept on libc: rustix
+    // installs no signal handlers outside its unstable runtime module.
     unsafe {
         libc::signal(libc::SIGTERM, on_stop as *const () as libc::sighandler_t);
         libc::signal(libc::SIGINT, on_stop as *const () as libc::sighandler_t);

@@ -4,6 +4,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use rustix::process::Signal;
+
 use crate::forwarder::{rps_mask, TUN_NAME};
 use crate::kernel;
 use crate::scenario::Layout;
@@ -80,8 +82,7 @@ fn ip_batch(ns: Option<&str>, script: &str) -> Result<(), LabError> {
 
 /// Checks that the lab can run here: root, `ip`, `/dev/net/tun`, and namespaces.
 pub fn preflight() -> Result<(), LabError> {
-    // SAFETY: plain getter.
-    if unsafe { libc::geteuid() } != 0 {
+    if !rustix::process::geteuid().is_root() {
         return Err(LabError::NotPermitted("not running as root".into()));
     }
     if !Path::new("/dev/net/tun").exists() {
@@ -121,16 +122,25 @@ pub fn kill_ns_processes(ns: &str) {
         return;
     }
     for &p in &first {
-        // SAFETY: signal to a process that lives in our own lab namespace.
-        unsafe { libc::kill(p, libc::SIGTERM) };
+        // A process that lives in our own lab namespace.
+        signal(p, Signal::TERM);
     }
     let deadline = Instant::now() + Duration::from_millis(500);
     while Instant::now() < deadline && !pids(ns).is_empty() {
         std::thread::sleep(Duration::from_millis(50));
     }
     for p in pids(ns) {
-        // SAFETY: as above.
-        unsafe { libc::kill(p, libc::SIGKILL) };
+        signal(p, Signal::KILL);
+    }
+}
+
+/// Sends `sig` to process `pid` (never to a group: `pid` <= 0 is ignored); a process that is
+/// already gone is no error here, the callers check what they need.
+pub fn signal(pid: i32, sig: Signal) {
+    if pid > 0 {
+        if let Some(p) = rustix::process::Pid::from_raw(pid) {
+            let _ = rustix::process::kill_process(p, sig);
+        }
     }
 }
 

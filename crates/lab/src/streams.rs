@@ -350,16 +350,8 @@ pub fn pin_off_forwarder() {
     let Some(cpu) = crate::forwarder::forwarder_cpu() else {
         return;
     };
-    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
-    // SAFETY: cpu_set_t is plain data; zeroed is its empty value; the calls affect only the
-    // calling thread.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        for i in (0..n.min(libc::CPU_SETSIZE as usize)).filter(|&i| i != cpu) {
-            libc::CPU_SET(i, &mut set);
-        }
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
+    // Best effort, as for the hosts' processes: unpinned, the thread still works.
+    let _ = rustix::thread::sched_setaffinity(None, &crate::forwarder::cpus_except(cpu));
 }
 
 /// Is a compiler running on this machine (it competes with the lab for the CPUs)?

@@ -414,18 +414,9 @@ fn udp_burstless(
 }
 
 /// Asks for a receive buffer of `bytes` (the kernel caps it at net.core.rmem_max).
-fn set_rcvbuf(sock: &UdpSocket, bytes: libc::c_int) {
-    use std::os::fd::AsRawFd;
-    // SAFETY: a valid socket fd and a c_int option value of the given size.
-    unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUF,
-            (&bytes as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        );
-    }
+fn set_rcvbuf(sock: &UdpSocket, bytes: usize) {
+    // Best effort: the drops of a smaller buffer are counted apart (RcvbufErrors).
+    let _ = rustix::net::sockopt::set_socket_recv_buffer_size(sock, bytes);
 }
 
 /// UDP datagrams dropped by full receive buffers, from an snmp file of /proc.
