@@ -38,7 +38,7 @@ pub struct Layout {
     /// Ideal per-receiver rate in bit/s (None: unbounded).
     pub ideal_bps: Option<f64>,
     /// Traffic between sites crosses one kernel bridge, shaped by htb and dropped by nft,
-    /// instead of the forwarder ([`Shaping`]).
+    /// instead of the forwarder ([`Shaping`](super::Shaping)).
     #[serde(default)]
     pub kernel_shaping: bool,
 }
