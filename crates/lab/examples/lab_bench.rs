@@ -113,19 +113,19 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     print!("{}", render(&lab, size, &results));
     if let Some(path) = &a.json {
-        let plan = lab.plan();
-        let hosts: Vec<_> = plan
+        let layout = lab.layout();
+        let hosts: Vec<_> = layout
             .hosts
             .iter()
-            .map(|h| serde_json::json!({"name": h.name, "site": plan.sites[h.site]}))
+            .map(|h| serde_json::json!({"name": h.name, "site": layout.sites[h.site]}))
             .collect();
         let doc = serde_json::json!({
-            "scenario": plan.name,
+            "scenario": layout.name,
             "size": size,
-            "source": plan.hosts[plan.source].name,
-            "sites": plan.sites,
+            "source": layout.hosts[layout.source].name,
+            "sites": layout.sites,
             "hosts": hosts,
-            "ideal_bps": plan.ideal_bps,
+            "ideal_bps": layout.ideal_bps,
             "results": results,
         });
         std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")?;

@@ -45,14 +45,14 @@ fn main() {
 }
 
 fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
-    let plan = Scenario::load(&a.scenario)?.plan()?;
-    let mut emu = Emulator::new(&plan, 0);
+    let layout = Scenario::load(&a.scenario)?.resolve()?;
+    let mut emu = Emulator::new(&layout, 0);
     // Site x -> site y now, bytes per second.
     let link = |emu: &Emulator, x: usize, y: usize| {
-        plan.site_links[x][y].map_or(0.0, |l| emu.link_rate(l).map_or(UNLIMITED, |r| r / 8.0))
+        layout.site_links[x][y].map_or(0.0, |l| emu.link_rate(l).map_or(UNLIMITED, |r| r / 8.0))
     };
-    let rates = |emu: &Emulator| cluster_topology(&plan, |x, y| link(emu, x, y)).1.wan;
-    let (order, topo) = cluster_topology(&plan, |x, y| link(&emu, x, y));
+    let rates = |emu: &Emulator| cluster_topology(&layout, |x, y| link(emu, x, y)).1.wan;
+    let (order, topo) = cluster_topology(&layout, |x, y| link(&emu, x, y));
     let wan0 = topo.wan.clone();
     // Replay the schedule: every deadline with no packets in flight is a condition change.
     let horizon = a.horizon_s * 1_000_000_000;
@@ -104,9 +104,9 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
             let mut links = serde_json::Map::new();
             for (i, &x) in order.iter().enumerate() {
                 for (j, &y) in order.iter().enumerate() {
-                    if x != y && plan.site_links[x][y].is_some() {
+                    if x != y && layout.site_links[x][y].is_some() {
                         links.insert(
-                            format!("{}->{}", plan.sites[x], plan.sites[y]),
+                            format!("{}->{}", layout.sites[x], layout.sites[y]),
                             serde_json::json!(round(mbps(wan[i][j]))),
                         );
                     }
@@ -120,8 +120,8 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         })
         .collect();
     let doc = serde_json::json!({
-        "scenario": plan.name,
-        "clusters": order.iter().zip(&topo.clusters).map(|(&s, &n)| serde_json::json!({"site": plan.sites[s], "hosts": n})).collect::<Vec<_>>(),
+        "scenario": layout.name,
+        "clusters": order.iter().zip(&topo.clusters).map(|(&s, &n)| serde_json::json!({"site": layout.sites[s], "hosts": n})).collect::<Vec<_>>(),
         "size": a.size,
         "static": schedule.len() == 1,
         "initial_bound_mbps": round(mbps(initial)),

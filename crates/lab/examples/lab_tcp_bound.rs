@@ -53,12 +53,12 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         ..MeshOptions::default()
     };
     let report = tcp_mesh(&lab, &opts);
-    let plan = lab.plan().clone();
+    let layout = lab.layout().clone();
     lab.down()?;
     let report = report?;
-    let bound = report.bound(&plan) * 8.0 / 1e6;
+    let bound = report.bound(&layout) * 8.0 / 1e6;
     let doc = serde_json::json!({
-        "scenario": plan.name,
+        "scenario": layout.name,
         "cc": a.cc,
         "secs": a.secs,
         "tcp_bound_mbps": (bound * 1000.0).round() / 1000.0,

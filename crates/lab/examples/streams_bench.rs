@@ -424,8 +424,8 @@ fn channel_setup(lab: &Lab) -> Result<Channels, Box<dyn std::error::Error>> {
     if addrs.is_empty() {
         return Err(format!("{} has no channels", lab.name()).into());
     }
-    let routes = routes(lab.plan(), &src, &addrs)?;
-    let watch = bottlenecks(lab.plan(), &routes);
+    let routes = routes(lab.layout(), &src, &addrs)?;
+    let watch = bottlenecks(lab.layout(), &routes);
     Ok(Channels {
         receiver,
         addrs,
@@ -453,10 +453,10 @@ fn run_static(
             routes: rts,
             watch,
         } = channel_setup(&lab)?;
-        let cap = capacity_at(lab.plan(), &rts, 0.0).ok_or("a channel is unlimited")? / 1e6;
+        let cap = capacity_at(lab.layout(), &rts, 0.0).ok_or("a channel is unlimited")? / 1e6;
         let chans: Vec<String> = watch
             .iter()
-            .map(|&l| format!("{}", lab.plan().links[l].rate_bps.unwrap_or(0.0) / 1e6))
+            .map(|&l| format!("{}", lab.layout().links[l].rate_bps.unwrap_or(0.0) / 1e6))
             .collect();
         let counts = match counts {
             Some(c) => parse_counts(c)?,
@@ -636,8 +636,8 @@ fn run_dynamic(
             .or(streams.last())
             .cloned()
             .unwrap_or("auto".into());
-        let steps = capacity_steps(lab.plan(), &rts, secs);
-        let cap0 = capacity_at(lab.plan(), &rts, 0.0).ok_or("a channel is unlimited")? / 1e6;
+        let steps = capacity_steps(lab.layout(), &rts, secs);
+        let cap0 = capacity_at(lab.layout(), &rts, 0.0).ok_or("a channel is unlimited")? / 1e6;
         ctx.print(&format!(
             "\nseed 002 dynamic, {}: {} connections, {secs} s of input; capacity {cap0} Mbit/s, \
              then {}\n",
@@ -683,7 +683,7 @@ fn run_dynamic(
             let bins_end = ((t_end / BIN_S).round() as usize).min(sink.bins.len());
             let delivered: u64 = sink.bins[..bins_end].iter().sum();
             let cap_integral: f64 = (0..t_end as usize)
-                .map(|k| capacity_at(lab.plan(), &rts, k as f64 + 0.5).unwrap_or(0.0))
+                .map(|k| capacity_at(lab.layout(), &rts, k as f64 + 0.5).unwrap_or(0.0))
                 .sum();
             let fraction = delivered as f64 * 8.0 / cap_integral;
             // Re-convergence on the IP rate the channels carried (1 s windows: how fast the
@@ -725,7 +725,7 @@ fn run_dynamic(
                 let _ = write!(
                     csv,
                     ",ch{i}_{}_ip_mbps",
-                    lab.plan().links[l].name.replace(',', "_")
+                    lab.layout().links[l].name.replace(',', "_")
                 );
             }
             csv.push_str(",stats_total_mbps");
@@ -735,7 +735,7 @@ fn run_dynamic(
             csv.push('\n');
             let mut series = Vec::new();
             for k in 0..seconds {
-                let c = capacity_at(lab.plan(), &rts, k as f64 + 0.5).unwrap_or(0.0) / 1e6;
+                let c = capacity_at(lab.layout(), &rts, k as f64 + 0.5).unwrap_or(0.0) / 1e6;
                 let d: u64 = sink.bins[k * per_s..((k + 1) * per_s).min(sink.bins.len())]
                     .iter()
                     .sum();
@@ -811,7 +811,7 @@ fn run_dynamic(
                         ((w[1] / BIN_S) as usize).min(sink.bins.len()),
                     );
                     let d: u64 = sink.bins.get(a..b).map_or(0, |x| x.iter().sum());
-                    let c = capacity_at(lab.plan(), &rts, w[0] + 0.5).unwrap_or(0.0) / 1e6;
+                    let c = capacity_at(lab.layout(), &rts, w[0] + 0.5).unwrap_or(0.0) / 1e6;
                     format!("{:.1}/{c}", d as f64 * 8.0 / (w[1] - w[0]) / 1e6)
                 })
                 .collect();
@@ -880,8 +880,8 @@ fn run_wan(
             .find(|h| *h != src)
             .ok_or("no receiver")?;
         let raddr = lab.addr(&receiver)?;
-        let rts = routes(lab.plan(), &src, &[raddr])?;
-        let watch = bottlenecks(lab.plan(), &rts);
+        let rts = routes(lab.layout(), &src, &[raddr])?;
+        let watch = bottlenecks(lab.layout(), &rts);
         for (mi, m) in methods.iter().enumerate() {
             let tag = format!("wan-loss{loss}-{m}");
             let (rate, note, rec) = if let Some(rest) = m.strip_prefix("pipe") {

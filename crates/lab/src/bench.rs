@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::lab::Lab;
+use crate::scenario::Layout;
 use crate::LabError;
 
 /// A file of methods.
@@ -207,12 +208,12 @@ fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> usize {
 const SERIES_STEP: Duration = Duration::from_millis(200);
 
 /// Every WAN link as ("FROM>TO", link index).
-fn wan_links(plan: &crate::scenario::Plan) -> Vec<(String, usize)> {
+fn wan_links(layout: &Layout) -> Vec<(String, usize)> {
     let mut v = Vec::new();
-    for (x, row) in plan.site_links.iter().enumerate() {
+    for (x, row) in layout.site_links.iter().enumerate() {
         for (y, l) in row.iter().enumerate() {
             if let Some(l) = l {
-                v.push((format!("{}>{}", plan.sites[x], plan.sites[y]), *l));
+                v.push((format!("{}>{}", layout.sites[x], layout.sites[y]), *l));
             }
         }
     }
@@ -247,6 +248,72 @@ pub fn run_method(
     opts: &BenchOptions,
     port: u16,
 ) -> Result<BenchResult, LabError> {
+    check_needs(m)?;
+    let run = MethodRun::prepare(lab, m, opts, port)?;
+    let drops0: u64 = lab.tx_dropped()?.iter().map(|(_, d)| d).sum();
+    let stats0 = lab.stats();
+    let (cpu0, late0) = (lab.forwarder_cpu_s(), stats0.late_events);
+    let probe = crate::check::HostProbeRun::start();
+    let (mut rx, mut source, t0) = run.start()?;
+    let mut series = WanSeries::new(lab.layout(), stats0);
+    let mut w = run.watch(&mut rx, &mut source, t0, opts.timeout, &mut series);
+    let run_s = t0.elapsed().as_secs_f64();
+    if !w.source_done && m.wait_source_ms > 0 && w.failed.is_none() {
+        wait_exit(&mut source, Duration::from_millis(m.wait_source_ms));
+    }
+    let forwarder_cpu = match (cpu0, lab.forwarder_cpu_s()) {
+        (Some(a), Some(b)) => Some((b - a) / run_s),
+        _ => None,
+    };
+    let host = probe.finish();
+    // Counters are published every `SERIES_STEP`: wait for the last ones.
+    std::thread::sleep(SERIES_STEP + Duration::from_millis(50));
+    let stats1 = lab.stats();
+    let late_events = stats1.late_events - late0;
+    series.sample(t0.elapsed().as_secs_f64(), &stats1);
+    let _ = std::fs::write(run.raw_dir.join("wan_links.csv"), &series.csv);
+    let wan_bytes_in = series.bytes_in(lab.layout(), &stats1);
+    if w.failed.is_none() && w.done.iter().any(Option::is_none) {
+        w.failed = Some(format!("timed out after {} s", opts.timeout.as_secs()));
+    }
+    // Stop whatever is left (servers, stuck receivers) in every host.
+    let _ = source.kill();
+    let _ = source.wait();
+    for c in &mut rx {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    lab.kill_processes();
+    let verified = (m.verify && w.failed.is_none()).then(|| {
+        run.receivers
+            .iter()
+            .all(|r| same_file(&opts.object, &run.out_dir.join(r)))
+    });
+    let _ = std::fs::remove_dir_all(&run.out_dir);
+    let drops1: u64 = lab.tx_dropped()?.iter().map(|(_, d)| d).sum();
+    let last_s = if w.failed.is_none() {
+        w.done.iter().flatten().copied().reduce(f64::max)
+    } else {
+        None
+    };
+    Ok(BenchResult {
+        method: m.name.clone(),
+        receivers: run.receivers.len(),
+        last_s,
+        per_receiver_s: w.done,
+        verified,
+        tx_dropped: drops1 - drops0,
+        forwarder_cpu,
+        late_events,
+        host,
+        host_stalled: host.is_some_and(|h| h.stalled()),
+        error: w.failed,
+        wan_bytes_in,
+    })
+}
+
+/// Fails when a program the method needs is not installed, before anything starts.
+fn check_needs(m: &Method) -> Result<(), LabError> {
     for prog in &m.needs {
         let found = std::process::Command::new("sh")
             .args(["-c", &format!("command -v {prog}")])
@@ -261,72 +328,202 @@ pub fn run_method(
             )));
         }
     }
-    let plan = lab.plan();
-    let src = lab.source().to_string();
-    let mut receivers: Vec<String> = lab.host_names().into_iter().filter(|h| *h != src).collect();
-    if m.first_receiver_only {
-        receivers.truncate(1);
-    }
-    let out_dir = opts.work_dir.join(&m.name);
-    let _ = std::fs::remove_dir_all(&out_dir);
-    std::fs::create_dir_all(&out_dir).map_err(|e| LabError::sys("create bench output dir", e))?;
-    let raw_dir = opts.raw_dir.join(&m.name);
-    let _ = std::fs::remove_dir_all(&raw_dir);
-    std::fs::create_dir_all(&raw_dir).map_err(|e| LabError::sys("create bench raw dir", e))?;
-    // Absolute: a method's commands may change directory before they use `{raw}` (aria2's
-    // source does), and a relative `--raw-dir` would then point elsewhere.
-    let raw_dir =
-        std::fs::canonicalize(&raw_dir).map_err(|e| LabError::sys("resolve bench raw dir", e))?;
-    let size = std::fs::metadata(&opts.object)
-        .map_err(|e| LabError::sys("stat object", e))?
-        .len();
-    let ip = |h: &str| lab.addr(h).map(|a| a.to_string());
-    let mut base: HashMap<&str, String> = HashMap::new();
-    base.insert("object", opts.object.display().to_string());
-    base.insert(
-        "object_dir",
-        opts.object
-            .parent()
-            .unwrap_or(Path::new("/"))
-            .display()
-            .to_string(),
-    );
-    base.insert(
-        "object_name",
-        opts.object
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-    );
-    base.insert("size", size.to_string());
-    base.insert("hosts_file", lab.hosts_file().display().to_string());
-    let list: Result<Vec<String>, LabError> = receivers
-        .iter()
-        .map(|r| Ok(format!("{}:{}", ip(r)?, plan.agent_port)))
-        .collect();
-    base.insert("hosts_list", list?.join(","));
-    base.insert("port", port.to_string());
-    base.insert("src_ip", ip(&src)?);
-    base.insert("first_ip", ip(&receivers[0])?);
-    base.insert("cc", opts.cc.clone());
-    base.insert("agent_port", plan.agent_port.to_string());
-    base.insert("raw", raw_dir.display().to_string());
+    Ok(())
+}
 
-    // Each command's standard error goes to `{raw}/<host>.stderr`: kept for diagnosis, and a
-    // file never fills up and blocks a long run's logging the way an unread pipe does.
-    let log_path = |host: &str| raw_dir.join(format!("{host}.stderr"));
-    let sh = |host: &str, cmd: &str| -> Result<Child, LabError> {
-        let log = std::fs::File::create(log_path(host))
+/// Waits up to `limit` for `child` to exit by itself.
+fn wait_exit(child: &mut Child, limit: Duration) {
+    let until = Instant::now() + limit;
+    while Instant::now() < until {
+        if let Ok(Some(_)) = child.try_wait() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Bytes over each WAN link since the start, sampled every `SERIES_STEP` (the forwarder's
+/// publication period) on the runner's clock, so that a link that idles shows up; written to
+/// the raw directory as `wan_links.csv`, with the final counters as the last row.
+struct WanSeries {
+    wan: Vec<(String, usize)>,
+    stats0: crate::EmuStats,
+    csv: String,
+}
+
+impl WanSeries {
+    fn new(layout: &Layout, stats0: crate::EmuStats) -> Self {
+        let wan = wan_links(layout);
+        let mut csv = String::from("t_s");
+        for (name, _) in &wan {
+            csv.push_str(&format!(",{name}"));
+        }
+        csv.push('\n');
+        WanSeries { wan, stats0, csv }
+    }
+
+    fn sample(&mut self, t: f64, stats: &crate::EmuStats) {
+        series_row(&mut self.csv, t, &self.wan, stats, &self.stats0);
+    }
+
+    /// Per site: bytes every WAN link into it carried since the start.
+    fn bytes_in(&self, layout: &Layout, stats: &crate::EmuStats) -> Vec<SiteBytes> {
+        (0..layout.sites.len())
+            .map(|y| SiteBytes {
+                site: layout.sites[y].clone(),
+                bytes: (0..layout.sites.len())
+                    .filter_map(|x| layout.site_links[x][y])
+                    .map(|l| link_delta(stats, &self.stats0, l))
+                    .sum(),
+            })
+            .collect()
+    }
+}
+
+/// How the processes of a run ended, as [`MethodRun::watch`] saw them.
+struct Watched {
+    /// Per receiver: seconds until it exited.
+    done: Vec<Option<f64>>,
+    /// The first failure (a process that exited with an error).
+    failed: Option<String>,
+    /// The source exited (or runs in the background and is not waited for).
+    source_done: bool,
+}
+
+/// One method's run on a lab: its hosts, directories and template variables.
+struct MethodRun<'a> {
+    lab: &'a Lab,
+    m: &'a Method,
+    src: String,
+    receivers: Vec<String>,
+    /// Where receivers write their copies (removed after the run).
+    out_dir: PathBuf,
+    /// The method's `{raw}` directory, absolute (kept after the run).
+    raw_dir: PathBuf,
+    /// Template variables common to every host.
+    base: HashMap<&'static str, String>,
+}
+
+impl<'a> MethodRun<'a> {
+    /// Picks the receivers, makes fresh output and raw directories and the common variables.
+    fn prepare(
+        lab: &'a Lab,
+        m: &'a Method,
+        opts: &BenchOptions,
+        port: u16,
+    ) -> Result<Self, LabError> {
+        let src = lab.source().to_string();
+        let mut receivers: Vec<String> =
+            lab.host_names().into_iter().filter(|h| *h != src).collect();
+        if m.first_receiver_only {
+            receivers.truncate(1);
+        }
+        let out_dir = opts.work_dir.join(&m.name);
+        let _ = std::fs::remove_dir_all(&out_dir);
+        std::fs::create_dir_all(&out_dir)
+            .map_err(|e| LabError::sys("create bench output dir", e))?;
+        let raw_dir = opts.raw_dir.join(&m.name);
+        let _ = std::fs::remove_dir_all(&raw_dir);
+        std::fs::create_dir_all(&raw_dir).map_err(|e| LabError::sys("create bench raw dir", e))?;
+        // Absolute: a method's commands may change directory before they use `{raw}` (aria2's
+        // source does), and a relative `--raw-dir` would then point elsewhere.
+        let raw_dir = std::fs::canonicalize(&raw_dir)
+            .map_err(|e| LabError::sys("resolve bench raw dir", e))?;
+        let mut run = MethodRun {
+            lab,
+            m,
+            src,
+            receivers,
+            out_dir,
+            raw_dir,
+            base: HashMap::new(),
+        };
+        run.base = run.base_vars(opts, port)?;
+        Ok(run)
+    }
+
+    fn ip(&self, h: &str) -> Result<String, LabError> {
+        self.lab.addr(h).map(|a| a.to_string())
+    }
+
+    /// The template variables every host's command sees.
+    fn base_vars(
+        &self,
+        opts: &BenchOptions,
+        port: u16,
+    ) -> Result<HashMap<&'static str, String>, LabError> {
+        let size = std::fs::metadata(&opts.object)
+            .map_err(|e| LabError::sys("stat object", e))?
+            .len();
+        let agent_port = self.lab.layout().agent_port;
+        let object = &opts.object;
+        let mut base: HashMap<&'static str, String> = HashMap::new();
+        base.insert("object", object.display().to_string());
+        let dir = object.parent().unwrap_or(Path::new("/"));
+        base.insert("object_dir", dir.display().to_string());
+        let name = object.file_name().map(|n| n.to_string_lossy().into_owned());
+        base.insert("object_name", name.unwrap_or_default());
+        base.insert("size", size.to_string());
+        base.insert("hosts_file", self.lab.hosts_file().display().to_string());
+        let list: Result<Vec<String>, LabError> = self
+            .receivers
+            .iter()
+            .map(|r| Ok(format!("{}:{}", self.ip(r)?, agent_port)))
+            .collect();
+        base.insert("hosts_list", list?.join(","));
+        base.insert("port", port.to_string());
+        base.insert("src_ip", self.ip(&self.src)?);
+        base.insert("first_ip", self.ip(&self.receivers[0])?);
+        base.insert("cc", opts.cc.clone());
+        base.insert("agent_port", agent_port.to_string());
+        base.insert("raw", self.raw_dir.display().to_string());
+        Ok(base)
+    }
+
+    /// Each command's standard error goes to `{raw}/<host>.stderr`: kept for diagnosis, and a
+    /// file never fills up and blocks a long run's logging the way an unread pipe does.
+    fn log_path(&self, host: &str) -> PathBuf {
+        self.raw_dir.join(format!("{host}.stderr"))
+    }
+
+    fn sh(&self, host: &str, cmd: &str) -> Result<Child, LabError> {
+        let log = std::fs::File::create(self.log_path(host))
             .map_err(|e| LabError::sys(format!("create the log of {host}"), e))?;
-        let mut c = lab.command(host, "sh")?;
+        let mut c = self.lab.command(host, "sh")?;
         c.args(["-c", cmd])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
         c.spawn()
             .map_err(|e| LabError::sys(format!("start {cmd:?} in {host}"), e))
-    };
-    let start_receivers = || -> Result<Vec<Child>, LabError> {
+    }
+
+    /// Starts both sides in the method's order, the start gap between them; the scenario
+    /// clock restarts when the second side starts, which is time zero of the run.
+    fn start(&self) -> Result<(Vec<Child>, Child, Instant), LabError> {
+        let gap = Duration::from_millis(self.m.start_gap_ms);
+        Ok(match self.m.order {
+            Order::ReceiversFirst => {
+                let rx = self.start_receivers()?;
+                std::thread::sleep(gap);
+                self.lab.start_clock();
+                let t0 = Instant::now();
+                (rx, self.start_source()?, t0)
+            }
+            Order::SourceFirst => {
+                let s = self.start_source()?;
+                std::thread::sleep(gap);
+                self.lab.start_clock();
+                let t0 = Instant::now();
+                (self.start_receivers()?, s, t0)
+            }
+        })
+    }
+
+    /// Starts every receiver's command (in scenario order, or reversed for a chain); returns
+    /// them in scenario order.
+    fn start_receivers(&self) -> Result<Vec<Child>, LabError> {
+        let (m, receivers) = (self.m, &self.receivers);
         let mut v = Vec::new();
         let mut order: Vec<usize> = (0..receivers.len()).collect();
         if m.reverse_start {
@@ -337,186 +534,90 @@ pub fn run_method(
             if !v.is_empty() && m.stagger_ms > 0 {
                 std::thread::sleep(Duration::from_millis(m.stagger_ms));
             }
-            let mut vars = base.clone();
-            vars.insert("ip", ip(r)?);
+            let mut vars = self.base.clone();
+            vars.insert("ip", self.ip(r)?);
             vars.insert("host", r.clone());
             vars.insert("index", (i + 1).to_string());
-            vars.insert("out", out_dir.join(r).display().to_string());
-            vars.insert(
-                "next_ip",
-                receivers
-                    .get(i + 1)
-                    .map(|n| ip(n))
-                    .transpose()?
-                    .unwrap_or_default(),
-            );
+            vars.insert("out", self.out_dir.join(r).display().to_string());
+            let next = receivers.get(i + 1).map(|n| self.ip(n)).transpose()?;
+            vars.insert("next_ip", next.unwrap_or_default());
             let t = match (&m.receiver_last, i + 1 == receivers.len()) {
                 (Some(last), true) => last,
                 _ => &m.receiver,
             };
-            v.push((i, sh(r, &render_template(t, &vars))?));
+            v.push((i, self.sh(r, &render_template(t, &vars))?));
         }
         v.sort_by_key(|(i, _)| *i);
         Ok(v.into_iter().map(|(_, c)| c).collect())
-    };
-    let start_source = || -> Result<Child, LabError> {
-        let mut vars = base.clone();
-        vars.insert("ip", ip(&src)?);
-        vars.insert("host", src.clone());
-        vars.insert("next_ip", ip(&receivers[0])?);
-        sh(&src, &render_template(&m.source, &vars))
-    };
-    let drops0: u64 = lab.tx_dropped()?.iter().map(|(_, d)| d).sum();
-    let stats0 = lab.stats();
-    let (cpu0, late0) = (lab.forwarder_cpu_s(), stats0.late_events);
-    let probe = crate::check::HostProbeRun::start();
-    let gap = Duration::from_millis(m.start_gap_ms);
-    let (mut rx, mut source, t0) = match m.order {
-        Order::ReceiversFirst => {
-            let rx = start_receivers()?;
-            std::thread::sleep(gap);
-            lab.start_clock();
-            let t0 = Instant::now();
-            (rx, start_source()?, t0)
-        }
-        Order::SourceFirst => {
-            let s = start_source()?;
-            std::thread::sleep(gap);
-            lab.start_clock();
-            let t0 = Instant::now();
-            (start_receivers()?, s, t0)
-        }
-    };
-    let mut done: Vec<Option<f64>> = vec![None; rx.len()];
-    let mut failed: Option<String> = None;
-    let mut source_done = m.source_background;
-    // Bytes over each WAN link since the start, sampled every `SERIES_STEP` (the forwarder's
-    // publication period) on the runner's clock, so that a link that idles shows up; written
-    // to the raw directory as `wan_links.csv`, with the final counters as the last row.
-    let wan = wan_links(plan);
-    let mut series = String::from("t_s");
-    for (name, _) in &wan {
-        series.push_str(&format!(",{name}"));
     }
-    series.push('\n');
-    let mut next_sample = Duration::ZERO;
-    while t0.elapsed() < opts.timeout {
-        if t0.elapsed() >= next_sample {
-            next_sample += SERIES_STEP;
-            let t = t0.elapsed().as_secs_f64();
-            series_row(&mut series, t, &wan, &lab.stats(), &stats0);
-        }
-        for (i, c) in rx.iter_mut().enumerate() {
-            if done[i].is_none() {
-                if let Ok(Some(st)) = c.try_wait() {
-                    done[i] = Some(t0.elapsed().as_secs_f64());
-                    if !st.success() && failed.is_none() {
-                        let e = log_tail(&log_path(&receivers[i]));
-                        failed = Some(format!("{} exited with {st}: {e}", receivers[i]));
+
+    fn start_source(&self) -> Result<Child, LabError> {
+        let mut vars = self.base.clone();
+        vars.insert("ip", self.ip(&self.src)?);
+        vars.insert("host", self.src.clone());
+        vars.insert("next_ip", self.ip(&self.receivers[0])?);
+        self.sh(&self.src, &render_template(&self.m.source, &vars))
+    }
+
+    /// Polls the processes every 10 ms until every receiver is done, one fails, or `timeout`;
+    /// samples the WAN links meanwhile.
+    fn watch(
+        &self,
+        rx: &mut [Child],
+        source: &mut Child,
+        t0: Instant,
+        timeout: Duration,
+        series: &mut WanSeries,
+    ) -> Watched {
+        let mut w = Watched {
+            done: vec![None; rx.len()],
+            failed: None,
+            source_done: self.m.source_background,
+        };
+        let mut next_sample = Duration::ZERO;
+        while t0.elapsed() < timeout {
+            if t0.elapsed() >= next_sample {
+                next_sample += SERIES_STEP;
+                series.sample(t0.elapsed().as_secs_f64(), &self.lab.stats());
+            }
+            for (i, c) in rx.iter_mut().enumerate() {
+                if w.done[i].is_none() {
+                    if let Ok(Some(st)) = c.try_wait() {
+                        w.done[i] = Some(t0.elapsed().as_secs_f64());
+                        if !st.success() && w.failed.is_none() {
+                            let e = log_tail(&self.log_path(&self.receivers[i]));
+                            w.failed = Some(format!("{} exited with {st}: {e}", self.receivers[i]));
+                        }
                     }
                 }
             }
-        }
-        if !source_done {
-            if let Ok(Some(st)) = source.try_wait() {
-                source_done = true;
-                if !st.success() && failed.is_none() {
-                    failed = Some(format!(
-                        "source exited with {st}: {}",
-                        log_tail(&log_path(&src))
-                    ));
+            if !w.source_done {
+                if let Ok(Some(st)) = source.try_wait() {
+                    w.source_done = true;
+                    if !st.success() && w.failed.is_none() {
+                        let e = log_tail(&self.log_path(&self.src));
+                        w.failed = Some(format!("source exited with {st}: {e}"));
+                    }
                 }
             }
-        }
-        if done.iter().all(Option::is_some) || failed.is_some() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let run_s = t0.elapsed().as_secs_f64();
-    if !source_done && m.wait_source_ms > 0 && failed.is_none() {
-        let until = Instant::now() + Duration::from_millis(m.wait_source_ms);
-        while Instant::now() < until {
-            if let Ok(Some(_)) = source.try_wait() {
+            if w.done.iter().all(Option::is_some) || w.failed.is_some() {
                 break;
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+        w
     }
-    let forwarder_cpu = match (cpu0, lab.forwarder_cpu_s()) {
-        (Some(a), Some(b)) => Some((b - a) / run_s),
-        _ => None,
-    };
-    let host = probe.finish();
-    // Counters are published every `SERIES_STEP`: wait for the last ones.
-    std::thread::sleep(SERIES_STEP + Duration::from_millis(50));
-    let stats1 = lab.stats();
-    let late_events = stats1.late_events - late0;
-    series_row(
-        &mut series,
-        t0.elapsed().as_secs_f64(),
-        &wan,
-        &stats1,
-        &stats0,
-    );
-    let _ = std::fs::write(raw_dir.join("wan_links.csv"), series);
-    let wan_bytes_in = (0..plan.sites.len())
-        .map(|y| SiteBytes {
-            site: plan.sites[y].clone(),
-            bytes: (0..plan.sites.len())
-                .filter_map(|x| plan.site_links[x][y])
-                .map(|l| link_delta(&stats1, &stats0, l))
-                .sum(),
-        })
-        .collect();
-    if failed.is_none() && done.iter().any(Option::is_none) {
-        failed = Some(format!("timed out after {} s", opts.timeout.as_secs()));
-    }
-    // Stop whatever is left (servers, stuck receivers) in every host.
-    let _ = source.kill();
-    let _ = source.wait();
-    for c in &mut rx {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
-    lab.kill_processes();
-    let verified = (m.verify && failed.is_none()).then(|| {
-        receivers
-            .iter()
-            .all(|r| same_file(&opts.object, &out_dir.join(r)))
-    });
-    let _ = std::fs::remove_dir_all(&out_dir);
-    let drops1: u64 = lab.tx_dropped()?.iter().map(|(_, d)| d).sum();
-    let last_s = if failed.is_none() {
-        done.iter().flatten().copied().reduce(f64::max)
-    } else {
-        None
-    };
-    Ok(BenchResult {
-        method: m.name.clone(),
-        receivers: receivers.len(),
-        last_s,
-        per_receiver_s: done,
-        verified,
-        tx_dropped: drops1 - drops0,
-        forwarder_cpu,
-        late_events,
-        host,
-        host_stalled: host.is_some_and(|h| h.stalled()),
-        error: failed,
-        wan_bytes_in,
-    })
 }
 
 /// The table the bench prints.
 pub fn render(lab: &Lab, size: u64, results: &[BenchResult]) -> String {
-    let ideal = lab.plan().ideal_bps;
+    let ideal = lab.layout().ideal_bps;
     let mut s = String::new();
     let _ = writeln!(
         s,
         "scenario {} ({} receivers), object {:.1} MiB, ideal per-receiver rate {}",
-        lab.plan().name,
-        lab.plan().hosts.len() - 1,
+        lab.layout().name,
+        lab.layout().hosts.len() - 1,
         size as f64 / (1u64 << 20) as f64,
         ideal.map_or("unknown".into(), |i| format!("{:.1} Mbit/s", i / 1e6))
     );

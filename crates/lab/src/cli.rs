@@ -1,6 +1,6 @@
 //! The `bulkcast-lab` subcommands.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -97,7 +97,8 @@ extern "C" fn on_interrupt(_: libc::c_int) {
 /// Catch Ctrl-C / SIGTERM so the lab is torn down before exiting (handlers reset on exec,
 /// so commands started later get the default behaviour).
 fn catch_interrupts() {
-    // SAFETY: the handler only stores to an atomic.
+    // SAFETY: the handler only stores to an atomic. Kept on libc: rustix installs no signal
+    // handlers outside its unstable runtime module.
     unsafe {
         libc::signal(
             libc::SIGINT,
@@ -149,81 +150,13 @@ fn exit_code(st: std::process::ExitStatus) -> i32 {
 /// Runs a `lab` subcommand; returns the process exit code.
 pub fn run(cmd: LabCommand) -> Result<i32, LabError> {
     match cmd {
-        LabCommand::Up { scenario, name } => {
-            let sc = Scenario::load(&scenario)?;
-            let exe = std::env::current_exe().map_err(|e| LabError::sys("current_exe", e))?;
-            // Re-exec ourselves with the same leading arguments (none for `bulkcast-lab`), then the
-            // hidden subcommand.
-            let args: Vec<String> = std::env::args().skip(1).collect();
-            let pos = args.iter().position(|a| a == "up").unwrap_or(0);
-            let mut fwd_args: Vec<String> = args[..pos].to_vec();
-            fwd_args.push(FORWARDER_CMD.into());
-            let lab = Lab::up_detached(&sc, &LabOptions { name }, &exe, &fwd_args)?;
-            println!(
-                "lab {:?} is up: {} hosts",
-                lab.name(),
-                lab.plan().hosts.len()
-            );
-            for h in &lab.plan().hosts {
-                println!(
-                    "  {:<20} {:<16} site {}",
-                    h.name,
-                    h.addr,
-                    lab.plan().sites[h.site]
-                );
-            }
-            println!("hosts file: {}", lab.hosts_file().display());
-            Ok(0)
-        }
+        LabCommand::Up { scenario, name } => up(&scenario, name),
         LabCommand::Run {
             scenario,
             name,
             host,
             command,
-        } => {
-            catch_interrupts();
-            let sc = Scenario::load(&scenario)?;
-            let lab = Lab::up_with(&sc, &LabOptions { name })?;
-            let mut c = match &host {
-                Some(h) => lab.command(h, &command[0])?,
-                None => {
-                    let mut c = std::process::Command::new(&command[0]);
-                    c.env("BULKCAST_LAB", lab.name())
-                        .env("BULKCAST_LAB_HOSTS", lab.hosts_file())
-                        .env("BULKCAST_LAB_MATRIX", lab.matrix_file());
-                    c
-                }
-            };
-            c.args(&command[1..]);
-            lab.start_clock();
-            let mut child = c
-                .spawn()
-                .map_err(|e| LabError::sys(format!("run {}", command[0]), e))?;
-            let status = loop {
-                if let Some(st) = child.try_wait().map_err(|e| LabError::sys("wait", e))? {
-                    break exit_code(st);
-                }
-                if INTERRUPTED.load(Ordering::Relaxed) {
-                    // The terminal sent the command SIGINT too; give it a moment, then stop it.
-                    let t = Instant::now();
-                    while child.try_wait().ok().flatten().is_none()
-                        && t.elapsed() < Duration::from_secs(2)
-                    {
-                        std::thread::sleep(Duration::from_millis(50));
-                    }
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    break 130;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            };
-            let dropped: u64 = lab.tx_dropped()?.iter().map(|(_, d)| d).sum();
-            if dropped > 0 {
-                eprintln!("lab: WARNING: {dropped} packets dropped at TUN queues: the lab was overloaded, results are invalid");
-            }
-            lab.down()?;
-            Ok(status)
-        }
+        } => run_in_lab(&scenario, name, host.as_deref(), &command),
         LabCommand::Exec {
             name,
             host,
@@ -252,10 +185,6 @@ pub fn run(cmd: LabCommand) -> Result<i32, LabError> {
             max_paths,
             cc,
         } => {
-            catch_interrupts();
-            let sc = Scenario::load(&scenario)?;
-            let lab = Lab::up_with(&sc, &LabOptions { name })?;
-            interrupted()?;
             let opts = CheckOptions {
                 tcp_s: tcp_secs,
                 udp_packets,
@@ -263,16 +192,111 @@ pub fn run(cmd: LabCommand) -> Result<i32, LabError> {
                 ccs: cc,
                 ..Default::default()
             };
-            let report = check(&lab, &opts, |m| {
-                eprintln!("lab check: {m}");
-            })?;
-            print!("{}", report.render());
-            lab.down()?;
-            Ok(if report.failures().is_empty() { 0 } else { 1 })
+            check_lab(&scenario, name, &opts)
         }
         LabCommand::Forwarder { state_dir } => {
             daemon_main(&state_dir)?;
             Ok(0)
         }
     }
+}
+
+/// `lab up`: brings the lab up with its forwarder in a detached process, prints the hosts.
+fn up(scenario: &Path, name: Option<String>) -> Result<i32, LabError> {
+    let sc = Scenario::load(scenario)?;
+    let exe = std::env::current_exe().map_err(|e| LabError::sys("current_exe", e))?;
+    // Re-exec ourselves with the same leading arguments (none for `bulkcast-lab`), then the
+    // hidden subcommand.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let pos = args.iter().position(|a| a == "up").unwrap_or(0);
+    let mut fwd_args: Vec<String> = args[..pos].to_vec();
+    fwd_args.push(FORWARDER_CMD.into());
+    let lab = Lab::up_detached(&sc, &LabOptions { name }, &exe, &fwd_args)?;
+    println!(
+        "lab {:?} is up: {} hosts",
+        lab.name(),
+        lab.layout().hosts.len()
+    );
+    for h in &lab.layout().hosts {
+        println!(
+            "  {:<20} {:<16} site {}",
+            h.name,
+            h.addr,
+            lab.layout().sites[h.site]
+        );
+    }
+    println!("hosts file: {}", lab.hosts_file().display());
+    Ok(0)
+}
+
+/// `lab run`: brings a lab up, runs one command (in a host, or outside with the lab's
+/// variables), takes the lab down; the command's exit code is the result.
+fn run_in_lab(
+    scenario: &Path,
+    name: Option<String>,
+    host: Option<&str>,
+    command: &[String],
+) -> Result<i32, LabError> {
+    catch_interrupts();
+    let sc = Scenario::load(scenario)?;
+    let lab = Lab::up_with(&sc, &LabOptions { name })?;
+    let mut c = match host {
+        Some(h) => lab.command(h, &command[0])?,
+        None => {
+            let mut c = std::process::Command::new(&command[0]);
+            c.env("BULKCAST_LAB", lab.name())
+                .env("BULKCAST_LAB_HOSTS", lab.hosts_file())
+                .env("BULKCAST_LAB_MATRIX", lab.matrix_file());
+            c
+        }
+    };
+    c.args(&command[1..]);
+    lab.start_clock();
+    let mut child = c
+        .spawn()
+        .map_err(|e| LabError::sys(format!("run {}", command[0]), e))?;
+    let status = wait_interruptible(&mut child)?;
+    let dropped: u64 = lab.tx_dropped()?.iter().map(|(_, d)| d).sum();
+    if dropped > 0 {
+        eprintln!("lab: WARNING: {dropped} packets dropped at TUN queues: the lab was overloaded, results are invalid");
+    }
+    lab.down()?;
+    Ok(status)
+}
+
+/// Waits for `child`; on Ctrl-C stops it (after 2 s of grace) and returns 130, so the caller
+/// still takes the lab down.
+fn wait_interruptible(child: &mut std::process::Child) -> Result<i32, LabError> {
+    loop {
+        if let Some(st) = child.try_wait().map_err(|e| LabError::sys("wait", e))? {
+            return Ok(exit_code(st));
+        }
+        if INTERRUPTED.load(Ordering::Relaxed) {
+            // The terminal sent the command SIGINT too; give it a moment, then stop it.
+            let t = Instant::now();
+            while child.try_wait().ok().flatten().is_none() && t.elapsed() < Duration::from_secs(2)
+            {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            return Ok(130);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `lab check`: brings a lab up, measures it, prints the table; exit code 1 when a target
+/// was missed.
+fn check_lab(scenario: &Path, name: Option<String>, opts: &CheckOptions) -> Result<i32, LabError> {
+    catch_interrupts();
+    let sc = Scenario::load(scenario)?;
+    let lab = Lab::up_with(&sc, &LabOptions { name })?;
+    interrupted()?;
+    let report = check(&lab, opts, |m| {
+        eprintln!("lab check: {m}");
+    })?;
+    print!("{}", report.render());
+    lab.down()?;
+    Ok(if report.failures().is_empty() { 0 } else { 1 })
 }

@@ -13,7 +13,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use crate::scenario::Plan;
+use crate::scenario::Layout;
 
 /// Counters of one directed link.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -94,10 +94,10 @@ pub struct Emulator {
     pool: Vec<Vec<u8>>,
     routes: HashMap<(usize, u32), Route>,
     epoch: u64,
-    events: Vec<crate::scenario::PlanEvent>,
+    events: Vec<crate::scenario::LayoutEvent>,
     next_event: usize,
-    alternates: Vec<(crate::scenario::PlanAlternate, u64)>,
-    fluct: Option<(crate::scenario::PlanFluctuation, u64, SmallRng)>,
+    alternates: Vec<(crate::scenario::LayoutAlternate, u64)>,
+    fluct: Option<(crate::scenario::LayoutFluctuation, u64, SmallRng)>,
     seed: u64,
     stats: EmuStats,
 }
@@ -105,9 +105,9 @@ pub struct Emulator {
 const LATE_NS: u64 = 1_000_000;
 
 impl Emulator {
-    /// Builds the emulator for a plan; the scenario clock starts at `now` (ns).
-    pub fn new(plan: &Plan, now: u64) -> Self {
-        let links = plan
+    /// Builds the emulator for a layout; the scenario clock starts at `now` (ns).
+    pub fn new(layout: &Layout, now: u64) -> Self {
+        let links = layout
             .links
             .iter()
             .enumerate()
@@ -122,19 +122,19 @@ impl Emulator {
                 last_delivery: 0,
                 // One stream per link: a link's loss pattern does not depend on other traffic.
                 rng: SmallRng::seed_from_u64(
-                    plan.seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                    layout.seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
                 ),
             })
             .collect();
         let mut routes = HashMap::new();
-        let mut addrs: Vec<Ipv4Addr> = plan.hosts.iter().map(|h| h.addr).collect();
-        for c in &plan.channels {
+        let mut addrs: Vec<Ipv4Addr> = layout.hosts.iter().map(|h| h.addr).collect();
+        for c in &layout.channels {
             addrs.extend([c.a_addr, c.b_addr]);
         }
-        for a in 0..plan.hosts.len() {
+        for a in 0..layout.hosts.len() {
             for &d in &addrs {
-                if let Some(r) = plan.route(a, d) {
-                    let dst = plan
+                if let Some(r) = layout.route(a, d) {
+                    let dst = layout
                         .hosts
                         .iter()
                         .position(|h| h.downlink == r[2])
@@ -150,7 +150,7 @@ impl Emulator {
             }
         }
         let stats = EmuStats {
-            links: plan
+            links: layout
                 .links
                 .iter()
                 .map(|l| LinkStats {
@@ -163,7 +163,7 @@ impl Emulator {
         };
         let mut e = Emulator {
             links,
-            nominal: plan.links.iter().map(|l| (l.rate_bps, l.loss)).collect(),
+            nominal: layout.links.iter().map(|l| (l.rate_bps, l.loss)).collect(),
             heap: BinaryHeap::new(),
             seq: 0,
             slots: Vec::new(),
@@ -171,17 +171,17 @@ impl Emulator {
             pool: Vec::new(),
             routes,
             epoch: now,
-            events: plan.events.clone(),
+            events: layout.events.clone(),
             next_event: 0,
-            alternates: plan.alternates.iter().map(|a| (a.clone(), 0)).collect(),
+            alternates: layout.alternates.iter().map(|a| (a.clone(), 0)).collect(),
             fluct: None,
-            seed: plan.seed,
+            seed: layout.seed,
             stats,
         };
-        e.fluct = plan
+        e.fluct = layout
             .fluctuation
             .clone()
-            .map(|f| (f, 0, SmallRng::seed_from_u64(plan.seed)));
+            .map(|f| (f, 0, SmallRng::seed_from_u64(layout.seed)));
         e.start_clock(now);
         e
     }
@@ -428,18 +428,18 @@ mod tests {
         p
     }
 
-    fn plan(extra: &str) -> Plan {
+    fn layout(extra: &str) -> Layout {
         let text = format!(
             "[[site]]\nname='a'\nhosts=1\n[[site]]\nname='b'\nhosts=1\n[[path]]\nfrom='a'\nto='b'\n{extra}"
         );
-        Scenario::parse(&text).unwrap().plan().unwrap()
+        Scenario::parse(&text).unwrap().resolve().unwrap()
     }
 
     /// Sends `n` packets of `len` bytes from host 0 to host 1, offered every `gap` ns, and
     /// returns the delivery times.
-    fn run(plan: &Plan, n: usize, len: usize, gap: u64) -> (Vec<u64>, Emulator) {
-        let mut e = Emulator::new(plan, 0);
-        let dst = plan.hosts[1].addr;
+    fn run(layout: &Layout, n: usize, len: usize, gap: u64) -> (Vec<u64>, Emulator) {
+        let mut e = Emulator::new(layout, 0);
+        let dst = layout.hosts[1].addr;
         let mut out = Vec::new();
         let mut t = 0;
         for i in 0..n {
@@ -466,7 +466,7 @@ mod tests {
     #[test]
     fn delay_and_serialization() {
         // 12 Mbit/s: a 1500-byte packet takes 1 ms; one-way delay 10 ms.
-        let p = plan("rate_mbps=12\ndelay_ms=10\n");
+        let p = layout("rate_mbps=12\ndelay_ms=10\n");
         let (out, _) = run(&p, 3, 1500, 0);
         assert_eq!(out, vec![11_000_000, 12_000_000, 13_000_000]);
     }
@@ -474,7 +474,7 @@ mod tests {
     #[test]
     fn queue_bounds_a_burst() {
         // 64 KiB queue at 12 Mbit/s: a burst of 100 full packets keeps about 44 of them.
-        let p = plan("rate_mbps=12\nqueue_kb=64\n");
+        let p = layout("rate_mbps=12\nqueue_kb=64\n");
         let (out, e) = run(&p, 100, 1500, 0);
         let l = p.site_links[0][1].unwrap();
         assert_eq!(out.len() as u64, e.stats().links[l].pkts_out);
@@ -484,7 +484,7 @@ mod tests {
 
     #[test]
     fn loss_rate_is_per_packet_and_seeded() {
-        let p = plan("loss=0.02\n");
+        let p = layout("loss=0.02\n");
         let (out, _) = run(&p, 50_000, 100, 1000);
         let loss = 1.0 - out.len() as f64 / 50_000.0;
         assert!((loss - 0.02).abs() < 0.002, "{loss}");
@@ -494,7 +494,7 @@ mod tests {
 
     #[test]
     fn jitter_does_not_reorder_unless_asked() {
-        let p = plan("delay_ms=20\njitter_ms=5\n");
+        let p = layout("delay_ms=20\njitter_ms=5\n");
         let (out, _) = run(&p, 2000, 100, 100_000);
         assert!(out.windows(2).all(|w| w[0] <= w[1]));
         let min = out
@@ -511,7 +511,7 @@ mod tests {
         // Host a-1 uplink 12 Mbit/s is the bottleneck; at 1 s the path drops to 1.2 Mbit/s.
         let text = "[[site]]\nname='a'\nhosts=1\nuplink_mbps=12\n[[site]]\nname='b'\nhosts=1\n\
                     [[change]]\nat_s=1\nfrom='a'\nto='b'\nrate_mbps=1.2\n";
-        let p = Scenario::parse(text).unwrap().plan().unwrap();
+        let p = Scenario::parse(text).unwrap().resolve().unwrap();
         let mut e = Emulator::new(&p, 0);
         let dst = p.hosts[1].addr;
         let mut out = Vec::new();
@@ -537,8 +537,8 @@ mod tests {
     fn fluctuation_is_seeded() {
         let text = "seed=7\n[[site]]\nname='a'\nhosts=1\n[[site]]\nname='b'\nhosts=1\n\
                     [default_path]\nrate_mbps=100\n[fluctuation]\nevery_s=5\n";
-        let p = Scenario::parse(text).unwrap().plan().unwrap();
-        let rates = |p: &Plan| {
+        let p = Scenario::parse(text).unwrap().resolve().unwrap();
+        let rates = |p: &Layout| {
             let mut e = Emulator::new(p, 0);
             (0..5)
                 .map(|k| {

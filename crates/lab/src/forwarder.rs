@@ -3,12 +3,20 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::num::NonZeroU64;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use rustix::event::{epoll, EventfdFlags};
+use rustix::fs::{Mode, OFlags};
+use rustix::thread::{CpuSet, LinkNameSpaceType};
+use rustix::time::{
+    ClockId, Itimerspec, TimerfdClockId, TimerfdFlags, TimerfdTimerFlags, Timespec,
+};
+
 use crate::emu::{EmuStats, Emulator};
-use crate::scenario::Plan;
+use crate::scenario::Layout;
 use crate::LabError;
 
 /// Name of the TUN device in every host namespace.
@@ -29,16 +37,12 @@ pub struct Control {
 
 impl Control {
     pub fn new() -> Result<Arc<Self>, LabError> {
-        // SAFETY: plain syscall; the returned fd is owned below.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(LabError::sys("eventfd", io::Error::last_os_error()));
-        }
+        let wake = rustix::event::eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)
+            .map_err(|e| LabError::sys("eventfd", e.into()))?;
         Ok(Arc::new(Control {
             stop: AtomicBool::new(false),
             restart_clock: AtomicBool::new(false),
-            // SAFETY: fd is a fresh descriptor we own.
-            wake: unsafe { OwnedFd::from_raw_fd(fd) },
+            wake,
             stats: Mutex::new(EmuStats::default()),
             tid: Mutex::new(0),
         }))
@@ -46,33 +50,23 @@ impl Control {
 
     /// Wakes the loop so it sees a flag at once.
     pub fn wake(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a valid u64 to our eventfd.
-        unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        // Cannot fail but by overflowing the counter, which still wakes the loop.
+        let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
     }
 }
 
+/// The monotonic clock in ns: the clock of the emulator and of the forwarder's timer.
 pub fn mono_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    let ts = rustix::time::clock_gettime(ClockId::Monotonic);
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Switches the calling thread into the network namespace at `path`.
 pub fn setns_path(path: &str) -> Result<(), LabError> {
     let f = File::open(path).map_err(|e| LabError::sys(format!("open {path}"), e))?;
-    // SAFETY: valid fd; CLONE_NEWNET only affects this thread's network namespace.
-    if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-        return Err(LabError::sys(
-            format!("setns {path}"),
-            io::Error::last_os_error(),
-        ));
-    }
-    Ok(())
+    // Only this thread's network namespace changes.
+    rustix::thread::move_into_link_name_space(f.as_fd(), Some(LinkNameSpaceType::Network))
+        .map_err(|e| LabError::sys(format!("setns {path}"), e.into()))
 }
 
 #[repr(C)]
@@ -102,36 +96,24 @@ pub fn open_tuns(namespaces: &[String]) -> Result<Vec<OwnedFd>, LabError> {
             }
         }
     }
-    // SAFETY: valid fd of our original namespace.
-    if unsafe { libc::setns(home.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-        return Err(LabError::sys("setns back", io::Error::last_os_error()));
-    }
+    rustix::thread::move_into_link_name_space(home.as_fd(), Some(LinkNameSpaceType::Network))
+        .map_err(|e| LabError::sys("setns back", e.into()))?;
     result.map(|_| out)
 }
 
 fn open_tun() -> Result<OwnedFd, LabError> {
-    // SAFETY: plain open of a path literal.
-    let fd = unsafe {
-        libc::open(
-            c"/dev/net/tun".as_ptr(),
-            libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(LabError::NotPermitted(format!(
-            "open /dev/net/tun: {}",
-            io::Error::last_os_error()
-        )));
-    }
-    // SAFETY: fresh fd we own.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let flags = OFlags::RDWR | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    let fd = rustix::fs::open("/dev/net/tun", flags, Mode::empty()).map_err(|e| {
+        LabError::NotPermitted(format!("open /dev/net/tun: {}", io::Error::from(e)))
+    })?;
     let mut req = IfReq {
         name: [0; libc::IFNAMSIZ],
         flags: (libc::IFF_TUN | libc::IFF_NO_PI) as libc::c_short,
         _pad: [0; 22],
     };
     req.name[..TUN_NAME.len()].copy_from_slice(TUN_NAME.as_bytes());
-    // SAFETY: TUNSETIFF reads/writes an ifreq-sized struct we own.
+    // SAFETY: TUNSETIFF reads/writes an ifreq-sized struct we own. Kept on libc: rustix has
+    // no TUN call, and its generic `ioctl` is as unsafe as this one.
     if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETIFF as _, &mut req) } < 0 {
         return Err(LabError::sys("TUNSETIFF", io::Error::last_os_error()));
     }
@@ -143,14 +125,11 @@ fn open_tun() -> Result<OwnedFd, LabError> {
 /// fatal: the lab still works, with worse timing.
 pub fn tune_thread(cpu: Option<usize>) -> Vec<String> {
     let mut warnings = Vec::new();
-    // SAFETY: plain syscalls on the calling thread with valid arguments.
-    unsafe {
-        if let Some(cpu) = cpu {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(cpu, &mut set);
-            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-                warnings.push(format!("pin to cpu {cpu}: {}", io::Error::last_os_error()));
-            }
+    if let Some(cpu) = cpu {
+        let mut set = CpuSet::new();
+        set.set(cpu);
+        if let Err(e) = rustix::thread::sched_setaffinity(None, &set) {
+            warnings.push(format!("pin to cpu {cpu}: {}", io::Error::from(e)));
         }
     }
     if let Err(e) = realtime(FORWARDER_PRIORITY) {
@@ -165,15 +144,14 @@ pub const FORWARDER_PRIORITY: i32 = 10;
 /// Makes the calling thread real-time (`SCHED_FIFO` at `priority`) with a 1 ns timer slack, so
 /// its sleeps end on time. The slack is set even where the priority is refused.
 pub fn realtime(priority: i32) -> io::Result<()> {
-    // SAFETY: plain syscalls on the calling thread with valid arguments.
-    unsafe {
-        libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0u64, 0u64, 0u64);
-        let param = libc::sched_param {
-            sched_priority: priority,
-        };
-        if libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) != 0 {
-            return Err(io::Error::last_os_error());
-        }
+    let _ = rustix::thread::set_current_timer_slack(NonZeroU64::new(1));
+    let param = libc::sched_param {
+        sched_priority: priority,
+    };
+    // SAFETY: a plain syscall on the calling thread with a valid parameter. Kept on libc:
+    // rustix does not wrap sched_setscheduler.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
+        return Err(io::Error::last_os_error());
     }
     Ok(())
 }
@@ -186,6 +164,17 @@ pub fn forwarder_cpu() -> Option<usize> {
     (n >= 2).then_some(n - 1)
 }
 
+/// Every CPU of this machine but `cpu` (the forwarder's): where the hosts' processes and the
+/// measuring threads run, so they do not delay the forwarder's wake-ups.
+pub fn cpus_except(cpu: usize) -> CpuSet {
+    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut set = CpuSet::new();
+    for i in (0..n.min(CpuSet::MAX_CPU)).filter(|&i| i != cpu) {
+        set.set(i);
+    }
+    set
+}
+
 /// Hex mask of all CPUs but the forwarder's, for `rps_cpus`.
 pub fn rps_mask() -> Option<String> {
     let n = std::thread::available_parallelism()
@@ -196,16 +185,10 @@ pub fn rps_mask() -> Option<String> {
     Some(format!("{mask:x}"))
 }
 
-fn epoll_add(ep: RawFd, fd: RawFd, token: u64) -> Result<(), LabError> {
-    let mut ev = libc::epoll_event {
-        events: libc::EPOLLIN as u32,
-        u64: token,
-    };
-    // SAFETY: valid epoll and target fds, valid event pointer.
-    if unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0 {
-        return Err(LabError::sys("epoll_ctl", io::Error::last_os_error()));
-    }
-    Ok(())
+fn epoll_add(ep: &OwnedFd, fd: BorrowedFd<'_>, token: u64) -> Result<(), LabError> {
+    let data = epoll::EventData::new_u64(token);
+    epoll::add(ep, fd, data, epoll::EventFlags::IN)
+        .map_err(|e| LabError::sys("epoll_ctl", e.into()))
 }
 
 const TOKEN_TIMER: u64 = u64::MAX;
@@ -216,158 +199,188 @@ const TOKEN_WAKE: u64 = u64::MAX - 1;
 const EARLY_NS: u64 = 50_000;
 /// Packets read from one TUN before looking at the others and at due events.
 const READ_BATCH: usize = 64;
+/// Ready events taken from one epoll wait.
+const EVENTS: usize = 64;
 
 /// Runs the forwarding loop until `control.stop` is set.
-pub fn run_loop(plan: &Plan, tuns: &[OwnedFd], control: &Control) -> Result<(), LabError> {
-    *control.tid.lock().expect("tid lock") = unsafe { libc::gettid() };
-    // SAFETY: plain syscalls; returned fds are owned below.
-    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-    if ep < 0 {
-        return Err(LabError::sys("epoll_create1", io::Error::last_os_error()));
-    }
-    // SAFETY: fresh fd.
-    let ep = unsafe { OwnedFd::from_raw_fd(ep) };
-    // SAFETY: plain syscall.
-    let tfd = unsafe {
-        libc::timerfd_create(
-            libc::CLOCK_MONOTONIC,
-            libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
-        )
-    };
-    if tfd < 0 {
-        return Err(LabError::sys("timerfd_create", io::Error::last_os_error()));
-    }
-    // SAFETY: fresh fd.
-    let tfd = unsafe { OwnedFd::from_raw_fd(tfd) };
-    for (i, t) in tuns.iter().enumerate() {
-        epoll_add(ep.as_raw_fd(), t.as_raw_fd(), i as u64)?;
-    }
-    epoll_add(ep.as_raw_fd(), tfd.as_raw_fd(), TOKEN_TIMER)?;
-    epoll_add(ep.as_raw_fd(), control.wake.as_raw_fd(), TOKEN_WAKE)?;
-
-    let mut emu = Emulator::new(plan, mono_ns());
-    let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 64];
-    let mut armed: u64 = 0;
-    let mut woke_at = mono_ns();
-    let mut last_publish = 0u64;
-    let mut scratch = [0u8; 16];
-    let fds: Vec<RawFd> = tuns.iter().map(|t| t.as_raw_fd()).collect();
+pub fn run_loop(layout: &Layout, tuns: &[OwnedFd], control: &Control) -> Result<(), LabError> {
+    *control.tid.lock().expect("tid lock") = rustix::thread::gettid().as_raw_nonzero().get();
+    let mut fwd = Forwarder::new(layout, tuns, control)?;
     while !control.stop.load(Ordering::Relaxed) {
         if control.restart_clock.swap(false, Ordering::Relaxed) {
-            emu.start_clock(mono_ns());
+            fwd.emu.start_clock(mono_ns());
         }
+        let Some(deadline) = fwd.due() else {
+            continue;
+        };
+        fwd.arm(deadline);
+        let Some(n) = fwd.wait()? else {
+            continue;
+        };
+        for i in 0..n {
+            let token = fwd.events[i].data.u64();
+            fwd.handle(token);
+        }
+    }
+    *control.stats.lock().expect("stats lock") = fwd.emu.stats().clone();
+    Ok(())
+}
+
+/// The forwarding loop's state: the emulator between the TUNs, the epoll set and the timer.
+struct Forwarder<'a> {
+    emu: Emulator,
+    control: &'a Control,
+    /// The TUN of host `i` is `fds[i]` (and epoll token `i`).
+    fds: Vec<BorrowedFd<'a>>,
+    ep: OwnedFd,
+    tfd: OwnedFd,
+    /// Ready events of the last wait (at most [`EVENTS`]).
+    events: Vec<epoll::Event>,
+    /// The timer's expiry (monotonic ns), 0 when it is not armed.
+    armed: u64,
+    /// When the loop last woke from epoll, to account how long it stays busy.
+    woke_at: u64,
+    last_publish: u64,
+}
+
+impl<'a> Forwarder<'a> {
+    /// Creates the epoll set (every TUN, the timer, the owner's wake-up eventfd) and the
+    /// emulator, whose scenario clock starts now.
+    fn new(layout: &Layout, tuns: &'a [OwnedFd], control: &'a Control) -> Result<Self, LabError> {
+        let ep = epoll::create(epoll::CreateFlags::CLOEXEC)
+            .map_err(|e| LabError::sys("epoll_create1", e.into()))?;
+        let tfd = rustix::time::timerfd_create(
+            TimerfdClockId::Monotonic,
+            TimerfdFlags::NONBLOCK | TimerfdFlags::CLOEXEC,
+        )
+        .map_err(|e| LabError::sys("timerfd_create", e.into()))?;
+        for (i, t) in tuns.iter().enumerate() {
+            epoll_add(&ep, t.as_fd(), i as u64)?;
+        }
+        epoll_add(&ep, tfd.as_fd(), TOKEN_TIMER)?;
+        epoll_add(&ep, control.wake.as_fd(), TOKEN_WAKE)?;
+        Ok(Forwarder {
+            emu: Emulator::new(layout, mono_ns()),
+            control,
+            fds: tuns.iter().map(|t| t.as_fd()).collect(),
+            ep,
+            tfd,
+            events: Vec::with_capacity(EVENTS),
+            armed: 0,
+            woke_at: mono_ns(),
+            last_publish: 0,
+        })
+    }
+
+    /// Sends what is due (up to [`EARLY_NS`] ahead), publishes the counters every 200 ms, and
+    /// returns when to wake next; None when that is within [`EARLY_NS`] already.
+    fn due(&mut self) -> Option<u64> {
         let now = mono_ns();
-        emu.advance(now + EARLY_NS, |dst, pkt| {
-            // SAFETY: writes a valid buffer to a TUN fd we own.
-            let n = unsafe { libc::write(fds[dst], pkt.as_ptr().cast(), pkt.len()) };
-            n == pkt.len() as isize
+        let fds = &self.fds;
+        self.emu.advance(now + EARLY_NS, |dst, pkt| {
+            rustix::io::write(fds[dst], pkt) == Ok(pkt.len())
         });
-        if now - last_publish > 200_000_000 {
-            last_publish = now;
-            *control.stats.lock().expect("stats lock") = emu.stats().clone();
+        if now - self.last_publish > 200_000_000 {
+            self.last_publish = now;
+            *self.control.stats.lock().expect("stats lock") = self.emu.stats().clone();
         }
         // Sleep until the next due event, but at most 100 ms so flags are seen.
-        let deadline = emu
+        let deadline = self
+            .emu
             .next_deadline()
             .unwrap_or(u64::MAX)
             .min(now + 100_000_000);
-        let now = mono_ns();
-        if deadline <= now + EARLY_NS {
-            continue;
-        }
+        (deadline > mono_ns() + EARLY_NS).then_some(deadline)
+    }
+
+    /// Makes the timer fire by `deadline`.
+    fn arm(&mut self, deadline: u64) {
         // Re-arming a timer costs a VM exit here (a third of the forwarder's CPU when done per
         // packet): keep an earlier timer armed and let it fire, re-arm only to wake sooner.
-        if armed == 0 || deadline < armed {
-            let spec = libc::itimerspec {
-                it_interval: libc::timespec {
-                    tv_sec: 0,
-                    tv_nsec: 0,
-                },
-                it_value: libc::timespec {
-                    tv_sec: (deadline / 1_000_000_000) as libc::time_t,
-                    tv_nsec: (deadline % 1_000_000_000) as libc::c_long,
-                },
-            };
-            // SAFETY: valid timerfd and spec.
-            unsafe {
-                libc::timerfd_settime(
-                    tfd.as_raw_fd(),
-                    libc::TFD_TIMER_ABSTIME,
-                    &spec,
-                    std::ptr::null_mut(),
-                )
-            };
-            armed = deadline;
+        if self.armed != 0 && deadline >= self.armed {
+            return;
         }
-        let slept_at = mono_ns();
-        let busy = slept_at - woke_at;
-        if busy > emu.stats().max_busy_ns {
-            emu.stats_mut().max_busy_ns = busy;
-        }
-        // SAFETY: valid epoll fd and event buffer.
-        let n = unsafe {
-            libc::epoll_wait(
-                ep.as_raw_fd(),
-                events.as_mut_ptr(),
-                events.len() as i32,
-                100,
-            )
+        let spec = Itimerspec {
+            it_interval: Timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: Timespec {
+                tv_sec: (deadline / 1_000_000_000) as _,
+                tv_nsec: (deadline % 1_000_000_000) as _,
+            },
         };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(LabError::sys("epoll_wait", e));
+        // Cannot fail on our own timerfd with a valid time; the 100 ms epoll timeout is the
+        // fallback anyway.
+        let _ = rustix::time::timerfd_settime(&self.tfd, TimerfdTimerFlags::ABSTIME, &spec);
+        self.armed = deadline;
+    }
+
+    /// Sleeps in epoll (at most 100 ms); returns how many events are ready (None: interrupted
+    /// by a signal). Records the longest busy spell and the worst oversleep past the timer.
+    fn wait(&mut self) -> Result<Option<usize>, LabError> {
+        let slept_at = mono_ns();
+        let busy = slept_at - self.woke_at;
+        if busy > self.emu.stats().max_busy_ns {
+            self.emu.stats_mut().max_busy_ns = busy;
         }
-        woke_at = mono_ns();
-        if armed != 0 && woke_at > armed + 1_000_000 {
-            let over = woke_at - armed;
-            if over > emu.stats().max_oversleep_ns {
-                emu.stats_mut().max_oversleep_ns = over;
+        self.events.clear();
+        let timeout = Timespec {
+            tv_sec: 0,
+            tv_nsec: 100_000_000,
+        };
+        let events = rustix::buffer::spare_capacity(&mut self.events);
+        let n = match epoll::wait(&self.ep, events, Some(&timeout)) {
+            Ok(n) => n,
+            Err(rustix::io::Errno::INTR) => return Ok(None),
+            Err(e) => return Err(LabError::sys("epoll_wait", e.into())),
+        };
+        self.woke_at = mono_ns();
+        if self.armed != 0 && self.woke_at > self.armed + 1_000_000 {
+            let over = self.woke_at - self.armed;
+            if over > self.emu.stats().max_oversleep_ns {
+                self.emu.stats_mut().max_oversleep_ns = over;
             }
         }
-        for ev in &events[..n as usize] {
-            match ev.u64 {
-                TOKEN_TIMER => {
-                    // SAFETY: drains the timerfd counter into a local buffer.
-                    unsafe { libc::read(tfd.as_raw_fd(), scratch.as_mut_ptr().cast(), 8) };
-                    armed = 0;
-                }
-                TOKEN_WAKE => {
-                    // SAFETY: drains the eventfd counter.
-                    unsafe { libc::read(control.wake.as_raw_fd(), scratch.as_mut_ptr().cast(), 8) };
-                }
-                host => {
-                    let host = host as usize;
-                    for _ in 0..READ_BATCH {
-                        let mut buf = emu.buffer();
-                        buf.clear();
-                        // SAFETY: reads at most capacity bytes into the vector's spare capacity;
-                        // only the bytes the kernel wrote are exposed below.
-                        let r = unsafe {
-                            libc::read(fds[host], buf.as_mut_ptr().cast(), buf.capacity())
-                        };
-                        if r <= 0 {
-                            emu.recycle(buf);
-                            break;
-                        }
-                        // SAFETY: the kernel initialised r <= capacity bytes.
-                        unsafe { buf.set_len(r as usize) };
-                        emu.ingress(mono_ns(), host, buf);
-                    }
-                }
+        Ok(Some(n))
+    }
+
+    /// One ready event: the timer fired, the owner woke us, or a host's TUN has packets.
+    fn handle(&mut self, token: u64) {
+        let mut scratch = [0u8; 8];
+        match token {
+            // Reading the counters re-arms them; an empty one (EAGAIN) is as good.
+            TOKEN_TIMER => {
+                let _ = rustix::io::read(&self.tfd, &mut scratch);
+                self.armed = 0;
             }
+            TOKEN_WAKE => {
+                let _ = rustix::io::read(&self.control.wake, &mut scratch);
+            }
+            host => self.read_tun(host as usize),
         }
     }
-    *control.stats.lock().expect("stats lock") = emu.stats().clone();
-    Ok(())
+
+    /// Takes up to [`READ_BATCH`] packets from one host's TUN into the emulator.
+    fn read_tun(&mut self, host: usize) {
+        for _ in 0..READ_BATCH {
+            let mut buf = self.emu.buffer();
+            buf.clear();
+            // Into the buffer's spare capacity: its length becomes what the kernel wrote.
+            let r = rustix::io::read(self.fds[host], rustix::buffer::spare_capacity(&mut buf));
+            if !matches!(r, Ok(n) if n > 0) {
+                self.emu.recycle(buf);
+                break;
+            }
+            self.emu.ingress(mono_ns(), host, buf);
+        }
+    }
 }
 
 /// Starts the forwarder on its own thread: creates the TUNs (in the caller's process), pins the
 /// thread and runs the loop. Returns once the TUNs exist.
 pub fn spawn_thread(
-    plan: Plan,
+    layout: Layout,
     namespaces: Vec<String>,
     control: Arc<Control>,
 ) -> Result<std::thread::JoinHandle<Result<(), LabError>>, LabError> {
@@ -385,7 +398,7 @@ pub fn spawn_thread(
             };
             let warnings = tune_thread(forwarder_cpu());
             let _ = tx.send(Ok(warnings));
-            run_loop(&plan, &tuns, &control)
+            run_loop(&layout, &tuns, &control)
         })
         .map_err(|e| LabError::sys("spawn forwarder thread", e))?;
     match rx.recv_timeout(std::time::Duration::from_secs(20)) {

@@ -19,7 +19,7 @@ use std::fmt::Write;
 use std::process::Command;
 
 use crate::netns::run_cmd;
-use crate::scenario::Plan;
+use crate::scenario::Layout;
 use crate::LabError;
 
 /// Class ids of the htb tree on each shaped device.
@@ -29,8 +29,8 @@ const LOCAL: &str = "1:20";
 const LOCAL_RATE: &str = "10gbit";
 
 /// The /24 of site `s` (every host of a site has its address in it).
-pub fn site_subnet(plan: &Plan, s: usize) -> Option<String> {
-    plan.hosts.iter().find(|h| h.site == s).map(|h| {
+pub fn site_subnet(layout: &Layout, s: usize) -> Option<String> {
+    layout.hosts.iter().find(|h| h.site == s).map(|h| {
         let o = h.addr.octets();
         format!("{}.{}.{}.0/24", o[0], o[1], o[2])
     })
@@ -38,19 +38,19 @@ pub fn site_subnet(plan: &Plan, s: usize) -> Option<String> {
 
 /// Shell commands (run under `set -e` inside host `i`'s namespace): offloads off, the uplink's
 /// htb on `lan0`, and the random loss of every other site's packets into this host.
-pub fn host_script(plan: &Plan, i: usize) -> String {
-    let h = &plan.hosts[i];
+pub fn host_script(layout: &Layout, i: usize) -> String {
+    let h = &layout.hosts[i];
     let mut sh = String::from("ethtool -K lan0 gro off >/dev/null\n");
-    let own = site_subnet(plan, h.site).unwrap_or_default();
-    let up = &plan.links[h.uplink];
+    let own = site_subnet(layout, h.site).unwrap_or_default();
+    let up = &layout.links[h.uplink];
     if let Some(rate) = up.rate_bps {
         sh.push_str(&htb("lan0", rate, up.queue_bytes, "dst", &own));
     }
-    let rules: Vec<String> = (0..plan.sites.len())
+    let rules: Vec<String> = (0..layout.sites.len())
         .filter(|&s| s != h.site)
         .filter_map(|s| {
-            let loss = plan.site_loss(s, h.site);
-            let net = site_subnet(plan, s)?;
+            let loss = layout.site_loss(s, h.site);
+            let net = site_subnet(layout, s)?;
             (loss > 0.0).then(|| {
                 let ppm = (loss * 1e6).round() as u64;
                 format!("ip saddr {net} numgen random mod 1000000 < {ppm} counter drop")
@@ -70,14 +70,14 @@ pub fn host_script(plan: &Plan, i: usize) -> String {
 
 /// Shapes every host's downlink on the hub side of its veth, and turns the hub side's offloads
 /// off.
-pub fn shape_hub(hub_ns: &str, plan: &Plan) -> Result<(), LabError> {
+pub fn shape_hub(hub_ns: &str, layout: &Layout) -> Result<(), LabError> {
     let mut sh = String::from("set -e\n");
-    for (i, h) in plan.hosts.iter().enumerate() {
+    for (i, h) in layout.hosts.iter().enumerate() {
         let dev = format!("v{i}");
         let _ = writeln!(sh, "ethtool -K {dev} tso off gso off gro off >/dev/null");
-        let down = &plan.links[h.downlink];
+        let down = &layout.links[h.downlink];
         if let Some(rate) = down.rate_bps {
-            let own = site_subnet(plan, h.site).unwrap_or_default();
+            let own = site_subnet(layout, h.site).unwrap_or_default();
             sh.push_str(&htb(&dev, rate, down.queue_bytes, "src", &own));
         }
     }
@@ -85,9 +85,9 @@ pub fn shape_hub(hub_ns: &str, plan: &Plan) -> Result<(), LabError> {
 }
 
 /// Preflight of kernel shaping: the tools it runs.
-pub fn preflight(plan: &Plan) -> Result<(), LabError> {
-    let lossy = (0..plan.sites.len())
-        .any(|a| (0..plan.sites.len()).any(|b| a != b && plan.site_loss(a, b) > 0.0));
+pub fn preflight(layout: &Layout) -> Result<(), LabError> {
+    let lossy = (0..layout.sites.len())
+        .any(|a| (0..layout.sites.len()).any(|b| a != b && layout.site_loss(a, b) > 0.0));
     let mut need = vec![("tc", "iproute2"), ("ethtool", "ethtool")];
     if lossy {
         need.push(("nft", "nftables"));
@@ -160,9 +160,9 @@ loss = 0.01
 
     #[test]
     fn a_star_without_delay_is_shaped_by_the_kernel() {
-        let plan = Scenario::parse(STAR).unwrap().plan().unwrap();
-        assert!(plan.kernel_shaping);
-        let sh = super::host_script(&plan, 1);
+        let layout = Scenario::parse(STAR).unwrap().resolve().unwrap();
+        assert!(layout.kernel_shaping);
+        let sh = super::host_script(&layout, 1);
         assert!(sh.contains("htb rate 100000000bit"), "{sh}");
         assert!(sh.contains("match ip dst 10.77.2.0/24"), "{sh}");
         // 1% of the source site's packets into rx, none of its own site's.
@@ -176,17 +176,17 @@ loss = 0.01
     #[test]
     fn delay_keeps_the_forwarder_and_kernel_refuses_it() {
         let with_delay = format!("{STAR}rtt_ms = 50\n");
-        let plan = Scenario::parse(&with_delay).unwrap().plan().unwrap();
-        assert!(!plan.kernel_shaping);
+        let layout = Scenario::parse(&with_delay).unwrap().resolve().unwrap();
+        assert!(!layout.kernel_shaping);
         let forced = with_delay.replace("name = \"k\"", "name = \"k\"\nshaping = \"kernel\"");
-        // The scenario is planned as it is parsed, so the error comes from parse.
+        // The scenario is resolved as it is parsed, so the error comes from parse.
         let err = Scenario::parse(&forced).unwrap_err();
         assert!(err.to_string().contains("delay"), "{err}");
         let off = STAR.replace("name = \"k\"", "name = \"k\"\nshaping = \"forwarder\"");
         assert!(
             !Scenario::parse(&off)
                 .unwrap()
-                .plan()
+                .resolve()
                 .unwrap()
                 .kernel_shaping
         );

@@ -14,7 +14,7 @@ use bulkcast_proto::hosts::{HostSpec, HostsFile, SourceSpec};
 use crate::emu::EmuStats;
 use crate::forwarder::{self, Control};
 use crate::netns;
-use crate::scenario::{Plan, Scenario};
+use crate::scenario::{Layout, Scenario};
 use crate::LabError;
 
 /// How to bring a lab up.
@@ -37,7 +37,7 @@ enum Forwarder {
 /// A running lab. Dropping an owned lab tears it down (namespaces, devices, processes).
 pub struct Lab {
     name: String,
-    plan: Plan,
+    layout: Layout,
     dir: PathBuf,
     forwarder: Forwarder,
     owned: bool,
@@ -52,8 +52,10 @@ fn valid_lab_name(n: &str) -> bool {
 }
 
 fn pid_alive(pid: i32) -> bool {
-    // SAFETY: signal 0 only checks existence.
-    pid > 0 && unsafe { libc::kill(pid, 0) } == 0
+    // Signal 0 only checks existence.
+    pid > 0
+        && rustix::process::Pid::from_raw(pid)
+            .is_some_and(|p| rustix::process::test_kill_process(p).is_ok())
 }
 
 /// Holds an exclusive flock on `/run/bclab/<lab>.lock` while a lab is built or removed.
@@ -70,11 +72,9 @@ impl SetupLock {
             .write(true)
             .open(&path)
             .map_err(|e| LabError::sys(format!("open {}", path.display()), e))?;
-        use std::os::fd::AsRawFd;
-        // SAFETY: flock on an fd we own; released when the file closes.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(LabError::sys("flock", std::io::Error::last_os_error()));
-        }
+        // Released when the file closes.
+        rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)
+            .map_err(|e| LabError::sys("flock", e.into()))?;
         Ok(SetupLock(f))
     }
 }
@@ -133,16 +133,16 @@ impl Lab {
         opts: &LabOptions,
         daemon: Option<(&Path, &[String])>,
     ) -> Result<Lab, LabError> {
-        let plan = scenario.plan()?;
-        let name = opts.name.clone().unwrap_or_else(|| plan.name.clone());
+        let layout = scenario.resolve()?;
+        let name = opts.name.clone().unwrap_or_else(|| layout.name.clone());
         if !valid_lab_name(&name) {
             return Err(LabError::Scenario(format!(
                 "lab name {name:?}: use at most 40 letters, digits, '-' or '_'"
             )));
         }
         netns::preflight()?;
-        if plan.kernel_shaping {
-            crate::kernel::preflight(&plan)?;
+        if layout.kernel_shaping {
+            crate::kernel::preflight(&layout)?;
         }
         let _lock = SetupLock::take(&name)?;
         clear_stale(&name)?;
@@ -154,21 +154,24 @@ impl Lab {
                 .map_err(|e| LabError::sys(format!("write {file}"), e))
         };
         write("owner", &std::process::id().to_string())?;
-        let plan_json = serde_json::to_string_pretty(&plan).expect("plan serializes");
-        write("plan.json", &plan_json)?;
-        let namespaces: Vec<String> = plan
+        let layout_json = serde_json::to_string_pretty(&layout).expect("layout serializes");
+        write("layout.json", &layout_json)?;
+        let namespaces: Vec<String> = layout
             .hosts
             .iter()
             .map(|h| netns::host_ns(&name, &h.name))
             .collect();
         let built = (|| -> Result<Forwarder, LabError> {
             netns::tune_global();
-            netns::build(&name, &plan)?;
+            netns::build(&name, &layout)?;
             let fwd = match daemon {
                 None => {
                     let control = Control::new()?;
-                    let join =
-                        forwarder::spawn_thread(plan.clone(), namespaces.clone(), control.clone())?;
+                    let join = forwarder::spawn_thread(
+                        layout.clone(),
+                        namespaces.clone(),
+                        control.clone(),
+                    )?;
                     Forwarder::Thread {
                         control,
                         join: Some(join),
@@ -191,14 +194,14 @@ impl Lab {
         };
         let lab = Lab {
             name,
-            plan,
+            layout,
             dir: dir.clone(),
             forwarder,
             owned: true,
             down: false,
         };
         // From here on, Drop cleans up on error.
-        netns::configure_hosts(&lab.name, &lab.plan)?;
+        netns::configure_hosts(&lab.name, &lab.layout)?;
         write("hosts.toml", &lab.hosts_spec().to_toml())?;
         write("matrix.toml", &lab.matrix_toml())?;
         Ok(lab)
@@ -207,10 +210,10 @@ impl Lab {
     /// Attaches to a lab brought up earlier (by `lab up`); dropping it leaves the lab running.
     pub fn attach(name: &str) -> Result<Lab, LabError> {
         let dir = netns::state_dir(name);
-        let plan_text = std::fs::read_to_string(dir.join("plan.json"))
+        let layout_text = std::fs::read_to_string(dir.join("layout.json"))
             .map_err(|_| LabError::NotUp(name.into()))?;
-        let plan: Plan = serde_json::from_str(&plan_text)
-            .map_err(|e| LabError::Forwarder(format!("bad plan.json: {e}")))?;
+        let layout: Layout = serde_json::from_str(&layout_text)
+            .map_err(|e| LabError::Forwarder(format!("bad layout.json: {e}")))?;
         let pid = std::fs::read_to_string(dir.join("owner"))
             .ok()
             .and_then(|s| s.trim().parse().ok())
@@ -222,7 +225,7 @@ impl Lab {
         }
         Ok(Lab {
             name: name.into(),
-            plan,
+            layout,
             dir,
             forwarder: Forwarder::Daemon { pid },
             owned: false,
@@ -252,30 +255,30 @@ impl Lab {
     }
 
     /// The resolved scenario.
-    pub fn plan(&self) -> &Plan {
-        &self.plan
+    pub fn layout(&self) -> &Layout {
+        &self.layout
     }
 
     /// Host names in scenario order.
     pub fn host_names(&self) -> Vec<String> {
-        self.plan.hosts.iter().map(|h| h.name.clone()).collect()
+        self.layout.hosts.iter().map(|h| h.name.clone()).collect()
     }
 
     /// Name of the source host.
     pub fn source(&self) -> &str {
-        &self.plan.hosts[self.plan.source].name
+        &self.layout.hosts[self.layout.source].name
     }
 
     /// A host's main address.
     pub fn addr(&self, host: &str) -> Result<Ipv4Addr, LabError> {
-        Ok(self.plan.hosts[self.index(host)?].addr)
+        Ok(self.layout.hosts[self.index(host)?].addr)
     }
 
     /// Addresses of the channels at `host`, in channel order: (own address, peer address).
     pub fn channel_addrs(&self, host: &str) -> Result<Vec<(Ipv4Addr, Ipv4Addr)>, LabError> {
         let i = self.index(host)?;
         Ok(self
-            .plan
+            .layout
             .channels
             .iter()
             .filter_map(|c| {
@@ -291,7 +294,7 @@ impl Lab {
     }
 
     fn index(&self, host: &str) -> Result<usize, LabError> {
-        self.plan
+        self.layout
             .host(host)
             .ok_or_else(|| LabError::UnknownHost(host.into()))
     }
@@ -305,7 +308,7 @@ impl Lab {
     /// The hosts file of this lab: the source as `[source]`, every other host as `[[host]]`
     /// with its site, access rates and channel addresses as extra paths.
     pub fn hosts_spec(&self) -> HostsFile {
-        let p = &self.plan;
+        let p = &self.layout;
         let port = p.agent_port;
         let src = &p.hosts[p.source];
         let hosts = p
@@ -364,7 +367,7 @@ impl Lab {
     /// cannot carry. Time-varying conditions are not in it: it describes the nominal network.
     pub fn matrix_toml(&self) -> String {
         use std::fmt::Write as _;
-        let p = &self.plan;
+        let p = &self.layout;
         // One way from host i to host j: i's uplink, the WAN path, j's downlink (the LAN inside a
         // site is not emulated: about 0.1 ms).
         let one_way_ms = |i: usize, j: usize| -> f64 {
@@ -430,22 +433,17 @@ impl Lab {
             // live and die with the lab, so one scenario never reads another's round trips.
             .env("XDG_CACHE_HOME", self.dir.join("cache").join(host));
         // With kernel shaping the forwarder is idle: the hosts get every core.
-        if !self.plan.kernel_shaping && std::env::var_os("BCLAB_SHARE_CPU").is_none() {
+        if !self.layout.kernel_shaping && std::env::var_os("BCLAB_SHARE_CPU").is_none() {
             if let Some(cpu) = forwarder::forwarder_cpu() {
                 // Keep the hosts' processes off the forwarder's core: this kernel does not
                 // preempt a process inside a long syscall, which delays the forwarder's wake-ups.
                 // The set is built here: only async-signal-safe calls may run after fork.
-                let n = std::thread::available_parallelism().map_or(1, |n| n.get());
-                // SAFETY: cpu_set_t is plain data; zeroed is its empty value.
-                let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-                for i in (0..n.min(libc::CPU_SETSIZE as usize)).filter(|&i| i != cpu) {
-                    // SAFETY: i < CPU_SETSIZE, set is a valid cpu_set_t.
-                    unsafe { libc::CPU_SET(i, &mut set) };
-                }
-                // SAFETY: sched_setaffinity is async-signal-safe and only affects the child.
+                let set = forwarder::cpus_except(cpu);
+                // SAFETY: sched_setaffinity is one system call (async-signal-safe, no
+                // allocation) and only affects the child.
                 unsafe {
                     c.pre_exec(move || {
-                        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+                        let _ = rustix::thread::sched_setaffinity(None, &set);
                         Ok(())
                     });
                 }
@@ -485,8 +483,7 @@ impl Lab {
             }
             // Only a detached forwarder takes SIGUSR1 (for any other owner it would be fatal).
             Forwarder::Daemon { pid } if is_forwarder(*pid) => {
-                // SAFETY: signal to our own forwarder daemon.
-                unsafe { libc::kill(*pid, libc::SIGUSR1) };
+                netns::signal(*pid, rustix::process::Signal::USR1);
             }
             Forwarder::Daemon { .. } => {}
         }
@@ -517,15 +514,14 @@ impl Lab {
         let rest = s.rsplit_once(')')?.1;
         let f: Vec<&str> = rest.split_whitespace().collect();
         let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
-        // SAFETY: plain getter.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        let hz = rustix::param::clock_ticks_per_second() as f64;
         Some(ticks / hz)
     }
 
     /// "TX dropped" of every host's TUN: packets the kernel dropped because the forwarder did not
     /// read fast enough. Any non-zero entry means the run was overloaded and is invalid.
     pub fn tx_dropped(&self) -> Result<Vec<(String, u64)>, LabError> {
-        self.plan
+        self.layout
             .hosts
             .iter()
             .map(|h| {
@@ -539,7 +535,7 @@ impl Lab {
 
     /// Kills every process running inside the lab's hosts (the lab itself stays up).
     pub fn kill_processes(&self) {
-        for h in &self.plan.hosts {
+        for h in &self.layout.hosts {
             netns::kill_ns_processes(&netns::host_ns(&self.name, &h.name));
         }
     }
@@ -597,15 +593,14 @@ fn is_forwarder(pid: i32) -> bool {
 }
 
 fn stop_pid(pid: i32) {
-    // SAFETY: signals to our own forwarder daemon (checked by the callers).
-    unsafe { libc::kill(pid, libc::SIGTERM) };
+    // Our own forwarder daemon (checked by the callers).
+    netns::signal(pid, rustix::process::Signal::TERM);
     let deadline = Instant::now() + Duration::from_secs(3);
     while pid_alive(pid) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
     if pid_alive(pid) {
-        // SAFETY: as above.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
+        netns::signal(pid, rustix::process::Signal::KILL);
     }
 }
 
@@ -623,7 +618,7 @@ fn spawn_daemon(exe: &Path, args: &[String], dir: &Path) -> Result<i32, LabError
     // SAFETY: setsid is async-signal-safe; it detaches the daemon from the terminal's Ctrl-C.
     unsafe {
         cmd.pre_exec(|| {
-            libc::setsid();
+            let _ = rustix::process::setsid();
             Ok(())
         });
     }
@@ -662,23 +657,24 @@ pub fn daemon_main(dir: &Path) -> Result<(), LabError> {
     extern "C" fn on_usr1(_: libc::c_int) {
         RESTART.store(true, Ordering::Relaxed);
     }
-    // SAFETY: the handlers only store to atomics (async-signal-safe).
+    // SAFETY: the handlers only store to atomics (async-signal-safe). Kept on libc: rustix
+    // installs no signal handlers outside its unstable runtime module.
     unsafe {
         libc::signal(libc::SIGTERM, on_stop as *const () as libc::sighandler_t);
         libc::signal(libc::SIGINT, on_stop as *const () as libc::sighandler_t);
         libc::signal(libc::SIGHUP, on_stop as *const () as libc::sighandler_t);
         libc::signal(libc::SIGUSR1, on_usr1 as *const () as libc::sighandler_t);
     }
-    let text = std::fs::read_to_string(dir.join("plan.json"))
-        .map_err(|e| LabError::sys("read plan.json", e))?;
-    let plan: Plan = serde_json::from_str(&text)
-        .map_err(|e| LabError::Forwarder(format!("bad plan.json: {e}")))?;
+    let text = std::fs::read_to_string(dir.join("layout.json"))
+        .map_err(|e| LabError::sys("read layout.json", e))?;
+    let layout: Layout = serde_json::from_str(&text)
+        .map_err(|e| LabError::Forwarder(format!("bad layout.json: {e}")))?;
     let lab = dir
         .file_name()
         .and_then(|n| n.to_str())
         .ok_or_else(|| LabError::Forwarder("bad state dir".into()))?
         .to_string();
-    let namespaces: Vec<String> = plan
+    let namespaces: Vec<String> = layout
         .hosts
         .iter()
         .map(|h| netns::host_ns(&lab, &h.name))
@@ -720,5 +716,5 @@ pub fn daemon_main(dir: &Path) -> Result<(), LabError> {
         eprintln!("lab forwarder: {w} (timing may suffer)");
     }
     std::fs::write(dir.join("ready"), "").map_err(|e| LabError::sys("write ready", e))?;
-    forwarder::run_loop(&plan, &tuns, &control)
+    forwarder::run_loop(&layout, &tuns, &control)
 }

@@ -25,7 +25,7 @@ pub use check::{CheckOptions, CheckReport};
 pub use cli::{run, LabCommand};
 pub use emu::{EmuStats, LinkStats};
 pub use lab::{Lab, LabOptions};
-pub use scenario::{Plan, Scenario};
+pub use scenario::{Layout, Scenario};
 
 /// Errors of the lab.
 #[derive(Debug, thiserror::Error)]

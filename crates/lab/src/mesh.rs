@@ -20,30 +20,34 @@ use bulkcast_proto::swarm::sim::{broadcast_bound, Topology};
 
 use crate::check::{wait_output, HostProbe, HostProbeRun};
 use crate::lab::Lab;
-use crate::scenario::{Plan, PlanHost};
+use crate::scenario::{Layout, LayoutHost};
 use crate::LabError;
 
 /// Stands for "unlimited" (bytes per second): far above any lab link.
 pub const UNLIMITED: f64 = 1e13;
 
-/// The plan as the simulator's cluster graph: each site a cluster, the source's site first
+/// The layout as the simulator's cluster graph: each site a cluster, the source's site first
 /// (its node 0 is the source); `wan(x, y)` gives the rate from site x to site y in bytes per
-/// second (plan indices; it is asked only where a path exists, the others are 0). Access
+/// second (layout indices; it is asked only where a path exists, the others are 0). Access
 /// links: the simulator has one rate for all hosts, the smallest (the seed 004 scenarios set
 /// none). Returns the sites in the simulator's order, and the topology.
-pub fn cluster_topology(plan: &Plan, wan: impl Fn(usize, usize) -> f64) -> (Vec<usize>, Topology) {
-    let src_site = plan.hosts[plan.source].site;
+pub fn cluster_topology(
+    layout: &Layout,
+    wan: impl Fn(usize, usize) -> f64,
+) -> (Vec<usize>, Topology) {
+    let src_site = layout.hosts[layout.source].site;
     let order: Vec<usize> = std::iter::once(src_site)
-        .chain((0..plan.sites.len()).filter(|&s| s != src_site))
+        .chain((0..layout.sites.len()).filter(|&s| s != src_site))
         .collect();
     let clusters = order
         .iter()
-        .map(|&s| plan.hosts.iter().filter(|h| h.site == s).count())
+        .map(|&s| layout.hosts.iter().filter(|h| h.site == s).count())
         .collect();
-    let access = |pick: fn(&PlanHost) -> usize| {
-        plan.hosts
+    let access = |pick: fn(&LayoutHost) -> usize| {
+        layout
+            .hosts
             .iter()
-            .filter_map(|h| plan.links[pick(h)].rate_bps)
+            .filter_map(|h| layout.links[pick(h)].rate_bps)
             .map(|r| r / 8.0)
             .fold(UNLIMITED, f64::min)
     };
@@ -52,7 +56,7 @@ pub fn cluster_topology(plan: &Plan, wan: impl Fn(usize, usize) -> f64) -> (Vec<
         .map(|&x| {
             order
                 .iter()
-                .map(|&y| match plan.site_links[x][y] {
+                .map(|&y| match layout.site_links[x][y] {
                     Some(_) if x != y => wan(x, y),
                     _ => 0.0,
                 })
@@ -98,7 +102,7 @@ impl Default for MeshOptions {
 /// more from `to` to `from` at the same time.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MeshFlow {
-    /// Site indices in the plan.
+    /// Site indices in the layout.
     pub from_site: usize,
     pub to_site: usize,
     /// Host names (client, server).
@@ -136,22 +140,22 @@ impl MeshReport {
         self.host.as_ref().is_some_and(HostProbe::stalled)
     }
 
-    /// The broadcast bound of `plan` (the lab this was measured on) over the measured
+    /// The broadcast bound of `layout` (the lab this was measured on) over the measured
     /// goodputs, payload bytes per second: each measured direction is its link's rate, every
     /// other link (into the source's site) carries nothing; access links keep their
     /// configured rates (none in the seed 004 scenarios).
-    pub fn bound(&self, plan: &Plan) -> f64 {
+    pub fn bound(&self, layout: &Layout) -> f64 {
         let goodput = |x: usize, y: usize| {
             self.links
                 .iter()
-                .find(|l| l.from == plan.sites[x] && l.to == plan.sites[y])
+                .find(|l| l.from == layout.sites[x] && l.to == layout.sites[y])
                 .map_or(0.0, |l| l.mbps * 1e6 / 8.0)
         };
-        broadcast_bound(&cluster_topology(plan, goodput).1)
+        broadcast_bound(&cluster_topology(layout, goodput).1)
     }
 }
 
-/// The flows that load every WAN path of the plan as a broadcast from `source_site` does:
+/// The flows that load every WAN path of the layout as a broadcast from `source_site` does:
 /// one-way out of the source's site, two-way between the others (each unordered pair once).
 /// Each site spreads its flows over its hosts: the k-th other site talks to host k mod n.
 pub fn mesh_flows(
@@ -207,20 +211,21 @@ pub fn iperf3_goodput(v: &serde_json::Value) -> Result<(f64, Option<f64>), LabEr
 
 /// Runs every flow of [`mesh_flows`] at once for `opts.secs` and reports each direction.
 pub fn tcp_mesh(lab: &Lab, opts: &MeshOptions) -> Result<MeshReport, LabError> {
-    let plan = lab.plan();
-    let site_hosts: Vec<Vec<String>> = (0..plan.sites.len())
+    let layout = lab.layout();
+    let site_hosts: Vec<Vec<String>> = (0..layout.sites.len())
         .map(|s| {
-            plan.hosts
+            layout
+                .hosts
                 .iter()
                 .filter(|h| h.site == s)
                 .map(|h| h.name.clone())
                 .collect()
         })
         .collect();
-    let source_site = plan.hosts[plan.source].site;
+    let source_site = layout.hosts[layout.source].site;
     let flows = mesh_flows(
         &site_hosts,
-        |x, y| plan.site_links[x][y].is_some(),
+        |x, y| layout.site_links[x][y].is_some(),
         source_site,
     );
     if flows.is_empty() {
@@ -263,7 +268,7 @@ pub fn tcp_mesh(lab: &Lab, opts: &MeshOptions) -> Result<MeshReport, LabError> {
         }
         // The configured rate of site x -> site y, Mbit/s.
         let rate = |x: usize, y: usize| {
-            plan.site_links[x][y].and_then(|l| plan.links[l].rate_bps.map(|r| r / 1e6))
+            layout.site_links[x][y].and_then(|l| layout.links[l].rate_bps.map(|r| r / 1e6))
         };
         let mut links = Vec::new();
         for (f, c) in flows.iter().zip(clients) {
@@ -276,8 +281,8 @@ pub fn tcp_mesh(lab: &Lab, opts: &MeshOptions) -> Result<MeshReport, LabError> {
             })?;
             let (fwd, rev) = iperf3_goodput(&v)?;
             links.push(DirectedGoodput {
-                from: plan.sites[f.from_site].clone(),
-                to: plan.sites[f.to_site].clone(),
+                from: layout.sites[f.from_site].clone(),
+                to: layout.sites[f.to_site].clone(),
                 mbps: fwd,
                 rate_mbps: rate(f.from_site, f.to_site),
                 two_way: f.two_way,
@@ -287,8 +292,8 @@ pub fn tcp_mesh(lab: &Lab, opts: &MeshOptions) -> Result<MeshReport, LabError> {
                     LabError::Measure("iperf3 --bidir: no sum_received_bidir_reverse".into())
                 })?;
                 links.push(DirectedGoodput {
-                    from: plan.sites[f.to_site].clone(),
-                    to: plan.sites[f.from_site].clone(),
+                    from: layout.sites[f.to_site].clone(),
+                    to: layout.sites[f.from_site].clone(),
                     mbps: rev,
                     rate_mbps: rate(f.to_site, f.from_site),
                     two_way: true,

@@ -4,9 +4,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use rustix::process::Signal;
+
 use crate::forwarder::{rps_mask, TUN_NAME};
 use crate::kernel;
-use crate::scenario::Plan;
+use crate::scenario::Layout;
 use crate::LabError;
 
 /// Every namespace the lab creates starts with this, so cleanup never touches anything else.
@@ -80,8 +82,7 @@ fn ip_batch(ns: Option<&str>, script: &str) -> Result<(), LabError> {
 
 /// Checks that the lab can run here: root, `ip`, `/dev/net/tun`, and namespaces.
 pub fn preflight() -> Result<(), LabError> {
-    // SAFETY: plain getter.
-    if unsafe { libc::geteuid() } != 0 {
+    if !rustix::process::geteuid().is_root() {
         return Err(LabError::NotPermitted("not running as root".into()));
     }
     if !Path::new("/dev/net/tun").exists() {
@@ -121,16 +122,25 @@ pub fn kill_ns_processes(ns: &str) {
         return;
     }
     for &p in &first {
-        // SAFETY: signal to a process that lives in our own lab namespace.
-        unsafe { libc::kill(p, libc::SIGTERM) };
+        // A process that lives in our own lab namespace.
+        signal(p, Signal::TERM);
     }
     let deadline = Instant::now() + Duration::from_millis(500);
     while Instant::now() < deadline && !pids(ns).is_empty() {
         std::thread::sleep(Duration::from_millis(50));
     }
     for p in pids(ns) {
-        // SAFETY: as above.
-        unsafe { libc::kill(p, libc::SIGKILL) };
+        signal(p, Signal::KILL);
+    }
+}
+
+/// Sends `sig` to process `pid` (never to a group: `pid` <= 0 is ignored); a process that is
+/// already gone is no error here, the callers check what they need.
+pub fn signal(pid: i32, sig: Signal) {
+    if pid > 0 {
+        if let Some(p) = rustix::process::Pid::from_raw(pid) {
+            let _ = rustix::process::kill_process(p, sig);
+        }
     }
 }
 
@@ -152,37 +162,37 @@ pub fn remove_lab(lab: &str) -> Result<(), LabError> {
 }
 
 /// Creates the namespaces, the hub with one bridge per site and the veths (not the TUNs).
-pub fn build(lab: &str, plan: &Plan) -> Result<(), LabError> {
+pub fn build(lab: &str, layout: &Layout) -> Result<(), LabError> {
     let hub = hub_ns(lab);
     ip(&["netns", "add", &hub])?;
     let mut hub_script = String::from("link set lo up\n");
-    for s in 0..plan.sites.len() {
+    for s in 0..layout.sites.len() {
         // Snooping off: without an IGMP querier the bridge floods multicast, so it just works.
         hub_script.push_str(&format!(
             "link add br{s} type bridge mcast_snooping 0\nlink set br{s} up\n"
         ));
     }
-    for (i, h) in plan.hosts.iter().enumerate() {
+    for (i, h) in layout.hosts.iter().enumerate() {
         let ns = host_ns(lab, &h.name);
         ip(&["netns", "add", &ns])?;
         // Kernel shaping: every host on one bridge, its access links shaped on its veth.
-        let bridge = if plan.kernel_shaping { 0 } else { h.site };
+        let bridge = if layout.kernel_shaping { 0 } else { h.site };
         hub_script.push_str(&format!(
             "link add v{i} type veth peer name lan0 netns {ns}\nlink set v{i} master br{bridge} up\n"
         ));
     }
     ip_batch(Some(&hub), &hub_script)?;
-    if plan.kernel_shaping {
-        kernel::shape_hub(&hub, plan)?;
+    if layout.kernel_shaping {
+        kernel::shape_hub(&hub, layout)?;
     }
     Ok(())
 }
 
 /// Configures each host once its TUN exists: addresses, routes, sysctls, RPS.
-pub fn configure_hosts(lab: &str, plan: &Plan) -> Result<(), LabError> {
+pub fn configure_hosts(lab: &str, layout: &Layout) -> Result<(), LabError> {
     let rps = rps_mask();
     let mut children = Vec::new();
-    for (i, h) in plan.hosts.iter().enumerate() {
+    for (i, h) in layout.hosts.iter().enumerate() {
         let ns = host_ns(lab, &h.name);
         let mut sh = String::from("set -e\n");
         for (k, v) in [
@@ -212,8 +222,8 @@ pub fn configure_hosts(lab: &str, plan: &Plan) -> Result<(), LabError> {
         sh.push_str(&format!(
             "ip link set {TUN_NAME} mtu 1500 txqueuelen 10000 up\n"
         ));
-        let wan = if plan.kernel_shaping {
-            sh.push_str(&kernel::host_script(plan, i));
+        let wan = if layout.kernel_shaping {
+            sh.push_str(&kernel::host_script(layout, i));
             "lan0"
         } else {
             TUN_NAME
@@ -223,7 +233,7 @@ pub fn configure_hosts(lab: &str, plan: &Plan) -> Result<(), LabError> {
             h.addr
         ));
         sh.push_str("ip route add 224.0.0.0/4 dev lan0\n");
-        for c in &plan.channels {
+        for c in &layout.channels {
             let (mine, peer) = if c.a == i {
                 (c.a_addr, c.b_addr)
             } else if c.b == i {

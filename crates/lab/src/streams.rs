@@ -14,13 +14,13 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::time::{Duration, Instant};
 
 use rand::{RngCore, SeedableRng};
 
 use crate::lab::Lab;
-use crate::scenario::Plan;
+use crate::scenario::Layout;
 use crate::LabError;
 
 /// Width of the receiver's time bins in seconds.
@@ -92,17 +92,17 @@ impl Pattern {
 /// rate, then every `[[change]]` due by then, then its `[[alternate]]` cycle (the forwarder's
 /// order). `None`: unlimited. Random `[fluctuation]` is not modelled (the nominal rate is
 /// returned).
-pub fn rate_at(plan: &Plan, link: usize, t_s: f64) -> Option<f64> {
+pub fn rate_at(layout: &Layout, link: usize, t_s: f64) -> Option<f64> {
     let t_ns = (t_s.max(0.0) * 1e9) as u64;
-    let mut r = plan.links[link].rate_bps;
-    for e in &plan.events {
+    let mut r = layout.links[link].rate_bps;
+    for e in &layout.events {
         if e.link == link && e.at_ns <= t_ns {
             if let Some(x) = e.rate_bps {
                 r = Some(x);
             }
         }
     }
-    for a in &plan.alternates {
+    for a in &layout.alternates {
         if a.link == link {
             let k = t_ns / a.every_ns;
             r = Some(a.rates_bps[(k % a.rates_bps.len() as u64) as usize]);
@@ -111,18 +111,18 @@ pub fn rate_at(plan: &Plan, link: usize, t_s: f64) -> Option<f64> {
     r
 }
 
-/// Nominal capacity in bit/s of a set of routes (each a list of links, as [`Plan::route`]
+/// Nominal capacity in bit/s of a set of routes (each a list of links, as [`Layout::route`]
 /// gives) at second `t_s`: each route is limited by its slowest link, and distinct routes add
 /// up (a link shared by several routes is counted once: routes that share a link are limited
 /// together by it). `None` when some route is unlimited.
-pub fn capacity_at(plan: &Plan, routes: &[Vec<usize>], t_s: f64) -> Option<f64> {
+pub fn capacity_at(layout: &Layout, routes: &[Vec<usize>], t_s: f64) -> Option<f64> {
     // Group routes by their bottleneck link, so that routes through the same link (several
     // connections on one channel) count once.
     let mut by_bottleneck: HashMap<usize, f64> = HashMap::new();
     for r in routes {
         let mut best: Option<(usize, f64)> = None;
         for &l in r {
-            if let Some(rate) = rate_at(plan, l, t_s) {
+            if let Some(rate) = rate_at(layout, l, t_s) {
                 if best.is_none_or(|(_, b)| rate < b) {
                     best = Some((l, rate));
                 }
@@ -136,16 +136,16 @@ pub fn capacity_at(plan: &Plan, routes: &[Vec<usize>], t_s: f64) -> Option<f64> 
 
 /// The times in `(0, t_end)` at which the capacity of `routes` changes, with the new capacity
 /// (bit/s), probing the schedule every 10 ms.
-pub fn capacity_steps(plan: &Plan, routes: &[Vec<usize>], t_end: f64) -> Vec<(f64, f64)> {
+pub fn capacity_steps(layout: &Layout, routes: &[Vec<usize>], t_end: f64) -> Vec<(f64, f64)> {
     let mut steps = Vec::new();
-    let mut prev = capacity_at(plan, routes, 0.0);
+    let mut prev = capacity_at(layout, routes, 0.0);
     let mut i = 1u64;
     loop {
         let t = i as f64 * 0.01;
         if t >= t_end {
             break;
         }
-        let c = capacity_at(plan, routes, t);
+        let c = capacity_at(layout, routes, t);
         if c != prev {
             if let Some(c) = c {
                 steps.push(((t * 100.0).round() / 100.0, c));
@@ -350,16 +350,8 @@ pub fn pin_off_forwarder() {
     let Some(cpu) = crate::forwarder::forwarder_cpu() else {
         return;
     };
-    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
-    // SAFETY: cpu_set_t is plain data; zeroed is its empty value; the calls affect only the
-    // calling thread.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        for i in (0..n.min(libc::CPU_SETSIZE as usize)).filter(|&i| i != cpu) {
-            libc::CPU_SET(i, &mut set);
-        }
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
+    // Best effort, as for the hosts' processes: unpinned, the thread still works.
+    let _ = rustix::thread::sched_setaffinity(None, &crate::forwarder::cpus_except(cpu));
 }
 
 /// Is a compiler running on this machine (it competes with the lab for the CPUs)?
@@ -416,36 +408,9 @@ fn code(st: std::process::ExitStatus) -> i32 {
 /// Runs one transfer on a running lab (see [`StreamSpec`]). Processes left in the two hosts
 /// are killed at the end.
 pub fn run_stream(lab: &Lab, spec: &StreamSpec) -> Result<StreamOutcome, LabError> {
-    let err_file = |side: &str| -> Result<(PathBuf, File), LabError> {
-        let p = PathBuf::from(format!("{}.{side}.err", spec.log_prefix.display()));
-        let f =
-            File::create(&p).map_err(|e| LabError::sys(format!("create {}", p.display()), e))?;
-        Ok((p, f))
-    };
-    let (recv_err_path, recv_err) = err_file("recv")?;
-    let (send_err_path, send_err) = err_file("send")?;
-    let mut rc = lab.command(&spec.receiver, "sh")?;
-    rc.args(["-c", &format!("exec {}", spec.recv_cmd)])
-        .stdin(Stdio::null())
-        .stdout(if spec.sink {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stderr(recv_err);
-    let mut recv = rc
-        .spawn()
-        .map_err(|e| LabError::sys(format!("start {:?}", spec.recv_cmd), e))?;
-    if !wait_listening(lab, &spec.receiver, spec.port, Duration::from_secs(10)) {
-        let _ = recv.kill();
-        let _ = recv.wait();
-        return Err(LabError::Measure(format!(
-            "the receiver does not listen on port {} ({:?}): {}",
-            spec.port,
-            spec.recv_cmd,
-            tail(&recv_err_path, 5)
-        )));
-    }
+    let (recv_err_path, recv_err) = err_file(spec, "recv")?;
+    let (send_err_path, send_err) = err_file(spec, "send")?;
+    let mut recv = start_receiver(lab, spec, recv_err, &recv_err_path)?;
     let drops0: u64 = lab.tx_dropped()?.iter().map(|(_, d)| d).sum();
     let (cpu0, late0) = (lab.forwarder_cpu_s(), lab.stats().late_events);
     let mut sc = lab.command(&spec.sender, "sh")?;
@@ -465,62 +430,16 @@ pub fn run_stream(lab: &Lab, spec: &StreamSpec) -> Result<StreamOutcome, LabErro
         .spawn()
         .map_err(|e| LabError::sys(format!("start {:?}", spec.send_cmd), e))?;
 
-    // Feeder: the pattern into the sender's stdin, until the size or the time is reached.
-    let feeder = send.stdin.take().map(|mut stdin| {
+    // Three threads move the data, so that the loop below only watches: the feeder writes the
+    // pattern into the sender, the sink checks the receiver's output, a reader keeps the
+    // sender's stdout (its report) from filling its pipe.
+    let feeder = send.stdin.take().map(|stdin| {
         let (limit, max_s, seed) = (spec.feed_bytes, spec.feed_max_s, spec.seed);
-        std::thread::spawn(move || {
-            pin_off_forwarder();
-            let mut p = Pattern::new(seed);
-            let mut buf = vec![0u8; 256 << 10];
-            let mut sent = 0u64;
-            loop {
-                let n = limit.map_or(buf.len() as u64, |l| (l - sent).min(buf.len() as u64));
-                if n == 0 || max_s.is_some_and(|m| t0.elapsed().as_secs_f64() >= m) {
-                    break;
-                }
-                p.fill(&mut buf[..n as usize]);
-                if stdin.write_all(&buf[..n as usize]).is_err() {
-                    break;
-                }
-                sent += n;
-            }
-            drop(stdin);
-            (sent, t0.elapsed().as_secs_f64())
-        })
+        std::thread::spawn(move || feed(stdin, seed, limit, max_s, t0))
     });
-    // Sink: the receiver's stdout, checked and binned.
-    let sink = recv.stdout.take().map(|mut out| {
+    let sink = recv.stdout.take().map(|out| {
         let seed = spec.seed;
-        std::thread::spawn(move || {
-            pin_off_forwarder();
-            let mut p = Pattern::new(seed);
-            let mut buf = vec![0u8; 256 << 10];
-            let mut r = SinkReport {
-                verified: true,
-                ..Default::default()
-            };
-            loop {
-                let n = match out.read(&mut buf) {
-                    Ok(0) => break,
-                    Ok(n) => n,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                    Err(_) => break,
-                };
-                let t = t0.elapsed().as_secs_f64();
-                r.first_s.get_or_insert(t);
-                r.last_s = Some(t);
-                r.bytes += n as u64;
-                if r.verified && !p.matches(&buf[..n]) {
-                    r.verified = false;
-                }
-                let bin = (t / BIN_S) as usize;
-                if r.bins.len() <= bin {
-                    r.bins.resize(bin + 1, 0);
-                }
-                r.bins[bin] += n as u64;
-            }
-            r
-        })
+        std::thread::spawn(move || check_sink(out, seed, t0))
     });
     let stdout_reader = send.stdout.take().map(|mut o| {
         std::thread::spawn(move || {
@@ -530,65 +449,7 @@ pub fn run_stream(lab: &Lab, spec: &StreamSpec) -> Result<StreamOutcome, LabErro
         })
     });
 
-    let mut out = StreamOutcome::default();
-    let mut last_sample = None::<Instant>;
-    let mut children: [(&mut Child, bool); 2] = [(&mut send, true), (&mut recv, true)];
-    loop {
-        for (i, (c, running)) in children.iter_mut().enumerate() {
-            if *running {
-                if let Ok(Some(st)) = c.try_wait() {
-                    *running = false;
-                    let t = Some(t0.elapsed().as_secs_f64());
-                    if i == 0 {
-                        out.send_code = Some(code(st));
-                        out.send_s = t;
-                    } else {
-                        out.recv_code = Some(code(st));
-                        out.recv_s = t;
-                    }
-                }
-            }
-        }
-        if last_sample.is_none_or(|s| s.elapsed() >= Duration::from_millis(100)) {
-            last_sample = Some(Instant::now());
-            let st = lab.stats();
-            out.links.push(LinkSample {
-                t_s: t0.elapsed().as_secs_f64(),
-                bytes_out: spec
-                    .watch_links
-                    .iter()
-                    .map(|&l| st.links.get(l).map_or(0, |s| s.bytes_out))
-                    .collect(),
-                rate_bps: spec
-                    .watch_links
-                    .iter()
-                    .map(|&l| st.links.get(l).map_or(0.0, |s| s.rate_bps))
-                    .collect(),
-            });
-            if out.links.len() % 10 == 1 && !out.build_running {
-                out.build_running = build_running();
-            }
-        }
-        if children.iter().all(|(_, r)| !r) {
-            break;
-        }
-        // A receiver that fails while the sender waits: give the sender a few seconds.
-        let recv_failed = out.recv_code.is_some_and(|c| c != 0)
-            && out
-                .recv_s
-                .is_some_and(|s| t0.elapsed().as_secs_f64() > s + 5.0);
-        if t0.elapsed() >= spec.timeout || recv_failed {
-            out.timed_out = !recv_failed;
-            for (c, running) in children.iter_mut() {
-                if *running {
-                    let _ = c.kill();
-                    let _ = c.wait();
-                }
-            }
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut out = watch(lab, spec, t0, &mut send, &mut recv);
     let run_s = t0.elapsed().as_secs_f64();
     out.forwarder_cpu = match (cpu0, lab.forwarder_cpu_s()) {
         (Some(a), Some(b)) => Some((b - a) / run_s),
@@ -616,32 +477,211 @@ pub fn run_stream(lab: &Lab, spec: &StreamSpec) -> Result<StreamOutcome, LabErro
     Ok(out)
 }
 
-/// The links from `sender` to each address in `addrs` (its routes; see [`Plan::route`]).
-pub fn routes(plan: &Plan, sender: &str, addrs: &[Ipv4Addr]) -> Result<Vec<Vec<usize>>, LabError> {
-    let s = plan
+/// The file one side's stderr goes to, `<log_prefix>.<side>.err`.
+fn err_file(spec: &StreamSpec, side: &str) -> Result<(PathBuf, File), LabError> {
+    let p = PathBuf::from(format!("{}.{side}.err", spec.log_prefix.display()));
+    let f = File::create(&p).map_err(|e| LabError::sys(format!("create {}", p.display()), e))?;
+    Ok((p, f))
+}
+
+/// Starts the receiver and waits until it listens, so the sender never meets a closed port.
+fn start_receiver(
+    lab: &Lab,
+    spec: &StreamSpec,
+    err: File,
+    err_path: &Path,
+) -> Result<Child, LabError> {
+    let mut rc = lab.command(&spec.receiver, "sh")?;
+    rc.args(["-c", &format!("exec {}", spec.recv_cmd)])
+        .stdin(Stdio::null())
+        .stdout(if spec.sink {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stderr(err);
+    let mut recv = rc
+        .spawn()
+        .map_err(|e| LabError::sys(format!("start {:?}", spec.recv_cmd), e))?;
+    if !wait_listening(lab, &spec.receiver, spec.port, Duration::from_secs(10)) {
+        let _ = recv.kill();
+        let _ = recv.wait();
+        return Err(LabError::Measure(format!(
+            "the receiver does not listen on port {} ({:?}): {}",
+            spec.port,
+            spec.recv_cmd,
+            tail(err_path, 5)
+        )));
+    }
+    Ok(recv)
+}
+
+/// The feeder: the pattern into the sender's stdin until `limit` bytes or `max_s` seconds;
+/// closing stdin then ends the sender's input. Returns the bytes written and when it stopped.
+fn feed(
+    mut stdin: ChildStdin,
+    seed: u64,
+    limit: Option<u64>,
+    max_s: Option<f64>,
+    t0: Instant,
+) -> (u64, f64) {
+    pin_off_forwarder();
+    let mut p = Pattern::new(seed);
+    let mut buf = vec![0u8; 256 << 10];
+    let mut sent = 0u64;
+    loop {
+        let n = limit.map_or(buf.len() as u64, |l| (l - sent).min(buf.len() as u64));
+        if n == 0 || max_s.is_some_and(|m| t0.elapsed().as_secs_f64() >= m) {
+            break;
+        }
+        p.fill(&mut buf[..n as usize]);
+        if stdin.write_all(&buf[..n as usize]).is_err() {
+            break;
+        }
+        sent += n;
+    }
+    drop(stdin);
+    (sent, t0.elapsed().as_secs_f64())
+}
+
+/// The sink: the receiver's stdout, checked against the pattern and counted in [`BIN_S`] bins.
+fn check_sink(mut out: ChildStdout, seed: u64, t0: Instant) -> SinkReport {
+    pin_off_forwarder();
+    let mut p = Pattern::new(seed);
+    let mut buf = vec![0u8; 256 << 10];
+    let mut r = SinkReport {
+        verified: true,
+        ..Default::default()
+    };
+    loop {
+        let n = match out.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        };
+        let t = t0.elapsed().as_secs_f64();
+        r.first_s.get_or_insert(t);
+        r.last_s = Some(t);
+        r.bytes += n as u64;
+        if r.verified && !p.matches(&buf[..n]) {
+            r.verified = false;
+        }
+        let bin = (t / BIN_S) as usize;
+        if r.bins.len() <= bin {
+            r.bins.resize(bin + 1, 0);
+        }
+        r.bins[bin] += n as u64;
+    }
+    r
+}
+
+/// Polls both sides every 20 ms until both exit, the timeout, or a failed receiver the sender
+/// outlives by 5 s; samples the watched links every 100 ms meanwhile.
+fn watch(
+    lab: &Lab,
+    spec: &StreamSpec,
+    t0: Instant,
+    send: &mut Child,
+    recv: &mut Child,
+) -> StreamOutcome {
+    let mut out = StreamOutcome::default();
+    let mut last_sample = None::<Instant>;
+    let mut children: [(&mut Child, bool); 2] = [(send, true), (recv, true)];
+    loop {
+        for (i, (c, running)) in children.iter_mut().enumerate() {
+            if *running {
+                if let Ok(Some(st)) = c.try_wait() {
+                    *running = false;
+                    let t = Some(t0.elapsed().as_secs_f64());
+                    if i == 0 {
+                        out.send_code = Some(code(st));
+                        out.send_s = t;
+                    } else {
+                        out.recv_code = Some(code(st));
+                        out.recv_s = t;
+                    }
+                }
+            }
+        }
+        if last_sample.is_none_or(|s| s.elapsed() >= Duration::from_millis(100)) {
+            last_sample = Some(Instant::now());
+            out.links.push(sample_links(lab, &spec.watch_links, t0));
+            // Checked once a second: a compiler on the machine explains a slow run.
+            if out.links.len() % 10 == 1 && !out.build_running {
+                out.build_running = build_running();
+            }
+        }
+        if children.iter().all(|(_, r)| !r) {
+            break;
+        }
+        // A receiver that fails while the sender waits: give the sender a few seconds.
+        let recv_failed = out.recv_code.is_some_and(|c| c != 0)
+            && out
+                .recv_s
+                .is_some_and(|s| t0.elapsed().as_secs_f64() > s + 5.0);
+        if t0.elapsed() >= spec.timeout || recv_failed {
+            out.timed_out = !recv_failed;
+            for (c, running) in children.iter_mut() {
+                if *running {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+            }
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    out
+}
+
+/// The forwarder's current counters of `links`.
+fn sample_links(lab: &Lab, links: &[usize], t0: Instant) -> LinkSample {
+    let st = lab.stats();
+    LinkSample {
+        t_s: t0.elapsed().as_secs_f64(),
+        bytes_out: links
+            .iter()
+            .map(|&l| st.links.get(l).map_or(0, |s| s.bytes_out))
+            .collect(),
+        rate_bps: links
+            .iter()
+            .map(|&l| st.links.get(l).map_or(0.0, |s| s.rate_bps))
+            .collect(),
+    }
+}
+
+/// The links from `sender` to each address in `addrs` (its routes; see [`Layout::route`]).
+pub fn routes(
+    layout: &Layout,
+    sender: &str,
+    addrs: &[Ipv4Addr],
+) -> Result<Vec<Vec<usize>>, LabError> {
+    let s = layout
         .host(sender)
         .ok_or_else(|| LabError::UnknownHost(sender.into()))?;
     addrs
         .iter()
         .map(|a| {
-            plan.route(s, *a)
+            layout
+                .route(s, *a)
                 .ok_or_else(|| LabError::Measure(format!("no emulated route from {sender} to {a}")))
         })
         .collect()
 }
 
 /// Each route's bottleneck link (the slowest at its nominal rate), in route order.
-pub fn bottlenecks(plan: &Plan, routes: &[Vec<usize>]) -> Vec<usize> {
+pub fn bottlenecks(layout: &Layout, routes: &[Vec<usize>]) -> Vec<usize> {
     routes
         .iter()
         .filter_map(|r| {
             r.iter()
                 .copied()
-                .filter(|&l| plan.links[l].rate_bps.is_some())
+                .filter(|&l| layout.links[l].rate_bps.is_some())
                 .min_by(|&a, &b| {
-                    plan.links[a]
+                    layout.links[a]
                         .rate_bps
-                        .partial_cmp(&plan.links[b].rate_bps)
+                        .partial_cmp(&layout.links[b].rate_bps)
                         .unwrap_or(std::cmp::Ordering::Equal)
                 })
         })
@@ -735,34 +775,34 @@ mod tests {
 
     #[test]
     fn capacity_follows_the_schedule() {
-        let plan = Scenario::parse(DYN).unwrap().plan().unwrap();
-        let d = plan.host("d").unwrap();
-        let addrs: Vec<Ipv4Addr> = plan
+        let layout = Scenario::parse(DYN).unwrap().resolve().unwrap();
+        let d = layout.host("d").unwrap();
+        let addrs: Vec<Ipv4Addr> = layout
             .channels
             .iter()
             .map(|c| if c.b == d { c.b_addr } else { c.a_addr })
             .collect();
         // Two connections on each channel: each channel counts once.
         let all: Vec<Ipv4Addr> = addrs.iter().chain(addrs.iter()).copied().collect();
-        let r = routes(&plan, "s", &all).unwrap();
-        let mbps = |t: f64| capacity_at(&plan, &r, t).unwrap() / 1e6;
+        let r = routes(&layout, "s", &all).unwrap();
+        let mbps = |t: f64| capacity_at(&layout, &r, t).unwrap() / 1e6;
         assert_eq!(mbps(0.0), 30.0);
         assert_eq!(mbps(19.9), 30.0);
         assert_eq!(mbps(20.0), 40.0);
         assert_eq!(mbps(45.0), 30.0);
         assert_eq!(mbps(55.0), 25.0);
         assert_eq!(mbps(61.0), 35.0);
-        let steps = capacity_steps(&plan, &r, 70.0);
+        let steps = capacity_steps(&layout, &r, 70.0);
         assert_eq!(
             steps,
             vec![(20.0, 40e6), (40.0, 30e6), (50.0, 25e6), (60.0, 35e6)]
         );
-        let b = bottlenecks(&plan, &r);
-        assert_eq!(b[0], plan.channels[0].a_to_b);
-        assert_eq!(b[1], plan.channels[1].a_to_b);
+        let b = bottlenecks(&layout, &r);
+        assert_eq!(b[0], layout.channels[0].a_to_b);
+        assert_eq!(b[1], layout.channels[1].a_to_b);
         // The main path: 100 Mbit/s.
-        let main = routes(&plan, "s", &[plan.hosts[d].addr]).unwrap();
-        assert_eq!(capacity_at(&plan, &main, 3.0), Some(100e6));
+        let main = routes(&layout, "s", &[layout.hosts[d].addr]).unwrap();
+        assert_eq!(capacity_at(&layout, &main, 3.0), Some(100e6));
     }
 
     #[test]

@@ -237,7 +237,7 @@ fn tcp_mesh_loads_every_link_as_a_broadcast_does() {
         ..Default::default()
     };
     let report = tcp_mesh(&lab, &opts).unwrap();
-    let plan = lab.plan().clone();
+    let layout = lab.layout().clone();
     lab.down().unwrap();
     assert!(!netns_list().contains("bclab-t-mesh."));
     eprintln!("{report:?}");
@@ -267,12 +267,12 @@ fn tcp_mesh_loads_every_link_as_a_broadcast_does() {
         assert!((0.5..=0.97).contains(&share), "{l:?}");
     }
     let rate = |x: usize, y: usize| {
-        plan.site_links[x][y]
-            .and_then(|l| plan.links[l].rate_bps)
+        layout.site_links[x][y]
+            .and_then(|l| layout.links[l].rate_bps)
             .map_or(0.0, |r| r / 8.0)
     };
-    let tcp = report.bound(&plan);
-    let ip = broadcast_bound(&cluster_topology(&plan, rate).1);
+    let tcp = report.bound(&layout);
+    let ip = broadcast_bound(&cluster_topology(&layout, rate).1);
     // The links' bound (paths carry both ways): c takes 10 from a and 20 through b, b takes
     // 20 from a and 10 through c: 30 Mbit/s.
     assert!((ip * 8.0 / 1e6 - 30.0).abs() < 1e-6, "{ip}");

@@ -20,8 +20,8 @@ fn shipped_scenarios_are_valid() {
             path.display()
         );
         let sc = Scenario::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let plan = sc.plan().unwrap();
-        assert!(plan.hosts.len() >= 2, "{}", path.display());
+        let layout = sc.resolve().unwrap();
+        assert!(layout.hosts.len() >= 2, "{}", path.display());
         n += 1;
     }
     assert!(n >= 20, "only {n} scenarios found");
@@ -30,16 +30,16 @@ fn shipped_scenarios_are_valid() {
 #[test]
 fn seed000_has_the_papers_rtt_matrix() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/seed000-aws5.toml");
-    let plan = Scenario::load(&path).unwrap().plan().unwrap();
-    let site = |n: &str| plan.sites.iter().position(|s| s == n).unwrap();
+    let layout = Scenario::load(&path).unwrap().resolve().unwrap();
+    let site = |n: &str| layout.sites.iter().position(|s| s == n).unwrap();
     let rtt = |a: &str, b: &str| {
-        let l = plan.site_links[site(a)][site(b)].unwrap();
-        let r = plan.site_links[site(b)][site(a)].unwrap();
-        (plan.links[l].delay_ns + plan.links[r].delay_ns) as f64 / 1e6
+        let l = layout.site_links[site(a)][site(b)].unwrap();
+        let r = layout.site_links[site(b)][site(a)].unwrap();
+        (layout.links[l].delay_ns + layout.links[r].delay_ns) as f64 / 1e6
     };
     assert_eq!(rtt("frankfurt", "london"), 13.0);
     assert_eq!(rtt("singapore", "canada"), 219.0);
     assert_eq!(rtt("oregon", "canada"), 65.0);
-    assert_eq!(plan.hosts.len(), 15);
-    assert_eq!(plan.hosts[plan.source].name, "london-1");
+    assert_eq!(layout.hosts.len(), 15);
+    assert_eq!(layout.hosts[layout.source].name, "london-1");
 }
