@@ -228,18 +228,7 @@ struct RecvArgs {
 fn main() {
     tune_allocator();
     let cli = Cli::parse();
-    let default_level = match cli.cmd {
-        Cmd::Agent(_) => "info",
-        _ => "warn",
-    };
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("BULKCAST_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
-        )
-        .init();
+    init_logging(&cli.cmd);
     // The lab is synchronous (and its forwarder daemon, re-executed as `bulkcast lab ...`,
     // must not start a runtime's worker threads on the core it pins).
     let cli = match cli.cmd {
@@ -367,6 +356,31 @@ async fn recv(a: RecvArgs) -> Result<i32> {
             eprintln!("error: {e}");
             Ok(1)
         }
+    }
+}
+
+/// The log on stderr. An agent is a daemon: its log is its output (`info`, with times). The
+/// other commands print their own account (a `send`'s report names every receiver's failure),
+/// so by default their log is off and a failure is said once, in that account, not again as a
+/// raw log line in the middle of it; `plan` and `lab` keep their warnings. `BULKCAST_LOG`
+/// (an `EnvFilter`, e.g. `warn` or `info,bulkcast_node::swarm=debug`) overrides the default.
+fn init_logging(cmd: &Cmd) {
+    let (default_level, daemon) = match cmd {
+        Cmd::Agent(_) => ("info", true),
+        Cmd::Plan(_) | Cmd::Lab { .. } => ("warn", false),
+        _ => ("off", false),
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("BULKCAST_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let fmt = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(filter);
+    if daemon {
+        fmt.init();
+    } else {
+        // A command's own output has no timestamps; neither do the log lines among it.
+        fmt.without_time().with_target(false).init();
     }
 }
 

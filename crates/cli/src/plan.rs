@@ -253,7 +253,7 @@ pub async fn for_send(
             }
         }
         let mut p = plan(&net, Algorithm::Dcmst, &opts)?;
-        p.reason = "no capacities in the hosts file: equal access links assumed, so a chain ordered by RTT (DCMST, fan-out 1)".into();
+        p.reason = "no link capacities given (uplink_mbps in a hosts file, or --matrix): equal access links assumed, so a chain ordered by RTT (DCMST, fan-out 1)".into();
         return Ok((p, note));
     }
     let best = [

@@ -91,14 +91,16 @@ enum Strategy {
     /// Several trees at once, each carrying a share of the chunks in proportion to its planned
     /// rate, so that together they use every access link (the planner's balanced multi-trees).
     Balanced,
-    /// MOB: receivers pull, each cluster (`site` in the hosts file) gets each piece once over
-    /// the WAN and shares it locally. Holds the object in memory (at most 2 GiB).
+    /// MOB: receivers pull; each site (`site` in the hosts file) pulls each piece over the WAN
+    /// once and shares it locally. A file of any size (pieces are served from disk once
+    /// stored) or a directory of at most 2 GiB (held in memory).
     Mob,
-    /// BitTorrent-style swarm (random peers, random pieces, tit-for-tat choking). Holds the
-    /// object in memory.
+    /// BitTorrent-style swarm (random peers and pieces, tit-for-tat choking): a baseline,
+    /// slower and with duplicate WAN copies. Same size limits as `mob`.
     Swarm,
-    /// Push down the planned tree (or `--fanout`), pull from peers what push will not bring in
-    /// time.
+    /// The source deals each piece out of its site once, sites pull from each other what they
+    /// lack, and push runs down the planned tree (or `--fanout`) inside each site. Same size
+    /// limits as `mob`.
     Hybrid,
 }
 
@@ -254,11 +256,13 @@ pub async fn run(a: SendArgs) -> Result<i32> {
             &cfg,
             status.clone(),
         );
-        let Some(result) = progress::sending(status.clone(), a.quiet, work).await else {
+        let Some((result, timeline)) = progress::sending(status.clone(), a.quiet, work).await
+        else {
             bail!("interrupted: receivers discard their partial copies");
         };
         let mut report = result.map_err(anyhow::Error::msg)?;
         report.object.skipped = skipped;
+        report.timeline = timeline;
         print_report(&report, a.json)?;
         return Ok(exit_code(&report));
     }
@@ -343,11 +347,12 @@ pub async fn run(a: SendArgs) -> Result<i32> {
             .await
         }
     };
-    let Some(result) = progress::sending(status.clone(), a.quiet, work).await else {
+    let Some((result, timeline)) = progress::sending(status.clone(), a.quiet, work).await else {
         bail!("interrupted: receivers discard their partial copies");
     };
     let mut report = result?;
     report.object.skipped = skipped;
+    report.timeline = timeline;
     print_report(&report, a.json)?;
     Ok(exit_code(&report))
 }
@@ -441,9 +446,13 @@ fn auto_strategy(
     };
     if !a.quiet {
         eprintln!(
-            "strategy auto: {} ({} sites, {})",
+            "strategy auto: {} ({}, {})",
             swarm_strategy(chosen).map_or("tree", SwarmStrategy::name),
-            sites.len(),
+            match sites.len() {
+                0 => "no sites given".to_string(),
+                1 => "one site".to_string(),
+                n => format!("{n} sites"),
+            },
             m.total_len
                 .map_or("unknown length".to_string(), |l| format!("{} MiB", l >> 20))
         );
@@ -499,17 +508,7 @@ pub fn print_report(r: &Report, json: bool) -> Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(r)?);
     }
-    eprintln!(
-        "{} {} ({}) to {} receivers by {} in {:.2} s: {:.1} Mbit/s per receiver (slowest), {:.1} Mbit/s aggregate",
-        r.object.kind,
-        r.object.name,
-        progress::human_bytes(r.object.bytes),
-        r.receivers.len(),
-        r.strategy,
-        r.seconds,
-        r.receivers.iter().map(|x| x.rate_mbps).fold(f64::INFINITY, f64::min),
-        r.aggregate_mbps
-    );
+    eprintln!("{}", headline(r));
     let failed: Vec<_> = r.receivers.iter().filter(|x| !x.verified).collect();
     if !json {
         for c in &r.clusters {
@@ -563,9 +562,89 @@ pub fn print_report(r: &Report, json: bool) -> Result<()> {
     Ok(())
 }
 
+/// The report's first line. The per-receiver rate is the slowest of the receivers that got
+/// a verified copy: a failed receiver's rate says nothing about how fast the data moved, and
+/// it is counted on its own.
+pub fn headline(r: &Report) -> String {
+    let verified: Vec<_> = r.receivers.iter().filter(|x| x.verified).collect();
+    let per_receiver = match verified.iter().map(|x| x.rate_mbps).min_by(f64::total_cmp) {
+        Some(slowest) if verified.len() == r.receivers.len() => {
+            format!("{slowest:.1} Mbit/s per receiver (slowest)")
+        }
+        Some(slowest) => format!(
+            "{slowest:.1} Mbit/s per receiver (slowest of the {} verified; {} failed)",
+            verified.len(),
+            r.receivers.len() - verified.len()
+        ),
+        None => "no receiver got a verified copy".to_string(),
+    };
+    format!(
+        "{} {} ({}) to {} receiver{} by {} in {:.2} s: {per_receiver}, {:.1} Mbit/s aggregate",
+        r.object.kind,
+        r.object.name,
+        progress::human_bytes(r.object.bytes),
+        r.receivers.len(),
+        if r.receivers.len() == 1 { "" } else { "s" },
+        r.strategy,
+        r.seconds,
+        r.aggregate_mbps
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bulkcast_node::report::{ObjectReport, ReceiverReport};
+
+    fn rx(name: &str, rate: f64, verified: bool) -> ReceiverReport {
+        ReceiverReport {
+            name: name.into(),
+            addr: String::new(),
+            parent: "source".into(),
+            bytes: 0,
+            seconds: 1.0,
+            rate_mbps: rate,
+            verified,
+            error: (!verified).then(|| "unreachable".into()),
+            site: None,
+            received_from: Vec::new(),
+        }
+    }
+
+    fn report(receivers: Vec<ReceiverReport>) -> Report {
+        Report {
+            session: "0".into(),
+            object: ObjectReport {
+                name: "x".into(),
+                kind: "file".into(),
+                bytes: 1 << 20,
+                skipped: Vec::new(),
+            },
+            strategy: "flat".into(),
+            chunk_size: 1 << 16,
+            seconds: 1.0,
+            ok: receivers.iter().all(|r| r.verified),
+            aggregate_mbps: 1.0,
+            receivers,
+            edges: Vec::new(),
+            clusters: Vec::new(),
+            timeline: Default::default(),
+        }
+    }
+
+    #[test]
+    fn headline_rate_leaves_failed_receivers_out() {
+        let h = headline(&report(vec![rx("a", 800.0, true), rx("b", 0.0, false)]));
+        assert!(
+            h.contains("800.0 Mbit/s per receiver (slowest of the 1 verified; 1 failed)"),
+            "{h}"
+        );
+        let h = headline(&report(vec![rx("a", 800.0, true), rx("b", 700.0, true)]));
+        assert!(h.contains("700.0 Mbit/s per receiver (slowest),"), "{h}");
+        let h = headline(&report(vec![rx("a", 0.0, false)]));
+        assert!(h.contains("to 1 receiver by"), "{h}");
+        assert!(h.contains("no receiver got a verified copy"), "{h}");
+    }
 
     #[test]
     fn hybrid_pieces_are_a_thousandth_of_the_object_between_64_and_256_kib() {
