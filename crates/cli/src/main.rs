@@ -2,6 +2,7 @@
 
 mod demo;
 mod edges;
+mod metrics;
 mod pipe;
 mod plan;
 mod progress;
@@ -195,6 +196,10 @@ struct AgentArgs {
     /// or memory-starved receivers; the copy is then not cached for whoever reads it next.
     #[arg(long)]
     direct_io: bool,
+    /// Serve Prometheus metrics at http://ADDR/metrics (chunks received, verified, rejected,
+    /// repaired and stored; sessions; the store's queue; TCP retransmissions).
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
     #[command(flatten)]
     common: Common,
 }
@@ -286,6 +291,14 @@ async fn run_agent(a: AgentArgs) -> Result<i32> {
         "bulkcast agent listening on {addrs}, storing into {}",
         a.dir.display()
     );
+    let _metrics = match &a.metrics {
+        Some(addr) => {
+            let m = metrics::Endpoint::start(addr).await?;
+            println!("bulkcast agent metrics on http://{}/metrics", m.addr);
+            Some(m)
+        }
+        None => None,
+    };
     let mut cfg = a.common.agent_config(a.dir, &secret, tuning, false);
     cfg.io = copy_io(a.direct_io);
     let cfg = Arc::new(cfg);

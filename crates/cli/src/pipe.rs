@@ -117,7 +117,7 @@ async fn send(a: PipeSendArgs) -> Result<i32> {
         &cfg,
         status.clone(),
     );
-    let Some((result, _)) = progress::sending(status.clone(), a.quiet, work).await else {
+    let Some((result, _)) = progress::sending(status.clone(), a.quiet, None, work).await else {
         bail!("interrupted");
     };
     let report = result?;

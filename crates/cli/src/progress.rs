@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bulkcast_node::metrics::SourceMetrics;
 use bulkcast_node::report::Timeline;
 use bulkcast_node::source::SharedStatus;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -84,6 +85,7 @@ pub fn receiver(name: &str, stored: Arc<AtomicU64>) -> ProgressBar {
 pub async fn sending<T>(
     status: SharedStatus,
     quiet: bool,
+    metrics: Option<Arc<SourceMetrics>>,
     work: impl std::future::Future<Output = T>,
 ) -> Option<(T, Timeline)> {
     let display = (!quiet).then(|| sender(status.clone()));
@@ -94,16 +96,24 @@ pub async fn sending<T>(
         tokio::select! {
             r = &mut work => break Some(r),
             _ = crate::shutdown_signal() => break None,
-            _ = tick => timeline.sample(&status.lock().expect("status")),
+            _ = tick => sample(&status, &mut timeline, metrics.as_deref()),
         }
     };
     // The end state, so every series ends where the report does.
-    timeline.sample(&status.lock().expect("status"));
+    sample(&status, &mut timeline, metrics.as_deref());
     if let Some(d) = display {
         d.abort();
         clear();
     }
     r.map(|r| (r, timeline))
+}
+
+fn sample(status: &SharedStatus, timeline: &mut Timeline, metrics: Option<&SourceMetrics>) {
+    let st = status.lock().expect("status");
+    timeline.sample(&st);
+    if let Some(m) = metrics {
+        m.observe(&st);
+    }
 }
 
 /// Erases a progress line left by an aborted display.

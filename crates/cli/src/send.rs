@@ -61,6 +61,14 @@ pub struct SendArgs {
     /// Print the report as JSON on stdout.
     #[arg(long)]
     json: bool,
+    /// Serve Prometheus metrics at http://ADDR/metrics while the send runs: every receiver's
+    /// and edge's bytes and rate, receivers running, done and failed, the source's queue.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
+    /// After the report, keep serving the final metrics until they are scraped once, at most
+    /// this many seconds.
+    #[arg(long, default_value_t = 0, value_name = "SECS", requires = "metrics")]
+    metrics_linger: u64,
     /// No progress display.
     #[arg(long, short)]
     quiet: bool,
@@ -123,6 +131,15 @@ pub async fn run(a: SendArgs) -> Result<i32> {
     }
     let skipped = input.skipped().to_vec();
     let tuning = a.common.tuning()?;
+    let endpoint = match &a.metrics {
+        Some(addr) => {
+            let m = crate::metrics::Endpoint::start(addr).await?;
+            eprintln!("metrics on http://{}/metrics", m.addr);
+            Some(m)
+        }
+        None => None,
+    };
+    let source_metrics = endpoint.as_ref().map(|m| m.source());
     let session: u64 = rand::random();
     let mut source_spec = None;
     let (hosts, secret) = match (&a.to, a.expect) {
@@ -256,7 +273,8 @@ pub async fn run(a: SendArgs) -> Result<i32> {
             &cfg,
             status.clone(),
         );
-        let Some((result, timeline)) = progress::sending(status.clone(), a.quiet, work).await
+        let Some((result, timeline)) =
+            progress::sending(status.clone(), a.quiet, source_metrics.clone(), work).await
         else {
             bail!("interrupted: receivers discard their partial copies");
         };
@@ -264,6 +282,9 @@ pub async fn run(a: SendArgs) -> Result<i32> {
         report.object.skipped = skipped;
         report.timeline = timeline;
         print_report(&report, a.json)?;
+        if let Some(m) = endpoint {
+            m.linger(Duration::from_secs(a.metrics_linger)).await;
+        }
         return Ok(exit_code(&report));
     }
     let (trees, strategy): (Vec<(Tree, f64)>, String) = match (a.strategy, a.fanout) {
@@ -347,13 +368,18 @@ pub async fn run(a: SendArgs) -> Result<i32> {
             .await
         }
     };
-    let Some((result, timeline)) = progress::sending(status.clone(), a.quiet, work).await else {
+    let Some((result, timeline)) =
+        progress::sending(status.clone(), a.quiet, source_metrics.clone(), work).await
+    else {
         bail!("interrupted: receivers discard their partial copies");
     };
     let mut report = result?;
     report.object.skipped = skipped;
     report.timeline = timeline;
     print_report(&report, a.json)?;
+    if let Some(m) = endpoint {
+        m.linger(Duration::from_secs(a.metrics_linger)).await;
+    }
     Ok(exit_code(&report))
 }
 

@@ -331,3 +331,182 @@ fn wait_output(mut child: Child, limit: Duration) -> Output {
     }
     child.wait_with_output().unwrap()
 }
+
+/// `GET /metrics` from `url` (`http://HOST:PORT/metrics`).
+fn scrape(url: &str) -> String {
+    let rest = url.strip_prefix("http://").unwrap();
+    let (host, path) = rest.split_once('/').unwrap();
+    let mut c = std::net::TcpStream::connect(host).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(c, "GET /{path} HTTP/1.1\r\nHost: {host}\r\n\r\n").unwrap();
+    let mut out = String::new();
+    c.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    out.split_once("\r\n\r\n").unwrap().1.to_string()
+}
+
+/// The value of the sample `name` (with its labels, as printed) in a scrape; 0 if absent.
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .map_or(0.0, |v| v.trim().parse().unwrap())
+}
+
+/// The URL a process printed on a line of `r` containing `metrics on`.
+fn metrics_url(r: &mut impl Read) -> String {
+    loop {
+        let line = first_line(r);
+        assert!(!line.is_empty(), "no metrics line");
+        if let Some(u) = line.split("metrics on ").nth(1) {
+            return u.trim().to_string();
+        }
+    }
+}
+
+/// `--metrics` on agents and on `send`, scraped while a stream moves down a chain and after
+/// it ended: the counters move during the transfer and end where the JSON report ends.
+#[test]
+fn metrics_during_and_after_a_transfer_match_the_report() {
+    let s = Scratch::new("ops-metrics");
+    let key = secret(72);
+    let mut ags: Vec<(Agent, String)> = (0..2)
+        .map(|i| {
+            let mut a = agent(
+                &s.0.join(format!("r{i}")),
+                &key,
+                &["--metrics", "127.0.0.1:0"],
+            );
+            let url = metrics_url(a.child.stdout.as_mut().unwrap());
+            (a, url)
+        })
+        .collect();
+    let list = format!("{},{}", ags[0].0.addr, ags[1].0.addr);
+    let mut child = Command::new(BIN)
+        .args([
+            "send", "-", "--name", "m.bin", "--to", &list, "--fanout", "1",
+        ])
+        .args(["--chunk-kib", "64", "--json", "--quiet"])
+        .args(["--metrics", "127.0.0.1:0", "--metrics-linger", "30"])
+        .env("BULKCAST_SECRET", &key)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let url = metrics_url(child.stderr.as_mut().unwrap());
+    let mut stdin = child.stdin.take().unwrap();
+    let part = vec![0x5au8; 8 * MIB as usize];
+    stdin.write_all(&part).unwrap();
+
+    // During: both receivers have part of the stream, not more than was written.
+    let start = Instant::now();
+    let during = loop {
+        let t = scrape(&url);
+        let second = format!(
+            "bulkcast_receiver_bytes_total{{receiver=\"{}\"}}",
+            ags[1].0.addr
+        );
+        if metric(&t, &second) >= (4 * MIB) as f64 {
+            break t;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no progress:\n{t}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(
+        metric(&during, "bulkcast_receivers{state=\"running\"}"),
+        2.0,
+        "{during}"
+    );
+    let edge = format!(
+        "bulkcast_edge_bytes_total{{from=\"{}\",to=\"{}\"}}",
+        ags[0].0.addr, ags[1].0.addr
+    );
+    assert!(metric(&during, &edge) <= (8 * MIB) as f64, "{during}");
+    let agent_during = scrape(&ags[0].1);
+    assert_eq!(
+        metric(&agent_during, "bulkcast_sessions_active"),
+        1.0,
+        "{agent_during}"
+    );
+    assert!(metric(&agent_during, "bulkcast_verified_bytes_total") > 0.0);
+
+    // The end: the rest of the stream, then the report and the lingering final values.
+    stdin.write_all(&part).unwrap();
+    stdin.write_all(b"tail").unwrap();
+    drop(stdin);
+    let mut json = String::new();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    loop {
+        let mut line = String::new();
+        assert!(
+            std::io::BufRead::read_line(&mut out, &mut line).unwrap() > 0,
+            "{json}"
+        );
+        json += &line;
+        if line == "}\n" {
+            break;
+        }
+    }
+    let r: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(r["ok"], true, "{r}");
+    let total = 16 * MIB + 4;
+    assert_eq!(r["object"]["bytes"], total);
+    let after = scrape(&url);
+    for rx in r["receivers"].as_array().unwrap() {
+        let name = rx["name"].as_str().unwrap();
+        let sample = format!("bulkcast_receiver_bytes_total{{receiver=\"{name}\"}}");
+        assert_eq!(
+            metric(&after, &sample),
+            rx["bytes"].as_f64().unwrap(),
+            "{after}"
+        );
+    }
+    for e in r["edges"].as_array().unwrap() {
+        let sample = format!(
+            "bulkcast_edge_bytes_total{{from=\"{}\",to=\"{}\"}}",
+            e["from"].as_str().unwrap(),
+            e["to"].as_str().unwrap()
+        );
+        assert_eq!(
+            metric(&after, &sample),
+            e["bytes"].as_f64().unwrap(),
+            "{after}"
+        );
+    }
+    assert_eq!(
+        metric(&after, "bulkcast_receivers{state=\"done\"}"),
+        2.0,
+        "{after}"
+    );
+    assert_eq!(
+        metric(&after, "bulkcast_source_read_bytes_total"),
+        total as f64
+    );
+    // The final scrape lets the send exit.
+    let status = wait_output(child, Duration::from_secs(20)).status;
+    assert_eq!(status.code(), Some(0));
+
+    // Every agent verified and stored every chunk once, in one session that completed.
+    let chunks = total.div_ceil(r["chunk_size"].as_u64().unwrap()) as f64;
+    for (_, url) in &mut ags {
+        let t = scrape(url);
+        assert_eq!(
+            metric(&t, "bulkcast_verified_bytes_total"),
+            total as f64,
+            "{t}"
+        );
+        assert_eq!(metric(&t, "bulkcast_chunks_verified_total"), chunks, "{t}");
+        assert_eq!(metric(&t, "bulkcast_chunks_stored_total"), chunks, "{t}");
+        assert_eq!(metric(&t, "bulkcast_chunks_rejected_total"), 0.0, "{t}");
+        assert_eq!(metric(&t, "bulkcast_store_queue_chunks"), 0.0, "{t}");
+        assert_eq!(metric(&t, "bulkcast_sessions_active"), 0.0, "{t}");
+        assert_eq!(
+            metric(&t, "bulkcast_sessions_ended_total{outcome=\"done\"}"),
+            1.0,
+            "{t}"
+        );
+    }
+}

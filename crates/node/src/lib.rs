@@ -26,6 +26,7 @@ pub mod driver;
 pub mod edge;
 pub mod input;
 pub mod mapped;
+pub mod metrics;
 pub mod paced;
 pub mod predial;
 pub mod probe;
