@@ -6,6 +6,7 @@ mod metrics;
 mod pipe;
 mod plan;
 mod progress;
+mod report;
 mod send;
 
 use std::path::PathBuf;
@@ -51,6 +52,9 @@ enum Cmd {
     /// Measure the network (or read a matrix) and print the overlay plan, its predicted rate
     /// and the best possible rate; write it as DOT and SVG.
     Plan(plan::PlanArgs),
+    /// Plot a finished send from its `--json` report: each receiver's progress, each edge's
+    /// rate over time (smoothed) and on average, and for swarms the WAN bytes into each site.
+    Report(report::ReportArgs),
     /// Print a new random session secret (64 hex digits) for agents and senders to share.
     Secret,
     /// An emulated WAN of many hosts on this machine (network namespaces and a user-space
@@ -273,6 +277,7 @@ async fn run(cli: Cli) -> Result<i32> {
         Cmd::Pipe { cmd } => pipe::run(cmd).await,
         Cmd::Agent(a) => run_agent(a).await,
         Cmd::Plan(a) => plan::run(a).await,
+        Cmd::Report(a) => report::run(a),
         Cmd::Lab { .. } => unreachable!("handled before the runtime starts"),
         Cmd::Secret => {
             println!("{}", Secret::from_bytes(rand::random()).to_hex());

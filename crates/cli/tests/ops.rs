@@ -510,3 +510,70 @@ fn metrics_during_and_after_a_transfer_match_the_report() {
         );
     }
 }
+
+/// `bulkcast report FILE --svg OUT` plots a real send: every receiver and every edge of the
+/// tree are in the picture, with a line for each in the progress and the rate panels.
+#[test]
+fn report_plots_every_receiver_and_edge_of_a_real_send() {
+    let s = Scratch::new("ops-plot");
+    let key = secret(73);
+    let ags = agents(&s.0.join("rx"), 3, &key);
+    let file = s.0.join("p.bin");
+    make_file(&file, 24 * MIB);
+    let out = send(
+        &[
+            file.to_str().unwrap(),
+            "--to",
+            &to_list(&ags),
+            "--fanout",
+            "1",
+            "--quiet",
+        ],
+        &key,
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let r = report(&out);
+    let t = r["timeline"]["t_s"].as_array().unwrap();
+    assert!(!t.is_empty(), "{r}");
+    // Each series ends at the receiver's full copy.
+    for series in r["timeline"]["bytes"].as_array().unwrap() {
+        assert_eq!(series.as_array().unwrap().last().unwrap(), 24 * MIB);
+    }
+    let json = s.0.join("r.json");
+    std::fs::write(&json, &out.stdout).unwrap();
+    let svg = s.0.join("r.svg");
+    let plot = Command::new(BIN)
+        .args([
+            "report",
+            json.to_str().unwrap(),
+            "--svg",
+            svg.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(plot.status.success(), "{plot:?}");
+    let text = std::fs::read_to_string(&svg).unwrap();
+    // Three receivers: a progress line and a rate line each.
+    assert!(text.matches("<polyline").count() >= 6, "{text}");
+    for e in r["edges"].as_array().unwrap() {
+        let label = format!(
+            "{} → {}",
+            e["from"].as_str().unwrap(),
+            e["to"].as_str().unwrap()
+        );
+        assert!(text.contains(&label), "no {label} in the plot");
+    }
+    // A report without a timeline is refused with the reason.
+    std::fs::write(&json, r#"{"receivers": [{"name": "a"}]}"#).unwrap();
+    let plot = Command::new(BIN)
+        .args([
+            "report",
+            json.to_str().unwrap(),
+            "--svg",
+            svg.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(plot.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&plot.stderr).contains("no timeline"));
+}
