@@ -28,7 +28,7 @@ pub struct ReportArgs {
 
 /// One receiver's series from the report.
 struct Series {
-    /// `from → to` for a tree edge, `→ to` where the receiver has no single parent (swarms).
+    /// `from → to` for a tree edge, `→ to` for a swarm's receiver (it pulls from many peers).
     edge: String,
     name: String,
     failed: bool,
@@ -67,6 +67,8 @@ fn series(r: &Value) -> Result<Vec<Series>> {
         bail!("the report has no timeline of its receivers (send it again with this version of bulkcast)");
     }
     let bytes = bytes.expect("checked");
+    // In a swarm (the hybrid too) a receiver also pulls from peers: its intake is not one edge.
+    let swarm = r["clusters"].as_array().is_some_and(|c| !c.is_empty());
     // Every series starts from nothing at the session's start.
     let start = (t[0] > 0.0).then_some((0.0, 0.0));
     receivers
@@ -90,6 +92,7 @@ fn series(r: &Value) -> Result<Vec<Series>> {
             }
             Ok(Series {
                 edge: match parent {
+                    _ if swarm => format!("→ {name}"),
                     "-" | "" => format!("→ {name}"),
                     p => format!("{p} → {name}"),
                 },
@@ -163,7 +166,7 @@ fn render(r: &Value, series: &[Series], half: usize) -> Result<String> {
             crate::progress::human_bytes(total as u64),
             r["strategy"].as_str().unwrap_or("?")
         );
-        let progress: Vec<(String, bool, Vec<(f64, f64)>)> = series
+        let progress: Vec<Line> = series
             .iter()
             .map(|s| {
                 let pts = s
@@ -181,7 +184,7 @@ fn render(r: &Value, series: &[Series], half: usize) -> Result<String> {
             (end, 100.0),
             &progress,
         )?;
-        let rate: Vec<(String, bool, Vec<(f64, f64)>)> = series
+        let rate: Vec<Line> = series
             .iter()
             .map(|s| (s.edge.clone(), s.failed, rates(&s.points, half)))
             .collect();
@@ -200,34 +203,7 @@ fn render(r: &Value, series: &[Series], half: usize) -> Result<String> {
             (end, top * 1.1),
             &rate,
         )?;
-        let avg: Vec<(String, f64, bool)> = r["edges"]
-            .as_array()
-            .filter(|e| !e.is_empty())
-            .map(|edges| {
-                edges
-                    .iter()
-                    .map(|e| {
-                        let label = format!(
-                            "{} → {}",
-                            e["from"].as_str().unwrap_or("?"),
-                            e["to"].as_str().unwrap_or("?")
-                        );
-                        (label, e["rate_mbps"].as_f64().unwrap_or(0.0), false)
-                    })
-                    .collect()
-            })
-            .unwrap_or_else(|| {
-                // Swarms have no tree edges: each receiver's average intake instead.
-                r["receivers"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|x| {
-                        let label = format!("→ {}", x["name"].as_str().unwrap_or("?"));
-                        (label, x["rate_mbps"].as_f64().unwrap_or(0.0), false)
-                    })
-                    .collect()
-            });
+        let avg = average_rates(r);
         bars(&areas[2], "average rate per edge", "Mbit/s", &avg)?;
         if !clusters.is_empty() {
             let sites: Vec<(String, f64, bool)> = clusters
@@ -257,6 +233,41 @@ fn render(r: &Value, series: &[Series], half: usize) -> Result<String> {
     Ok(out)
 }
 
+/// Each tree edge's average rate, or for swarms (no tree edges) each receiver's intake.
+fn average_rates(r: &Value) -> Vec<(String, f64, bool)> {
+    r["edges"]
+        .as_array()
+        .filter(|e| !e.is_empty())
+        .map(|edges| {
+            edges
+                .iter()
+                .map(|e| {
+                    let label = format!(
+                        "{} → {}",
+                        e["from"].as_str().unwrap_or("?"),
+                        e["to"].as_str().unwrap_or("?")
+                    );
+                    (label, e["rate_mbps"].as_f64().unwrap_or(0.0), false)
+                })
+                .collect()
+        })
+        .unwrap_or_else(|| {
+            // Swarms have no tree edges: each receiver's average intake instead.
+            r["receivers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|x| {
+                    let label = format!("→ {}", x["name"].as_str().unwrap_or("?"));
+                    (label, x["rate_mbps"].as_f64().unwrap_or(0.0), false)
+                })
+                .collect()
+        })
+}
+
+/// A labelled series of points; `true` when it belongs to a failed receiver.
+type Line = (String, bool, Vec<(f64, f64)>);
+
 type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
 
 fn plot_err(e: impl std::fmt::Debug) -> anyhow::Error {
@@ -269,7 +280,7 @@ fn lines(
     caption: &str,
     y_desc: &str,
     (x_max, y_max): (f64, f64),
-    series: &[(String, bool, Vec<(f64, f64)>)],
+    series: &[Line],
 ) -> Result<()> {
     let mut chart = ChartBuilder::on(area)
         .caption(caption, ("sans-serif", 18))
@@ -404,14 +415,14 @@ mod tests {
                           "bytes": [[0, 1000000, 3000000, 4000000], [0, 0, 10, 10]] }
         });
         let s = series(&r).unwrap();
-        assert_eq!(s[0].edge, "source → fra-1");
+        assert_eq!(s[0].edge, "→ fra-1", "a swarm's intake is not one edge");
         assert_eq!(s[1].edge, "→ nyc-1");
         let svg = render(&r, &s, 3).unwrap();
         for want in [
             "<svg",
             "fra-1",
             "nyc-1 (FAILED)",
-            "source → fra-1",
+            "→ fra-1",
             "fra",
             "copies",
         ] {

@@ -24,8 +24,19 @@ pub struct SendArgs {
     /// File or directory to send, or `-` for stdin.
     path: PathBuf,
     /// Receivers: `host:port,host:port` or a hosts file (TOML).
-    #[arg(long, required_unless_present = "expect", conflicts_with = "expect")]
+    #[arg(
+        long,
+        required_unless_present_any = ["expect", "hostfile"],
+        conflicts_with_all = ["expect", "hostfile"]
+    )]
     to: Option<String>,
+    /// Receivers from a file of host names, one Slurm host list per line (`node[01-04,07]`,
+    /// as `$SLURM_JOB_NODELIST` prints them; `#` comments); each reached at `--port`.
+    #[arg(long, value_name = "FILE", conflicts_with = "expect")]
+    hostfile: Option<PathBuf>,
+    /// The agents' port for `--hostfile` hosts given without one.
+    #[arg(long, default_value_t = 7400, requires = "hostfile")]
+    port: u16,
     /// Ticket mode: print a ticket and start when this many receivers have joined.
     #[arg(long)]
     expect: Option<usize>,
@@ -131,6 +142,13 @@ pub async fn run(a: SendArgs) -> Result<i32> {
     }
     let skipped = input.skipped().to_vec();
     let tuning = a.common.tuning()?;
+    let a = match &a.hostfile {
+        Some(f) => SendArgs {
+            to: Some(hostfile_list(f, a.port)?),
+            ..a
+        },
+        None => a,
+    };
     let endpoint = match &a.metrics {
         Some(addr) => {
             let m = crate::metrics::Endpoint::start(addr).await?;
@@ -516,6 +534,28 @@ pub fn hybrid_chunk_size(len: Option<u64>) -> u32 {
     const MAX: u64 = 256 << 10;
     let target = len.map_or(MAX, |l| (l / 1000).clamp(MIN, MAX));
     (1u64 << (63 - target.leading_zeros())) as u32
+}
+
+/// The `--to` list of a `--hostfile`: every host, at `port` unless it names its own.
+fn hostfile_list(f: &std::path::Path, port: u16) -> Result<String> {
+    let text =
+        std::fs::read_to_string(f).with_context(|| format!("reading host file {}", f.display()))?;
+    let hosts =
+        crate::hostlist::read_file(&text).with_context(|| format!("host file {}", f.display()))?;
+    if hosts.is_empty() {
+        bail!("host file {} names no host", f.display());
+    }
+    let with_port: Vec<String> = hosts
+        .into_iter()
+        .map(|h| {
+            if h.contains(':') {
+                h
+            } else {
+                format!("{h}:{port}")
+            }
+        })
+        .collect();
+    Ok(with_port.join(","))
 }
 
 /// A comma-separated list or a hosts file.

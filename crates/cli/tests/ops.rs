@@ -577,3 +577,74 @@ fn report_plots_every_receiver_and_edge_of_a_real_send() {
     assert_eq!(plot.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&plot.stderr).contains("no timeline"));
 }
+
+/// An agent started from a config file alone receives a send addressed by a Slurm host list
+/// (`--hostfile`, `--port`); a setting given twice is refused.
+#[test]
+fn agent_from_a_config_file_receives_a_send_to_a_slurm_host_list() {
+    let s = Scratch::new("ops-config");
+    let key = secret(74);
+    let secret_file = s.0.join("secret");
+    std::fs::write(&secret_file, &key).unwrap();
+    let dir = s.0.join("rx");
+    let config = s.0.join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = [\"127.0.0.1:0\"]\ndir = {:?}\nsecret_file = {:?}\n[limits]\nbudget_mib = 16\n",
+            dir, secret_file
+        ),
+    )
+    .unwrap();
+    let twice = Command::new(BIN)
+        .args([
+            "agent",
+            "--config",
+            config.to_str().unwrap(),
+            "--dir",
+            "/tmp",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(twice.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&twice.stderr).contains("--dir is given both"));
+
+    let mut child = Command::new(BIN)
+        .args(["agent", "--config", config.to_str().unwrap()])
+        .env_remove("BULKCAST_SECRET")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let line = first_line(child.stdout.as_mut().unwrap());
+    let port = line
+        .split(" listening on 127.0.0.1:")
+        .nth(1)
+        .and_then(|r| r.split([',', ' ']).next())
+        .unwrap_or_else(|| panic!("{line}"))
+        .to_string();
+    let _agent = Agent {
+        child,
+        addr: format!("127.0.0.1:{port}"),
+    };
+    let hostfile = s.0.join("nodes");
+    std::fs::write(&hostfile, "# the job's nodes\n127.0.0.[1]\n").unwrap();
+    let file = s.0.join("h.bin");
+    make_file(&file, MIB + 3);
+    let out = send(
+        &[
+            file.to_str().unwrap(),
+            "--hostfile",
+            hostfile.to_str().unwrap(),
+            "--port",
+            &port,
+            "--quiet",
+        ],
+        &key,
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        std::fs::read(dir.join("h.bin")).unwrap(),
+        std::fs::read(&file).unwrap()
+    );
+}
