@@ -1,4 +1,28 @@
 //! Decides whether this crate's root-only tests are built to run or to be ignored: see
-//! `build/root_tests.rs` at the repository's root, which the lab and the CLI share.
+//! `build/root_tests.rs` at the repository's root, which the lab and the CLI share. Likewise
+//! for the live page's browser test: `cfg(bulkcast_chromium)` when a `chromium` is installed
+//! (Debian's package) or `BULKCAST_REQUIRE_CHROMIUM=1` asks that the test fail without one.
+//! Without it the test is `ignored` with the reason; after installing chromium, rebuild with
+//! `BULKCAST_REQUIRE_CHROMIUM=1` (or touch this file) so the test is built to run.
 
-include!("../../build/root_tests.rs");
+mod root {
+    include!("../../build/root_tests.rs");
+
+    pub fn decide() {
+        main()
+    }
+}
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+
+fn main() {
+    root::decide();
+    println!("cargo::rustc-check-cfg=cfg(bulkcast_chromium)");
+    println!("cargo::rerun-if-env-changed=BULKCAST_REQUIRE_CHROMIUM");
+    if std::env::var("BULKCAST_REQUIRE_CHROMIUM").as_deref() == Ok("1")
+        || std::path::Path::new(CHROMIUM).exists()
+    {
+        println!("cargo::rustc-cfg=bulkcast_chromium");
+        println!("cargo::rustc-env=BULKCAST_CHROMIUM={CHROMIUM}");
+    }
+}

@@ -10,6 +10,7 @@ mod plan;
 mod progress;
 mod report;
 mod send;
+mod web;
 
 use std::path::PathBuf;
 use std::sync::Arc;

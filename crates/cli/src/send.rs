@@ -80,6 +80,10 @@ pub struct SendArgs {
     /// this many seconds.
     #[arg(long, default_value_t = 0, value_name = "SECS", requires = "metrics")]
     metrics_linger: u64,
+    /// Serve a live page of the send at http://ADDR/: receivers by site with progress, rate
+    /// and ETA, every edge's rate, failures in red, and the report at the end.
+    #[arg(long, value_name = "ADDR")]
+    web: Option<String>,
     /// No progress display.
     #[arg(long, short)]
     quiet: bool,
@@ -281,6 +285,7 @@ pub async fn run(a: SendArgs) -> Result<i32> {
             chunk_size,
             input.manifest.total_len,
         );
+        let page = live_page(&a, &status, &hosts, &input, strategy.name()).await?;
         let work = swarm::send(
             input,
             source_spec.as_ref(),
@@ -300,6 +305,7 @@ pub async fn run(a: SendArgs) -> Result<i32> {
         report.object.skipped = skipped;
         report.timeline = timeline;
         print_report(&report, a.json)?;
+        finish_page(page, &report).await?;
         if let Some(m) = endpoint {
             m.linger(Duration::from_secs(a.metrics_linger)).await;
         }
@@ -362,6 +368,7 @@ pub async fn run(a: SendArgs) -> Result<i32> {
         uplink_mbps: source_spec.as_ref().and_then(|s| s.uplink_mbps),
     };
     let status = source::new_status(&hosts, &tree, chunk_size, input.manifest.total_len);
+    let page = live_page(&a, &status, &hosts, &input, &cfg.strategy).await?;
     let work = async {
         if trees.len() > 1 {
             source::send_balanced(
@@ -395,10 +402,39 @@ pub async fn run(a: SendArgs) -> Result<i32> {
     report.object.skipped = skipped;
     report.timeline = timeline;
     print_report(&report, a.json)?;
+    finish_page(page, &report).await?;
     if let Some(m) = endpoint {
         m.linger(Duration::from_secs(a.metrics_linger)).await;
     }
     Ok(exit_code(&report))
+}
+
+/// Starts `--web`'s page, if asked for.
+async fn live_page(
+    a: &SendArgs,
+    status: &source::SharedStatus,
+    hosts: &[bulkcast_proto::hosts::HostSpec],
+    input: &Input,
+    strategy: &str,
+) -> Result<Option<crate::web::Page>> {
+    let Some(addr) = &a.web else { return Ok(None) };
+    let sites = hosts
+        .iter()
+        .map(|h| h.site.clone().unwrap_or_default())
+        .collect();
+    let page = crate::web::Page::start(addr, status.clone(), sites, &input.manifest.name, strategy)
+        .await?;
+    eprintln!("live page on http://{}/", page.addr);
+    Ok(Some(page))
+}
+
+/// Shows the report on the live page and gives open pages a moment to get it.
+async fn finish_page(page: Option<crate::web::Page>, report: &Report) -> Result<()> {
+    if let Some(p) = page {
+        p.finish(serde_json::to_string(report)?, Duration::from_secs(3))
+            .await;
+    }
+    Ok(())
 }
 
 /// 0 when every receiver has all of the object, 1 when some receiver failed, 3 when every

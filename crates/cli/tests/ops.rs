@@ -325,7 +325,7 @@ fn wait_output(mut child: Child, limit: Duration) -> Output {
     while child.try_wait().unwrap().is_none() {
         if start.elapsed() > limit {
             let _ = child.kill();
-            panic!("{BIN} did not exit within {limit:?}");
+            panic!("a child process did not exit within {limit:?}");
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -647,4 +647,145 @@ fn agent_from_a_config_file_receives_a_send_to_a_slurm_host_list() {
         std::fs::read(dir.join("h.bin")).unwrap(),
         std::fs::read(&file).unwrap()
     );
+}
+
+/// The DOM of `url` with receiver rows in it, from headless Chromium: `--dump-dom` dumps the
+/// page at its load event, which `?hold=2500` delays by 2.5 s of live updates (server-sent
+/// events). Up to three tries, for a slow first start of a browser profile.
+#[cfg(bulkcast_chromium)]
+fn chromium_dom(url: &str, profile: &Path) -> String {
+    let chromium = option_env!("BULKCAST_CHROMIUM").unwrap_or("chromium");
+    let mut dom = String::new();
+    for _ in 0..3 {
+        let mut c = Command::new(chromium);
+        c.args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(["--dump-dom", &format!("{url}?hold=2500")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+        let child = c
+            .spawn()
+            .unwrap_or_else(|e| panic!("{chromium} did not start ({e}): apt-get install chromium"));
+        dom = String::from_utf8_lossy(&wait_output(child, Duration::from_secs(60)).stdout)
+            .into_owned();
+        if !rows(&dom, "rate").is_empty() {
+            break;
+        }
+    }
+    dom
+}
+
+/// `data-NAME="..."` values of the receiver rows in a dumped DOM, by receiver name.
+#[cfg(bulkcast_chromium)]
+fn rows(dom: &str, attr: &str) -> std::collections::BTreeMap<String, String> {
+    dom.split("class=\"rx ")
+        .skip(1)
+        .filter_map(|row| {
+            let get = |k: &str| {
+                let v = row.split(&format!("data-{k}=\"")).nth(1)?;
+                Some(v.split('"').next()?.to_string())
+            };
+            Some((get("name")?, get(attr)?))
+        })
+        .collect()
+}
+
+/// `send --web` in a real browser: headless Chromium opens the live page twice while a
+/// stream moves down a chain of three agents; the page lists every receiver, with rates that
+/// are not zero and that change between the two looks.
+#[test]
+#[cfg_attr(
+    not(bulkcast_chromium),
+    ignore = "needs Debian's chromium (apt-get install chromium), not found when built"
+)]
+fn live_page_in_headless_chromium_shows_every_receiver_and_changing_rates() {
+    #[cfg(bulkcast_chromium)]
+    {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        let s = Scratch::new("ops-web");
+        let key = secret(75);
+        let ags = agents(&s.0.join("rx"), 3, &key);
+        let mut child = Command::new(BIN)
+            .args([
+                "send",
+                "-",
+                "--name",
+                "live.bin",
+                "--to",
+                &to_list(&ags),
+                "--fanout",
+                "1",
+            ])
+            .args(["--quiet", "--web", "127.0.0.1:0"])
+            .env("BULKCAST_SECRET", &key)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut err = child.stderr.take().unwrap();
+        let url = loop {
+            let line = first_line(&mut err);
+            assert!(!line.is_empty(), "no live page line");
+            if let Some(u) = line.split("live page on ").nth(1) {
+                break u.trim().to_string();
+            }
+        };
+        // A stream that goes on until both looks are done: 1 MiB every 100 ms.
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut stdin = child.stdin.take().unwrap();
+        let feeding = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let part = vec![0x33u8; MIB as usize];
+                let start = Instant::now();
+                while !stop.load(Ordering::Relaxed) && start.elapsed() < Duration::from_secs(120) {
+                    if stdin.write_all(&part).is_err() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            })
+        };
+        std::thread::sleep(Duration::from_secs(1));
+        let first = chromium_dom(&url, &s.0.join("profile"));
+        let second = chromium_dom(&url, &s.0.join("profile"));
+        stop.store(true, Ordering::Relaxed);
+        feeding.join().unwrap();
+        // The page kept updating from the event stream while it was open (every 500 ms).
+        let updates = |dom: &str| -> u32 {
+            dom.split("data-updates=\"")
+                .nth(1)
+                .and_then(|v| v.split('"').next()?.parse().ok())
+                .unwrap_or(0)
+        };
+        assert!(updates(&first) >= 3, "{first}");
+        assert!(updates(&second) >= 3, "{second}");
+        let (r1, r2) = (rows(&first, "rate"), rows(&second, "rate"));
+        let names: Vec<&String> = r1.keys().collect();
+        let mut want: Vec<&String> = ags.iter().map(|a| &a.addr).collect();
+        want.sort();
+        assert_eq!(names, want, "receivers on the page:\n{first}");
+        assert_eq!(r2.keys().collect::<Vec<_>>(), want);
+        let rate = |m: &std::collections::BTreeMap<String, String>, k: &String| -> f64 {
+            m[k].parse().unwrap()
+        };
+        assert!(names.iter().all(|k| rate(&r1, k) > 0.0), "{r1:?}");
+        assert!(
+            names.iter().any(|k| rate(&r1, k) != rate(&r2, k)),
+            "{r1:?} {r2:?}"
+        );
+        let (b1, b2) = (rows(&first, "bytes"), rows(&second, "bytes"));
+        assert!(names
+            .iter()
+            .all(|k| b2[*k].parse::<u64>().unwrap() > b1[*k].parse().unwrap()));
+        let out = wait_output(child, Duration::from_secs(30));
+        assert_eq!(out.status.code(), Some(0));
+    }
 }

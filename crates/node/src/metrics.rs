@@ -366,7 +366,7 @@ pub async fn serve(
             else {
                 return;
             };
-            let (status, body) = match path.as_str() {
+            let (status, body) = match path.split('?').next().unwrap_or("") {
                 "/metrics" => {
                     let text = encode(&reg.lock().unwrap_or_else(|e| e.into_inner()));
                     ("200 OK", text)
@@ -387,8 +387,9 @@ pub async fn serve(
     }
 }
 
-/// The path of a `GET` request, once its head has arrived.
-async fn request_path(conn: &mut tokio::net::TcpStream) -> Option<String> {
+/// The target (path and query) of a `GET` request, once its head has arrived (at most 8 KiB;
+/// `None` for anything else). Bound it in time where it is called.
+pub async fn request_path(conn: &mut tokio::net::TcpStream) -> Option<String> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
     while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -401,7 +402,7 @@ async fn request_path(conn: &mut tokio::net::TcpStream) -> Option<String> {
     let line = std::str::from_utf8(&buf).ok()?.lines().next()?.to_string();
     let mut words = line.split(' ');
     (words.next()? == "GET").then_some(())?;
-    Some(words.next()?.split('?').next()?.to_string())
+    Some(words.next()?.to_string())
 }
 
 #[cfg(test)]
