@@ -67,12 +67,6 @@ enum Cmd {
     },
     /// Print a new random session secret (64 hex digits) for agents and senders to share.
     Secret,
-    /// An emulated WAN of many hosts on this machine (network namespaces and a user-space
-    /// forwarder for delay, loss and rates): try a deployment before it goes live.
-    Lab {
-        #[command(subcommand)]
-        cmd: bulkcast_lab::LabCommand,
-    },
 }
 
 /// Options shared by every command that takes part in a session.
@@ -93,8 +87,9 @@ pub struct Common {
     #[arg(long)]
     sockbuf: Option<u32>,
     /// Transport of the connections this process makes: tcp; udp (bulkcast's paced UDP
-    /// transport, which keeps its rate under random loss); or auto (udp, and tcp where UDP
-    /// gets no answer within 3 s). Receivers accept both. Default: auto for `pipe send`, tcp
+    /// transport, which keeps its rate under random loss); or auto (tcp where the handshake
+    /// takes under 2 ms, a LAN or loopback; udp elsewhere, and tcp where UDP gets no answer
+    /// within 3 s). Receivers accept both. Default: auto for `pipe send`, tcp
     /// elsewhere.
     #[arg(long, value_enum)]
     transport: Option<TransportArg>,
@@ -197,7 +192,7 @@ impl Common {
 #[derive(Args)]
 struct AgentArgs {
     /// Settings from a TOML file (listen, dir, secret_file, metrics, direct_io,
-    /// [limits] budget_mib); a setting may not be given both there and as a flag.
+    /// `[limits]` budget_mib); a setting may not be given both there and as a flag.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Address to listen on; repeat it for several (a host's path addresses). Default:
@@ -256,18 +251,6 @@ fn main() {
     tune_allocator();
     let cli = parse_cli();
     init_logging(&cli.cmd);
-    // The lab is synchronous (and its forwarder daemon, re-executed as `bulkcast lab ...`,
-    // must not start a runtime's worker threads on the core it pins).
-    let cli = match cli.cmd {
-        Cmd::Lab { cmd } => match bulkcast_lab::run(cmd) {
-            Ok(code) => std::process::exit(code),
-            Err(e) => {
-                eprintln!("error: {e}");
-                std::process::exit(2);
-            }
-        },
-        other => Cli { cmd: other },
-    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -296,7 +279,6 @@ async fn run(cli: Cli) -> Result<i32> {
         Cmd::Agent(a) => run_agent(a).await,
         Cmd::Plan(a) => plan::run(a).await,
         Cmd::Report(a) => report::run(a),
-        Cmd::Lab { .. } => unreachable!("handled before the runtime starts"),
         Cmd::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
             // Into memory first: `generate` panics where stdout is closed (`| head`).
@@ -458,12 +440,12 @@ async fn recv(a: RecvArgs) -> Result<i32> {
 /// The log on stderr. An agent is a daemon: its log is its output (`info`, with times). The
 /// other commands print their own account (a `send`'s report names every receiver's failure),
 /// so by default their log is off and a failure is said once, in that account, not again as a
-/// raw log line in the middle of it; `plan` and `lab` keep their warnings. `BULKCAST_LOG`
+/// raw log line in the middle of it; `plan` keeps its warnings. `BULKCAST_LOG`
 /// (an `EnvFilter`, e.g. `warn` or `info,bulkcast_node::swarm=debug`) overrides the default.
 fn init_logging(cmd: &Cmd) {
     let (default_level, daemon) = match cmd {
         Cmd::Agent(_) => ("info", true),
-        Cmd::Plan(_) | Cmd::Lab { .. } => ("warn", false),
+        Cmd::Plan(_) => ("warn", false),
         _ => ("off", false),
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("BULKCAST_LOG")

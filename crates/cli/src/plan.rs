@@ -4,10 +4,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use bulkcast_node::measure::{self, LeftOut, ProbeCache, ProbeReport};
 use bulkcast_node::probe;
 use bulkcast_node::transport::TcpTuning;
-use bulkcast_planner::vivaldi::{self, Sample, VivaldiConfig};
-use bulkcast_planner::{bound, plan, Algorithm, Matrix, MatrixFile, Network, Plan, PlanOptions};
+use bulkcast_planner::{
+    bound, measured, plan, Algorithm, Matrix, MatrixFile, Network, Plan, PlanOptions,
+};
 use bulkcast_proto::auth::Keys;
 use bulkcast_proto::hosts::HostsFile;
 use clap::Args;
@@ -57,7 +59,7 @@ pub async fn run(a: PlanArgs) -> Result<i32> {
         None => {
             let keys = Keys::derive(&a.common.require_secret()?);
             let tuning = a.common.tuning()?;
-            let (mut m, note) = measure(&hosts, &keys, &tuning, a.samples).await?;
+            let (mut m, note) = measure::probe_now(&hosts, &keys, &tuning, a.samples).await?;
             eprintln!("{note}");
             if a.probe_bandwidth {
                 if !(a.probe_secs > 0.0 && a.probe_secs <= 10.0) {
@@ -121,150 +123,60 @@ fn read_matrix(p: &std::path::Path) -> Result<MatrixFile> {
     MatrixFile::parse_toml(&text).with_context(|| format!("matrix file {}", p.display()))
 }
 
-/// Probes the agents and returns the RTT matrix (full up to 64 hosts, Vivaldi-completed above)
-/// with a line that says what was measured.
-pub async fn measure(
-    hosts: &HostsFile,
-    keys: &Keys,
-    tuning: &TcpTuning,
-    samples: u16,
-) -> Result<(MatrixFile, String)> {
-    let specs = &hosts.hosts;
-    let n = specs.len() + 1;
-    // Pairs among hosts (node ids shifted by one: node 0 is the source, probed by us).
-    let pairs = vivaldi::probe_pairs(n, 8, 1);
-    let full = pairs.len() == n * (n - 1) / 2;
-    let mut targets = vec![Vec::new(); specs.len()];
-    for &(a, b) in &pairs {
-        if a > 0 && b > 0 {
-            targets[a - 1].push(b - 1);
-            if full {
-                targets[b - 1].push(a - 1); // both directions, averaged below
-            }
-        }
-    }
-    let deadline = Duration::from_secs(5);
-    let m = probe::matrix(specs, &targets, keys, tuning, samples, deadline).await;
-    if m.errors.len() == specs.len() {
-        bail!(
-            "no agent could be probed: {}",
-            m.errors
-                .iter()
-                .map(|e| e.1.as_str())
-                .collect::<Vec<_>>()
-                .join("; ")
-        );
-    }
-    let mut samples_v = Vec::new();
-    for i in 0..n {
-        for j in 0..n {
-            if i != j {
-                if let Some(v) = m.rtt_ms[i][j] {
-                    samples_v.push(Sample {
-                        a: i,
-                        b: j,
-                        rtt_ms: v.max(0.001),
-                    });
-                }
-            }
-        }
-    }
-    let (rtt, note) = if full && m.errors.is_empty() && samples_v.len() == n * (n - 1) {
-        // Every directed pair measured: symmetric mean per pair.
-        let mut rtt = Matrix::filled(n, 0.0);
-        for i in 0..n {
-            for j in 0..n {
-                if i != j {
-                    let (x, y) = (m.rtt_ms[i][j].unwrap_or(0.0), m.rtt_ms[j][i].unwrap_or(0.0));
-                    rtt.set(i, j, (x + y) / 2.0);
-                }
-            }
-        }
-        (rtt, format!("probed all {} pairs of {} nodes, the source included (median of {samples} echoes each)", n * (n - 1) / 2, n))
-    } else {
-        let (rtt, coords) = vivaldi::complete(n, &samples_v, VivaldiConfig::default());
-        let err = vivaldi::median_relative_error(&coords, &samples_v);
-        let mut note = format!(
-            "probed {} directed pairs of {} nodes; the rest estimated with Vivaldi coordinates (median relative error on probed pairs {:.1}%)",
-            samples_v.len(),
-            n,
-            err * 100.0
-        );
-        for (i, e) in &m.errors {
-            note += &format!("\nwarning: could not probe node {i}: {e}");
-        }
-        (rtt, note)
-    };
-    let source = hosts.source.clone().unwrap_or_default();
-    let mut nodes = vec![if source.name.is_empty() {
-        "source".to_string()
-    } else {
-        source.name
-    }];
-    nodes.extend(specs.iter().map(|h| h.name.clone()));
-    Ok((
-        MatrixFile {
-            nodes,
-            rtt_ms: rtt,
-            bandwidth_mbps: None,
-            wan: Vec::new(),
-        },
-        note,
-    ))
-}
-
-/// The plan for a send: probe (or read `matrix`), then plan.
-///
-/// - `balanced`: the planner's multi-trees; they need capacities in the hosts file or matrix.
-/// - Otherwise one tree. With capacities, the planner's single-tree algorithms compete on
-///   predicted completion time. Without them every access link is assumed equal, where a chain
-///   is the best tree: the degree-constrained MST with fan-out 1 gives a chain that follows
-///   short RTTs.
+/// The plan for a send: the RTT matrix from `matrix` (a file), the probe cache, or probed now;
+/// then the planner's push plan ([`bulkcast_planner::measured::push_plan`]) over the hosts
+/// that answered the probe.
+#[allow(clippy::too_many_arguments)]
 pub async fn for_send(
     hosts: &HostsFile,
     matrix: Option<&std::path::Path>,
     keys: &Keys,
     tuning: &TcpTuning,
+    cache: Option<&ProbeCache>,
     size: Option<u64>,
     chunk: u32,
     balanced: bool,
-) -> Result<(Plan, String)> {
-    let (matrices, note) = match matrix {
-        Some(p) => (read_matrix(p)?, format!("matrix from {}", p.display())),
-        // Three echoes: probing is paid before every send, and the median of three is enough
-        // to order paths that differ by more than jitter.
-        None => measure(hosts, keys, tuning, 3).await?,
+) -> Result<SendPlan> {
+    let Some(path) = matrix else {
+        // The round trips TCP measures while connecting: probing is paid before the send, and
+        // they order paths that differ by more than jitter (`bulkcast plan --samples` echoes).
+        let m = measure::rtt_matrix(hosts, keys, tuning, 0, cache).await?;
+        let answered = HostsFile {
+            source: hosts.source.clone(),
+            hosts: (0..hosts.hosts.len())
+                .filter(|&i| !m.left_out.iter().any(|l| l.host == i))
+                .map(|i| hosts.hosts[i].clone())
+                .collect(),
+        };
+        let net = Network::from_hosts(&answered, &m.matrix)?;
+        return Ok(SendPlan {
+            plan: measured::push_plan(net, size, chunk, balanced)?,
+            hosts: answered,
+            note: m.report.note.clone(),
+            probe: Some(m.report),
+            left_out: m.left_out,
+        });
     };
-    let mut net = Network::from_hosts(hosts, &matrices)?;
-    // An empty object is planned as one byte: the planner's rates need a size, and for
-    // nothing to move the tree's set-up is all that costs.
-    let size = size.map_or(1 << 30, |s| s.max(1));
-    let opts = PlanOptions::default().with_object(size, chunk as u64)?;
-    if balanced {
-        if net.is_uncapacitated() {
-            bail!("--strategy balanced needs capacities (uplink_mbps/downlink_mbps in the hosts file, or a matrix)");
-        }
-        return Ok((plan(&net, Algorithm::Balanced, &opts)?, note));
-    }
-    if net.is_uncapacitated() {
-        for i in 0..net.len() {
-            if net.max_fanout(i).is_none() {
-                net.set_max_fanout(i, Some(1))?;
-            }
-        }
-        let mut p = plan(&net, Algorithm::Dcmst, &opts)?;
-        p.reason = "no link capacities given (uplink_mbps in a hosts file, or --matrix): equal access links assumed, so a chain ordered by RTT (DCMST, fan-out 1)".into();
-        return Ok((p, note));
-    }
-    let best = [
-        Algorithm::Mst,
-        Algorithm::Dcmst,
-        Algorithm::Cluster,
-        Algorithm::Bottleneck,
-    ]
-    .into_iter()
-    .filter_map(|a| plan(&net, a, &opts).ok())
-    .min_by(|x, y| x.completion_secs.total_cmp(&y.completion_secs))
-    .context("the planner found no tree")?;
-    Ok((best, note))
+    let net = Network::from_hosts(hosts, &read_matrix(path)?)?;
+    Ok(SendPlan {
+        plan: measured::push_plan(net, size, chunk, balanced)?,
+        hosts: hosts.clone(),
+        note: format!("matrix from {}", path.display()),
+        probe: None,
+        left_out: Vec::new(),
+    })
+}
+
+/// What [`for_send`] decided.
+pub struct SendPlan {
+    /// The plan, over `hosts`.
+    pub plan: Plan,
+    /// The hosts the plan spans: those given, less `left_out`.
+    pub hosts: HostsFile,
+    /// How the round trips were measured (`None`: from a matrix file).
+    pub probe: Option<ProbeReport>,
+    /// Hosts that did not answer the probe, with why.
+    pub left_out: Vec<LeftOut>,
+    /// What was done, for the user.
+    pub note: String,
 }

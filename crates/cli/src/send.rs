@@ -5,12 +5,14 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use bulkcast_node::input::Input;
+use bulkcast_node::measure::{self, LeftOut, ProbeCache, ProbeReport};
 use bulkcast_node::report::Report;
 use bulkcast_node::source::{self, SendConfig};
 use bulkcast_node::ticket::{self, Ticket};
 use bulkcast_node::{swarm, transport};
+use bulkcast_planner::strategy;
 use bulkcast_proto::auth::{Keys, Secret};
-use bulkcast_proto::hosts::HostsFile;
+use bulkcast_proto::hosts::{HostSpec, HostsFile};
 use bulkcast_proto::node::CHUNK_SIZE_RANGE;
 use bulkcast_proto::swarm::Strategy as SwarmStrategy;
 use bulkcast_proto::tree::Tree;
@@ -60,12 +62,16 @@ pub struct SendArgs {
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     fanout: Option<u16>,
     /// Chunk size in KiB (default: chosen from the object size and the tree depth, see
-    /// `auto_chunk_size`; the hybrid uses `hybrid_chunk_size`).
+    /// `bulkcast_planner::strategy::chunk_size`).
     #[arg(long)]
     chunk_kib: Option<u32>,
     /// Plan from this matrix file (see `bulkcast plan --save-matrix`) instead of probing.
     #[arg(long)]
     matrix: Option<PathBuf>,
+    /// Reuse round trips probed for the same hosts within this many seconds (kept under
+    /// `~/.cache/bulkcast/probes`); 0 probes before every send.
+    #[arg(long, default_value_t = 600)]
+    probe_max_age: u64,
     /// Seconds without progress after which a receiver is cut off (with its subtree).
     #[arg(long, default_value_t = 30)]
     stall_timeout: u64,
@@ -104,7 +110,7 @@ pub struct SendArgs {
 enum Strategy {
     /// For a file (or a directory of at most 2 GiB) spread over two or more sites of the hosts
     /// file: `hybrid` from `AUTO_HYBRID_MIN_BYTES` (2 MiB), `mob` below; `tree` otherwise (see
-    /// `auto_strategy`).
+    /// `bulkcast_planner::strategy::choose`).
     Auto,
     /// The source sends to every receiver itself (the baseline).
     Flat,
@@ -127,19 +133,35 @@ enum Strategy {
     Hybrid,
 }
 
-pub async fn run(a: SendArgs) -> Result<i32> {
-    if let Some(k) = a.chunk_kib {
-        if !k
-            .checked_mul(1024)
-            .is_some_and(|c| CHUNK_SIZE_RANGE.contains(&c))
-        {
-            bail!(
-                "--chunk-kib must be between {} and {}",
-                CHUNK_SIZE_RANGE.start() / 1024,
-                CHUNK_SIZE_RANGE.end() / 1024
-            );
+impl Strategy {
+    /// The library's name for it.
+    fn to_planner(self) -> strategy::Strategy {
+        match self {
+            Strategy::Auto => strategy::Strategy::Auto,
+            Strategy::Flat => strategy::Strategy::Flat,
+            Strategy::Tree => strategy::Strategy::Tree,
+            Strategy::Balanced => strategy::Strategy::Balanced,
+            Strategy::Mob => strategy::Strategy::Mob,
+            Strategy::Swarm => strategy::Strategy::Swarm,
+            Strategy::Hybrid => strategy::Strategy::Hybrid,
         }
     }
+
+    fn from_planner(s: strategy::Strategy) -> Strategy {
+        match s {
+            strategy::Strategy::Auto => Strategy::Auto,
+            strategy::Strategy::Flat => Strategy::Flat,
+            strategy::Strategy::Tree => Strategy::Tree,
+            strategy::Strategy::Balanced => Strategy::Balanced,
+            strategy::Strategy::Mob => Strategy::Mob,
+            strategy::Strategy::Swarm => Strategy::Swarm,
+            strategy::Strategy::Hybrid => Strategy::Hybrid,
+        }
+    }
+}
+
+pub async fn run(a: SendArgs) -> Result<i32> {
+    check_chunk_kib(a.chunk_kib)?;
     let mut input = Input::open_with(&a.path, a.name.as_deref(), a.follow_symlinks)?;
     if !a.keep_special_modes {
         input.manifest.drop_special_modes();
@@ -161,415 +183,43 @@ pub async fn run(a: SendArgs) -> Result<i32> {
         }
         None => None,
     };
-    let source_metrics = endpoint.as_ref().map(|m| m.source());
     let session: u64 = rand::random();
-    let mut source_spec = None;
-    let (hosts, secret) = match (&a.to, a.expect) {
-        (Some(to), _) => {
-            let file = load_hosts(to)?;
-            source_spec = file.source;
-            (file.hosts, a.common.require_secret()?)
-        }
-        (None, Some(n)) => {
-            if n == 0 {
-                bail!("--expect must be at least 1");
-            }
-            let secret = a
-                .common
-                .secret()?
-                .unwrap_or_else(|| Secret::from_bytes(rand::random()));
-            let keys = Keys::derive(&secret);
-            let listener = transport::listen(&a.listen, &tuning)
-                .await
-                .with_context(|| format!("listening on {}", a.listen))?;
-            let port = listener.local_addr()?.port();
-            let addr = a.advertise.clone().unwrap_or_else(|| {
-                let ip = listener
-                    .local_addr()
-                    .map(|l| l.ip())
-                    .ok()
-                    .filter(|ip| !ip.is_unspecified());
-                match ip {
-                    Some(ip) => format!("{ip}:{port}"),
-                    None => format!("{}:{port}", progress::hostname()),
-                }
-            });
-            let t = Ticket {
-                secret: secret.clone(),
-                session,
-                addr,
-            };
-            // The ticket goes to stdout alone on its line so scripts can capture it.
-            println!("{t}");
-            eprintln!("waiting for {n} receivers: bulkcast recv {t}");
-            let hosts = tokio::select! {
-                h = ticket::gather(&listener, &keys, n, Duration::from_secs(a.join_timeout)) => h,
-                _ = shutdown_signal() => bail!("interrupted"),
-            };
-            if hosts.is_empty() {
-                bail!("nobody joined within {} s", a.join_timeout);
-            }
-            if hosts.len() < n {
-                eprintln!(
-                    "warning: only {} of {n} receivers joined; sending to them",
-                    hosts.len()
-                );
-            }
-            (hosts, secret)
-        }
-        (None, None) => bail!("give --to HOSTS or --expect N"),
-    };
-    let n = hosts.len();
+    let (file, secret) = receivers(&a, &tuning, session).await?;
     let a = SendArgs {
-        strategy: auto_strategy(&a, &input, source_spec.as_ref(), &hosts),
+        strategy: auto_strategy(&a, &input, file.source.as_ref(), &file.hosts),
         ..a
     };
-    let planned_chunk = a.chunk_kib.map_or(1 << 20, |k| k * 1024);
-    let file = HostsFile {
-        source: source_spec.clone(),
-        hosts: hosts.clone(),
+    let file_len = file.hosts.len();
+    let mut send = Send {
+        a: &a,
+        file,
+        secret: &secret,
+        session,
+        left_out: Vec::new(),
+        given: (0..file_len).collect(),
+        metrics: endpoint.as_ref().map(|m| m.source()),
+        page: None,
     };
-    // One tree, or several with their rates (balanced).
-    if let Some(strategy) = swarm_strategy(a.strategy) {
-        if a.expect.is_some() {
-            bail!(
-                "--strategy {} needs --to (ticket receivers cannot reach each other)",
-                strategy.name()
-            );
-        }
-        if a.fanout.is_some() && strategy != SwarmStrategy::Hybrid && !a.quiet {
-            eprintln!(
-                "note: --fanout is ignored by --strategy {} (no tree)",
-                strategy.name()
-            );
-        }
-        let tree = match (strategy, a.fanout) {
-            (SwarmStrategy::Hybrid, Some(k)) => Some(Tree::kary(n, k as usize)),
-            (SwarmStrategy::Hybrid, None) => {
-                let p = planned(
-                    &a,
-                    &file,
-                    &secret,
-                    &tuning,
-                    input.manifest.total_len,
-                    planned_chunk,
-                    false,
-                )
-                .await?;
-                Some(p.tree().clone())
-            }
-            _ => None,
-        };
-        let chunk_size = match a.chunk_kib {
-            Some(k) => k * 1024,
-            // The hybrid's windows follow each peer's rate, so it can use small pieces;
-            // MOB and the swarm baseline keep `R` requests per peer, which small pieces
-            // would starve at long round trips.
-            None if strategy == SwarmStrategy::Hybrid => {
-                hybrid_chunk_size(input.manifest.total_len)
-            }
-            None => auto_chunk_size(input.manifest.total_len, &Tree::flat(n)),
-        };
-        let cfg = swarm::SwarmSendConfig {
-            strategy,
-            chunk_size,
-            stall_timeout: Duration::from_secs(a.stall_timeout.max(1)),
-            tuning,
-            seed: rand::random(),
-        };
-        // Without a tree every receiver hangs off the source, as in a flat tree.
-        let flat = Tree::flat(n);
-        let status = source::new_status(
-            &hosts,
-            tree.as_ref().unwrap_or(&flat),
-            chunk_size,
-            input.manifest.total_len,
-        );
-        let page = live_page(&a, &status, &hosts, &input, strategy.name()).await?;
-        let work = swarm::send(
-            input,
-            source_spec.as_ref(),
-            &hosts,
-            tree.as_ref(),
-            Keys::derive(&secret),
-            session,
-            &cfg,
-            status.clone(),
-        );
-        let Some((result, timeline)) =
-            progress::sending(status.clone(), a.quiet, source_metrics.clone(), work).await
-        else {
-            bail!("interrupted: receivers discard their partial copies");
-        };
-        let mut report = result.map_err(anyhow::Error::msg)?;
-        report.object.skipped = skipped;
-        report.timeline = timeline;
-        print_report(&report, a.json)?;
-        finish_page(page, &report).await?;
-        if let Some(m) = endpoint {
-            m.linger(Duration::from_secs(a.metrics_linger)).await;
-        }
-        return Ok(exit_code(&report));
-    }
-    let (trees, strategy): (Vec<(Tree, f64)>, String) = match (a.strategy, a.fanout) {
-        (Strategy::Flat, _) => (vec![(Tree::flat(n), 0.0)], "flat".to_string()),
-        (Strategy::Tree, Some(k)) => (
-            vec![(Tree::kary(n, k as usize), 0.0)],
-            format!("tree (fan-out {k})"),
-        ),
-        // Ticket receivers take only their parent's connection, so they cannot be probed.
-        (_, None) if a.expect.is_some() => {
-            (vec![(Tree::kary(n, 1), 0.0)], "tree (chain)".to_string())
-        }
-        (strategy, _) => {
-            let balanced = strategy == Strategy::Balanced;
-            let p = planned(
-                &a,
-                &file,
-                &secret,
-                &tuning,
-                input.manifest.total_len,
-                planned_chunk,
-                balanced,
-            )
-            .await?;
-            if balanced {
-                (p.trees, "balanced".to_string())
-            } else {
-                (
-                    vec![(p.tree().clone(), p.rate_mbps)],
-                    format!("tree (planned: {})", p.algorithm),
-                )
-            }
-        }
+    send.check_hosts(&tuning).await?;
+    let mut report = match swarm_strategy(a.strategy) {
+        Some(strategy) => send.swarm(input, strategy, tuning).await?,
+        None => send.push(input, tuning).await?,
     };
-    // The deepest tree sets the chunk size.
-    let tree = trees
-        .iter()
-        .map(|t| &t.0)
-        .max_by_key(|t| (1..t.len()).map(|i| t.depth(i)).max().unwrap_or(0))
-        .expect("at least one tree")
-        .clone();
-    let chunk_size = match a.chunk_kib {
-        Some(k) => k * 1024,
-        None => auto_chunk_size(input.manifest.total_len, &tree),
-    };
-    let cfg = SendConfig {
-        edges: a
-            .edges
-            .mode()?
-            .for_session(&tuning.cc, hosts.iter().any(|h| !h.paths.is_empty())),
-        observer: a.edges.observer()?,
-        chunk_size,
-        stall_timeout: Duration::from_secs(a.stall_timeout.max(1)),
-        node: a.common.node(),
-        tuning,
-        strategy,
-        uplink_mbps: source_spec.as_ref().and_then(|s| s.uplink_mbps),
-    };
-    let status = source::new_status(&hosts, &tree, chunk_size, input.manifest.total_len);
-    let page = live_page(&a, &status, &hosts, &input, &cfg.strategy).await?;
-    let work = async {
-        if trees.len() > 1 {
-            source::send_balanced(
-                input,
-                &hosts,
-                &trees,
-                Keys::derive(&secret),
-                &cfg,
-                status.clone(),
-            )
-            .await
-        } else {
-            source::send(
-                input,
-                &hosts,
-                &trees[0].0,
-                Keys::derive(&secret),
-                session,
-                &cfg,
-                status.clone(),
-            )
-            .await
-        }
-    };
-    let Some((result, timeline)) =
-        progress::sending(status.clone(), a.quiet, source_metrics.clone(), work).await
-    else {
-        bail!("interrupted: receivers discard their partial copies");
-    };
-    let mut report = result?;
     report.object.skipped = skipped;
-    report.timeline = timeline;
+    report.leave_out(
+        send.left_out
+            .into_iter()
+            .map(|(i, h, why)| (i, h.name, h.addr, why)),
+    );
     print_report(&report, a.json)?;
-    finish_page(page, &report).await?;
+    if let Some(p) = send.page.take() {
+        p.finish(serde_json::to_string(&report)?, Duration::from_secs(3))
+            .await;
+    }
     if let Some(m) = endpoint {
         m.linger(Duration::from_secs(a.metrics_linger)).await;
     }
     Ok(exit_code(&report))
-}
-
-/// Starts `--web`'s page, if asked for.
-async fn live_page(
-    a: &SendArgs,
-    status: &source::SharedStatus,
-    hosts: &[bulkcast_proto::hosts::HostSpec],
-    input: &Input,
-    strategy: &str,
-) -> Result<Option<crate::web::Page>> {
-    let Some(addr) = &a.web else { return Ok(None) };
-    let sites = hosts
-        .iter()
-        .map(|h| h.site.clone().unwrap_or_default())
-        .collect();
-    let page = crate::web::Page::start(addr, status.clone(), sites, &input.manifest.name, strategy)
-        .await?;
-    eprintln!("live page on http://{}/", page.addr);
-    Ok(Some(page))
-}
-
-/// Shows the report on the live page and gives open pages a moment to get it.
-async fn finish_page(page: Option<crate::web::Page>, report: &Report) -> Result<()> {
-    if let Some(p) = page {
-        p.finish(serde_json::to_string(report)?, Duration::from_secs(3))
-            .await;
-    }
-    Ok(())
-}
-
-/// 0 when every receiver has all of the object, 1 when some receiver failed, 3 when every
-/// receiver has what was sent but the directory had entries that were left out: a script
-/// that needs every entry must not take that for a full copy.
-fn exit_code(r: &Report) -> i32 {
-    match (r.ok, r.object.skipped.is_empty()) {
-        (false, _) => 1,
-        (true, false) => 3,
-        (true, true) => 0,
-    }
-}
-
-/// Probes (or reads `--matrix`) and plans, saying what it did unless `--quiet`.
-async fn planned(
-    a: &SendArgs,
-    file: &HostsFile,
-    secret: &Secret,
-    tuning: &transport::TcpTuning,
-    size: Option<u64>,
-    chunk: u32,
-    balanced: bool,
-) -> Result<bulkcast_planner::Plan> {
-    let (p, note) = plan::for_send(
-        file,
-        a.matrix.as_deref(),
-        &Keys::derive(secret),
-        tuning,
-        size,
-        chunk,
-        balanced,
-    )
-    .await?;
-    if !a.quiet {
-        eprintln!("{note}\nplan: {} ({})", p.algorithm, p.reason);
-    }
-    Ok(p)
-}
-
-/// The swarm strategy behind a `--strategy` value, if it is one.
-fn swarm_strategy(s: Strategy) -> Option<SwarmStrategy> {
-    match s {
-        Strategy::Mob => Some(SwarmStrategy::Mob),
-        Strategy::Swarm => Some(SwarmStrategy::Swarm),
-        Strategy::Hybrid => Some(SwarmStrategy::Hybrid),
-        Strategy::Auto | Strategy::Flat | Strategy::Tree | Strategy::Balanced => None,
-    }
-}
-
-/// Smallest object `--strategy auto` sends by `hybrid` rather than `mob` across sites. In the
-/// lab's size sweep (docs/notes/swarm-size-sweep.md, re-run 2026-11-23 with the hybrid's small
-/// pieces, three runs at 512 KiB and 4 MiB; the current sweep is in docs/benchmarks.md) MOB
-/// was ahead of the hybrid at 512 KiB in 5 of 6 runs, with one copy per site against the
-/// hybrid's 1.4-1.75 (its endgame doubles requests when a few pieces are all there is); from
-/// 4 MiB the hybrid was ahead at 20 ms (3 of 3) and level at 100 ms. The push tree was behind
-/// both at every size from 32 KiB: a tree connects level by level, a WAN round trip per hop,
-/// where a swarm dials every member at once.
-pub const AUTO_HYBRID_MIN_BYTES: u64 = 2 << 20;
-
-/// What `--strategy auto` means for this send: a swarm where swarming pays (an object of known,
-/// non-zero length, a file or a small enough directory, hosts in two or more sites, receivers
-/// that can reach each other: not ticket mode, no `--fanout`): `hybrid` from
-/// [`AUTO_HYBRID_MIN_BYTES`], `mob` below; `tree` otherwise. Any other strategy is kept.
-fn auto_strategy(
-    a: &SendArgs,
-    input: &Input,
-    source: Option<&bulkcast_proto::hosts::SourceSpec>,
-    hosts: &[bulkcast_proto::hosts::HostSpec],
-) -> Strategy {
-    if a.strategy != Strategy::Auto {
-        return a.strategy;
-    }
-    let m = &input.manifest;
-    let sites: std::collections::BTreeSet<&str> = hosts
-        .iter()
-        .filter_map(|h| h.site.as_deref())
-        .chain(source.and_then(|s| s.site.as_deref()))
-        .collect();
-    let swarm = a.expect.is_none()
-        && a.fanout.is_none()
-        && sites.len() >= 2
-        && m.total_len.is_some_and(|l| {
-            l > 0 && (input.single_file().is_some() || l <= swarm::MAX_SWARM_BYTES)
-        });
-    let chosen = match m.total_len {
-        Some(l) if swarm && l >= AUTO_HYBRID_MIN_BYTES => Strategy::Hybrid,
-        _ if swarm => Strategy::Mob,
-        _ => Strategy::Tree,
-    };
-    if !a.quiet {
-        eprintln!(
-            "strategy auto: {} ({}, {})",
-            swarm_strategy(chosen).map_or("tree", SwarmStrategy::name),
-            match sites.len() {
-                0 => "no sites given".to_string(),
-                1 => "one site".to_string(),
-                n => format!("{n} sites"),
-            },
-            m.total_len
-                .map_or("unknown length".to_string(), |l| format!("{} MiB", l >> 20))
-        );
-    }
-    chosen
-}
-
-/// The default chunk size. Every relay forwards a chunk only once it is whole and verified, so
-/// each hop adds one chunk's serialization time: a tree of depth d costs about
-/// `d * chunk / size` of the transfer time. Pick the largest power of two that keeps that under
-/// 1%, between 64 KiB (per-chunk costs) and 1 MiB; streams of unknown size get 256 KiB.
-pub fn auto_chunk_size(len: Option<u64>, tree: &Tree) -> u32 {
-    const MIN: u64 = 64 << 10;
-    const MAX: u64 = 1 << 20;
-    let Some(len) = len else { return 256 << 10 };
-    let depth = (1..tree.len())
-        .map(|i| tree.depth(i))
-        .max()
-        .unwrap_or(1)
-        .max(1) as u64;
-    let target = (len / 100 / depth).clamp(MIN, MAX);
-    // Round down to a power of two.
-    (1u64 << (63 - target.leading_zeros())) as u32
-}
-
-/// The default chunk (piece) size of the hybrid. Pulls work in whole pieces: a
-/// request window is a few pieces deep at least, so a cluster's last pieces queued behind a
-/// thin WAN link wait about `window * piece / link rate` (three 1 MiB pieces are 4 s at
-/// 6.4 Mbit/s). In the seed 004 simulation (`swarm_sim --lab`, 600 MB, slow links) the hybrid
-/// reads 0.87 of the bound with 1 MiB pieces, 0.90 with 512 KiB and 0.93 with 256 KiB.
-/// So: about a thousandth of the object, a power of two between 64 KiB (per-piece costs) and
-/// 256 KiB; 256 KiB when the size is unknown.
-pub fn hybrid_chunk_size(len: Option<u64>) -> u32 {
-    const MIN: u64 = 64 << 10;
-    const MAX: u64 = 256 << 10;
-    let target = len.map_or(MAX, |l| (l / 1000).clamp(MIN, MAX));
-    (1u64 << (63 - target.leading_zeros())) as u32
 }
 
 /// The `--to` list of a `--hostfile`: every host, at `port` unless it names its own.
@@ -592,6 +242,414 @@ fn hostfile_list(f: &std::path::Path, port: u16) -> Result<String> {
         })
         .collect();
     Ok(with_port.join(","))
+}
+
+fn check_chunk_kib(chunk_kib: Option<u32>) -> Result<()> {
+    let fits = |k: u32| {
+        k.checked_mul(1024)
+            .is_some_and(|c| CHUNK_SIZE_RANGE.contains(&c))
+    };
+    if chunk_kib.is_some_and(|k| !fits(k)) {
+        bail!(
+            "--chunk-kib must be between {} and {}",
+            CHUNK_SIZE_RANGE.start() / 1024,
+            CHUNK_SIZE_RANGE.end() / 1024
+        );
+    }
+    Ok(())
+}
+
+/// The receivers and the session secret: from `--to` (a list or a hosts file, the secret from
+/// the environment), or the receivers that join with a ticket (`--expect`).
+async fn receivers(
+    a: &SendArgs,
+    tuning: &transport::TcpTuning,
+    session: u64,
+) -> Result<(HostsFile, Secret)> {
+    match (&a.to, a.expect) {
+        (Some(to), _) => Ok((load_hosts(to)?, a.common.require_secret()?)),
+        (None, Some(0)) => bail!("--expect must be at least 1"),
+        (None, Some(n)) => ticket_receivers(a, tuning, session, n).await,
+        (None, None) => bail!("give --to HOSTS or --expect N"),
+    }
+}
+
+/// Prints a ticket and waits (up to `--join-timeout`) for `n` receivers to join with it.
+async fn ticket_receivers(
+    a: &SendArgs,
+    tuning: &transport::TcpTuning,
+    session: u64,
+    n: usize,
+) -> Result<(HostsFile, Secret)> {
+    let secret = a
+        .common
+        .secret()?
+        .unwrap_or_else(|| Secret::from_bytes(rand::random()));
+    let keys = Keys::derive(&secret);
+    let listener = transport::listen(&a.listen, tuning)
+        .await
+        .with_context(|| format!("listening on {}", a.listen))?;
+    let port = listener.local_addr()?.port();
+    let addr = a.advertise.clone().unwrap_or_else(|| {
+        let ip = listener
+            .local_addr()
+            .map(|l| l.ip())
+            .ok()
+            .filter(|ip| !ip.is_unspecified());
+        match ip {
+            Some(ip) => format!("{ip}:{port}"),
+            None => format!("{}:{port}", progress::hostname()),
+        }
+    });
+    let t = Ticket {
+        secret: secret.clone(),
+        session,
+        addr,
+    };
+    // The ticket goes to stdout alone on its line so scripts can capture it.
+    println!("{t}");
+    eprintln!("waiting for {n} receivers: bulkcast recv {t}");
+    let hosts = tokio::select! {
+        h = ticket::gather(&listener, &keys, n, Duration::from_secs(a.join_timeout)) => h,
+        _ = shutdown_signal() => bail!("interrupted"),
+    };
+    if hosts.is_empty() {
+        bail!("nobody joined within {} s", a.join_timeout);
+    }
+    if hosts.len() < n {
+        eprintln!(
+            "warning: only {} of {n} receivers joined; sending to them",
+            hosts.len()
+        );
+    }
+    Ok((
+        HostsFile {
+            source: None,
+            hosts,
+        },
+        secret,
+    ))
+}
+
+/// One send, its receivers known: what the push and the swarm strategies share.
+struct Send<'a> {
+    a: &'a SendArgs,
+    /// The receivers the send goes to: those given, less `left_out` once they are checked.
+    file: HostsFile,
+    secret: &'a Secret,
+    session: u64,
+    /// Receivers that did not admit the source up front, with their place in the list given
+    /// and why: they fail alone.
+    left_out: Vec<(usize, HostSpec, String)>,
+    /// For each receiver in `file`, its place in the list given.
+    given: Vec<usize>,
+    /// `--metrics`: the send's own.
+    metrics: Option<std::sync::Arc<bulkcast_node::metrics::SourceMetrics>>,
+    /// `--web`: the live page, once the send has started.
+    page: Option<crate::web::Page>,
+}
+
+impl Send<'_> {
+    /// Whether the plan's probe will check the receivers (a planned tree without `--matrix`).
+    fn probes(&self) -> bool {
+        let a = self.a;
+        let planned = match a.strategy {
+            Strategy::Tree | Strategy::Balanced | Strategy::Hybrid => a.fanout.is_none(),
+            _ => false,
+        };
+        planned && a.matrix.is_none() && a.expect.is_none()
+    }
+
+    /// Leaves out, before any tree is fixed, every receiver that does not admit the source
+    /// (unreachable, refused, another secret), so that it fails alone and is named. The probe
+    /// of a planned tree does this itself; ticket receivers were admitted when they joined.
+    async fn check_hosts(&mut self, tuning: &transport::TcpTuning) -> Result<()> {
+        if self.a.expect.is_some() || self.probes() {
+            return Ok(());
+        }
+        let keys = Keys::derive(self.secret);
+        let out = measure::unadmitted(&self.file, &keys, tuning, Duration::from_secs(5)).await;
+        self.leave_out(out)
+    }
+
+    /// Takes `out` off the receivers; an error when none is left.
+    fn leave_out(&mut self, out: Vec<LeftOut>) -> Result<()> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        let mut hosts = std::mem::take(&mut self.file.hosts);
+        let mut out = out;
+        out.sort_by_key(|l| l.host);
+        for l in out.iter().rev() {
+            let h = hosts.remove(l.host);
+            // The reason is in the report: a failure is said once.
+            if !self.a.quiet {
+                eprintln!("warning: leaving {} out (the report says why)", h.name);
+            }
+            let given = self.given.remove(l.host);
+            self.left_out.push((given, h, l.reason.clone()));
+        }
+        if hosts.is_empty() {
+            bail!("no receiver admitted the source (see the warnings above)");
+        }
+        self.file.hosts = hosts;
+        Ok(())
+    }
+
+    /// The chunk size the planner plans with (the real one follows the tree's depth).
+    fn planned_chunk(&self) -> u32 {
+        self.a.chunk_kib.map_or(1 << 20, |k| k * 1024)
+    }
+
+    /// A swarm (MOB, the BitTorrent-style baseline, or the hybrid over its tree).
+    async fn swarm(
+        &mut self,
+        input: Input,
+        strategy: SwarmStrategy,
+        tuning: transport::TcpTuning,
+    ) -> Result<Report> {
+        let a = self.a;
+        if a.expect.is_some() {
+            bail!(
+                "--strategy {} needs --to (ticket receivers cannot reach each other)",
+                strategy.name()
+            );
+        }
+        if a.fanout.is_some() && strategy != SwarmStrategy::Hybrid && !a.quiet {
+            eprintln!(
+                "note: --fanout is ignored by --strategy {} (no tree)",
+                strategy.name()
+            );
+        }
+        let len = input.manifest.total_len;
+        let mut probed = None;
+        let tree = match (strategy, a.fanout) {
+            (SwarmStrategy::Hybrid, Some(k)) => Some(Tree::kary(self.file.hosts.len(), k as usize)),
+            (SwarmStrategy::Hybrid, None) => {
+                let (p, probe) = self.planned(&tuning, len, false).await?;
+                probed = probe;
+                Some(p.tree().clone())
+            }
+            _ => None,
+        };
+        // Without a tree every receiver hangs off the source, as in a flat tree.
+        let flat = Tree::flat(self.file.hosts.len());
+        let chunk_size = match a.chunk_kib {
+            Some(k) => k * 1024,
+            None => strategy::chunk_size(a.strategy.to_planner(), len, &flat),
+        };
+        let cfg = swarm::SwarmSendConfig {
+            strategy,
+            chunk_size,
+            stall_timeout: Duration::from_secs(a.stall_timeout.max(1)),
+            tuning,
+            seed: rand::random(),
+        };
+        let hosts = &self.file.hosts;
+        let status = source::new_status(hosts, tree.as_ref().unwrap_or(&flat), chunk_size, len);
+        self.page = live_page(a, &status, hosts, &input, strategy.name()).await?;
+        let work = swarm::send(
+            input,
+            self.file.source.as_ref(),
+            hosts,
+            tree.as_ref(),
+            Keys::derive(self.secret),
+            self.session,
+            &cfg,
+            status.clone(),
+        );
+        let Some((result, timeline)) =
+            progress::sending(status.clone(), a.quiet, self.metrics.clone(), work).await
+        else {
+            bail!("interrupted: receivers discard their partial copies");
+        };
+        let mut report = result.map_err(anyhow::Error::msg)?;
+        report.probe = probed;
+        report.timeline = timeline;
+        Ok(report)
+    }
+
+    /// A push down one tree, or several with their rates (balanced).
+    async fn push(&mut self, input: Input, tuning: transport::TcpTuning) -> Result<Report> {
+        let a = self.a;
+        let len = input.manifest.total_len;
+        let (trees, strategy, probed) = self.trees(&tuning, len).await?;
+        let hosts = &self.file.hosts;
+        // The deepest tree sets the chunk size.
+        let tree = trees
+            .iter()
+            .map(|t| &t.0)
+            .max_by_key(|t| (1..t.len()).map(|i| t.depth(i)).max().unwrap_or(0))
+            .expect("at least one tree")
+            .clone();
+        let chunk_size = match a.chunk_kib {
+            Some(k) => k * 1024,
+            None => strategy::push_chunk_size(len, &tree),
+        };
+        let cfg = SendConfig {
+            edges: a
+                .edges
+                .mode()?
+                .for_session(&tuning.cc, hosts.iter().any(|h| !h.paths.is_empty())),
+            observer: a.edges.observer()?,
+            chunk_size,
+            stall_timeout: Duration::from_secs(a.stall_timeout.max(1)),
+            node: a.common.node(),
+            tuning,
+            strategy,
+            uplink_mbps: self.file.source.as_ref().and_then(|s| s.uplink_mbps),
+        };
+        let status = source::new_status(hosts, &tree, chunk_size, len);
+        self.page = live_page(a, &status, hosts, &input, &cfg.strategy).await?;
+        let keys = Keys::derive(self.secret);
+        let work = async {
+            if trees.len() > 1 {
+                source::send_balanced(input, hosts, &trees, keys, &cfg, status.clone()).await
+            } else {
+                let tree = &trees[0].0;
+                source::send(input, hosts, tree, keys, self.session, &cfg, status.clone()).await
+            }
+        };
+        let Some((result, timeline)) =
+            progress::sending(status.clone(), a.quiet, self.metrics.clone(), work).await
+        else {
+            bail!("interrupted: receivers discard their partial copies");
+        };
+        let mut report = result?;
+        report.probe = probed;
+        report.timeline = timeline;
+        Ok(report)
+    }
+
+    /// The push's trees with their planned rates, the strategy's name for the report, and how
+    /// the round trips were measured when the tree was planned.
+    async fn trees(
+        &mut self,
+        tuning: &transport::TcpTuning,
+        len: Option<u64>,
+    ) -> Result<(Vec<(Tree, f64)>, String, Option<ProbeReport>)> {
+        let (a, n) = (self.a, self.file.hosts.len());
+        // `n` holds for every tree but the planned ones, whose probe may leave hosts out.
+        Ok(match (a.strategy, a.fanout) {
+            (Strategy::Flat, _) => (vec![(Tree::flat(n), 0.0)], "flat".into(), None),
+            (Strategy::Tree, Some(k)) => (
+                vec![(Tree::kary(n, k as usize), 0.0)],
+                format!("tree (fan-out {k})"),
+                None,
+            ),
+            // Ticket receivers take only their parent's connection, so they cannot be probed.
+            (_, None) if a.expect.is_some() => {
+                (vec![(Tree::kary(n, 1), 0.0)], "tree (chain)".into(), None)
+            }
+            (strategy, _) => {
+                let balanced = strategy == Strategy::Balanced;
+                let (p, probed) = self.planned(tuning, len, balanced).await?;
+                if balanced {
+                    (p.trees, "balanced".into(), probed)
+                } else {
+                    let name = format!("tree (planned: {})", p.algorithm);
+                    (vec![(p.tree().clone(), p.rate_mbps)], name, probed)
+                }
+            }
+        })
+    }
+
+    /// Probes (or reads `--matrix` or the probe cache) and plans, saying what it did unless
+    /// `--quiet`.
+    async fn planned(
+        &mut self,
+        tuning: &transport::TcpTuning,
+        size: Option<u64>,
+        balanced: bool,
+    ) -> Result<(bulkcast_planner::Plan, Option<ProbeReport>)> {
+        let a = self.a;
+        let cache = match a.probe_max_age {
+            0 => None,
+            secs => ProbeCache::in_user_cache(Duration::from_secs(secs)),
+        };
+        let sp = plan::for_send(
+            &self.file,
+            a.matrix.as_deref(),
+            &Keys::derive(self.secret),
+            tuning,
+            cache.as_ref(),
+            size,
+            self.planned_chunk(),
+            balanced,
+        )
+        .await?;
+        if !a.quiet {
+            eprintln!(
+                "{}\nplan: {} ({})",
+                sp.note, sp.plan.algorithm, sp.plan.reason
+            );
+        }
+        // The plan spans the hosts that answered the probe: the send goes to those.
+        self.leave_out(sp.left_out)?;
+        debug_assert_eq!(self.file.hosts.len(), sp.hosts.hosts.len());
+        Ok((sp.plan, sp.probe))
+    }
+}
+
+/// 0 when every receiver has all of the object, 1 when some receiver failed, 3 when every
+/// receiver has what was sent but the directory had entries that were left out: a script
+/// that needs every entry must not take that for a full copy.
+fn exit_code(r: &Report) -> i32 {
+    match (r.ok, r.object.skipped.is_empty()) {
+        (false, _) => 1,
+        (true, false) => 3,
+        (true, true) => 0,
+    }
+}
+
+/// The swarm strategy behind a `--strategy` value, if it is one.
+fn swarm_strategy(s: Strategy) -> Option<SwarmStrategy> {
+    match s {
+        Strategy::Mob => Some(SwarmStrategy::Mob),
+        Strategy::Swarm => Some(SwarmStrategy::Swarm),
+        Strategy::Hybrid => Some(SwarmStrategy::Hybrid),
+        Strategy::Auto | Strategy::Flat | Strategy::Tree | Strategy::Balanced => None,
+    }
+}
+
+/// What `--strategy auto` means for this send ([`strategy::choose`]), said unless `--quiet`.
+fn auto_strategy(
+    a: &SendArgs,
+    input: &Input,
+    source: Option<&bulkcast_proto::hosts::SourceSpec>,
+    hosts: &[bulkcast_proto::hosts::HostSpec],
+) -> Strategy {
+    if a.strategy != Strategy::Auto {
+        return a.strategy;
+    }
+    let sites: std::collections::BTreeSet<&str> = hosts
+        .iter()
+        .filter_map(|h| h.site.as_deref())
+        .chain(source.and_then(|s| s.site.as_deref()))
+        .collect();
+    let shape = strategy::SendShape {
+        len: input.manifest.total_len,
+        single_file: input.single_file().is_some(),
+        sites: sites.len(),
+        ticket: a.expect.is_some(),
+        fanout: a.fanout.is_some(),
+    };
+    let chosen = Strategy::from_planner(strategy::choose(strategy::Strategy::Auto, &shape));
+    if !a.quiet {
+        eprintln!(
+            "strategy auto: {} ({}, {})",
+            swarm_strategy(chosen).map_or("tree", SwarmStrategy::name),
+            match sites.len() {
+                0 => "no sites given".to_string(),
+                1 => "one site".to_string(),
+                n => format!("{n} sites"),
+            },
+            shape
+                .len
+                .map_or("unknown length".to_string(), |l| format!("{} MiB", l >> 20))
+        );
+    }
+    chosen
 }
 
 /// A comma-separated list or a hosts file.
@@ -664,6 +722,24 @@ pub fn print_report(r: &Report, json: bool) -> Result<()> {
     Ok(())
 }
 
+/// Starts `--web`'s page, if asked for.
+async fn live_page(
+    a: &SendArgs,
+    status: &source::SharedStatus,
+    hosts: &[HostSpec],
+    input: &Input,
+    strategy: &str,
+) -> Result<Option<crate::web::Page>> {
+    let Some(addr) = &a.web else { return Ok(None) };
+    let sites = hosts
+        .iter()
+        .map(|h| h.site.clone().unwrap_or_default())
+        .collect();
+    let page = crate::web::Page::start(addr, status.clone(), sites, &input.manifest.name, strategy)
+        .await?;
+    eprintln!("live page on http://{}/", page.addr);
+    Ok(Some(page))
+}
 /// The report's first line. The per-receiver rate is the slowest of the receivers that got
 /// a verified copy: a failed receiver's rate says nothing about how fast the data moved, and
 /// it is counted on its own.
@@ -730,6 +806,7 @@ mod tests {
             receivers,
             edges: Vec::new(),
             clusters: Vec::new(),
+            probe: None,
             timeline: Default::default(),
         }
     }
@@ -746,14 +823,5 @@ mod tests {
         let h = headline(&report(vec![rx("a", 0.0, false)]));
         assert!(h.contains("to 1 receiver by"), "{h}");
         assert!(h.contains("no receiver got a verified copy"), "{h}");
-    }
-
-    #[test]
-    fn hybrid_pieces_are_a_thousandth_of_the_object_between_64_and_256_kib() {
-        assert_eq!(hybrid_chunk_size(Some(600 << 20)), 256 << 10);
-        assert_eq!(hybrid_chunk_size(Some(128 << 20)), 128 << 10);
-        assert_eq!(hybrid_chunk_size(Some(32 << 20)), 64 << 10);
-        assert_eq!(hybrid_chunk_size(Some(32 << 10)), 64 << 10);
-        assert_eq!(hybrid_chunk_size(None), 256 << 10);
     }
 }

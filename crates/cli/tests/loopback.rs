@@ -138,7 +138,12 @@ fn send(args: &[&str], secret: &str, stdin: Option<&Path>) -> Output {
     c.arg("send")
         .args(args)
         .args(["--json", "--quiet"])
-        .env("BULKCAST_SECRET", secret);
+        .env("BULKCAST_SECRET", secret)
+        // Probe caches of tests stay out of the user's home (keyed by the agents' random ports).
+        .env(
+            "XDG_CACHE_HOME",
+            std::env::temp_dir().join("bulkcast-it-cache"),
+        );
     if let Some(p) = stdin {
         c.stdin(std::fs::File::open(p).unwrap());
     }
@@ -581,6 +586,14 @@ fn plan_probes_agents_and_send_uses_the_planned_tree() {
     );
     let r = report(&out);
     assert_eq!(r["strategy"], "tree (planned: dcmst)");
+    assert_eq!(r["probe"]["cached"], false, "{r}");
+    // A send takes the round trips TCP measured while connecting: no echoes to wait for.
+    let note = r["probe"]["note"].as_str().unwrap();
+    assert!(
+        note.contains("probed all 10 pairs") && note.contains("round trip of each connect"),
+        "{note}"
+    );
+    assert!(r["probe"]["seconds"].as_f64().unwrap() > 0.0, "{r}");
     let from_source = r["edges"]
         .as_array()
         .unwrap()
@@ -594,6 +607,31 @@ fn plan_probes_agents_and_send_uses_the_planned_tree() {
     for a in &ags {
         assert_eq!(hash(&a.dir.join("f.bin")), hash(&src));
     }
+    // Sent again to the same hosts: the round trips just probed are reused.
+    let out = send(
+        &[src.to_str().unwrap(), "--to", &list, "--name", "h.bin"],
+        &key,
+        None,
+    );
+    let r = report_ok(&out);
+    assert_eq!(r["probe"]["cached"], true, "{r}");
+    assert_eq!(r["probe"]["seconds"], 0.0, "{r}");
+    assert_eq!(r["strategy"], "tree (planned: dcmst)");
+    // ... unless told not to.
+    let out = send(
+        &[
+            src.to_str().unwrap(),
+            "--to",
+            &list,
+            "--name",
+            "i.bin",
+            "--probe-max-age",
+            "0",
+        ],
+        &key,
+        None,
+    );
+    assert_eq!(report_ok(&out)["probe"]["cached"], false);
     // The saved matrix replaces probing.
     let m = s.0.join("m.toml");
     let out = send(
@@ -848,8 +886,8 @@ fn pipe_over_parallel_connections_with_every_scheduler_arrives_in_order() {
         assert_eq!(r["verified"], true);
         assert_eq!(r["bytes"], 24 * MIB + 4321);
         assert_eq!(r["scheduler"], scheduler);
-        // `pipe send`'s default transport is auto: UDP answers on loopback.
-        assert_eq!(r["transport"], "udp", "{r}");
+        // `pipe send`'s default transport is auto: TCP where the round trip is that short.
+        assert_eq!(r["transport"], "tcp", "{r}");
         let conns = r["connections"].as_array().unwrap();
         assert_eq!(conns.len(), 4, "{scheduler}: {r}");
         // Every connection carried part of the stream, and together all of it.
@@ -1350,7 +1388,7 @@ fn mob_with_an_unreachable_member_delivers_to_the_others_and_reports_it() {
     }
 }
 
-/// `AUTO_HYBRID_MIN_BYTES` in crates/cli/src/send.rs.
+/// `AUTO_HYBRID_MIN_BYTES` in crates/planner/src/strategy.rs.
 const AUTO_HYBRID_MIN: u64 = 2 * MIB;
 
 #[test]
@@ -1645,5 +1683,55 @@ fn follow_symlinks_sends_what_links_point_at() {
             assert_eq!(hash(&got.join(p)), hash(&s.0.join("blobs/w.bin")), "{p}");
         }
         assert!(std::fs::symlink_metadata(got.join("all")).unwrap().is_dir());
+    }
+}
+
+#[test]
+fn a_host_that_does_not_admit_the_source_is_left_out_and_fails_alone() {
+    let s = Scratch::new("leftout");
+    let key = secret(31);
+    let mut ags = agents(&s.0, 4, &key);
+    // The third agent holds another secret, and a fifth address has nobody listening.
+    ags[2] = agent(&s.0.join("wrong"), &secret(32));
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let list = format!("{},{dead}", to_list(&ags));
+    let src = s.0.join("f.bin");
+    make_file(&src, 2 * MIB, b"leftout");
+    // The planned tree (its probe checks every host) and a fixed chain (checked up front).
+    for (name, extra) in [("a.bin", vec![]), ("b.bin", vec!["--fanout", "1"])] {
+        let mut args = vec![src.to_str().unwrap(), "--to", &list, "--name", name];
+        args.extend(extra.iter().copied());
+        let out = send(&args, &key, None);
+        assert_eq!(out.status.code(), Some(1), "{name}: some receivers failed");
+        let r = report(&out);
+        let failed: Vec<&str> = r["receivers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|x| x["verified"] != true)
+            .map(|x| x["addr"].as_str().unwrap())
+            .collect();
+        let mut want = vec![ags[2].addr.as_str(), dead.as_str()];
+        want.sort();
+        let mut got = failed.clone();
+        got.sort();
+        assert_eq!(got, want, "{name}: only the two bad hosts fail: {r}");
+        for x in r["receivers"].as_array().unwrap() {
+            if x["verified"] != true {
+                let why = x["error"].as_str().unwrap();
+                assert!(why.starts_with("left out before the send"), "{why}");
+            }
+        }
+        for i in [0, 1, 3] {
+            assert_eq!(
+                hash(&ags[i].dir.join(name)),
+                hash(&src),
+                "{name}: agent {i}"
+            );
+        }
+        assert!(!ags[2].dir.join(name).exists());
     }
 }

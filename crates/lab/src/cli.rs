@@ -1,4 +1,4 @@
-//! The `lab` subcommands, for embedding as `bulkcast lab ...`.
+//! The `bulkcast-lab` subcommands.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -152,7 +152,7 @@ pub fn run(cmd: LabCommand) -> Result<i32, LabError> {
         LabCommand::Up { scenario, name } => {
             let sc = Scenario::load(&scenario)?;
             let exe = std::env::current_exe().map_err(|e| LabError::sys("current_exe", e))?;
-            // Re-exec ourselves with the same leading arguments (e.g. `bulkcast lab`), then the
+            // Re-exec ourselves with the same leading arguments (none for `bulkcast-lab`), then the
             // hidden subcommand.
             let args: Vec<String> = std::env::args().skip(1).collect();
             let pos = args.iter().position(|a| a == "up").unwrap_or(0);

@@ -425,7 +425,10 @@ impl Lab {
         c.args(["netns", "exec", &self.netns(host)?, program]);
         c.env("BULKCAST_LAB", &self.name)
             .env("BULKCAST_LAB_HOSTS", self.hosts_file())
-            .env("BULKCAST_LAB_MATRIX", self.matrix_file());
+            .env("BULKCAST_LAB_MATRIX", self.matrix_file())
+            // Each emulated host is a machine of its own: its caches (bulkcast's probe cache)
+            // live and die with the lab, so one scenario never reads another's round trips.
+            .env("XDG_CACHE_HOME", self.dir.join("cache").join(host));
         // With kernel shaping the forwarder is idle: the hosts get every core.
         if !self.plan.kernel_shaping && std::env::var_os("BCLAB_SHARE_CPU").is_none() {
             if let Some(cpu) = forwarder::forwarder_cpu() {

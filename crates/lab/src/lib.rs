@@ -7,7 +7,7 @@
 //! format and the measured envelope.
 //!
 //! Library use (tests, benchmarks): [`Lab::up`] returns a guard that tears the lab down on drop.
-//! CLI use: [`LabCommand`] and [`run`], embedded by the `bulkcast` binary as `bulkcast lab ...`.
+//! CLI use: [`LabCommand`] and [`run`], run by the `bulkcast-lab` binary (`src/bin/bulkcast-lab.rs`).
 
 pub mod bench;
 pub mod check;

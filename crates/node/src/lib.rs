@@ -10,6 +10,7 @@
 //! - [`input`]: the source's file, directory or stdin reader.
 //! - [`mapped`]: a file's chunks as page-cache mappings, sent with `sendfile(2)`.
 //! - [`probe`]: RTT measurement between all session hosts, for the planner.
+//! - [`measure`]: the RTT matrix a planned send uses, probed or from a cache of recent probes.
 //! - [`stripes`]: receiving a balanced multi-tree send into one shared copy.
 //! - [`store`]: a receiver's local copy (temporary name, moved into place when verified).
 //! - [`direct`]: `O_DIRECT` writes and reads of that copy, past the page cache (opt-in).
@@ -26,6 +27,7 @@ pub mod driver;
 pub mod edge;
 pub mod input;
 pub mod mapped;
+pub mod measure;
 pub mod metrics;
 pub mod paced;
 pub mod predial;

@@ -93,6 +93,9 @@ pub struct Report {
     /// Swarm strategies: per cluster.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub clusters: Vec<ClusterReport>,
+    /// A planned tree: how its round trips were measured (probed now or cached).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub probe: Option<crate::measure::ProbeReport>,
     /// Every receiver's verified bytes over time, as the source saw them.
     #[serde(skip_serializing_if = "Timeline::is_empty")]
     pub timeline: Timeline,
@@ -260,6 +263,40 @@ fn is_zero(n: &u64) -> bool {
 }
 
 impl Report {
+    /// Adds receivers that were left out before the send (`(place in the list given, name,
+    /// addr, why)`) where they were in that list: they have no copy, so the report is not `ok`.
+    pub fn leave_out(&mut self, out: impl IntoIterator<Item = (usize, String, String, String)>) {
+        let mut out: Vec<_> = out.into_iter().collect();
+        out.sort_by_key(|o| o.0);
+        for (given, name, addr, why) in out {
+            self.ok = false;
+            let at = given.min(self.receivers.len());
+            // The timeline's series follow `receivers`: a left-out one never moved.
+            if !self.timeline.is_empty() {
+                let zeros = vec![0; self.timeline.t_s.len()];
+                let at = at.min(self.timeline.bytes.len());
+                self.timeline.bytes.insert(at, zeros);
+            }
+            self.receivers.insert(
+                at,
+                ReceiverReport {
+                    name,
+                    addr,
+                    parent: "-".into(),
+                    bytes: 0,
+                    seconds: 0.0,
+                    rate_mbps: 0.0,
+                    verified: false,
+                    error: Some(format!("left out before the send: {why}")),
+                    site: None,
+                    received_from: Vec::new(),
+                },
+            );
+        }
+    }
+}
+
+impl Report {
     /// Builds the report from the final status.
     pub fn build(status: &Status, session: u64, name: &str, kind: &str, strategy: &str) -> Report {
         let end = status.started.elapsed();
@@ -331,6 +368,7 @@ impl Report {
             receivers,
             edges,
             clusters: Vec::new(),
+            probe: None,
             timeline: Timeline::default(),
         }
     }

@@ -69,7 +69,7 @@ use crate::transport::{self, TcpTuning};
 
 /// Largest directory a swarm session takes: every member holds its pieces in memory (a file
 /// has no limit: its pieces are served from disk).
-pub const MAX_SWARM_BYTES: u64 = 2 << 30;
+pub const MAX_SWARM_BYTES: u64 = bulkcast_planner::strategy::MAX_SWARM_BYTES;
 
 /// Pieces queued to one connection's writer at once (control frames are not counted). One:
 /// a piece handed to the writer is committed, while a request that waits in the member's own

@@ -247,6 +247,10 @@ async fn route(
             .deliver(session, token, conn, Stream::Tcp(s))
             .await
             .map_err(SessionError::Refused),
+        // The source asks relays to open their children's connections early; a ticket
+        // receiver serves one session and dials its children when that session's `Open`
+        // arrives, so the request has nothing to speed up.
+        Frame::Dial { .. } => Ok(()),
         other => Err(ConnError::Unexpected(other.kind()).into()),
     }
 }

@@ -65,6 +65,12 @@ pub enum PlanError {
     /// The LP solver failed (numerical trouble); the message is the solver's.
     #[error("LP solver failed: {0}")]
     Solver(String),
+    /// The plan asked for needs access-link capacities, and none were given.
+    #[error("{0}")]
+    NeedsCapacities(&'static str),
+    /// No algorithm produced a tree for this network.
+    #[error("the planner found no tree")]
+    NoTree,
     /// The algorithm name is not one of the known ones.
     #[error(
         "unknown algorithm {0:?} (expected mst, dcmst, bottleneck, cluster, balanced or auto)"

@@ -103,6 +103,8 @@
 //!   default) and their shaped rates, a few swaps with the next candidates, and trees under 2%
 //!   of the total dropped when that keeps 97% of the rate (they cost latency, not rate).
 //! - `auto`: all of the above, the best predicted completion time wins, with the reason.
+//! - [`strategy`]: what `auto` means for a send, and the default chunk (piece) sizes.
+//! - [`measured`]: from probed round trips to the RTT matrix and the default push's plan.
 //! - [`vivaldi`]: above [`PROBE_ALL_MAX`] nodes, probe a random sample and fit coordinates.
 //!
 //! # Known limitations
@@ -125,10 +127,12 @@ pub mod balanced;
 pub mod bound;
 mod error;
 pub mod matrix;
+pub mod measured;
 pub mod network;
 pub mod plan;
 pub mod rate;
 mod render;
+pub mod strategy;
 pub mod trees;
 pub mod vivaldi;
 
