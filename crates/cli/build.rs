@@ -3,7 +3,8 @@
 //! for the live page's browser test: `cfg(bulkcast_chromium)` when a `chromium` is installed
 //! (Debian's package) or `BULKCAST_REQUIRE_CHROMIUM=1` asks that the test fail without one.
 //! Without it the test is `ignored` with the reason; after installing chromium, rebuild with
-//! `BULKCAST_REQUIRE_CHROMIUM=1` (or touch this file) so the test is built to run.
+//! `BULKCAST_REQUIRE_CHROMIUM=1` (or touch this file) so the test is built to run. The same
+//! for `cfg(bulkcast_sshd)` (Debian's `openssh-server`, `BULKCAST_REQUIRE_SSHD=1`).
 
 mod root {
     include!("../../build/root_tests.rs");
@@ -14,6 +15,7 @@ mod root {
 }
 
 const CHROMIUM: &str = "/usr/bin/chromium";
+const SSHD: &str = "/usr/sbin/sshd";
 
 fn main() {
     root::decide();
@@ -24,5 +26,14 @@ fn main() {
     {
         println!("cargo::rustc-cfg=bulkcast_chromium");
         println!("cargo::rustc-env=BULKCAST_CHROMIUM={CHROMIUM}");
+    }
+    // Likewise the `--ssh` launcher's test, which runs a throwaway sshd on loopback.
+    println!("cargo::rustc-check-cfg=cfg(bulkcast_sshd)");
+    println!("cargo::rerun-if-env-changed=BULKCAST_REQUIRE_SSHD");
+    if std::env::var("BULKCAST_REQUIRE_SSHD").as_deref() == Ok("1")
+        || std::path::Path::new(SSHD).exists()
+    {
+        println!("cargo::rustc-cfg=bulkcast_sshd");
+        println!("cargo::rustc-env=BULKCAST_SSHD={SSHD}");
     }
 }

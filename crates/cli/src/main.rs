@@ -10,6 +10,7 @@ mod plan;
 mod progress;
 mod report;
 mod send;
+mod ssh;
 mod web;
 
 use std::path::PathBuf;
@@ -41,7 +42,7 @@ enum Cmd {
     Demo(demo::DemoArgs),
     /// Push a file, a directory or stdin (`-`) to agents (`--to`) or to receivers that join with
     /// a ticket (`--expect`).
-    Send(send::SendArgs),
+    Send(Box<send::SendArgs>),
     /// Receive a session by ticket.
     Recv(RecvArgs),
     /// Point-to-point streaming of a pipe over parallel connections and paths:
@@ -273,7 +274,7 @@ fn main() {
 async fn run(cli: Cli) -> Result<i32> {
     match cli.cmd {
         Cmd::Demo(a) => demo::run(a).await,
-        Cmd::Send(a) => send::run(a).await,
+        Cmd::Send(a) => send::run(*a).await,
         Cmd::Recv(a) => recv(a).await,
         Cmd::Pipe { cmd } => pipe::run(cmd).await,
         Cmd::Agent(a) => run_agent(a).await,

@@ -28,10 +28,28 @@ pub struct SendArgs {
     /// Receivers: `host:port,host:port` or a hosts file (TOML).
     #[arg(
         long,
-        required_unless_present_any = ["expect", "hostfile"],
-        conflicts_with_all = ["expect", "hostfile"]
+        required_unless_present_any = ["expect", "hostfile", "ssh"],
+        conflicts_with_all = ["expect", "hostfile", "ssh"]
     )]
     to: Option<String>,
+    /// Start a one-shot agent on each of these hosts over ssh (`user@host,...`) and send to
+    /// them; each is stopped after the send. Needs the binary on the hosts; the session secret
+    /// is a fresh one unless given.
+    #[arg(long, value_name = "USER@HOST,...", conflicts_with_all = ["expect", "hostfile"])]
+    ssh: Option<String>,
+    /// More arguments for every `ssh` of `--ssh`, as one string (`"-p 2222 -i key"`).
+    #[arg(long, default_value = "", requires = "ssh", allow_hyphen_values = true)]
+    ssh_args: String,
+    /// The bulkcast binary on the `--ssh` hosts.
+    #[arg(long, default_value = "bulkcast", requires = "ssh")]
+    ssh_bulkcast: String,
+    /// Where the `--ssh` hosts store the object (relative paths start at the login's home;
+    /// `{host}` becomes the host's name).
+    #[arg(long, default_value = "bulkcast-incoming", requires = "ssh")]
+    ssh_dir: String,
+    /// The session secret of `--ssh` agents (set by `run`).
+    #[arg(skip)]
+    ssh_secret: Option<Secret>,
     /// Receivers from a file of host names, one Slurm host list per line (`node[01-04,07]`,
     /// as `$SLURM_JOB_NODELIST` prints them; `#` comments); each reached at `--port`.
     #[arg(long, value_name = "FILE", conflicts_with = "expect")]
@@ -175,6 +193,30 @@ pub async fn run(a: SendArgs) -> Result<i32> {
         },
         None => a,
     };
+    // One-shot agents over ssh: kept (and stopped when dropped) until the send is over.
+    let (_ssh_agents, a) = match &a.ssh {
+        Some(targets) => {
+            let secret = match a.common.secret()? {
+                Some(s) => s,
+                None => Secret::from_bytes(rand::random()),
+            };
+            let opts = crate::ssh::SshOptions {
+                targets,
+                ssh_args: &a.ssh_args,
+                remote_bin: &a.ssh_bulkcast,
+                remote_dir: &a.ssh_dir,
+            };
+            let agents = crate::ssh::start(&opts, &secret).await?;
+            let to = Some(agents.to.clone());
+            let a = SendArgs {
+                to,
+                ssh_secret: Some(secret),
+                ..a
+            };
+            (Some(agents), a)
+        }
+        None => (None, a),
+    };
     let endpoint = match &a.metrics {
         Some(addr) => {
             let m = crate::metrics::Endpoint::start(addr).await?;
@@ -267,7 +309,13 @@ async fn receivers(
     session: u64,
 ) -> Result<(HostsFile, Secret)> {
     match (&a.to, a.expect) {
-        (Some(to), _) => Ok((load_hosts(to)?, a.common.require_secret()?)),
+        (Some(to), _) => Ok((
+            load_hosts(to)?,
+            match &a.ssh_secret {
+                Some(s) => s.clone(),
+                None => a.common.require_secret()?,
+            },
+        )),
         (None, Some(0)) => bail!("--expect must be at least 1"),
         (None, Some(n)) => ticket_receivers(a, tuning, session, n).await,
         (None, None) => bail!("give --to HOSTS or --expect N"),

@@ -789,3 +789,126 @@ fn live_page_in_headless_chromium_shows_every_receiver_and_changing_rates() {
         assert_eq!(out.status.code(), Some(0));
     }
 }
+
+/// A throwaway sshd on 127.0.0.1 and 127.0.0.2, killed on drop.
+#[cfg(bulkcast_sshd)]
+struct Sshd(Child);
+
+#[cfg(bulkcast_sshd)]
+impl Drop for Sshd {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Processes whose command line mentions `needle`.
+#[cfg(bulkcast_sshd)]
+fn processes_with(needle: &str) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
+        .filter(|c| String::from_utf8_lossy(c).contains(needle))
+        .count()
+}
+
+/// `send --ssh`: one-shot agents started over a real sshd (a throwaway one on loopback with a
+/// throwaway key) receive the file, and none is left running after the send.
+#[test]
+#[cfg_attr(
+    not(bulkcast_sshd),
+    ignore = "needs Debian's openssh-server (apt-get install openssh-server), not found when built"
+)]
+fn ssh_launcher_starts_one_shot_agents_and_leaves_none_behind() {
+    #[cfg(bulkcast_sshd)]
+    {
+        let s = Scratch::new("ops-ssh");
+        let keygen = |name: &str| {
+            let st = Command::new("ssh-keygen")
+                .args(["-q", "-t", "ed25519", "-N", ""])
+                .arg("-f")
+                .arg(s.0.join(name))
+                .status()
+                .unwrap();
+            assert!(st.success());
+        };
+        keygen("host_key");
+        keygen("user_key");
+        std::fs::copy(s.0.join("user_key.pub"), s.0.join("authorized_keys")).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let d = s.0.display();
+        std::fs::write(
+            s.0.join("sshd_config"),
+            format!(
+                "Port {port}\nListenAddress 127.0.0.1\nListenAddress 127.0.0.2\n\
+                 HostKey {d}/host_key\nPidFile {d}/sshd.pid\nAuthorizedKeysFile {d}/authorized_keys\n\
+                 PermitRootLogin prohibit-password\nPasswordAuthentication no\n\
+                 KbdInteractiveAuthentication no\nStrictModes no\nUsePAM no\n"
+            ),
+        )
+        .unwrap();
+        let _ = std::fs::create_dir_all("/run/sshd");
+        let _sshd = Sshd(
+            Command::new(option_env!("BULKCAST_SSHD").unwrap_or("/usr/sbin/sshd"))
+                .args(["-D", "-e", "-f"])
+                .arg(s.0.join("sshd_config"))
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("sshd"),
+        );
+        let start = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.2", port)).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "sshd did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let user = std::env::var("USER").unwrap_or_else(|_| "root".into());
+        let file = s.0.join("s.bin");
+        make_file(&file, 3 * MIB + 9);
+        let ssh_args = format!(
+            "-p {port} -i {d}/user_key -o StrictHostKeyChecking=no \
+             -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
+        );
+        let out = Command::new(BIN)
+            .args([
+                "send",
+                file.to_str().unwrap(),
+                "--fanout",
+                "1",
+                "--json",
+                "--quiet",
+            ])
+            .arg("--ssh")
+            .arg(format!("{user}@127.0.0.1,{user}@127.0.0.2"))
+            .args(["--ssh-args", &ssh_args, "--ssh-bulkcast", BIN])
+            .arg("--ssh-dir")
+            .arg(format!("{d}/rx-{{host}}"))
+            .env_remove("BULKCAST_SECRET")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        let r = report(&out);
+        assert_eq!(r["receivers"].as_array().unwrap().len(), 2, "{r}");
+        let want = std::fs::read(&file).unwrap();
+        for host in ["127.0.0.1", "127.0.0.2"] {
+            let got = std::fs::read(s.0.join(format!("rx-{host}/s.bin"))).unwrap();
+            assert!(got == want, "the copy at {host} differs");
+        }
+        // The one-shot agents (and their wrappers) are gone.
+        let marker = format!("{d}/rx-");
+        let start = Instant::now();
+        while processes_with(&marker) > 0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "agents left running"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
