@@ -261,6 +261,10 @@ fn pump_mapped(
     install_sigbus_message();
     let mut dead = vec![false; txs.len()];
     let mut off = 0u64;
+    // The current window of the file ([`crate::mapped::WINDOW`], whole chunks) and where it
+    // starts; chunks are slices of it.
+    let mut window: Option<(u64, bytes::Bytes)> = None;
+    let per_window = (crate::mapped::WINDOW / cs).max(1) as u64 * cs as u64;
     loop {
         // Checked before every chunk and at the end: a file rewritten while it is sent fails
         // with this error instead of with chunks that fail verification.
@@ -282,11 +286,22 @@ fn pump_mapped(
             return Ok(());
         }
         let n = (len - off).min(cs as u64) as usize;
-        // SAFETY: what the file does to the mapping meanwhile is the SIGBUS case above, or
-        // changed bytes that fail their hash at every receiver (and the check above on the next
-        // chunk); wrong bytes never pass as good.
-        let data = unsafe { crate::mapped::chunk(&f, off, n, true) }
-            .map_err(|e| format!("mapping {}: {e}", path.display()))?;
+        let in_window = window
+            .as_ref()
+            .is_some_and(|(at, w)| off + n as u64 <= at + w.len() as u64);
+        if !in_window {
+            let wlen = (len - off).min(per_window) as usize;
+            // SAFETY: what the file does to the mapping meanwhile is the SIGBUS case above, or
+            // changed bytes that fail their hash at every receiver (and the check above on the
+            // next chunk); wrong bytes never pass as good. `off` is a multiple of the chunk
+            // size, a power of two of at least a page.
+            let w = unsafe { crate::mapped::chunk(&f, off, wlen, true) }
+                .map_err(|e| format!("mapping {}: {e}", path.display()))?;
+            window = Some((off, w));
+        }
+        let (at, w) = window.as_ref().expect("mapped above");
+        let start = (off - at) as usize;
+        let data = w.slice(start..start + n);
         off += n as u64;
         let (t, chunk) = route(data);
         if hand_on(txs, &mut dead, t, chunk) {

@@ -10,6 +10,8 @@
 //! - [`auth`]: the session secret, the mutual handshake, chunk and end authentication.
 //! - [`manifest`]: what is sent (file, directory, stream) and how its bytes map to files.
 //! - [`chunkmap`]: which chunks a node holds, verified (the store's index).
+//! - [`groups`]: checking a chunk 16 KiB at a time against its BLAKE3 hash (verified
+//!   streaming), for forwarding at a finer grain than the chunk.
 //! - [`tree`]: distribution trees, the seam between planning and moving bytes.
 //! - [`node`]: the push-relay state machine, one per node per session.
 //! - [`hosts`]: the hosts file shared by `send`, the planner and the lab.
@@ -26,6 +28,7 @@
 pub mod auth;
 pub mod cc;
 pub mod chunkmap;
+pub mod groups;
 pub mod hosts;
 pub mod manifest;
 pub mod multipath;
