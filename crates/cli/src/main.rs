@@ -1,11 +1,17 @@
 //! The `bulkcast` command.
 
+mod agent_config;
 mod demo;
 mod edges;
+mod hostlist;
+mod metrics;
 mod pipe;
 mod plan;
 mod progress;
+mod report;
 mod send;
+mod ssh;
+mod web;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -36,7 +42,7 @@ enum Cmd {
     Demo(demo::DemoArgs),
     /// Push a file, a directory or stdin (`-`) to agents (`--to`) or to receivers that join with
     /// a ticket (`--expect`).
-    Send(send::SendArgs),
+    Send(Box<send::SendArgs>),
     /// Receive a session by ticket.
     Recv(RecvArgs),
     /// Point-to-point streaming of a pipe over parallel connections and paths:
@@ -50,6 +56,16 @@ enum Cmd {
     /// Measure the network (or read a matrix) and print the overlay plan, its predicted rate
     /// and the best possible rate; write it as DOT and SVG.
     Plan(plan::PlanArgs),
+    /// Plot a finished send from its `--json` report: each receiver's progress, each edge's
+    /// rate over time (smoothed) and on average, and for swarms the WAN bytes into each site.
+    Report(report::ReportArgs),
+    /// Print shell completions for bash, zsh, fish, elvish or powershell on stdout.
+    Completions { shell: clap_complete::Shell },
+    /// Print the man page (roff) on stdout, or write one per command into `--dir`.
+    Man {
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
     /// Print a new random session secret (64 hex digits) for agents and senders to share.
     Secret,
 }
@@ -176,12 +192,20 @@ impl Common {
 
 #[derive(Args)]
 struct AgentArgs {
-    /// Address to listen on; repeat it for several (a host's path addresses).
-    #[arg(long, default_value = "0.0.0.0:7400")]
+    /// Settings from a TOML file (listen, dir, secret_file, metrics, direct_io,
+    /// `[limits]` budget_mib); a setting may not be given both there and as a flag.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Address to listen on; repeat it for several (a host's path addresses). Default:
+    /// 0.0.0.0:7400.
+    #[arg(long)]
     listen: Vec<String>,
     /// Directory where received objects are stored.
-    #[arg(long)]
-    dir: PathBuf,
+    #[arg(long, required_unless_present = "config")]
+    dir: Option<PathBuf>,
+    /// Flags given on the command line (to refuse a setting given twice with `--config`).
+    #[arg(skip)]
+    given: Vec<String>,
     /// Exit after the first session: 0 if its copy is complete and verified, 1 if not
     /// (batch jobs, benchmarks).
     #[arg(long)]
@@ -190,6 +214,10 @@ struct AgentArgs {
     /// or memory-starved receivers; the copy is then not cached for whoever reads it next.
     #[arg(long)]
     direct_io: bool,
+    /// Serve Prometheus metrics at http://ADDR/metrics (chunks received, verified, rejected,
+    /// repaired and stored; sessions; the store's queue; TCP retransmissions).
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
     #[command(flatten)]
     common: Common,
 }
@@ -222,19 +250,8 @@ struct RecvArgs {
 
 fn main() {
     tune_allocator();
-    let cli = Cli::parse();
-    let default_level = match cli.cmd {
-        Cmd::Agent(_) => "info",
-        _ => "warn",
-    };
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("BULKCAST_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
-        )
-        .init();
+    let cli = parse_cli();
+    init_logging(&cli.cmd);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -257,11 +274,32 @@ fn main() {
 async fn run(cli: Cli) -> Result<i32> {
     match cli.cmd {
         Cmd::Demo(a) => demo::run(a).await,
-        Cmd::Send(a) => send::run(a).await,
+        Cmd::Send(a) => send::run(*a).await,
         Cmd::Recv(a) => recv(a).await,
         Cmd::Pipe { cmd } => pipe::run(cmd).await,
         Cmd::Agent(a) => run_agent(a).await,
         Cmd::Plan(a) => plan::run(a).await,
+        Cmd::Report(a) => report::run(a),
+        Cmd::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            // Into memory first: `generate` panics where stdout is closed (`| head`).
+            let mut out = Vec::new();
+            clap_complete::generate(shell, &mut cmd, "bulkcast", &mut out);
+            std::io::Write::write_all(&mut std::io::stdout(), &out)?;
+            Ok(0)
+        }
+        Cmd::Man { dir } => {
+            let cmd = <Cli as clap::CommandFactory>::command();
+            match dir {
+                Some(d) => {
+                    std::fs::create_dir_all(&d)?;
+                    clap_mangen::generate_to(cmd, &d)
+                        .with_context(|| format!("writing man pages into {}", d.display()))?;
+                }
+                None => clap_mangen::Man::new(cmd).render(&mut std::io::stdout())?,
+            }
+            Ok(0)
+        }
         Cmd::Secret => {
             println!("{}", Secret::from_bytes(rand::random()).to_hex());
             Ok(0)
@@ -269,17 +307,65 @@ async fn run(cli: Cli) -> Result<i32> {
     }
 }
 
+/// Parses the command line, noting which of an agent's flags were given (not defaulted).
+fn parse_cli() -> Cli {
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = Cli::command().get_matches();
+    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if let (Cmd::Agent(a), Some(m)) = (&mut cli.cmd, matches.subcommand_matches("agent")) {
+        a.given = m
+            .ids()
+            .filter(|id| {
+                m.value_source(id.as_str()) == Some(clap::parser::ValueSource::CommandLine)
+            })
+            .map(|id| id.as_str().to_string())
+            .collect();
+    }
+    cli
+}
+
+/// An agent's flags with its `--config` file's settings merged in.
+fn agent_settings(mut a: AgentArgs) -> Result<(AgentArgs, PathBuf)> {
+    if let Some(path) = a.config.clone() {
+        let f = agent_config::AgentFile::read(&path)?;
+        agent_config::check_conflicts(&f, &a.given, &path)?;
+        a.listen = f.listen.unwrap_or(a.listen);
+        a.dir = f.dir.or(a.dir);
+        a.common.secret_file = f.secret_file.or(a.common.secret_file);
+        a.metrics = f.metrics.or(a.metrics);
+        a.direct_io = f.direct_io.unwrap_or(a.direct_io);
+        a.common.budget_mib = f.limits.budget_mib.unwrap_or(a.common.budget_mib);
+    }
+    if a.listen.is_empty() {
+        a.listen.push("0.0.0.0:7400".into());
+    }
+    let dir = a
+        .dir
+        .clone()
+        .context("no --dir, and the config file gives no `dir`")?;
+    Ok((a, dir))
+}
+
 async fn run_agent(a: AgentArgs) -> Result<i32> {
+    let (a, dir) = agent_settings(a)?;
     let secret = a.common.require_secret()?;
-    std::fs::create_dir_all(&a.dir).with_context(|| format!("creating {}", a.dir.display()))?;
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let tuning = a.common.tuning()?;
     let (listeners, addrs) = listen_all(&a.listen, &tuning).await?;
     // The first line of stdout says where we listen (scripts and the demo read it).
     println!(
         "bulkcast agent listening on {addrs}, storing into {}",
-        a.dir.display()
+        dir.display()
     );
-    let mut cfg = a.common.agent_config(a.dir, &secret, tuning, false);
+    let _metrics = match &a.metrics {
+        Some(addr) => {
+            let m = metrics::Endpoint::start(addr).await?;
+            println!("bulkcast agent metrics on http://{}/metrics", m.addr);
+            Some(m)
+        }
+        None => None,
+    };
+    let mut cfg = a.common.agent_config(dir, &secret, tuning, false);
     cfg.io = copy_io(a.direct_io);
     let cfg = Arc::new(cfg);
     match agent::serve(listeners, cfg, a.once, shutdown_signal()).await {
@@ -349,6 +435,31 @@ async fn recv(a: RecvArgs) -> Result<i32> {
             eprintln!("error: {e}");
             Ok(1)
         }
+    }
+}
+
+/// The log on stderr. An agent is a daemon: its log is its output (`info`, with times). The
+/// other commands print their own account (a `send`'s report names every receiver's failure),
+/// so by default their log is off and a failure is said once, in that account, not again as a
+/// raw log line in the middle of it; `plan` keeps its warnings. `BULKCAST_LOG`
+/// (an `EnvFilter`, e.g. `warn` or `info,bulkcast_node::swarm=debug`) overrides the default.
+fn init_logging(cmd: &Cmd) {
+    let (default_level, daemon) = match cmd {
+        Cmd::Agent(_) => ("info", true),
+        Cmd::Plan(_) => ("warn", false),
+        _ => ("off", false),
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("BULKCAST_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let fmt = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(filter);
+    if daemon {
+        fmt.init();
+    } else {
+        // A command's own output has no timestamps; neither do the log lines among it.
+        fmt.without_time().with_target(false).init();
     }
 }
 

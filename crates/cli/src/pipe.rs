@@ -117,7 +117,7 @@ async fn send(a: PipeSendArgs) -> Result<i32> {
         &cfg,
         status.clone(),
     );
-    let Some(result) = progress::sending(status.clone(), a.quiet, work).await else {
+    let Some((result, _)) = progress::sending(status.clone(), a.quiet, None, work).await else {
         bail!("interrupted");
     };
     let report = result?;
@@ -137,7 +137,7 @@ async fn send(a: PipeSendArgs) -> Result<i32> {
             "scheduler": format!("{:?}", mode.scheduler).to_lowercase(),
             "transport": edge.and_then(|e| e.transport.clone()),
             "hedges": hedges,
-            "conns": conns,
+            "connections": conns,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
     }

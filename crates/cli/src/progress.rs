@@ -4,6 +4,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bulkcast_node::metrics::SourceMetrics;
+use bulkcast_node::report::Timeline;
 use bulkcast_node::source::SharedStatus;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tokio::task::JoinHandle;
@@ -32,12 +34,12 @@ pub fn sender(status: SharedStatus) -> JoinHandle<()> {
                 if let (Some(s), Some(f)) = (slowest, fastest) {
                     bar.set_position(st.bytes_of(s));
                     bar.set_message(format!(
-                        "{} rx | slowest {} | fastest {} {} | {}/s aggregate{}",
+                        "{} rx | slowest {} | fastest {} {} | {:.1} Mbit/s aggregate{}",
                         live.len(),
                         s.name,
                         f.name,
                         human_bytes(st.bytes_of(f)),
-                        human_bytes((agg as f64 / secs) as u64),
+                        agg as f64 * 8.0 / secs / 1e6,
                         match st.receivers.len() - live.len() {
                             0 => String::new(),
                             n => format!(" | {n} failed"),
@@ -54,16 +56,23 @@ pub fn sender(status: SharedStatus) -> JoinHandle<()> {
 pub fn receiver(name: &str, stored: Arc<AtomicU64>) -> ProgressBar {
     let b = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
     b.set_style(
-        ProgressStyle::with_template(
-            "{spinner} [{elapsed_precise}] {bytes} verified ({binary_bytes_per_sec}) {msg}",
-        )
-        .expect("template"),
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bytes} verified {msg}")
+            .expect("template"),
     );
     b.set_message(format!("as {name}"));
     let bar = b.clone();
+    let name = name.to_string();
     tokio::spawn(async move {
+        let start = std::time::Instant::now();
         while !bar.is_finished() {
-            bar.set_position(stored.load(Ordering::Relaxed));
+            let n = stored.load(Ordering::Relaxed);
+            bar.set_position(n);
+            // Mbit/s, the unit of the sender's report.
+            let secs = start.elapsed().as_secs_f64().max(1e-3);
+            bar.set_message(format!(
+                "({:.1} Mbit/s) as {name}",
+                n as f64 * 8.0 / secs / 1e6
+            ));
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     });
@@ -71,22 +80,40 @@ pub fn receiver(name: &str, stored: Arc<AtomicU64>) -> ProgressBar {
 }
 
 /// Runs `work` under the sender's progress display (none when `quiet`) and clears the display
-/// after. `None` if Ctrl-C or SIGTERM came first (the work is dropped).
+/// after; meanwhile samples every receiver's progress into the report's timeline. `None` if
+/// Ctrl-C or SIGTERM came first (the work is dropped).
 pub async fn sending<T>(
     status: SharedStatus,
     quiet: bool,
+    metrics: Option<Arc<SourceMetrics>>,
     work: impl std::future::Future<Output = T>,
-) -> Option<T> {
-    let display = (!quiet).then(|| sender(status));
-    let r = tokio::select! {
-        r = work => Some(r),
-        _ = crate::shutdown_signal() => None,
+) -> Option<(T, Timeline)> {
+    let display = (!quiet).then(|| sender(status.clone()));
+    let mut timeline = Timeline::default();
+    tokio::pin!(work);
+    let r = loop {
+        let tick = tokio::time::sleep(timeline.interval());
+        tokio::select! {
+            r = &mut work => break Some(r),
+            _ = crate::shutdown_signal() => break None,
+            _ = tick => sample(&status, &mut timeline, metrics.as_deref()),
+        }
     };
+    // The end state, so every series ends where the report does.
+    sample(&status, &mut timeline, metrics.as_deref());
     if let Some(d) = display {
         d.abort();
         clear();
     }
-    r
+    r.map(|r| (r, timeline))
+}
+
+fn sample(status: &SharedStatus, timeline: &mut Timeline, metrics: Option<&SourceMetrics>) {
+    let st = status.lock().expect("status");
+    timeline.sample(&st);
+    if let Some(m) = metrics {
+        m.observe(&st);
+    }
 }
 
 /// Erases a progress line left by an aborted display.

@@ -26,8 +26,37 @@ pub struct SendArgs {
     /// File or directory to send, or `-` for stdin.
     path: PathBuf,
     /// Receivers: `host:port,host:port` or a hosts file (TOML).
-    #[arg(long, required_unless_present = "expect", conflicts_with = "expect")]
+    #[arg(
+        long,
+        required_unless_present_any = ["expect", "hostfile", "ssh"],
+        conflicts_with_all = ["expect", "hostfile", "ssh"]
+    )]
     to: Option<String>,
+    /// Start a one-shot agent on each of these hosts over ssh (`user@host,...`) and send to
+    /// them; each is stopped after the send. Needs the binary on the hosts; the session secret
+    /// is a fresh one unless given.
+    #[arg(long, value_name = "USER@HOST,...", conflicts_with_all = ["expect", "hostfile"])]
+    ssh: Option<String>,
+    /// More arguments for every `ssh` of `--ssh`, as one string (`"-p 2222 -i key"`).
+    #[arg(long, default_value = "", requires = "ssh", allow_hyphen_values = true)]
+    ssh_args: String,
+    /// The bulkcast binary on the `--ssh` hosts.
+    #[arg(long, default_value = "bulkcast", requires = "ssh")]
+    ssh_bulkcast: String,
+    /// Where the `--ssh` hosts store the object (relative paths start at the login's home;
+    /// `{host}` becomes the host's name).
+    #[arg(long, default_value = "bulkcast-incoming", requires = "ssh")]
+    ssh_dir: String,
+    /// The session secret of `--ssh` agents (set by `run`).
+    #[arg(skip)]
+    ssh_secret: Option<Secret>,
+    /// Receivers from a file of host names, one Slurm host list per line (`node[01-04,07]`,
+    /// as `$SLURM_JOB_NODELIST` prints them; `#` comments); each reached at `--port`.
+    #[arg(long, value_name = "FILE", conflicts_with = "expect")]
+    hostfile: Option<PathBuf>,
+    /// The agents' port for `--hostfile` hosts given without one.
+    #[arg(long, default_value_t = 7400, requires = "hostfile")]
+    port: u16,
     /// Ticket mode: print a ticket and start when this many receivers have joined.
     #[arg(long)]
     expect: Option<usize>,
@@ -67,6 +96,18 @@ pub struct SendArgs {
     /// Print the report as JSON on stdout.
     #[arg(long)]
     json: bool,
+    /// Serve Prometheus metrics at http://ADDR/metrics while the send runs: every receiver's
+    /// and edge's bytes and rate, receivers running, done and failed, the source's queue.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
+    /// After the report, keep serving the final metrics until they are scraped once, at most
+    /// this many seconds.
+    #[arg(long, default_value_t = 0, value_name = "SECS", requires = "metrics")]
+    metrics_linger: u64,
+    /// Serve a live page of the send at http://ADDR/: receivers by site with progress, rate
+    /// and ETA, every edge's rate, failures in red, and the report at the end.
+    #[arg(long, value_name = "ADDR")]
+    web: Option<String>,
     /// No progress display.
     #[arg(long, short)]
     quiet: bool,
@@ -97,14 +138,16 @@ enum Strategy {
     /// Several trees at once, each carrying a share of the chunks in proportion to its planned
     /// rate, so that together they use every access link (the planner's balanced multi-trees).
     Balanced,
-    /// MOB: receivers pull, each cluster (`site` in the hosts file) gets each piece once over
-    /// the WAN and shares it locally. Holds the object in memory (at most 2 GiB).
+    /// MOB: receivers pull; each site (`site` in the hosts file) pulls each piece over the WAN
+    /// once and shares it locally. A file of any size (pieces are served from disk once
+    /// stored) or a directory of at most 2 GiB (held in memory).
     Mob,
-    /// BitTorrent-style swarm (random peers, random pieces, tit-for-tat choking). Holds the
-    /// object in memory.
+    /// BitTorrent-style swarm (random peers and pieces, tit-for-tat choking): a baseline,
+    /// slower and with duplicate WAN copies. Same size limits as `mob`.
     Swarm,
-    /// Push down the planned tree (or `--fanout`), pull from peers what push will not bring in
-    /// time.
+    /// The source deals each piece out of its site once, sites pull from each other what they
+    /// lack, and push runs down the planned tree (or `--fanout`) inside each site. Same size
+    /// limits as `mob`.
     Hybrid,
 }
 
@@ -143,6 +186,45 @@ pub async fn run(a: SendArgs) -> Result<i32> {
     }
     let skipped = input.skipped().to_vec();
     let tuning = a.common.tuning()?;
+    let a = match &a.hostfile {
+        Some(f) => SendArgs {
+            to: Some(hostfile_list(f, a.port)?),
+            ..a
+        },
+        None => a,
+    };
+    // One-shot agents over ssh: kept (and stopped when dropped) until the send is over.
+    let (_ssh_agents, a) = match &a.ssh {
+        Some(targets) => {
+            let secret = match a.common.secret()? {
+                Some(s) => s,
+                None => Secret::from_bytes(rand::random()),
+            };
+            let opts = crate::ssh::SshOptions {
+                targets,
+                ssh_args: &a.ssh_args,
+                remote_bin: &a.ssh_bulkcast,
+                remote_dir: &a.ssh_dir,
+            };
+            let agents = crate::ssh::start(&opts, &secret).await?;
+            let to = Some(agents.to.clone());
+            let a = SendArgs {
+                to,
+                ssh_secret: Some(secret),
+                ..a
+            };
+            (Some(agents), a)
+        }
+        None => (None, a),
+    };
+    let endpoint = match &a.metrics {
+        Some(addr) => {
+            let m = crate::metrics::Endpoint::start(addr).await?;
+            eprintln!("metrics on http://{}/metrics", m.addr);
+            Some(m)
+        }
+        None => None,
+    };
     let session: u64 = rand::random();
     let (file, secret) = receivers(&a, &tuning, session).await?;
     let a = SendArgs {
@@ -157,6 +239,8 @@ pub async fn run(a: SendArgs) -> Result<i32> {
         session,
         left_out: Vec::new(),
         given: (0..file_len).collect(),
+        metrics: endpoint.as_ref().map(|m| m.source()),
+        page: None,
     };
     send.check_hosts(&tuning).await?;
     let mut report = match swarm_strategy(a.strategy) {
@@ -170,7 +254,36 @@ pub async fn run(a: SendArgs) -> Result<i32> {
             .map(|(i, h, why)| (i, h.name, h.addr, why)),
     );
     print_report(&report, a.json)?;
+    if let Some(p) = send.page.take() {
+        p.finish(serde_json::to_string(&report)?, Duration::from_secs(3))
+            .await;
+    }
+    if let Some(m) = endpoint {
+        m.linger(Duration::from_secs(a.metrics_linger)).await;
+    }
     Ok(exit_code(&report))
+}
+
+/// The `--to` list of a `--hostfile`: every host, at `port` unless it names its own.
+fn hostfile_list(f: &std::path::Path, port: u16) -> Result<String> {
+    let text =
+        std::fs::read_to_string(f).with_context(|| format!("reading host file {}", f.display()))?;
+    let hosts =
+        crate::hostlist::read_file(&text).with_context(|| format!("host file {}", f.display()))?;
+    if hosts.is_empty() {
+        bail!("host file {} names no host", f.display());
+    }
+    let with_port: Vec<String> = hosts
+        .into_iter()
+        .map(|h| {
+            if h.contains(':') {
+                h
+            } else {
+                format!("{h}:{port}")
+            }
+        })
+        .collect();
+    Ok(with_port.join(","))
 }
 
 fn check_chunk_kib(chunk_kib: Option<u32>) -> Result<()> {
@@ -196,7 +309,13 @@ async fn receivers(
     session: u64,
 ) -> Result<(HostsFile, Secret)> {
     match (&a.to, a.expect) {
-        (Some(to), _) => Ok((load_hosts(to)?, a.common.require_secret()?)),
+        (Some(to), _) => Ok((
+            load_hosts(to)?,
+            match &a.ssh_secret {
+                Some(s) => s.clone(),
+                None => a.common.require_secret()?,
+            },
+        )),
         (None, Some(0)) => bail!("--expect must be at least 1"),
         (None, Some(n)) => ticket_receivers(a, tuning, session, n).await,
         (None, None) => bail!("give --to HOSTS or --expect N"),
@@ -272,6 +391,10 @@ struct Send<'a> {
     left_out: Vec<(usize, HostSpec, String)>,
     /// For each receiver in `file`, its place in the list given.
     given: Vec<usize>,
+    /// `--metrics`: the send's own.
+    metrics: Option<std::sync::Arc<bulkcast_node::metrics::SourceMetrics>>,
+    /// `--web`: the live page, once the send has started.
+    page: Option<crate::web::Page>,
 }
 
 impl Send<'_> {
@@ -307,8 +430,9 @@ impl Send<'_> {
         out.sort_by_key(|l| l.host);
         for l in out.iter().rev() {
             let h = hosts.remove(l.host);
+            // The reason is in the report: a failure is said once.
             if !self.a.quiet {
-                eprintln!("warning: leaving {} out: {}", h.name, l.reason);
+                eprintln!("warning: leaving {} out (the report says why)", h.name);
             }
             let given = self.given.remove(l.host);
             self.left_out.push((given, h, l.reason.clone()));
@@ -371,6 +495,7 @@ impl Send<'_> {
         };
         let hosts = &self.file.hosts;
         let status = source::new_status(hosts, tree.as_ref().unwrap_or(&flat), chunk_size, len);
+        self.page = live_page(a, &status, hosts, &input, strategy.name()).await?;
         let work = swarm::send(
             input,
             self.file.source.as_ref(),
@@ -381,11 +506,14 @@ impl Send<'_> {
             &cfg,
             status.clone(),
         );
-        let Some(result) = progress::sending(status.clone(), a.quiet, work).await else {
+        let Some((result, timeline)) =
+            progress::sending(status.clone(), a.quiet, self.metrics.clone(), work).await
+        else {
             bail!("interrupted: receivers discard their partial copies");
         };
         let mut report = result.map_err(anyhow::Error::msg)?;
         report.probe = probed;
+        report.timeline = timeline;
         Ok(report)
     }
 
@@ -420,6 +548,7 @@ impl Send<'_> {
             uplink_mbps: self.file.source.as_ref().and_then(|s| s.uplink_mbps),
         };
         let status = source::new_status(hosts, &tree, chunk_size, len);
+        self.page = live_page(a, &status, hosts, &input, &cfg.strategy).await?;
         let keys = Keys::derive(self.secret);
         let work = async {
             if trees.len() > 1 {
@@ -429,11 +558,14 @@ impl Send<'_> {
                 source::send(input, hosts, tree, keys, self.session, &cfg, status.clone()).await
             }
         };
-        let Some(result) = progress::sending(status.clone(), a.quiet, work).await else {
+        let Some((result, timeline)) =
+            progress::sending(status.clone(), a.quiet, self.metrics.clone(), work).await
+        else {
             bail!("interrupted: receivers discard their partial copies");
         };
         let mut report = result?;
         report.probe = probed;
+        report.timeline = timeline;
         Ok(report)
     }
 
@@ -553,9 +685,13 @@ fn auto_strategy(
     let chosen = Strategy::from_planner(strategy::choose(strategy::Strategy::Auto, &shape));
     if !a.quiet {
         eprintln!(
-            "strategy auto: {} ({} sites, {})",
+            "strategy auto: {} ({}, {})",
             swarm_strategy(chosen).map_or("tree", SwarmStrategy::name),
-            sites.len(),
+            match sites.len() {
+                0 => "no sites given".to_string(),
+                1 => "one site".to_string(),
+                n => format!("{n} sites"),
+            },
             shape
                 .len
                 .map_or("unknown length".to_string(), |l| format!("{} MiB", l >> 20))
@@ -580,17 +716,7 @@ pub fn print_report(r: &Report, json: bool) -> Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(r)?);
     }
-    eprintln!(
-        "{} {} ({}) to {} receivers by {} in {:.2} s: {:.1} Mbit/s per receiver (slowest), {:.1} Mbit/s aggregate",
-        r.object.kind,
-        r.object.name,
-        progress::human_bytes(r.object.bytes),
-        r.receivers.len(),
-        r.strategy,
-        r.seconds,
-        r.receivers.iter().map(|x| x.rate_mbps).fold(f64::INFINITY, f64::min),
-        r.aggregate_mbps
-    );
+    eprintln!("{}", headline(r));
     let failed: Vec<_> = r.receivers.iter().filter(|x| !x.verified).collect();
     if !json {
         for c in &r.clusters {
@@ -642,4 +768,108 @@ pub fn print_report(r: &Report, json: bool) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Starts `--web`'s page, if asked for.
+async fn live_page(
+    a: &SendArgs,
+    status: &source::SharedStatus,
+    hosts: &[HostSpec],
+    input: &Input,
+    strategy: &str,
+) -> Result<Option<crate::web::Page>> {
+    let Some(addr) = &a.web else { return Ok(None) };
+    let sites = hosts
+        .iter()
+        .map(|h| h.site.clone().unwrap_or_default())
+        .collect();
+    let page = crate::web::Page::start(addr, status.clone(), sites, &input.manifest.name, strategy)
+        .await?;
+    eprintln!("live page on http://{}/", page.addr);
+    Ok(Some(page))
+}
+/// The report's first line. The per-receiver rate is the slowest of the receivers that got
+/// a verified copy: a failed receiver's rate says nothing about how fast the data moved, and
+/// it is counted on its own.
+pub fn headline(r: &Report) -> String {
+    let verified: Vec<_> = r.receivers.iter().filter(|x| x.verified).collect();
+    let per_receiver = match verified.iter().map(|x| x.rate_mbps).min_by(f64::total_cmp) {
+        Some(slowest) if verified.len() == r.receivers.len() => {
+            format!("{slowest:.1} Mbit/s per receiver (slowest)")
+        }
+        Some(slowest) => format!(
+            "{slowest:.1} Mbit/s per receiver (slowest of the {} verified; {} failed)",
+            verified.len(),
+            r.receivers.len() - verified.len()
+        ),
+        None => "no receiver got a verified copy".to_string(),
+    };
+    format!(
+        "{} {} ({}) to {} receiver{} by {} in {:.2} s: {per_receiver}, {:.1} Mbit/s aggregate",
+        r.object.kind,
+        r.object.name,
+        progress::human_bytes(r.object.bytes),
+        r.receivers.len(),
+        if r.receivers.len() == 1 { "" } else { "s" },
+        r.strategy,
+        r.seconds,
+        r.aggregate_mbps
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bulkcast_node::report::{ObjectReport, ReceiverReport};
+
+    fn rx(name: &str, rate: f64, verified: bool) -> ReceiverReport {
+        ReceiverReport {
+            name: name.into(),
+            addr: String::new(),
+            parent: "source".into(),
+            bytes: 0,
+            seconds: 1.0,
+            rate_mbps: rate,
+            verified,
+            error: (!verified).then(|| "unreachable".into()),
+            site: None,
+            received_from: Vec::new(),
+        }
+    }
+
+    fn report(receivers: Vec<ReceiverReport>) -> Report {
+        Report {
+            session: "0".into(),
+            object: ObjectReport {
+                name: "x".into(),
+                kind: "file".into(),
+                bytes: 1 << 20,
+                skipped: Vec::new(),
+            },
+            strategy: "flat".into(),
+            chunk_size: 1 << 16,
+            seconds: 1.0,
+            ok: receivers.iter().all(|r| r.verified),
+            aggregate_mbps: 1.0,
+            receivers,
+            edges: Vec::new(),
+            clusters: Vec::new(),
+            probe: None,
+            timeline: Default::default(),
+        }
+    }
+
+    #[test]
+    fn headline_rate_leaves_failed_receivers_out() {
+        let h = headline(&report(vec![rx("a", 800.0, true), rx("b", 0.0, false)]));
+        assert!(
+            h.contains("800.0 Mbit/s per receiver (slowest of the 1 verified; 1 failed)"),
+            "{h}"
+        );
+        let h = headline(&report(vec![rx("a", 800.0, true), rx("b", 700.0, true)]));
+        assert!(h.contains("700.0 Mbit/s per receiver (slowest),"), "{h}");
+        let h = headline(&report(vec![rx("a", 0.0, false)]));
+        assert!(h.contains("to 1 receiver by"), "{h}");
+        assert!(h.contains("no receiver got a verified copy"), "{h}");
+    }
 }

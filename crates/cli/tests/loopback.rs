@@ -888,7 +888,7 @@ fn pipe_over_parallel_connections_with_every_scheduler_arrives_in_order() {
         assert_eq!(r["scheduler"], scheduler);
         // `pipe send`'s default transport is auto: TCP where the round trip is that short.
         assert_eq!(r["transport"], "tcp", "{r}");
-        let conns = r["conns"].as_array().unwrap();
+        let conns = r["connections"].as_array().unwrap();
         assert_eq!(conns.len(), 4, "{scheduler}: {r}");
         // Every connection carried part of the stream, and together all of it.
         let sent: Vec<u64> = conns.iter().map(|c| c["sent"].as_u64().unwrap()).collect();
@@ -1027,7 +1027,7 @@ fn striped_tree_edges_use_every_path_of_a_host() {
     let lines = std::fs::read_to_string(&stats).unwrap();
     let last: serde_json::Value = serde_json::from_str(lines.lines().last().unwrap()).unwrap();
     assert_eq!(last["edge"], "r0");
-    assert_eq!(last["conns"].as_array().unwrap().len(), 4);
+    assert_eq!(last["connections"].as_array().unwrap().len(), 4);
     assert!(last["t_s"].as_f64().unwrap() > 0.0);
 }
 

@@ -599,7 +599,14 @@ fn read_stats(path: &Path, interval_s: f64) -> BTreeMap<usize, StatsSecond> {
             .sum::<f64>()
             / n;
         for v in &lines {
-            for (i, c) in v["conns"].as_array().into_iter().flatten().enumerate() {
+            // `conns` before the key was renamed to match the report.
+            let conns = v.get("connections").or_else(|| v.get("conns"));
+            for (i, c) in conns
+                .and_then(|c| c.as_array())
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
                 if e.conns.len() <= i {
                     e.conns.resize(i + 1, (0.0, None));
                 }

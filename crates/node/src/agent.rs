@@ -239,9 +239,11 @@ pub async fn session(
                 open.strategy.name(),
                 open.node
             );
+            let counted = crate::metrics::global().session_started();
             crate::swarm::serve(stream, *open, cfg)
                 .await
                 .map_err(|e| SessionError::Aborted(session, e))?;
+            counted.done(true);
             return Ok(Served::Session(session));
         }
         Frame::SwarmSetup(SwarmSetup::Peer { session, node }) if expect.is_none() => {
@@ -329,9 +331,11 @@ pub async fn serve_open(
     );
     driver.accept_attachments(cfg.attachments.clone());
     driver.use_predialed(cfg.predialed.clone());
+    let mut counted = crate::metrics::global().session_started();
     driver
         .run(|ev| {
             if let bulkcast_proto::node::Event::Corrupt { index, reason } = ev {
+                counted.rejected();
                 tracing::warn!(
                     "session {session:016x}: chunk {index} rejected ({reason}); requested again"
                 );
@@ -339,6 +343,7 @@ pub async fn serve_open(
         })
         .await
         .map_err(|e| SessionError::Aborted(session, e))?;
+    counted.done(driver.node().local_done());
     if !driver.node().local_done() {
         return Err(SessionError::CopyFailed(session));
     }

@@ -388,7 +388,10 @@ impl Driver {
                 Some(se) = recv_opt_unbounded(&mut self.store_rx) => {
                     let now = Instant::now();
                     match se {
-                        StoreEvent::Stored(i) => self.node.handle_stored(i, now),
+                        StoreEvent::Stored(i) => {
+                            crate::metrics::global().chunk_stored();
+                            self.node.handle_stored(i, now)
+                        }
                         StoreEvent::Failed(e) => {
                             tracing::error!("local copy failed: {e}");
                             self.node.handle_store_failed(e, now);
@@ -538,6 +541,7 @@ impl Driver {
                 data,
             } => {
                 if let Some(s) = &self.store {
+                    crate::metrics::global().chunk_verified(data.len());
                     s.write(index, offset, data);
                 }
             }
@@ -958,6 +962,8 @@ struct CcWatch {
     fd: std::os::fd::RawFd,
     watch: bulkcast_proto::cc::Watch,
     next: Instant,
+    /// The counters as last added to the process's metrics.
+    counted: (u64, u64),
 }
 
 impl CcWatch {
@@ -971,6 +977,7 @@ impl CcWatch {
             fd,
             watch: bulkcast_proto::cc::Watch::new(),
             next: Instant::now() + Self::EVERY,
+            counted: (0, 0),
         }
     }
 
@@ -986,6 +993,7 @@ impl CcWatch {
         let Some((segs, retrans)) = transport::loss_counters(&sock) else {
             return;
         };
+        crate::metrics::global().tcp_counters(&mut self.counted, (segs, retrans));
         if let Some(c) = self.watch.handle_counters(segs, retrans) {
             match transport::set_cc(&sock, c.name()) {
                 Ok(()) => tracing::debug!(

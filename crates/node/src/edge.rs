@@ -104,7 +104,8 @@ pub struct EdgeStreams {
     pub edge: String,
     /// Sum of the live connections' rates, Mbit/s.
     pub total_mbps: f64,
-    /// Every connection ever opened on the edge.
+    /// Every connection ever opened on the edge (`connections` in JSON, as in the report).
+    #[serde(rename = "connections")]
     pub conns: Vec<ConnReport>,
     /// Frames sent a second time on another connection because the first was late with them
     /// while the join waited.

@@ -28,6 +28,7 @@ pub mod edge;
 pub mod input;
 pub mod mapped;
 pub mod measure;
+pub mod metrics;
 pub mod paced;
 pub mod predial;
 pub mod probe;

@@ -96,6 +96,65 @@ pub struct Report {
     /// A planned tree: how its round trips were measured (probed now or cached).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub probe: Option<crate::measure::ProbeReport>,
+    /// Every receiver's verified bytes over time, as the source saw them.
+    #[serde(skip_serializing_if = "Timeline::is_empty")]
+    pub timeline: Timeline,
+}
+
+/// Every receiver's verified and stored bytes over time, sampled at the source from the
+/// acknowledgements each receiver sends up (every strategy reports them). It is also the time
+/// series of every edge, relays' included: a tree edge carries what its child stores, so the
+/// edge's rate over time is the slope of its child's series.
+///
+/// The sampling interval starts at [`Timeline::FIRST_INTERVAL`] and doubles whenever
+/// [`Timeline::MAX_SAMPLES`] are held (every other sample is dropped), so a transfer of any
+/// length keeps a few hundred samples per receiver.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Timeline {
+    /// Sample times, seconds from the start of the session.
+    pub t_s: Vec<f64>,
+    /// Per receiver, in the order of `receivers`: bytes at each sample time.
+    pub bytes: Vec<Vec<u64>>,
+    /// Current sampling interval.
+    #[serde(skip)]
+    interval: Duration,
+}
+
+impl Timeline {
+    /// The first sampling interval.
+    pub const FIRST_INTERVAL: Duration = Duration::from_millis(100);
+    /// Samples held before the interval doubles.
+    pub const MAX_SAMPLES: usize = 600;
+
+    /// No samples.
+    pub fn is_empty(&self) -> bool {
+        self.t_s.is_empty()
+    }
+
+    /// How long to wait before the next [`Timeline::sample`].
+    pub fn interval(&self) -> Duration {
+        self.interval.max(Self::FIRST_INTERVAL)
+    }
+
+    /// Records every receiver's bytes now.
+    pub fn sample(&mut self, status: &Status) {
+        let t = status.started.elapsed().as_secs_f64();
+        let n = status.receivers.len();
+        if self.bytes.len() != n {
+            self.t_s.clear();
+            self.bytes = vec![Vec::new(); n];
+        }
+        self.t_s.push((t * 1000.0).round() / 1000.0);
+        for (series, r) in self.bytes.iter_mut().zip(&status.receivers) {
+            series.push(status.bytes_of(r));
+        }
+        if self.t_s.len() >= Self::MAX_SAMPLES {
+            // Keep the even samples (the first stays) and sample half as often from now on.
+            keep_even(&mut self.t_s);
+            self.bytes.iter_mut().for_each(keep_even);
+            self.interval = self.interval() * 2;
+        }
+    }
 }
 
 /// The object in a report.
@@ -190,6 +249,15 @@ pub struct EdgeReport {
     pub transport: Option<String>,
 }
 
+/// Keeps the elements at even positions.
+fn keep_even<T>(v: &mut Vec<T>) {
+    let mut i = 0;
+    v.retain(|_| {
+        i += 1;
+        i % 2 == 1
+    });
+}
+
 fn is_zero(n: &u64) -> bool {
     *n == 0
 }
@@ -203,6 +271,12 @@ impl Report {
         for (given, name, addr, why) in out {
             self.ok = false;
             let at = given.min(self.receivers.len());
+            // The timeline's series follow `receivers`: a left-out one never moved.
+            if !self.timeline.is_empty() {
+                let zeros = vec![0; self.timeline.t_s.len()];
+                let at = at.min(self.timeline.bytes.len());
+                self.timeline.bytes.insert(at, zeros);
+            }
             self.receivers.insert(
                 at,
                 ReceiverReport {
@@ -295,6 +369,7 @@ impl Report {
             edges,
             clusters: Vec::new(),
             probe: None,
+            timeline: Timeline::default(),
         }
     }
 }
@@ -321,5 +396,53 @@ fn mbps(bytes: u64, secs: f64) -> f64 {
         bytes as f64 * 8.0 / secs / 1e6
     } else {
         0.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(n: usize) -> Status {
+        Status {
+            started: Instant::now(),
+            chunk_size: 1000,
+            total_len: Some(1 << 40),
+            read: 0,
+            receivers: (0..n)
+                .map(|i| ReceiverStatus {
+                    name: format!("r{i}"),
+                    addr: String::new(),
+                    parent: 0,
+                    chunks: 0,
+                    done: None,
+                    failed: None,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn timeline_stays_bounded_and_keeps_its_first_and_ordered_samples() {
+        let mut st = status(2);
+        let mut tl = Timeline::default();
+        for k in 0..(3 * Timeline::MAX_SAMPLES as u64) {
+            st.receivers[0].chunks = k;
+            st.receivers[1].chunks = 2 * k;
+            tl.sample(&st);
+        }
+        assert!(tl.t_s.len() < Timeline::MAX_SAMPLES);
+        assert!(tl.t_s.len() >= Timeline::MAX_SAMPLES / 4);
+        assert_eq!(tl.bytes.len(), 2);
+        assert!(tl.bytes.iter().all(|s| s.len() == tl.t_s.len()));
+        assert_eq!(tl.bytes[0][0], 0);
+        // Samples are still in order, and receiver 1 is always twice receiver 0.
+        assert!(tl.bytes[0].windows(2).all(|w| w[0] < w[1]));
+        assert!(tl.bytes[0]
+            .iter()
+            .zip(&tl.bytes[1])
+            .all(|(a, b)| 2 * a == *b));
+        // Halved at 600, 900, 1200, 1500 and 1800 samples.
+        assert_eq!(tl.interval(), Timeline::FIRST_INTERVAL * 32);
     }
 }

@@ -1003,6 +1003,7 @@ impl Net {
             return;
         }
         if let Some(s) = &self.store {
+            crate::metrics::global().chunk_verified(c.data.len());
             s.write(c.index, c.index * self.chunk_size as u64, c.data.clone());
             self.unstored += c.data.len() as u64;
         }
@@ -1012,6 +1013,7 @@ impl Net {
     fn handle_store(&mut self, ev: StoreEvent) {
         match ev {
             StoreEvent::Stored(i) => {
+                crate::metrics::global().chunk_stored();
                 self.stored += 1;
                 if let Some(slot) = self.held.get_mut(i as usize) {
                     if let Some(Held::Mem(c)) = slot {
