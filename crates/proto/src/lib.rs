@@ -21,6 +21,8 @@
 //!   hybrid) over the same chunks and wire, with its own cluster/WAN simulator.
 //! - [`multipath`]: one edge over N parallel connections: striping, in-order join, and the
 //!   paper's weighted fork-join controller, with its own simulator.
+//! - [`feed`]: product feeds (seed 003): a queue, subscriptions, multicast push with unicast
+//!   repair.
 //! - [`paced`]: a paced, selective-repeat byte stream over UDP for lossy long paths, with
 //!   its own path simulator.
 #![warn(missing_docs)]
@@ -28,6 +30,7 @@
 pub mod auth;
 pub mod cc;
 pub mod chunkmap;
+pub mod feed;
 pub mod groups;
 pub mod hosts;
 pub mod manifest;

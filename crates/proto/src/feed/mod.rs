@@ -1,0 +1,21 @@
+//! Feeds: a continuous stream of products from one source to many subscribers (seed 003,
+//! LDM7), sans-IO.
+//!
+//! - [`product`]: product metadata and its authentication, feedtype patterns, subscriptions,
+//!   allow rules.
+//! - [`queue`]: the source's product queue, bounded by size and age.
+//! - [`msg`]: messages and their encoding (unicast frames, multicast datagrams).
+//! - [`server`]: the source: subscribers' backlogs and streams, repairs, multicast pacing.
+//! - [`push`]: the multicast pusher.
+//! - [`receiver`]: a subscriber: assembly, gap detection, repair requests, delivery once.
+//! - [`ranges`]: byte-range sets.
+//! - [`sim`]: a seeded simulation of one source and many receivers on a lossy LAN.
+
+pub mod msg;
+pub mod product;
+pub mod push;
+pub mod queue;
+pub mod ranges;
+pub mod receiver;
+pub mod server;
+pub mod sim;

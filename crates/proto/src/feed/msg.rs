@@ -1,0 +1,497 @@
+//! The feed's messages and their encoding: one format for the unicast control/data
+//! connection (length-prefixed frames) and for multicast datagrams (one message each, after a
+//! header naming the feed). Every length is checked before use; bad input is an error, never
+//! a panic.
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use super::product::{Micros, ProductMeta, MAX_NAME};
+
+/// Largest frame on a unicast connection (a data block plus headers).
+pub const MAX_FRAME: usize = (1 << 20) + 4096;
+/// Magic at the start of every multicast datagram.
+pub const DGRAM_MAGIC: [u8; 4] = *b"BCF1";
+/// Bytes of a datagram's header (magic and feed id).
+pub const DGRAM_HEADER: usize = 12;
+
+/// Where a subscriber's stream starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// Only products queued from now on.
+    Now,
+    /// Every product still queued with this sequence number or later.
+    Seq(u64),
+    /// Every product still queued created at or after this time.
+    Time(Micros),
+}
+
+/// One message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Msg {
+    /// Subscriber to source: what it wants, from where, and whether it can take multicast.
+    Subscribe {
+        /// Feedtype pattern.
+        feedtype: String,
+        /// Name regex ("" for any).
+        name: String,
+        /// Start of the stream.
+        start: Start,
+        /// The subscriber listens to the source's multicast group.
+        multicast: bool,
+    },
+    /// Source to subscriber: admitted.
+    Accepted {
+        /// The feed's id (multicast datagrams carry it; it changes at every server start).
+        feed_id: u64,
+        /// Multicast group `ADDR:PORT` when the subscriber gets multicast, else "".
+        group: String,
+        /// Multicast block size.
+        block: u32,
+        /// The first sequence number that multicast carries to this subscriber; earlier
+        /// products (the backlog) come over this connection.
+        mcast_from: u64,
+        /// The first sequence number of this subscriber's stream.
+        first: u64,
+    },
+    /// Either way: refused or failed, with the reason.
+    Refused {
+        /// Why.
+        reason: String,
+    },
+    /// A product begins (its blocks follow as [`Msg::Data`]); the source's send time
+    /// splits latency into waiting and transmission.
+    Product {
+        /// What it is.
+        meta: ProductMeta,
+        /// When the source started sending it.
+        sent_at: Micros,
+    },
+    /// Bytes of a product.
+    Data {
+        /// Which product.
+        seq: u64,
+        /// Offset in it.
+        offset: u64,
+        /// The bytes.
+        data: Bytes,
+    },
+    /// Source to subscriber: the newest product sent (after each product and when idle), so
+    /// a receiver learns that it missed a product even when nothing follows it.
+    Index {
+        /// Newest sequence number pushed.
+        last_seq: u64,
+    },
+    /// Source to subscriber: these products are not for you (no match, or gone from the
+    /// queue before you asked): stop waiting for them.
+    Skip {
+        /// First skipped.
+        from: u64,
+        /// Last skipped.
+        to: u64,
+        /// They had left the queue (a loss the subscriber reports), not merely unwanted.
+        gone: bool,
+    },
+    /// Subscriber to source: send these blocks of a product again (ranges of block indexes).
+    Repair {
+        /// Which product.
+        seq: u64,
+        /// `(first block, count)`.
+        ranges: Vec<(u32, u32)>,
+    },
+    /// Subscriber to source: send this whole product over unicast.
+    Whole {
+        /// Which product.
+        seq: u64,
+    },
+    /// Subscriber to source: delivered every wanted product up to here (its lag).
+    Ack {
+        /// Highest sequence number below which nothing is missing.
+        seq: u64,
+    },
+    /// Subscriber to source: multicast does not arrive here; send everything from `seq` on
+    /// over this connection.
+    Fallback {
+        /// First sequence number to send by unicast.
+        seq: u64,
+    },
+    /// Inserter to source: a product of `size` bytes follows as [`Msg::Data`].
+    Insert {
+        /// Its name.
+        name: String,
+        /// Its feedtype.
+        feedtype: String,
+        /// Its size.
+        size: u64,
+    },
+    /// Source to inserter: queued as `seq`.
+    Inserted {
+        /// Its sequence number.
+        seq: u64,
+    },
+    /// Ask for the status (subscribers, lag, queue).
+    Status,
+    /// The status as JSON.
+    StatusReply {
+        /// JSON text.
+        json: String,
+    },
+}
+
+/// A message that could not be decoded.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum MsgError {
+    /// Ends before its fields do.
+    #[error("feed message truncated")]
+    Truncated,
+    /// Unknown type byte.
+    #[error("unknown feed message type {0}")]
+    UnknownType(u8),
+    /// A string or list longer than allowed, or not UTF-8.
+    #[error("feed message field too long or malformed")]
+    BadField,
+    /// Not a bulkcast feed datagram.
+    #[error("not a bulkcast feed datagram")]
+    BadMagic,
+}
+
+impl Msg {
+    /// Encodes the message body (no length prefix).
+    pub fn encode(&self, out: &mut BytesMut) {
+        match self {
+            Msg::Subscribe {
+                feedtype,
+                name,
+                start,
+                multicast,
+            } => {
+                out.put_u8(1);
+                put_str(out, feedtype);
+                put_str(out, name);
+                let (k, v) = match start {
+                    Start::Now => (0, 0),
+                    Start::Seq(s) => (1, *s),
+                    Start::Time(t) => (2, *t),
+                };
+                out.put_u8(k);
+                out.put_u64(v);
+                out.put_u8(u8::from(*multicast));
+            }
+            Msg::Accepted {
+                feed_id,
+                group,
+                block,
+                mcast_from,
+                first,
+            } => {
+                out.put_u8(2);
+                out.put_u64(*feed_id);
+                put_str(out, group);
+                out.put_u32(*block);
+                out.put_u64(*mcast_from);
+                out.put_u64(*first);
+            }
+            Msg::Refused { reason } => {
+                out.put_u8(3);
+                put_str(out, reason);
+            }
+            Msg::Product { meta, sent_at } => {
+                out.put_u8(4);
+                put_meta(out, meta);
+                out.put_u64(*sent_at);
+            }
+            Msg::Data { seq, offset, data } => {
+                out.put_u8(5);
+                out.put_u64(*seq);
+                out.put_u64(*offset);
+                out.put_u32(data.len() as u32);
+                out.put_slice(data);
+            }
+            Msg::Index { last_seq } => {
+                out.put_u8(6);
+                out.put_u64(*last_seq);
+            }
+            Msg::Skip { from, to, gone } => {
+                out.put_u8(7);
+                out.put_u64(*from);
+                out.put_u64(*to);
+                out.put_u8(u8::from(*gone));
+            }
+            Msg::Repair { seq, ranges } => {
+                out.put_u8(8);
+                out.put_u64(*seq);
+                out.put_u32(ranges.len() as u32);
+                for (a, n) in ranges {
+                    out.put_u32(*a);
+                    out.put_u32(*n);
+                }
+            }
+            Msg::Whole { seq } => put_seq(out, 9, *seq),
+            Msg::Ack { seq } => put_seq(out, 10, *seq),
+            Msg::Fallback { seq } => put_seq(out, 11, *seq),
+            Msg::Insert {
+                name,
+                feedtype,
+                size,
+            } => {
+                out.put_u8(12);
+                put_str(out, name);
+                put_str(out, feedtype);
+                out.put_u64(*size);
+            }
+            Msg::Inserted { seq } => put_seq(out, 13, *seq),
+            Msg::Status => out.put_u8(14),
+            Msg::StatusReply { json } => {
+                out.put_u8(15);
+                out.put_u32(json.len() as u32);
+                out.put_slice(json.as_bytes());
+            }
+        }
+    }
+
+    /// Decodes a message body.
+    pub fn decode(b: &[u8]) -> Result<Msg, MsgError> {
+        let mut r = Reader(b);
+        let t = r.u8()?;
+        let m = match t {
+            1 => Msg::Subscribe {
+                feedtype: r.str()?,
+                name: r.str()?,
+                start: match (r.u8()?, r.u64()?) {
+                    (0, _) => Start::Now,
+                    (1, s) => Start::Seq(s),
+                    (2, t) => Start::Time(t),
+                    _ => return Err(MsgError::BadField),
+                },
+                multicast: r.u8()? != 0,
+            },
+            2 => Msg::Accepted {
+                feed_id: r.u64()?,
+                group: r.str()?,
+                block: r.u32()?,
+                mcast_from: r.u64()?,
+                first: r.u64()?,
+            },
+            3 => Msg::Refused { reason: r.str()? },
+            4 => Msg::Product {
+                meta: r.meta()?,
+                sent_at: r.u64()?,
+            },
+            5 => {
+                let (seq, offset, n) = (r.u64()?, r.u64()?, r.u32()? as usize);
+                Msg::Data {
+                    seq,
+                    offset,
+                    data: Bytes::copy_from_slice(r.take(n)?),
+                }
+            }
+            6 => Msg::Index { last_seq: r.u64()? },
+            7 => Msg::Skip {
+                from: r.u64()?,
+                to: r.u64()?,
+                gone: r.u8()? != 0,
+            },
+            8 => {
+                let seq = r.u64()?;
+                let n = r.u32()? as usize;
+                if n > 65536 {
+                    return Err(MsgError::BadField);
+                }
+                let mut ranges = Vec::with_capacity(n);
+                for _ in 0..n {
+                    ranges.push((r.u32()?, r.u32()?));
+                }
+                Msg::Repair { seq, ranges }
+            }
+            9 => Msg::Whole { seq: r.u64()? },
+            10 => Msg::Ack { seq: r.u64()? },
+            11 => Msg::Fallback { seq: r.u64()? },
+            12 => Msg::Insert {
+                name: r.str()?,
+                feedtype: r.str()?,
+                size: r.u64()?,
+            },
+            13 => Msg::Inserted { seq: r.u64()? },
+            14 => Msg::Status,
+            15 => {
+                let n = r.u32()? as usize;
+                let s = std::str::from_utf8(r.take(n)?).map_err(|_| MsgError::BadField)?;
+                Msg::StatusReply {
+                    json: s.to_string(),
+                }
+            }
+            t => return Err(MsgError::UnknownType(t)),
+        };
+        Ok(m)
+    }
+
+    /// A multicast datagram: header naming the feed, then the message.
+    pub fn to_datagram(&self, feed_id: u64) -> Bytes {
+        let mut out = BytesMut::with_capacity(1500);
+        out.put_slice(&DGRAM_MAGIC);
+        out.put_u64(feed_id);
+        self.encode(&mut out);
+        out.freeze()
+    }
+
+    /// Decodes a multicast datagram: its feed id and message.
+    pub fn from_datagram(b: &[u8]) -> Result<(u64, Msg), MsgError> {
+        if b.len() < DGRAM_HEADER || b[..4] != DGRAM_MAGIC {
+            return Err(MsgError::BadMagic);
+        }
+        let id = u64::from_be_bytes(b[4..12].try_into().map_err(|_| MsgError::Truncated)?);
+        Ok((id, Msg::decode(&b[DGRAM_HEADER..])?))
+    }
+}
+
+fn put_seq(out: &mut BytesMut, t: u8, seq: u64) {
+    out.put_u8(t);
+    out.put_u64(seq);
+}
+
+fn put_str(out: &mut BytesMut, s: &str) {
+    // Longer strings never reach here: every producer checks MAX_NAME; truncating keeps the
+    // frame decodable should one slip through.
+    let b = &s.as_bytes()[..s.len().min(u16::MAX as usize)];
+    out.put_u16(b.len() as u16);
+    out.put_slice(b);
+}
+
+fn put_meta(out: &mut BytesMut, m: &ProductMeta) {
+    out.put_u64(m.seq);
+    put_str(out, &m.name);
+    put_str(out, &m.feedtype);
+    out.put_u64(m.created);
+    out.put_u64(m.size);
+    out.put_slice(&m.hash);
+    out.put_u8(m.tag.len() as u8);
+    out.put_slice(&m.tag[..m.tag.len().min(255)]);
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], MsgError> {
+        if self.0.len() < n {
+            return Err(MsgError::Truncated);
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Ok(a)
+    }
+    fn u8(&mut self) -> Result<u8, MsgError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u32(&mut self) -> Result<u32, MsgError> {
+        let b = self.take(4)?;
+        Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn u64(&mut self) -> Result<u64, MsgError> {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(self.take(8)?);
+        Ok(u64::from_be_bytes(a))
+    }
+    fn str(&mut self) -> Result<String, MsgError> {
+        let b = self.take(2)?;
+        let n = usize::from(u16::from_be_bytes([b[0], b[1]]));
+        let s = self.take(n)?;
+        String::from_utf8(s.to_vec()).map_err(|_| MsgError::BadField)
+    }
+    fn meta(&mut self) -> Result<ProductMeta, MsgError> {
+        let seq = self.u64()?;
+        let name = self.str()?;
+        let feedtype = self.str()?;
+        if name.len() > MAX_NAME || feedtype.len() > MAX_NAME {
+            return Err(MsgError::BadField);
+        }
+        let created = self.u64()?;
+        let size = self.u64()?;
+        let mut hash = [0u8; 32];
+        hash.copy_from_slice(self.take(32)?);
+        let n = usize::from(self.u8()?);
+        let tag = Bytes::copy_from_slice(self.take(n)?);
+        Ok(ProductMeta {
+            seq,
+            name,
+            feedtype,
+            created,
+            size,
+            hash,
+            tag,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_message_round_trips_and_truncation_is_an_error() {
+        let meta = ProductMeta {
+            seq: 9,
+            name: "n".into(),
+            feedtype: "NGRID".into(),
+            created: 1,
+            size: 2,
+            hash: [3; 32],
+            tag: Bytes::from_static(&[4; 32]),
+        };
+        let msgs = vec![
+            Msg::Subscribe {
+                feedtype: "A|B".into(),
+                name: "x.*".into(),
+                start: Start::Time(5),
+                multicast: true,
+            },
+            Msg::Accepted {
+                feed_id: 1,
+                group: "239.1.1.1:7000".into(),
+                block: 1400,
+                mcast_from: 7,
+                first: 3,
+            },
+            Msg::Refused {
+                reason: "no".into(),
+            },
+            Msg::Product { meta, sent_at: 8 },
+            Msg::Data {
+                seq: 1,
+                offset: 2,
+                data: Bytes::from_static(b"abc"),
+            },
+            Msg::Index { last_seq: 4 },
+            Msg::Skip {
+                from: 1,
+                to: 2,
+                gone: true,
+            },
+            Msg::Repair {
+                seq: 3,
+                ranges: vec![(0, 2), (5, 1)],
+            },
+            Msg::Whole { seq: 1 },
+            Msg::Ack { seq: 1 },
+            Msg::Fallback { seq: 1 },
+            Msg::Insert {
+                name: "a".into(),
+                feedtype: "B".into(),
+                size: 3,
+            },
+            Msg::Inserted { seq: 3 },
+            Msg::Status,
+            Msg::StatusReply { json: "{}".into() },
+        ];
+        for m in msgs {
+            let d = m.to_datagram(77);
+            assert_eq!(Msg::from_datagram(&d), Ok((77, m.clone())));
+            for cut in DGRAM_HEADER..d.len() {
+                assert!(Msg::from_datagram(&d[..cut]).is_err(), "{m:?} cut at {cut}");
+            }
+        }
+        assert_eq!(
+            Msg::from_datagram(b"XXXX00000000\x01"),
+            Err(MsgError::BadMagic)
+        );
+        assert_eq!(Msg::decode(&[99]), Err(MsgError::UnknownType(99)));
+    }
+}

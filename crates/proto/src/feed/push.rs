@@ -1,0 +1,183 @@
+//! The multicast pusher: each product once to the group, paced at a configured rate.
+//!
+//! The pusher only says *what* to send (a product's start, a block's offset and length, an
+//! index); the shell reads the bytes from the queue's files, so memory stays flat whatever
+//! the product sizes. After each product, and every `index_interval` when idle, it sends an
+//! [`Msg::Index`] with the newest sequence number handled: a receiver that missed a product
+//! whole, or the tail of one, learns of it without waiting for the next product (LDM7's
+//! receivers learn of a lost product only from the next one's BOP).
+
+use std::collections::{BTreeMap, VecDeque};
+
+use super::msg::Msg;
+use super::product::Micros;
+use super::queue::ProductQueue;
+
+/// Multicast settings.
+#[derive(Debug, Clone)]
+pub struct PushConfig {
+    /// The group, `ADDR:PORT` (told to subscribers).
+    pub group: String,
+    /// Sending rate in bytes per second (the datagram bytes, headers included).
+    pub rate: u64,
+    /// Bytes of product data per datagram.
+    pub block: u32,
+    /// Heartbeat period when idle.
+    pub index_interval: Micros,
+}
+
+/// What the shell sends next on the group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PushOut {
+    /// A message without product bytes (a product's start, an index).
+    Msg(Msg),
+    /// Bytes `offset..offset+len` of product `seq`, as a [`Msg::Data`].
+    Block {
+        /// Which product.
+        seq: u64,
+        /// Where in it.
+        offset: u64,
+        /// How many bytes.
+        len: u32,
+    },
+}
+
+/// Bytes a datagram costs beyond its payload (IP, UDP, feed header, message header).
+const OVERHEAD: u64 = 28 + 12 + 32;
+/// Credit the pacer may bank when polled late, so timer granularity costs no rate.
+const BURST: Micros = 2_000;
+
+/// The pusher's state.
+#[derive(Debug)]
+pub struct Pusher {
+    cfg: PushConfig,
+    pending: VecDeque<u64>,
+    current: Option<(u64, u64, u64)>,
+    next_send: Micros,
+    last_handled: u64,
+    index_due: bool,
+    last_index: Micros,
+    sent_at: BTreeMap<u64, Micros>,
+    /// Datagrams and bytes sent.
+    pub sent: (u64, u64),
+}
+
+impl Pusher {
+    /// A pusher whose first product will be `next_seq`.
+    pub fn new(cfg: PushConfig, next_seq: u64) -> Self {
+        Self {
+            cfg,
+            pending: VecDeque::new(),
+            current: None,
+            next_send: 0,
+            last_handled: next_seq.saturating_sub(1),
+            index_due: false,
+            last_index: 0,
+            sent_at: BTreeMap::new(),
+            sent: (0, 0),
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &PushConfig {
+        &self.cfg
+    }
+
+    /// Queues a product for the group.
+    pub fn push(&mut self, seq: u64) {
+        self.pending.push_back(seq);
+    }
+
+    /// The first sequence number not yet started on the group: a subscriber joining now gets
+    /// everything before it by unicast.
+    pub fn next_unstarted(&self, queue_next: u64) -> u64 {
+        self.pending.front().copied().unwrap_or(queue_next)
+    }
+
+    /// When the group carried product `seq`'s start (for its latency split).
+    pub fn sent_at(&self, seq: u64) -> Option<Micros> {
+        self.sent_at.get(&seq).copied()
+    }
+
+    /// Forgets send times of products no longer queued.
+    pub fn forget_before(&mut self, seq: u64) {
+        self.sent_at = self.sent_at.split_off(&seq);
+    }
+
+    /// True when nothing is queued or in progress.
+    pub fn idle(&self) -> bool {
+        self.pending.is_empty() && self.current.is_none()
+    }
+
+    /// The next datagram, if the pacer allows one now.
+    pub fn poll(&mut self, now: Micros, q: &ProductQueue) -> Option<PushOut> {
+        if now < self.next_send {
+            return None;
+        }
+        let out = self.next_out(now, q)?;
+        let bytes = match &out {
+            PushOut::Block { len, .. } => u64::from(*len),
+            PushOut::Msg(_) => 64,
+        } + OVERHEAD;
+        self.sent.0 += 1;
+        self.sent.1 += bytes;
+        let cost = bytes * 1_000_000 / self.cfg.rate.max(1);
+        self.next_send = self.next_send.max(now.saturating_sub(BURST)) + cost;
+        Some(out)
+    }
+
+    fn next_out(&mut self, now: Micros, q: &ProductQueue) -> Option<PushOut> {
+        if let Some((seq, offset, size)) = self.current {
+            let len = (size - offset).min(u64::from(self.cfg.block));
+            if offset + len >= size {
+                self.current = None;
+                self.last_handled = seq;
+                self.index_due = true;
+            } else {
+                self.current = Some((seq, offset + len, size));
+            }
+            return Some(PushOut::Block {
+                seq,
+                offset,
+                len: len as u32,
+            });
+        }
+        while let Some(seq) = self.pending.pop_front() {
+            // A product that left the queue before its turn is skipped; receivers that want
+            // it learn from the index and are told it is gone.
+            let Some(e) = q.get(seq) else {
+                self.last_handled = seq;
+                continue;
+            };
+            self.sent_at.insert(seq, now);
+            if e.meta.size == 0 {
+                self.last_handled = seq;
+                self.index_due = true;
+            } else {
+                self.current = Some((seq, 0, e.meta.size));
+            }
+            return Some(PushOut::Msg(Msg::Product {
+                meta: e.meta.clone(),
+                sent_at: now,
+            }));
+        }
+        if self.index_due || now.saturating_sub(self.last_index) >= self.cfg.index_interval {
+            self.index_due = false;
+            self.last_index = now;
+            return Some(PushOut::Msg(Msg::Index {
+                last_seq: self.last_handled,
+            }));
+        }
+        None
+    }
+
+    /// When [`Pusher::poll`] may next return something.
+    pub fn poll_timeout(&self) -> Micros {
+        if self.idle() && !self.index_due {
+            self.next_send
+                .max(self.last_index + self.cfg.index_interval)
+        } else {
+            self.next_send
+        }
+    }
+}

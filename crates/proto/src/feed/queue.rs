@@ -1,0 +1,221 @@
+//! The product queue's model: which products the source holds, bounded by size and age.
+//!
+//! Like LDM's `pq`, the queue is a window over the stream: inserting past the size bound
+//! evicts the oldest products, and products older than the age bound go. Unlike `pq` the
+//! model holds no bytes (the shell stores each product as a file) and sequence numbers are
+//! never reused, so a subscriber's position survives any wrap-around of the window.
+
+use std::collections::BTreeMap;
+
+use super::product::{Micros, ProductMeta};
+
+/// The queue's bounds.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueLimits {
+    /// Sum of the sizes of the products held.
+    pub max_bytes: u64,
+    /// Products queued longer than this go.
+    pub max_age: Micros,
+}
+
+/// Why a product was not queued.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum QueueError {
+    /// Larger than the whole queue: it could never be held, so it is refused, not truncated.
+    #[error("product {name:?} is {size} bytes, larger than the queue ({max} bytes): raise --queue-mib or split it")]
+    TooLarge {
+        /// Its name.
+        name: String,
+        /// Its size.
+        size: u64,
+        /// The queue's size.
+        max: u64,
+    },
+}
+
+/// One product in the queue.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    /// What it is.
+    pub meta: ProductMeta,
+    /// When the queue took it (the age bound counts from here).
+    pub queued: Micros,
+}
+
+/// The queue's index.
+#[derive(Debug, Clone)]
+pub struct ProductQueue {
+    limits: QueueLimits,
+    entries: BTreeMap<u64, Entry>,
+    bytes: u64,
+    next_seq: u64,
+}
+
+impl ProductQueue {
+    /// An empty queue whose first product gets `next_seq` (1 for a new queue; the one after
+    /// the last used when a queue is reopened).
+    pub fn new(limits: QueueLimits, next_seq: u64) -> Self {
+        Self {
+            limits,
+            entries: BTreeMap::new(),
+            bytes: 0,
+            next_seq: next_seq.max(1),
+        }
+    }
+
+    /// The sequence number the next product gets.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// Checks that a product of `size` can be queued at all, before its bytes are taken.
+    pub fn check_size(&self, name: &str, size: u64) -> Result<(), QueueError> {
+        if size > self.limits.max_bytes {
+            return Err(QueueError::TooLarge {
+                name: name.to_string(),
+                size,
+                max: self.limits.max_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    /// Queues a product; `meta.seq` is set to its sequence number. Returns the sequence
+    /// numbers evicted to make room (the shell deletes their files).
+    pub fn insert(&mut self, mut meta: ProductMeta, now: Micros) -> Result<Vec<u64>, QueueError> {
+        self.check_size(&meta.name, meta.size)?;
+        let mut evicted = self.expire(now);
+        while self.bytes + meta.size > self.limits.max_bytes {
+            match self.pop_oldest() {
+                Some(s) => evicted.push(s),
+                None => break,
+            }
+        }
+        meta.seq = self.next_seq;
+        self.next_seq += 1;
+        self.bytes += meta.size;
+        self.entries.insert(meta.seq, Entry { meta, queued: now });
+        Ok(evicted)
+    }
+
+    /// Restores a product read back from disk (keeps its sequence number).
+    pub fn restore(&mut self, meta: ProductMeta, queued: Micros) {
+        self.next_seq = self.next_seq.max(meta.seq + 1);
+        self.bytes += meta.size;
+        if let Some(old) = self.entries.insert(meta.seq, Entry { meta, queued }) {
+            self.bytes -= old.meta.size;
+        }
+    }
+
+    /// Drops products past the age bound; returns their sequence numbers.
+    pub fn expire(&mut self, now: Micros) -> Vec<u64> {
+        let mut gone = Vec::new();
+        while let Some(e) = self.entries.values().next() {
+            if now.saturating_sub(e.queued) <= self.limits.max_age {
+                break;
+            }
+            if let Some(s) = self.pop_oldest() {
+                gone.push(s);
+            }
+        }
+        gone
+    }
+
+    fn pop_oldest(&mut self) -> Option<u64> {
+        let (seq, e) = self.entries.pop_first()?;
+        self.bytes -= e.meta.size;
+        Some(seq)
+    }
+
+    /// The product `seq`, if still held.
+    pub fn get(&self, seq: u64) -> Option<&Entry> {
+        self.entries.get(&seq)
+    }
+
+    /// The oldest sequence number held.
+    pub fn first_seq(&self) -> Option<u64> {
+        self.entries.keys().next().copied()
+    }
+
+    /// The newest sequence number held.
+    pub fn last_seq(&self) -> Option<u64> {
+        self.entries.keys().next_back().copied()
+    }
+
+    /// The first product at or after `seq`.
+    pub fn next_from(&self, seq: u64) -> Option<&Entry> {
+        self.entries.range(seq..).next().map(|(_, e)| e)
+    }
+
+    /// The sequence number of the first product created at or after `t` (`next_seq` if none).
+    pub fn seq_from_time(&self, t: Micros) -> u64 {
+        self.entries
+            .values()
+            .find(|e| e.meta.created >= t)
+            .map_or(self.next_seq, |e| e.meta.seq)
+    }
+
+    /// Products held and their bytes.
+    pub fn len_bytes(&self) -> (usize, u64) {
+        (self.entries.len(), self.bytes)
+    }
+
+    /// The bounds.
+    pub fn limits(&self) -> QueueLimits {
+        self.limits
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn meta(name: &str, size: u64, created: Micros) -> ProductMeta {
+        ProductMeta {
+            seq: 0,
+            name: name.into(),
+            feedtype: "X".into(),
+            created,
+            size,
+            hash: [0; 32],
+            tag: Bytes::new(),
+        }
+    }
+
+    #[test]
+    fn wraps_around_by_size_and_keeps_sequence_numbers() {
+        let mut q = ProductQueue::new(
+            QueueLimits {
+                max_bytes: 100,
+                max_age: u64::MAX,
+            },
+            1,
+        );
+        for i in 0..10 {
+            let ev = q.insert(meta(&format!("p{i}"), 30, i), i).unwrap();
+            assert_eq!(ev.len(), usize::from(i >= 3), "insert {i}: {ev:?}");
+        }
+        assert_eq!((q.first_seq(), q.last_seq()), (Some(8), Some(10)));
+        assert_eq!(q.len_bytes(), (3, 90));
+        assert_eq!(q.next_from(2).map(|e| e.meta.seq), Some(8));
+    }
+
+    #[test]
+    fn ages_out_and_refuses_what_cannot_fit() {
+        let mut q = ProductQueue::new(
+            QueueLimits {
+                max_bytes: 100,
+                max_age: 10,
+            },
+            5,
+        );
+        q.insert(meta("a", 1, 0), 0).unwrap();
+        q.insert(meta("b", 1, 5), 5).unwrap();
+        assert_eq!(q.expire(12), vec![5]);
+        assert_eq!(q.seq_from_time(3), 6);
+        let e = q.insert(meta("huge", 101, 0), 12).unwrap_err();
+        assert!(e.to_string().contains("larger than the queue"), "{e}");
+        assert_eq!(q.len_bytes(), (1, 1), "a refused product changes nothing");
+    }
+}

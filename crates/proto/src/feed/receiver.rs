@@ -1,0 +1,513 @@
+//! The subscriber's state machine: products arriving by multicast and by unicast assembled,
+//! gaps found and repaired, every product delivered once, latency split.
+//!
+//! A gap shows three ways: a product's blocks stop short (the sender moved on to a later
+//! product, sent an index past it, or went quiet for `repair_delay`) and the missing blocks
+//! are asked for as ranges; a sequence number is skipped (a later product or an index shows
+//! it) and the whole product is asked for; a product's bytes do not match its hash (a forged
+//! or corrupt datagram) and it is asked for whole over the authenticated connection. Requests
+//! are repeated after `rerequest` without progress. Multicast that never arrives (no datagram,
+//! not even the source's heartbeat, for `fallback_after`) switches the subscriber to unicast.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde::Serialize;
+
+use super::msg::Msg;
+use super::product::{Micros, ProductAuth, ProductMeta, Subscription};
+use super::ranges::RangeSet;
+
+/// Timers.
+#[derive(Debug, Clone, Copy)]
+pub struct ReceiverConfig {
+    /// Silence on a product's multicast after which its missing blocks are asked for.
+    pub repair_delay: Micros,
+    /// A request without progress for this long is repeated.
+    pub rerequest: Micros,
+    /// No multicast at all for this long: fall back to unicast.
+    pub fallback_after: Micros,
+    /// Least time between acknowledgements.
+    pub ack_interval: Micros,
+}
+
+impl Default for ReceiverConfig {
+    fn default() -> Self {
+        Self {
+            repair_delay: 50_000,
+            rerequest: 1_000_000,
+            fallback_after: 3_000_000,
+            ack_interval: 100_000,
+        }
+    }
+}
+
+/// Where a product's latency went, as seed 003 splits it (propagation is inside
+/// transmission: one clock per host cannot tell them apart).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Latency {
+    /// Creation to the source starting to send it (queueing at the source).
+    pub waiting_us: Micros,
+    /// Start of sending to the end of the first pass (or delivery, when nothing was missed).
+    pub transmission_us: Micros,
+    /// The first repair request to delivery.
+    pub repair_us: Micros,
+    /// Creation to verified delivery.
+    pub total_us: Micros,
+}
+
+/// What the shell must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RxEvent {
+    /// A product starts: open its temporary copy.
+    Begin(ProductMeta),
+    /// Bytes of it: write them at `offset` (may repeat bytes already written).
+    Data {
+        /// Which product.
+        seq: u64,
+        /// Where.
+        offset: u64,
+        /// The bytes.
+        data: Bytes,
+    },
+    /// Every byte is here: check the copy against the hash and call [`Receiver::confirm`].
+    Complete(u64),
+    /// Verified and done: move it into place.
+    Delivered {
+        /// What it is.
+        meta: ProductMeta,
+        /// Where its latency went.
+        latency: Latency,
+        /// Bytes that came by repair.
+        repaired: u64,
+        /// It came (at least partly) by multicast.
+        multicast: bool,
+    },
+    /// Drop the temporary copy of this product (corrupt, or gone from the source).
+    Discard(u64),
+    /// Products that left the source's queue before they reached this subscriber.
+    Lost {
+        /// First.
+        from: u64,
+        /// Last.
+        to: u64,
+    },
+    /// Multicast did not arrive: the stream now comes by unicast.
+    FellBack,
+}
+
+/// Counters.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct RxStats {
+    /// Multicast datagrams taken.
+    pub datagrams: u64,
+    /// Block-range repair requests sent.
+    pub repair_requests: u64,
+    /// Whole-product requests sent.
+    pub whole_requests: u64,
+    /// Products whose tag did not verify (ignored).
+    pub bad_tags: u64,
+    /// Products whose bytes did not match their hash (asked for again).
+    pub corrupt: u64,
+    /// Products reported gone.
+    pub lost: u64,
+    /// Products delivered.
+    pub delivered: u64,
+}
+
+struct Partial {
+    meta: ProductMeta,
+    sent_at: Micros,
+    have: RangeSet,
+    mcast: bool,
+    eop: bool,
+    last_activity: Micros,
+    requested_at: Option<Micros>,
+    repair_from: Option<Micros>,
+    repaired: u64,
+    complete: bool,
+}
+
+/// One subscriber's receiving side.
+pub struct Receiver {
+    cfg: ReceiverConfig,
+    auth: Arc<dyn ProductAuth>,
+    sub: Subscription,
+    block: u64,
+    multicast: bool,
+    mcast_from: u64,
+    expected: u64,
+    partial: BTreeMap<u64, Partial>,
+    /// Products asked for whole: (noticed, last asked; 0 = not yet).
+    wanted: BTreeMap<u64, (Micros, Micros)>,
+    done_below: u64,
+    done: BTreeSet<u64>,
+    out: VecDeque<Msg>,
+    events: VecDeque<RxEvent>,
+    last_mcast: Micros,
+    acked: u64,
+    last_ack: Micros,
+    /// Counters.
+    pub stats: RxStats,
+}
+
+/// Most sequence numbers one message may make the receiver wait for (a bound on what a
+/// forged datagram can cost).
+const MAX_GAP: u64 = 1 << 20;
+
+impl Receiver {
+    /// A receiver after the source's `Accepted` (`group` non-empty: multicast).
+    pub fn new(
+        cfg: ReceiverConfig,
+        auth: Arc<dyn ProductAuth>,
+        sub: Subscription,
+        accepted: &Msg,
+        now: Micros,
+    ) -> Option<Self> {
+        let Msg::Accepted {
+            group,
+            block,
+            mcast_from,
+            first,
+            ..
+        } = accepted
+        else {
+            return None;
+        };
+        let multicast = !group.is_empty();
+        Some(Self {
+            cfg,
+            auth,
+            sub,
+            block: u64::from((*block).max(1)),
+            multicast,
+            mcast_from: *mcast_from,
+            expected: *mcast_from,
+            partial: BTreeMap::new(),
+            wanted: BTreeMap::new(),
+            done_below: (*first).max(1),
+            done: BTreeSet::new(),
+            out: VecDeque::new(),
+            events: VecDeque::new(),
+            last_mcast: now,
+            acked: first.saturating_sub(1),
+            last_ack: 0,
+            stats: RxStats::default(),
+        })
+    }
+
+    /// True while the stream comes by multicast.
+    pub fn multicast(&self) -> bool {
+        self.multicast
+    }
+
+    /// Every product below this is delivered or settled (the position to resume from).
+    pub fn resume_seq(&self) -> u64 {
+        self.done_below
+    }
+
+    /// Products being received or awaited.
+    pub fn in_flight(&self) -> usize {
+        self.partial.len() + self.wanted.len()
+    }
+
+    fn is_done(&self, seq: u64) -> bool {
+        seq < self.done_below || self.done.contains(&seq)
+    }
+
+    fn mark_done(&mut self, seq: u64) {
+        if seq >= self.done_below {
+            self.done.insert(seq);
+        }
+        while self.done.remove(&self.done_below) {
+            self.done_below += 1;
+        }
+    }
+
+    /// A multicast datagram's message (the shell checked the feed id).
+    pub fn handle_multicast(&mut self, now: Micros, msg: Msg) {
+        if !self.multicast {
+            return;
+        }
+        self.stats.datagrams += 1;
+        self.last_mcast = now;
+        match msg {
+            Msg::Product { .. } | Msg::Data { .. } => {
+                let seq = match &msg {
+                    Msg::Product { meta, .. } => meta.seq,
+                    Msg::Data { seq, .. } => *seq,
+                    _ => return,
+                };
+                if seq < self.mcast_from {
+                    return;
+                }
+                self.saw_seq(now, seq, false);
+                self.take(now, msg, true);
+            }
+            Msg::Index { last_seq } => self.saw_seq(now, last_seq, true),
+            _ => {}
+        }
+    }
+
+    /// A message on the unicast connection.
+    pub fn handle_unicast(&mut self, now: Micros, msg: Msg) {
+        match msg {
+            Msg::Product { .. } | Msg::Data { .. } => self.take(now, msg, false),
+            Msg::Index { last_seq } => {
+                // Everything wanted up to here was sent before this, in order: the rest of
+                // the range was not wanted.
+                let to = last_seq.min(self.mcast_from.saturating_sub(1));
+                if to >= self.done_below && to - self.done_below < MAX_GAP {
+                    for s in self.done_below..=to {
+                        if !self.partial.contains_key(&s) && !self.wanted.contains_key(&s) {
+                            self.mark_done(s);
+                        }
+                    }
+                }
+            }
+            Msg::Skip { from, to, gone } => self.skip(from, to, gone),
+            _ => {}
+        }
+    }
+
+    /// The sender reached `seq` (`through`: and finished it): earlier products it left
+    /// incomplete are due for repair, sequence numbers never seen are asked for whole.
+    fn saw_seq(&mut self, now: Micros, seq: u64, through: bool) {
+        let end = if through { seq.saturating_add(1) } else { seq };
+        if end > self.expected && end - self.expected <= MAX_GAP {
+            for s in self.expected..end {
+                if !self.is_done(s) && !self.partial.contains_key(&s) {
+                    self.wanted.entry(s).or_insert((now, 0));
+                }
+            }
+        }
+        self.expected = self.expected.max(end);
+        for p in self.partial.range_mut(..end).map(|(_, p)| p) {
+            p.eop = true;
+        }
+    }
+
+    fn take(&mut self, now: Micros, msg: Msg, mcast: bool) {
+        match msg {
+            Msg::Product { meta, sent_at } => {
+                let seq = meta.seq;
+                if self.is_done(seq) || self.partial.contains_key(&seq) {
+                    return;
+                }
+                if !self.auth.verify(&meta) {
+                    self.stats.bad_tags += 1;
+                    return;
+                }
+                if mcast {
+                    self.expected = self.expected.max(seq + 1);
+                }
+                if !self.sub.matches(&meta) {
+                    self.wanted.remove(&seq);
+                    self.mark_done(seq);
+                    return;
+                }
+                let noticed = self.wanted.remove(&seq).map(|w| w.0);
+                self.events.push_back(RxEvent::Begin(meta.clone()));
+                let p = Partial {
+                    meta,
+                    sent_at,
+                    have: RangeSet::default(),
+                    mcast,
+                    eop: false,
+                    last_activity: now,
+                    requested_at: None,
+                    repair_from: noticed,
+                    repaired: 0,
+                    complete: false,
+                };
+                self.partial.insert(seq, p);
+                self.check_complete(seq);
+            }
+            Msg::Data { seq, offset, data } => {
+                let Some(p) = self.partial.get_mut(&seq) else {
+                    // Blocks of a product whose start was lost: it is asked for whole.
+                    if mcast && !self.is_done(seq) {
+                        self.wanted.entry(seq).or_insert((now, 0));
+                    }
+                    return;
+                };
+                let end = offset.saturating_add(data.len() as u64);
+                if p.complete || end > p.meta.size {
+                    return;
+                }
+                p.last_activity = now;
+                let new = p.have.insert(offset, end);
+                if p.repair_from.is_some() && !mcast {
+                    p.repaired += new;
+                }
+                if new > 0 {
+                    self.events.push_back(RxEvent::Data { seq, offset, data });
+                    self.check_complete(seq);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn check_complete(&mut self, seq: u64) {
+        if let Some(p) = self.partial.get_mut(&seq) {
+            if !p.complete && p.have.len() == p.meta.size {
+                p.complete = true;
+                self.events.push_back(RxEvent::Complete(seq));
+            }
+        }
+    }
+
+    /// The shell checked product `seq`'s copy against its hash.
+    pub fn confirm(&mut self, now: Micros, seq: u64, ok: bool) {
+        let Some(p) = self.partial.remove(&seq) else {
+            return;
+        };
+        if !ok {
+            self.stats.corrupt += 1;
+            self.events.push_back(RxEvent::Discard(seq));
+            self.wanted.insert(seq, (p.repair_from.unwrap_or(now), 0));
+            return;
+        }
+        let created = p.meta.created;
+        let end_tx = p.repair_from.unwrap_or(now).max(p.sent_at);
+        let latency = Latency {
+            waiting_us: p.sent_at.saturating_sub(created),
+            transmission_us: end_tx.saturating_sub(p.sent_at),
+            repair_us: p
+                .repair_from
+                .map_or(0, |r| now.saturating_sub(r.max(p.sent_at))),
+            total_us: now.saturating_sub(created),
+        };
+        self.stats.delivered += 1;
+        self.mark_done(seq);
+        self.events.push_back(RxEvent::Delivered {
+            meta: p.meta,
+            latency,
+            repaired: p.repaired,
+            multicast: p.mcast,
+        });
+    }
+
+    fn skip(&mut self, from: u64, to: u64, gone: bool) {
+        if to < from {
+            return;
+        }
+        if gone {
+            self.stats.lost += to - from + 1;
+            self.events.push_back(RxEvent::Lost { from, to });
+        }
+        if from <= self.done_below {
+            self.done_below = self.done_below.max(to.saturating_add(1));
+            self.mark_done(0);
+        } else if to - from < MAX_GAP {
+            for s in from..=to {
+                self.mark_done(s);
+            }
+        }
+        let hit: Vec<u64> = self.partial.range(from..=to).map(|(s, _)| *s).collect();
+        for s in hit {
+            self.partial.remove(&s);
+            self.events.push_back(RxEvent::Discard(s));
+        }
+        let w: Vec<u64> = self.wanted.range(from..=to).map(|(s, _)| *s).collect();
+        for s in w {
+            self.wanted.remove(&s);
+        }
+        self.done = self.done.split_off(&self.done_below);
+    }
+
+    /// Timers: repairs, whole-product requests, fallback, acknowledgements.
+    pub fn handle_timeout(&mut self, now: Micros) {
+        if self.multicast && now.saturating_sub(self.last_mcast) >= self.cfg.fallback_after {
+            self.multicast = false;
+            self.mcast_from = u64::MAX;
+            self.out.push_back(Msg::Fallback {
+                seq: self.done_below,
+            });
+            self.events.push_back(RxEvent::FellBack);
+        }
+        let (delay, again, block) = (self.cfg.repair_delay, self.cfg.rerequest, self.block);
+        for (seq, p) in self
+            .partial
+            .iter_mut()
+            .filter(|(_, p)| p.mcast && !p.complete)
+        {
+            let quiet = now.saturating_sub(p.last_activity);
+            let due = p.eop || quiet >= delay;
+            let stale = p
+                .requested_at
+                .is_none_or(|r| now.saturating_sub(r.max(p.last_activity)) >= again);
+            if !(due && stale) {
+                continue;
+            }
+            let mut ranges: Vec<(u32, u32)> = Vec::new();
+            for (a, b) in p.have.missing(p.meta.size) {
+                let (first, last) = ((a / block) as u32, ((b - 1) / block) as u32);
+                match ranges.last_mut() {
+                    Some(r) if r.0 + r.1 >= first => r.1 = last + 1 - r.0,
+                    _ => ranges.push((first, last + 1 - first)),
+                }
+            }
+            ranges.truncate(4096);
+            p.requested_at = Some(now);
+            p.repair_from.get_or_insert(now);
+            self.stats.repair_requests += 1;
+            self.out.push_back(Msg::Repair { seq: *seq, ranges });
+        }
+        for (seq, w) in self.wanted.iter_mut() {
+            if w.1 == 0 || now.saturating_sub(w.1) >= again {
+                w.1 = now.max(1);
+                self.stats.whole_requests += 1;
+                self.out.push_back(Msg::Whole { seq: *seq });
+            }
+        }
+        let settled = self.done_below.saturating_sub(1);
+        if settled > self.acked && now.saturating_sub(self.last_ack) >= self.cfg.ack_interval {
+            self.acked = settled;
+            self.last_ack = now;
+            self.out.push_back(Msg::Ack { seq: settled });
+        }
+    }
+
+    /// When [`Receiver::handle_timeout`] has work next.
+    pub fn poll_timeout(&self) -> Micros {
+        let mut t = u64::MAX;
+        if self.multicast {
+            t = t.min(self.last_mcast + self.cfg.fallback_after);
+        }
+        for p in self.partial.values().filter(|p| p.mcast && !p.complete) {
+            let due = if p.eop {
+                0
+            } else {
+                p.last_activity + self.cfg.repair_delay
+            };
+            let again = p
+                .requested_at
+                .map_or(0, |r| r.max(p.last_activity) + self.cfg.rerequest);
+            t = t.min(due.max(again));
+        }
+        for w in self.wanted.values() {
+            t = t.min(if w.1 == 0 {
+                0
+            } else {
+                w.1 + self.cfg.rerequest
+            });
+        }
+        if self.done_below.saturating_sub(1) > self.acked {
+            t = t.min(self.last_ack + self.cfg.ack_interval);
+        }
+        t
+    }
+
+    /// The next message for the source.
+    pub fn poll_msg(&mut self) -> Option<Msg> {
+        self.out.pop_front()
+    }
+
+    /// The next thing for the shell to do.
+    pub fn poll_event(&mut self) -> Option<RxEvent> {
+        self.events.pop_front()
+    }
+}

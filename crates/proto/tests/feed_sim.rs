@@ -1,0 +1,342 @@
+//! Feeds on the simulated LAN: multicast push with unicast repair, backlogs, wrap-around.
+
+use std::collections::BTreeSet;
+
+use bulkcast_proto::feed::msg::Start;
+use bulkcast_proto::feed::product::AllowRule;
+use bulkcast_proto::feed::push::PushConfig;
+use bulkcast_proto::feed::queue::QueueLimits;
+use bulkcast_proto::feed::server::ServerConfig;
+use bulkcast_proto::feed::sim::{run, Insert, McastLoss, RxSpec, SimReport};
+
+const SEC: u64 = 1_000_000;
+
+fn config(max_bytes: u64, multicast: bool) -> ServerConfig {
+    ServerConfig {
+        limits: QueueLimits {
+            max_bytes,
+            max_age: 3600 * SEC,
+        },
+        allow: vec![AllowRule::parse("10.0.0.0/8=ANY").unwrap()],
+        push: multicast.then(|| PushConfig {
+            group: "239.255.7.1:7500".into(),
+            rate: 100_000_000 / 8,
+            block: 1400,
+            index_interval: 200_000,
+        }),
+        unicast_block: 64 * 1024,
+        feed_id: 42,
+    }
+}
+
+fn rx(feedtype: &str, loss: McastLoss) -> RxSpec {
+    RxSpec {
+        feedtype: feedtype.into(),
+        join_at: 0,
+        start: Start::Now,
+        multicast: true,
+        loss,
+        delay: 200,
+        unicast_rate: 50_000_000 / 8,
+    }
+}
+
+fn lossy(p: f64) -> McastLoss {
+    McastLoss {
+        random: p,
+        ..McastLoss::default()
+    }
+}
+
+/// `n` products, `every` microseconds apart from 1 s, sizes cycling through `sizes`,
+/// feedtypes through `types`.
+fn products(n: usize, every: u64, sizes: &[usize], types: &[&str]) -> Vec<Insert> {
+    (0..n)
+        .map(|i| Insert {
+            at: SEC + i as u64 * every,
+            feedtype: types[i % types.len()].into(),
+            size: sizes[i % sizes.len()],
+        })
+        .collect()
+}
+
+/// Every receiver got exactly the products it wanted, each once.
+fn assert_exact(r: &SimReport, want: impl Fn(usize, &str, u64) -> bool) {
+    for (i, x) in r.rx.iter().enumerate() {
+        let got: BTreeSet<u64> = x.delivered.iter().copied().collect();
+        assert_eq!(
+            got.len(),
+            x.delivered.len(),
+            "receiver {i} got a product twice"
+        );
+        let expect: BTreeSet<u64> = r
+            .inserted
+            .iter()
+            .filter(|(s, ft)| want(i, ft, *s))
+            .map(|(s, _)| *s)
+            .collect();
+        let missing: Vec<_> = expect.difference(&got).take(10).collect();
+        let extra: Vec<_> = got.difference(&expect).take(10).collect();
+        assert!(
+            missing.is_empty() && extra.is_empty(),
+            "receiver {i}: missing {missing:?}, extra {extra:?}, stats {:?}",
+            x.stats
+        );
+    }
+}
+
+#[test]
+fn random_loss_and_bursts_are_repaired_and_every_product_arrives_once() {
+    let loss = McastLoss {
+        random: 0.01,
+        burst_start: 0.002,
+        burst_end: 0.2,
+        ..McastLoss::default()
+    };
+    let rxs = (0..8).map(|_| rx("ANY", loss.clone())).collect();
+    let r = run(
+        1,
+        config(1 << 30, true),
+        rxs,
+        products(
+            300,
+            20_000,
+            &[700, 40_000, 300_000, 2_000_000, 0],
+            &["NGRID"],
+        ),
+        120 * SEC,
+    );
+    assert_exact(&r, |_, _, _| true);
+    for x in &r.rx {
+        assert!(
+            x.stats.repair_requests > 0 && x.repaired > 0,
+            "{:?}",
+            x.stats
+        );
+        assert!(!x.fell_back);
+        assert!(
+            x.latencies.iter().any(|l| l.repair_us > 0)
+                && x.latencies.iter().all(|l| l.total_us > 0)
+        );
+    }
+    // Loss is repaired by unicast: the group carried each product once (plus headers).
+    let bytes: u64 = (0..300)
+        .map(|i| [700u64, 40_000, 300_000, 2_000_000, 0][i % 5])
+        .sum();
+    assert!(
+        r.multicast_sent.1 < bytes * 11 / 10,
+        "{:?} for {bytes}",
+        r.multicast_sent
+    );
+}
+
+#[test]
+fn a_receiver_that_misses_whole_products_pulls_them() {
+    // Products every 100 ms; receiver 1 hears nothing for 450 ms in the middle and nothing
+    // after the last product starts (only the source's index tells it of the tail).
+    let blind = McastLoss {
+        blackouts: vec![
+            (2 * SEC, 2 * SEC + 450_000),
+            (SEC + 29 * 100_000, 100 * SEC),
+        ],
+        ..McastLoss::default()
+    };
+    let rxs = vec![rx("ANY", McastLoss::default()), rx("ANY", blind)];
+    let r = run(
+        2,
+        config(1 << 30, true),
+        rxs,
+        products(30, 100_000, &[50_000], &["IDS"]),
+        60 * SEC,
+    );
+    assert_exact(&r, |_, _, _| true);
+    assert!(r.rx[1].stats.whole_requests >= 5, "{:?}", r.rx[1].stats);
+    assert_eq!(r.rx[0].stats.whole_requests, 0);
+}
+
+#[test]
+fn late_joiners_get_their_backlog_once_then_the_live_stream() {
+    let mut rxs = vec![
+        rx("ANY", lossy(0.01)),
+        rx("ANY", lossy(0.01)),
+        rx("ANY", lossy(0.01)),
+        rx("ANY", lossy(0.0)),
+    ];
+    rxs[1].join_at = 3 * SEC;
+    rxs[1].start = Start::Seq(1);
+    rxs[2].join_at = 3 * SEC;
+    rxs[2].start = Start::Now;
+    rxs[3].join_at = 3 * SEC;
+    rxs[3].start = Start::Time(2 * SEC);
+    rxs[3].multicast = false;
+    let r = run(
+        3,
+        config(1 << 30, true),
+        rxs,
+        products(100, 40_000, &[20_000, 150_000], &["NEXRAD3"]),
+        60 * SEC,
+    );
+    // Inserted at 1 s + 40 ms * i: seq i+1. Joining at 3 s: 50 products already queued.
+    assert_exact(&r, |rx, _, seq| match rx {
+        0 | 1 => true,
+        2 => seq > 51,
+        _ => seq >= 26,
+    });
+    let backlog: Vec<u64> = r.rx[1]
+        .delivered
+        .iter()
+        .copied()
+        .filter(|s| *s <= 50)
+        .collect();
+    assert!(
+        backlog.windows(2).all(|w| w[0] < w[1]),
+        "backlog in order: {backlog:?}"
+    );
+}
+
+#[test]
+fn a_slow_subscriber_past_the_queue_wrap_is_told_what_it_lost() {
+    // A queue of 10 products; a unicast subscriber at 1 Mbit/s cannot keep up with 100 of
+    // 100 KB inserted at 10 per second.
+    let mut slow = rx("ANY", McastLoss::default());
+    slow.multicast = false;
+    slow.unicast_rate = 125_000;
+    slow.start = Start::Seq(1);
+    let fast = rx("ANY", lossy(0.02));
+    let r = run(
+        4,
+        config(10 * 100_000, true),
+        vec![slow, fast],
+        products(100, 100_000, &[100_000], &["CONDUIT"]),
+        120 * SEC,
+    );
+    let (slow, fast) = (&r.rx[0], &r.rx[1]);
+    let got: BTreeSet<u64> = slow.delivered.iter().copied().collect();
+    let lost: u64 = slow.lost.iter().map(|(a, b)| b - a + 1).sum();
+    assert_eq!(got.len(), slow.delivered.len(), "no duplicates");
+    assert!(lost > 0, "the queue wrapped past it");
+    assert_eq!(
+        got.len() as u64 + lost,
+        100,
+        "every product delivered or reported lost: {:?}",
+        slow.lost
+    );
+    for (a, b) in &slow.lost {
+        assert!(
+            (*a..=*b).all(|s| !got.contains(&s)),
+            "a lost product was not delivered too"
+        );
+    }
+    assert_eq!(fast.delivered.len(), 100, "the fast one got everything");
+}
+
+#[test]
+fn a_product_larger_than_the_queue_is_refused_and_the_rest_flows() {
+    let mut p = products(5, 50_000, &[1000], &["HDS"]);
+    p[2].size = 2_000_001;
+    let r = run(
+        5,
+        config(2_000_000, true),
+        vec![rx("ANY", lossy(0.05))],
+        p,
+        30 * SEC,
+    );
+    assert_eq!(r.refused.len(), 1);
+    assert!(
+        r.refused[0].contains("larger than the queue"),
+        "{}",
+        r.refused[0]
+    );
+    assert_eq!(r.inserted.len(), 4);
+    assert_exact(&r, |_, _, _| true);
+}
+
+#[test]
+fn ten_thousand_small_products_none_lost_or_duplicated() {
+    let mut rxs: Vec<RxSpec> = (0..4).map(|_| rx("ANY", lossy(0.02))).collect();
+    let mut uni = rx("ANY", McastLoss::default());
+    uni.multicast = false;
+    rxs.push(uni);
+    let r = run(
+        6,
+        config(1 << 30, true),
+        rxs,
+        products(10_000, 500, &[100, 900, 2500, 17], &["IDS", "DDPLUS"]),
+        120 * SEC,
+    );
+    assert_eq!(r.inserted.len(), 10_000);
+    assert_exact(&r, |_, _, _| true);
+}
+
+#[test]
+fn subscribers_get_only_their_feedtypes_and_refused_hosts_nothing() {
+    let mut cfg = config(1 << 30, true);
+    // Receivers are 10.0.0.1, 10.0.0.2, ...: the third may have nothing, the second only IDS.
+    cfg.allow = vec![
+        AllowRule::parse("10.0.0.1=ANY").unwrap(),
+        AllowRule::parse("10.0.0.2=IDS").unwrap(),
+    ];
+    let mut second = rx("ANY", lossy(0.05));
+    second.multicast = false;
+    let rxs = vec![
+        rx("NGRID|IDS", lossy(0.05)),
+        second,
+        rx("ANY", McastLoss::default()),
+    ];
+    let r = run(
+        7,
+        cfg,
+        rxs,
+        products(60, 30_000, &[5000, 60_000], &["NGRID", "IDS", "HDS"]),
+        30 * SEC,
+    );
+    assert_exact(&r, |rx, ft, _| match rx {
+        0 => ft != "HDS",
+        1 => ft == "IDS",
+        _ => false,
+    });
+    assert!(
+        r.rx[2]
+            .refused
+            .as_deref()
+            .is_some_and(|e| e.contains("not allowed")),
+        "{:?}",
+        r.rx[2].refused
+    );
+}
+
+#[test]
+fn corrupt_datagrams_never_deliver_bad_bytes() {
+    let loss = McastLoss {
+        corrupt: 0.01,
+        random: 0.01,
+        ..McastLoss::default()
+    };
+    let r = run(
+        8,
+        config(1 << 30, true),
+        vec![rx("ANY", loss)],
+        products(100, 20_000, &[30_000, 200_000], &["X"]),
+        60 * SEC,
+    );
+    assert_exact(&r, |_, _, _| true);
+    let s = r.rx[0].stats;
+    assert!(s.corrupt + s.bad_tags > 0, "{s:?}");
+}
+
+#[test]
+fn multicast_that_never_arrives_falls_back_to_unicast() {
+    let blind = McastLoss {
+        blackouts: vec![(0, 1000 * SEC)],
+        ..McastLoss::default()
+    };
+    let r = run(
+        9,
+        config(1 << 30, true),
+        vec![rx("ANY", blind), rx("ANY", McastLoss::default())],
+        products(50, 100_000, &[10_000], &["X"]),
+        60 * SEC,
+    );
+    assert_exact(&r, |_, _, _| true);
+    assert!(r.rx[0].fell_back && !r.rx[1].fell_back);
+}
