@@ -3,6 +3,7 @@
 mod agent_config;
 mod demo;
 mod edges;
+mod feed;
 mod hostlist;
 mod metrics;
 mod pipe;
@@ -53,6 +54,11 @@ enum Cmd {
     },
     /// Run the receiving daemon on a host.
     Agent(AgentArgs),
+    /// Product feeds: a source with a queue (`serve`), `insert`, `subscribe`, `status`.
+    Feed {
+        #[command(subcommand)]
+        cmd: feed::FeedCmd,
+    },
     /// Measure the network (or read a matrix) and print the overlay plan, its predicted rate
     /// and the best possible rate; write it as DOT and SVG.
     Plan(plan::PlanArgs),
@@ -278,6 +284,7 @@ async fn run(cli: Cli) -> Result<i32> {
         Cmd::Recv(a) => recv(a).await,
         Cmd::Pipe { cmd } => pipe::run(cmd).await,
         Cmd::Agent(a) => run_agent(a).await,
+        Cmd::Feed { cmd } => feed::run(cmd).await,
         Cmd::Plan(a) => plan::run(a).await,
         Cmd::Report(a) => report::run(a),
         Cmd::Completions { shell } => {

@@ -7,6 +7,7 @@
 //! - [`paced`]: the paced UDP transport's driver: `AsyncRead`/`AsyncWrite` streams, a listener.
 //! - [`driver`]: the event loop around one [`bulkcast_proto::node::Node`].
 //! - [`edge`]: an edge over several connections (and paths): striping, join, `--streams auto`.
+//! - [`feed`]: product feeds: `feed serve` with its queue on disk, subscribers, inserts.
 //! - [`input`]: the source's file, directory or stdin reader.
 //! - [`mapped`]: a file's chunks as page-cache mappings, sent with `sendfile(2)`.
 //! - [`probe`]: RTT measurement between all session hosts, for the planner.
@@ -25,6 +26,7 @@ pub mod agent;
 pub mod direct;
 pub mod driver;
 pub mod edge;
+pub mod feed;
 pub mod input;
 pub mod mapped;
 pub mod measure;

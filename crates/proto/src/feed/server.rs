@@ -140,6 +140,11 @@ impl Server {
         }
     }
 
+    /// This run's feed id.
+    pub fn feed_id(&self) -> u64 {
+        self.cfg.feed_id
+    }
+
     /// The queue.
     pub fn queue(&self) -> &ProductQueue {
         &self.queue

@@ -1,0 +1,385 @@
+//! `bulkcast feed`: product feeds (serve, insert, subscribe, status).
+
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use bulkcast_node::feed::client::{self, Report, SubError, SubscribeConfig};
+use bulkcast_node::feed::serve::{self, ServeConfig};
+use bulkcast_node::feed::{now_us, DEFAULT_PORT};
+use bulkcast_proto::auth::Keys;
+use bulkcast_proto::feed::msg::Start;
+use bulkcast_proto::feed::product::{AllowRule, ProductAuth, SecretAuth};
+use bulkcast_proto::feed::push::PushConfig;
+use bulkcast_proto::feed::queue::QueueLimits;
+use bulkcast_proto::feed::receiver::ReceiverConfig;
+use bulkcast_proto::feed::server::ServerConfig;
+use clap::{Args, Subcommand};
+use serde_json::json;
+
+use crate::Common;
+
+/// `bulkcast feed ...`.
+#[derive(Subcommand)]
+pub enum FeedCmd {
+    /// Run a feed source: a product queue on disk, subscribers over TCP, optionally an IP
+    /// multicast group with unicast repair.
+    Serve(ServeArgs),
+    /// Queue files as products on the local feed source.
+    Insert(InsertArgs),
+    /// Receive every matching product as a verified file (or run a command per product).
+    Subscribe(SubscribeArgs),
+    /// Show a source's queue and subscribers (with their lag).
+    Status(StatusArgs),
+}
+
+/// `feed serve`.
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Directory of the product queue (kept across restarts).
+    #[arg(long)]
+    dir: PathBuf,
+    /// Address to listen on.
+    #[arg(long, default_value_t = format!("0.0.0.0:{DEFAULT_PORT}"))]
+    listen: String,
+    /// Queue size bound, MiB: inserting past it evicts the oldest products.
+    #[arg(long, default_value_t = 1024)]
+    queue_mib: u64,
+    /// Queue age bound, seconds.
+    #[arg(long, default_value_t = 3600)]
+    max_age: u64,
+    /// Who may subscribe to what, `HOST=FEEDTYPES` (HOST: *, an address or a CIDR block;
+    /// FEEDTYPES like NEXRAD3|IDS or ANY); repeatable. Default: this host only.
+    #[arg(long)]
+    allow: Vec<String>,
+    /// Push products to this IPv4 multicast group (`ADDR:PORT`) for subscribers that can
+    /// take it; missing pieces are repaired over their TCP connection.
+    #[arg(long)]
+    multicast: Option<String>,
+    /// Multicast rate, Mbit/s.
+    #[arg(long, default_value_t = 100.0)]
+    rate_mbps: f64,
+    /// Product bytes per multicast datagram (keep datagrams under the LAN's MTU).
+    #[arg(long, default_value_t = 1400, value_parser = clap::value_parser!(u32).range(256..=65000))]
+    block: u32,
+    /// Interface address multicast leaves from.
+    #[arg(long)]
+    multicast_if: Option<Ipv4Addr>,
+    /// Multicast TTL.
+    #[arg(long, default_value_t = 1)]
+    ttl: u32,
+    /// Accept inserts from other hosts holding the secret (default: loopback only).
+    #[arg(long)]
+    remote_insert: bool,
+    #[command(flatten)]
+    common: Common,
+}
+
+/// `feed insert`.
+#[derive(Args)]
+pub struct InsertArgs {
+    /// The files.
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    /// Their feedtype.
+    #[arg(long)]
+    feedtype: String,
+    /// Product name (one file only; default: the file's name).
+    #[arg(long)]
+    name: Option<String>,
+    /// The feed source.
+    #[arg(long, default_value_t = format!("127.0.0.1:{DEFAULT_PORT}"))]
+    server: String,
+    #[command(flatten)]
+    common: Common,
+}
+
+/// `feed subscribe`.
+#[derive(Args)]
+pub struct SubscribeArgs {
+    /// The feed source, `HOST:PORT`.
+    source: String,
+    /// Feedtypes wanted: NEXRAD3|IDS, NEXRAD*, ANY.
+    #[arg(long)]
+    feedtype: String,
+    /// Only products whose name matches this regex.
+    #[arg(long, default_value = "")]
+    name: String,
+    /// Directory products are written to.
+    #[arg(long)]
+    dir: PathBuf,
+    /// Run `sh -c CMD` per product, the file's path as $1 (and BULKCAST_PRODUCT,
+    /// BULKCAST_SEQ, BULKCAST_FEEDTYPE, BULKCAST_NAME in the environment).
+    #[arg(long)]
+    exec: Option<String>,
+    /// Start at a sequence number (`123`), a time (`@UNIX_SECONDS`, or `-10m` ago), or `now`.
+    /// Default: where the last run into --dir stopped, else now.
+    #[arg(long)]
+    from: Option<String>,
+    /// Never take multicast.
+    #[arg(long)]
+    unicast: bool,
+    /// Interface address to join the multicast group on.
+    #[arg(long)]
+    iface: Option<Ipv4Addr>,
+    /// Seconds without any multicast datagram before falling back to unicast.
+    #[arg(long, default_value_t = 3.0)]
+    fallback_after: f64,
+    /// JSON lines on stdout: one per product (latency split, transport), loss, fallback.
+    #[arg(long)]
+    json: bool,
+    /// Exit after this many products.
+    #[arg(long)]
+    max_products: Option<u64>,
+    /// Exit after this many seconds.
+    #[arg(long)]
+    duration: Option<f64>,
+    #[command(flatten)]
+    common: Common,
+}
+
+/// `feed status`.
+#[derive(Args)]
+pub struct StatusArgs {
+    /// The feed source.
+    #[arg(long, default_value_t = format!("127.0.0.1:{DEFAULT_PORT}"))]
+    server: String,
+    /// Print the JSON.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    common: Common,
+}
+
+/// Runs a feed command.
+pub async fn run(cmd: FeedCmd) -> Result<i32> {
+    match cmd {
+        FeedCmd::Serve(a) => run_serve(a).await,
+        FeedCmd::Insert(a) => run_insert(a).await,
+        FeedCmd::Subscribe(a) => run_subscribe(a).await,
+        FeedCmd::Status(a) => run_status(a).await,
+    }
+}
+
+fn auth(c: &Common) -> Result<(Keys, Arc<dyn ProductAuth>)> {
+    let secret = c.require_secret()?;
+    // The seam for per-host keys: an ed25519 ProductAuth replaces the secret's MAC here.
+    Ok((Keys::derive(&secret), Arc::new(SecretAuth::new(&secret))))
+}
+
+async fn run_serve(a: ServeArgs) -> Result<i32> {
+    let (keys, auth) = auth(&a.common)?;
+    let allow = if a.allow.is_empty() { vec!["127.0.0.0/8=ANY".to_string(), "::1=ANY".to_string()] } else { a.allow.clone() };
+    let allow = allow.iter().map(|r| AllowRule::parse(r)).collect::<Result<Vec<_>, _>>()?;
+    if a.rate_mbps <= 0.0 {
+        bail!("--rate-mbps must be positive");
+    }
+    let push = a.multicast.as_ref().map(|g| PushConfig {
+        group: g.clone(),
+        rate: (a.rate_mbps * 1e6 / 8.0) as u64,
+        block: a.block,
+        index_interval: 200_000,
+    });
+    let server = ServerConfig {
+        limits: QueueLimits { max_bytes: a.queue_mib << 20, max_age: a.max_age * 1_000_000 },
+        allow,
+        push,
+        unicast_block: 256 << 10,
+        feed_id: rand::random(),
+    };
+    let cfg = ServeConfig {
+        dir: a.dir.clone(),
+        server,
+        keys,
+        auth,
+        remote_insert: a.remote_insert,
+        multicast_if: a.multicast_if,
+        multicast_ttl: a.ttl,
+    };
+    let dir = a.dir.display().to_string();
+    let group = a.multicast.clone().unwrap_or_else(|| "none".into());
+    serve::serve(cfg, &a.listen, |addr| {
+        // The first line of stdout says where we listen (scripts and tests read it).
+        println!("bulkcast feed serving on {addr}, queue {dir}, multicast {group}");
+    })
+    .await
+    .with_context(|| format!("feed serve on {}", a.listen))?;
+    Ok(0)
+}
+
+async fn run_insert(a: InsertArgs) -> Result<i32> {
+    let (keys, _) = auth(&a.common)?;
+    let tuning = a.common.tuning()?;
+    if a.name.is_some() && a.files.len() > 1 {
+        bail!("--name names one product; give one file");
+    }
+    let mut failed = 0;
+    for f in &a.files {
+        let name = match &a.name {
+            Some(n) => n.clone(),
+            None => f.file_name().and_then(|n| n.to_str()).context("file name is not UTF-8")?.to_string(),
+        };
+        match client::insert(&a.server, &keys, &tuning, f, &name, &a.feedtype).await {
+            Ok(seq) => println!("{seq} {name}"),
+            Err(e) => {
+                eprintln!("error: {}: {e}", f.display());
+                failed += 1;
+            }
+        }
+    }
+    Ok(if failed > 0 { 1 } else { 0 })
+}
+
+fn parse_from(s: &str) -> Result<Start> {
+    let now = now_us();
+    if s == "now" {
+        return Ok(Start::Now);
+    }
+    if let Some(t) = s.strip_prefix('@') {
+        let secs: f64 = t.parse().context("--from @UNIX_SECONDS")?;
+        return Ok(Start::Time((secs * 1e6) as u64));
+    }
+    if let Some(d) = s.strip_prefix('-') {
+        let (num, unit) = d.split_at(d.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(d.len()));
+        let n: f64 = num.parse().context("--from -N[s|m|h]")?;
+        let mult = match unit {
+            "" | "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => bail!("--from -N[s|m|h]: unknown unit {unit:?}"),
+        };
+        return Ok(Start::Time(now.saturating_sub((n * mult * 1e6) as u64)));
+    }
+    Ok(Start::Seq(s.parse().context("--from is a sequence number, @UNIX_SECONDS, -10m or now")?))
+}
+
+async fn run_subscribe(a: SubscribeArgs) -> Result<i32> {
+    let (keys, auth) = auth(&a.common)?;
+    let cfg = SubscribeConfig {
+        source: a.source.clone(),
+        feedtype: a.feedtype.clone(),
+        name: a.name.clone(),
+        dir: a.dir.clone(),
+        start: a.from.as_deref().map(parse_from).transpose()?,
+        multicast: !a.unicast,
+        iface: a.iface,
+        keys,
+        auth,
+        tuning: a.common.tuning()?,
+        rx: ReceiverConfig { fallback_after: (a.fallback_after * 1e6) as u64, ..ReceiverConfig::default() },
+        max_products: a.max_products,
+        duration: a.duration.map(Duration::from_secs_f64),
+    };
+    let (json, exec) = (a.json, a.exec.clone());
+    let mut transport = "unicast";
+    let r = client::subscribe(cfg, |rep| report(json, exec.as_deref(), &mut transport, rep)).await;
+    match r {
+        Ok(s) => {
+            if json {
+                println!("{}", json!({"event": "summary", "delivered": s.delivered, "stats": s.stats}));
+            } else {
+                eprintln!("{} products delivered", s.delivered);
+            }
+            Ok(0)
+        }
+        Err(SubError::Refused(reason)) => {
+            eprintln!("error: refused by the source: {reason}");
+            Ok(1)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn report(json: bool, exec: Option<&str>, transport: &mut &'static str, r: Report<'_>) {
+    let line = match r {
+        Report::Subscribed { transport: t, group, from } => {
+            *transport = t;
+            if !json {
+                eprintln!("subscribed from {from} by {t} {group}");
+            }
+            json!({"event": "subscribed", "transport": t, "group": group, "from": from})
+        }
+        Report::Delivered { meta, path, latency, repaired, multicast } => {
+            if let Some(cmd) = exec {
+                run_exec(cmd, meta, path);
+            }
+            if !json {
+                println!("{} {}", meta.seq, path.display());
+                return;
+            }
+            let ms = |us: u64| us as f64 / 1000.0;
+            json!({"event": "delivered", "seq": meta.seq, "name": meta.name, "feedtype": meta.feedtype,
+                "size": meta.size, "path": path, "transport": if multicast { "multicast" } else { "unicast" },
+                "latency_ms": {"waiting": ms(latency.waiting_us), "transmission": ms(latency.transmission_us),
+                    "repair": ms(latency.repair_us), "total": ms(latency.total_us)},
+                "repaired_bytes": repaired})
+        }
+        Report::Lost { from, to } => {
+            eprintln!("warning: products {from}..={to} left the source's queue before they got here");
+            json!({"event": "lost", "from": from, "to": to})
+        }
+        Report::FellBack => {
+            *transport = "unicast";
+            eprintln!("warning: no multicast arrives; falling back to unicast");
+            json!({"event": "fallback", "transport": "unicast"})
+        }
+        Report::Disconnected { reason } => {
+            eprintln!("warning: lost the source ({reason}); reconnecting");
+            json!({"event": "disconnected", "reason": reason})
+        }
+    };
+    if json {
+        println!("{line}");
+    }
+}
+
+fn run_exec(cmd: &str, meta: &bulkcast_proto::feed::product::ProductMeta, path: &std::path::Path) {
+    let child = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .arg("bulkcast-feed")
+        .arg(path)
+        .env("BULKCAST_PRODUCT", path)
+        .env("BULKCAST_SEQ", meta.seq.to_string())
+        .env("BULKCAST_FEEDTYPE", &meta.feedtype)
+        .env("BULKCAST_NAME", &meta.name)
+        .spawn();
+    match child {
+        Ok(mut c) => {
+            let seq = meta.seq;
+            tokio::spawn(async move {
+                match c.wait().await {
+                    Ok(s) if !s.success() => eprintln!("warning: --exec for product {seq}: {s}"),
+                    Err(e) => eprintln!("warning: --exec for product {seq}: {e}"),
+                    _ => {}
+                }
+            });
+        }
+        Err(e) => eprintln!("warning: --exec: {e}"),
+    }
+}
+
+async fn run_status(a: StatusArgs) -> Result<i32> {
+    let (keys, _) = auth(&a.common)?;
+    let json = client::status(&a.server, &keys, &a.common.tuning()?).await?;
+    if a.json {
+        println!("{json}");
+        return Ok(0);
+    }
+    let v: serde_json::Value = serde_json::from_str(&json)?;
+    println!(
+        "queue: {} products, {} of {} bytes, seq {}..{}, multicast {}",
+        v["products"], v["bytes"], v["max_bytes"], v["first_seq"], v["last_seq"], v["group"]
+    );
+    println!("{:>4} {:<40} {:<16} {:<10} {:>10} {:>8}", "id", "host", "feedtype", "transport", "acked", "lag");
+    for s in v["subscribers"].as_array().into_iter().flatten() {
+        println!(
+            "{:>4} {:<40} {:<16} {:<10} {:>10} {:>8}",
+            s["id"].to_string(), s["host"].as_str().unwrap_or(""), s["feedtype"].as_str().unwrap_or(""),
+            s["transport"].as_str().unwrap_or(""), s["acked"].to_string(), s["lag"].to_string()
+        );
+    }
+    Ok(0)
+}

@@ -1,0 +1,392 @@
+//! The clients of a feed server: `feed subscribe` (with reconnection and resume), `feed
+//! insert`, `feed status`.
+
+use std::collections::HashMap;
+use std::fs::{self, File};
+use std::io::{self, BufReader};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bulkcast_proto::auth::Keys;
+use bulkcast_proto::feed::msg::{Msg, Start, DGRAM_HEADER};
+use bulkcast_proto::feed::product::{Micros, ProductAuth, ProductMeta, Subscription};
+use bulkcast_proto::feed::receiver::{Latency, Receiver, ReceiverConfig, RxEvent, RxStats};
+use tokio::io::{AsyncWriteExt, BufWriter};
+use tokio::net::{TcpStream, UdpSocket};
+use tokio::sync::mpsc;
+
+use super::{now_us, read_msg, write_msg};
+use crate::transport::{connect_tcp, handshake_connect, TcpTuning};
+
+/// A subscriber's settings.
+pub struct SubscribeConfig {
+    /// The server, `HOST:PORT`.
+    pub source: String,
+    /// Feedtype pattern.
+    pub feedtype: String,
+    /// Name regex ("" for any).
+    pub name: String,
+    /// Where products go.
+    pub dir: PathBuf,
+    /// Where to start; `None`: where the last run stopped (the state file), else now.
+    pub start: Option<Start>,
+    /// Take multicast when the source offers it.
+    pub multicast: bool,
+    /// Interface address to join the group on.
+    pub iface: Option<Ipv4Addr>,
+    /// Session keys.
+    pub keys: Keys,
+    /// Product authentication.
+    pub auth: Arc<dyn ProductAuth>,
+    /// TCP options.
+    pub tuning: TcpTuning,
+    /// Receiver timers.
+    pub rx: ReceiverConfig,
+    /// Stop after this many products.
+    pub max_products: Option<u64>,
+    /// Stop after this long.
+    pub duration: Option<Duration>,
+}
+
+/// What happens, as it happens (the CLI prints it and runs `--exec`).
+#[derive(Debug)]
+pub enum Report<'a> {
+    /// Connected and admitted.
+    Subscribed {
+        /// `multicast` or `unicast`.
+        transport: &'static str,
+        /// The group, if multicast.
+        group: &'a str,
+        /// First sequence number of the stream.
+        from: u64,
+    },
+    /// A product is in place, verified.
+    Delivered {
+        /// What.
+        meta: &'a ProductMeta,
+        /// Where.
+        path: &'a Path,
+        /// Latency split.
+        latency: Latency,
+        /// Bytes that came by repair.
+        repaired: u64,
+        /// By multicast (with repairs) rather than unicast.
+        multicast: bool,
+    },
+    /// Products gone from the source's queue before they got here.
+    Lost {
+        /// First.
+        from: u64,
+        /// Last.
+        to: u64,
+    },
+    /// Multicast did not arrive; unicast now.
+    FellBack,
+    /// The connection ended; reconnecting.
+    Disconnected {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Why a subscription ended in failure.
+#[derive(Debug, thiserror::Error)]
+pub enum SubError {
+    /// The source refused (allow rules, secret).
+    #[error("refused by the source: {0}")]
+    Refused(String),
+    /// A local failure (disk full, unwritable directory).
+    #[error("{0}")]
+    Local(io::Error),
+}
+
+/// How a subscription ended.
+#[derive(Debug, Default)]
+pub struct Summary {
+    /// Products delivered.
+    pub delivered: u64,
+    /// Counters of the last session.
+    pub stats: RxStats,
+}
+
+const STATE_FILE: &str = ".bulkcast-feed-state";
+
+/// The resume position saved by an earlier run in `dir`.
+pub fn saved_position(dir: &Path) -> Option<u64> {
+    fs::read_to_string(dir.join(STATE_FILE)).ok()?.trim().parse().ok()
+}
+
+fn save_position(dir: &Path, seq: u64) {
+    let tmp = dir.join(format!("{STATE_FILE}.tmp"));
+    if fs::write(&tmp, seq.to_string()).is_ok() {
+        let _ = fs::rename(&tmp, dir.join(STATE_FILE));
+    }
+}
+
+/// Subscribes until `max_products` or `duration` (or forever), reconnecting after losing the
+/// source and resuming where it stopped.
+pub async fn subscribe(cfg: SubscribeConfig, mut on: impl FnMut(Report<'_>)) -> Result<Summary, SubError> {
+    fs::create_dir_all(&cfg.dir).map_err(SubError::Local)?;
+    let sub = Subscription::parse(&cfg.feedtype, &cfg.name).map_err(|e| SubError::Local(io::Error::other(e)))?;
+    let deadline = cfg.duration.map(|d| Instant::now() + d);
+    let mut start = cfg.start.unwrap_or_else(|| saved_position(&cfg.dir).map_or(Start::Now, Start::Seq));
+    let mut summary = Summary::default();
+    loop {
+        let mut s = Session { cfg: &cfg, files: HashMap::new(), summary: &mut summary, resume: None };
+        let r = s.run(sub.clone(), start, deadline, &mut on).await;
+        let resume = s.resume;
+        s.discard_all();
+        match r {
+            Ok(()) => return Ok(summary),
+            Err(SessionEnd::Fatal(e)) => return Err(e),
+            Err(SessionEnd::Lost(reason)) => on(Report::Disconnected { reason }),
+        }
+        if let Some(r) = resume {
+            start = Start::Seq(r);
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(summary);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+enum SessionEnd {
+    Fatal(SubError),
+    Lost(String),
+}
+
+impl From<io::Error> for SessionEnd {
+    fn from(e: io::Error) -> Self {
+        SessionEnd::Lost(e.to_string())
+    }
+}
+
+struct Session<'a> {
+    cfg: &'a SubscribeConfig,
+    files: HashMap<u64, (PathBuf, File, ProductMeta)>,
+    summary: &'a mut Summary,
+    resume: Option<u64>,
+}
+
+impl Session<'_> {
+    async fn connect(&self, start: Start) -> Result<(TcpStream, Msg), SessionEnd> {
+        let mut stream = connect_tcp(&self.cfg.source, &self.cfg.tuning).await.map_err(|e| SessionEnd::Lost(e.to_string()))?;
+        stream.set_nodelay(true)?;
+        handshake_connect(&mut stream, &self.cfg.keys).await.map_err(|e| SessionEnd::Fatal(SubError::Refused(e.to_string())))?;
+        let m = Msg::Subscribe { feedtype: self.cfg.feedtype.clone(), name: self.cfg.name.clone(), start, multicast: self.cfg.multicast };
+        write_msg(&mut stream, &m).await?;
+        stream.flush().await?;
+        let acc = tokio::time::timeout(Duration::from_secs(10), read_msg(&mut stream))
+            .await
+            .map_err(|_| SessionEnd::Lost("no answer to the subscription".into()))??;
+        match acc {
+            Some(a @ Msg::Accepted { .. }) => Ok((stream, a)),
+            Some(Msg::Refused { reason }) => Err(SessionEnd::Fatal(SubError::Refused(reason))),
+            other => Err(SessionEnd::Lost(format!("unexpected answer {other:?}"))),
+        }
+    }
+
+    async fn run(&mut self, sub: Subscription, start: Start, deadline: Option<Instant>, on: &mut impl FnMut(Report<'_>)) -> Result<(), SessionEnd> {
+        let (stream, acc) = self.connect(start).await?;
+        let Msg::Accepted { feed_id, group, first, .. } = &acc else { unreachable!("checked in connect") };
+        let (feed_id, first) = (*feed_id, *first);
+        let mut rx = Receiver::new(self.cfg.rx, self.cfg.auth.clone(), sub, &acc, now_us()).ok_or_else(|| SessionEnd::Lost("bad answer".into()))?;
+        let mcast = match group.is_empty() {
+            true => None,
+            false => match join_group(group, self.cfg.iface) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    tracing::warn!("cannot join multicast group {group}: {e}; falling back to unicast");
+                    None
+                }
+            },
+        };
+        on(Report::Subscribed { transport: if rx.multicast() { "multicast" } else { "unicast" }, group, from: first });
+        let (r, w) = stream.into_split();
+        let mut w = BufWriter::new(w);
+        let (tx, mut msgs) = mpsc::channel(1024);
+        let reader = tokio::spawn(async move {
+            let mut r = r;
+            loop {
+                let m = read_msg(&mut r).await;
+                let end = !matches!(m, Ok(Some(_)));
+                if tx.send(m).await.is_err() || end {
+                    break;
+                }
+            }
+        });
+        let mut buf = vec![0u8; 65536];
+        let mut last_save = Instant::now();
+        let result = loop {
+            let now = now_us();
+            if now >= rx.poll_timeout() {
+                rx.handle_timeout(now);
+            }
+            while let Some(m) = rx.poll_msg() {
+                write_msg(&mut w, &m).await?;
+            }
+            w.flush().await?;
+            if let Err(e) = self.events(&mut rx, on) {
+                break Err(SessionEnd::Fatal(SubError::Local(e)));
+            }
+            self.resume = Some(rx.resume_seq());
+            if last_save.elapsed() > Duration::from_millis(500) {
+                save_position(&self.cfg.dir, rx.resume_seq());
+                last_save = Instant::now();
+            }
+            if self.cfg.max_products.is_some_and(|n| self.summary.delivered >= n) || deadline.is_some_and(|d| Instant::now() >= d) {
+                break Ok(());
+            }
+            let wait = rx.poll_timeout().saturating_sub(now_us()).clamp(200, 100_000);
+            tokio::select! {
+                m = msgs.recv() => match m {
+                    Some(Ok(Some(m))) => rx.handle_unicast(now_us(), m),
+                    Some(Ok(None)) | None => break Err(SessionEnd::Lost("the source closed the connection".into())),
+                    Some(Err(e)) => break Err(e.into()),
+                },
+                r = recv_opt(mcast.as_ref(), &mut buf) => {
+                    if let Ok(n) = r {
+                        if let Ok((id, m)) = Msg::from_datagram(&buf[..n]) {
+                            if id == feed_id {
+                                rx.handle_multicast(now_us(), m);
+                            }
+                        }
+                    }
+                }
+                _ = tokio::time::sleep(Duration::from_micros(wait)) => {}
+            }
+        };
+        reader.abort();
+        save_position(&self.cfg.dir, rx.resume_seq());
+        self.summary.stats = rx.stats;
+        result
+    }
+
+    fn events(&mut self, rx: &mut Receiver, on: &mut impl FnMut(Report<'_>)) -> io::Result<()> {
+        while let Some(ev) = rx.poll_event() {
+            match ev {
+                RxEvent::Begin(meta) => {
+                    let tmp = self.cfg.dir.join(format!(".{}.{}.part", meta.file_name(), meta.seq));
+                    let f = File::create(&tmp)?;
+                    self.files.insert(meta.seq, (tmp, f, meta));
+                }
+                RxEvent::Data { seq, offset, data } => {
+                    if let Some((_, f, _)) = self.files.get(&seq) {
+                        f.write_all_at(&data, offset)?;
+                    }
+                }
+                RxEvent::Complete(seq) => {
+                    let ok = match self.files.get(&seq) {
+                        Some((p, _, m)) => hash_file(p)? == m.hash,
+                        None => false,
+                    };
+                    rx.confirm(now_us(), seq, ok);
+                }
+                RxEvent::Delivered { meta, latency, repaired, multicast } => {
+                    let Some((tmp, _, _)) = self.files.remove(&meta.seq) else { continue };
+                    let path = self.cfg.dir.join(meta.file_name());
+                    fs::rename(&tmp, &path)?;
+                    self.summary.delivered += 1;
+                    on(Report::Delivered { meta: &meta, path: &path, latency, repaired, multicast });
+                }
+                RxEvent::Discard(seq) => {
+                    if let Some((p, _, _)) = self.files.remove(&seq) {
+                        let _ = fs::remove_file(p);
+                    }
+                }
+                RxEvent::Lost { from, to } => on(Report::Lost { from, to }),
+                RxEvent::FellBack => on(Report::FellBack),
+            }
+        }
+        Ok(())
+    }
+
+    fn discard_all(&mut self) {
+        for (_, (p, _, _)) in self.files.drain() {
+            let _ = fs::remove_file(p);
+        }
+    }
+}
+
+fn hash_file(p: &Path) -> io::Result<[u8; 32]> {
+    let mut h = blake3::Hasher::new();
+    h.update_reader(BufReader::with_capacity(1 << 20, File::open(p)?))?;
+    Ok(*h.finalize().as_bytes())
+}
+
+async fn recv_opt(s: Option<&UdpSocket>, buf: &mut [u8]) -> io::Result<usize> {
+    match s {
+        Some(s) => s.recv(buf).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Joins the group (`ADDR:PORT`) on `iface` (default: the kernel's choice).
+fn join_group(group: &str, iface: Option<Ipv4Addr>) -> io::Result<UdpSocket> {
+    let g: SocketAddr = group.parse().map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("bad group {group:?}")))?;
+    let std::net::IpAddr::V4(ip) = g.ip() else {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "IPv6 multicast is not supported yet"));
+    };
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None)?;
+    // Several subscribers on one host share the group's port.
+    s.set_reuse_address(true)?;
+    s.set_recv_buffer_size(8 << 20)?;
+    s.bind(&g.into())?;
+    s.join_multicast_v4(&ip, &iface.unwrap_or(Ipv4Addr::UNSPECIFIED))?;
+    s.set_nonblocking(true)?;
+    let _ = DGRAM_HEADER;
+    UdpSocket::from_std(s.into())
+}
+
+/// Inserts one file as a product; returns its sequence number.
+pub async fn insert(server: &str, keys: &Keys, tuning: &TcpTuning, path: &Path, name: &str, feedtype: &str) -> io::Result<u64> {
+    let file = File::open(path)?;
+    let size = file.metadata()?.len();
+    let mut stream = connect_tcp(server, tuning).await.map_err(io::Error::other)?;
+    handshake_connect(&mut stream, keys).await.map_err(io::Error::other)?;
+    write_msg(&mut stream, &Msg::Insert { name: name.into(), feedtype: feedtype.into(), size }).await?;
+    stream.flush().await?;
+    match read_msg(&mut stream).await? {
+        Some(Msg::Ack { .. }) => {}
+        Some(Msg::Refused { reason }) => return Err(io::Error::other(reason)),
+        other => return Err(io::Error::other(format!("unexpected answer {other:?}"))),
+    }
+    let mut w = BufWriter::with_capacity(1 << 20, &mut stream);
+    let mut off = 0u64;
+    let mut buf = vec![0u8; 256 << 10];
+    while off < size {
+        let n = ((size - off) as usize).min(buf.len());
+        file.read_exact_at(&mut buf[..n], off)?;
+        write_msg(&mut w, &Msg::Data { seq: 0, offset: off, data: bytes::Bytes::copy_from_slice(&buf[..n]) }).await?;
+        off += n as u64;
+    }
+    w.flush().await?;
+    drop(w);
+    match read_msg(&mut stream).await? {
+        Some(Msg::Inserted { seq }) => Ok(seq),
+        Some(Msg::Refused { reason }) => Err(io::Error::other(reason)),
+        other => Err(io::Error::other(format!("unexpected answer {other:?}"))),
+    }
+}
+
+/// The server's status as JSON.
+pub async fn status(server: &str, keys: &Keys, tuning: &TcpTuning) -> io::Result<String> {
+    let mut stream = connect_tcp(server, tuning).await.map_err(io::Error::other)?;
+    handshake_connect(&mut stream, keys).await.map_err(io::Error::other)?;
+    write_msg(&mut stream, &Msg::Status).await?;
+    stream.flush().await?;
+    match read_msg(&mut stream).await? {
+        Some(Msg::StatusReply { json }) => Ok(json),
+        Some(Msg::Refused { reason }) => Err(io::Error::other(reason)),
+        other => Err(io::Error::other(format!("unexpected answer {other:?}"))),
+    }
+}
+
+/// Microseconds as used in reports.
+pub fn micros(m: Micros) -> f64 {
+    m as f64 / 1000.0
+}

@@ -1,0 +1,101 @@
+//! The product queue on disk: `DIR/queue/<seq>.dat` (the bytes) and `<seq>.meta` (the
+//! metadata, written after the bytes are in place), `DIR/next_seq`, and `DIR/tmp/` for
+//! products being inserted. A crash leaves at worst a data file without metadata, which the
+//! next start removes: a product is in the queue whole or not at all.
+
+use std::fs::{self, File};
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+
+use bulkcast_proto::feed::msg::Msg;
+use bulkcast_proto::feed::product::{Micros, ProductMeta};
+use bulkcast_proto::feed::queue::{ProductQueue, QueueLimits};
+use bytes::BytesMut;
+
+/// Where a queue lives.
+#[derive(Debug, Clone)]
+pub struct QueueDir {
+    root: PathBuf,
+}
+
+impl QueueDir {
+    /// Opens (creating) the directory.
+    pub fn open(root: &Path) -> io::Result<Self> {
+        fs::create_dir_all(root.join("queue"))?;
+        fs::create_dir_all(root.join("tmp"))?;
+        // Leftovers of inserts cut short by a crash.
+        for e in fs::read_dir(root.join("tmp"))? {
+            let _ = fs::remove_file(e?.path());
+        }
+        Ok(Self { root: root.to_path_buf() })
+    }
+
+    /// A product's data file.
+    pub fn data(&self, seq: u64) -> PathBuf {
+        self.root.join("queue").join(format!("{seq:020}.dat"))
+    }
+
+    fn meta(&self, seq: u64) -> PathBuf {
+        self.root.join("queue").join(format!("{seq:020}.meta"))
+    }
+
+    /// A fresh temporary path for an insert.
+    pub fn tmp(&self) -> PathBuf {
+        self.root.join("tmp").join(format!("{:016x}", rand::random::<u64>()))
+    }
+
+    /// Reads the queue back: every product whose data and metadata are both whole.
+    pub fn restore(&self, limits: QueueLimits) -> io::Result<ProductQueue> {
+        let next = fs::read_to_string(self.root.join("next_seq"))
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .unwrap_or(1);
+        let mut q = ProductQueue::new(limits, next);
+        let mut seen = Vec::new();
+        for e in fs::read_dir(self.root.join("queue"))? {
+            let p = e?.path();
+            let Some(stem) = p.file_stem().and_then(|s| s.to_str()) else { continue };
+            let Ok(seq) = stem.parse::<u64>() else { continue };
+            if p.extension().is_some_and(|x| x == "meta") {
+                match self.read_meta(seq) {
+                    Some((meta, queued)) => seen.push((meta, queued)),
+                    None => self.remove(seq),
+                }
+            } else if !self.meta(seq).exists() {
+                let _ = fs::remove_file(&p);
+            }
+        }
+        seen.sort_by_key(|(m, _)| m.seq);
+        for (meta, queued) in seen {
+            q.restore(meta, queued);
+        }
+        Ok(q)
+    }
+
+    fn read_meta(&self, seq: u64) -> Option<(ProductMeta, Micros)> {
+        let mut b = Vec::new();
+        File::open(self.meta(seq)).ok()?.read_to_end(&mut b).ok()?;
+        let Ok(Msg::Product { meta, sent_at }) = Msg::decode(&b) else { return None };
+        let len = fs::metadata(self.data(seq)).ok()?.len();
+        (meta.seq == seq && len == meta.size).then_some((meta, sent_at))
+    }
+
+    /// Moves an inserted product's bytes into place and records it.
+    pub fn commit(&self, tmp: &Path, meta: &ProductMeta, queued: Micros, next_seq: u64) -> io::Result<()> {
+        fs::rename(tmp, self.data(meta.seq))?;
+        let mut b = BytesMut::new();
+        Msg::Product { meta: meta.clone(), sent_at: queued }.encode(&mut b);
+        let t = self.tmp();
+        fs::write(&t, &b)?;
+        fs::rename(&t, self.meta(meta.seq))?;
+        let t = self.tmp();
+        fs::write(&t, next_seq.to_string())?;
+        fs::rename(&t, self.root.join("next_seq"))
+    }
+
+    /// Deletes a product's files (evicted).
+    pub fn remove(&self, seq: u64) {
+        let _ = fs::remove_file(self.meta(seq));
+        let _ = fs::remove_file(self.data(seq));
+    }
+}

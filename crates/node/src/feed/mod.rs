@@ -1,0 +1,64 @@
+//! Feeds on the network: the source's server with its queue on disk, subscribers, inserts.
+//!
+//! - [`disk`]: the product queue on disk (one data file and one metadata file per product),
+//!   restored at start so sequence numbers and backlogs survive restarts.
+//! - [`serve`]: `feed serve`: the listener, every subscriber's connection, the multicast
+//!   pacer, inserts and status.
+//! - [`client`]: `feed subscribe`, `feed insert`, `feed status`.
+//!
+//! Unicast connections carry length-prefixed [`Msg`] frames after the session handshake;
+//! multicast datagrams carry one message each.
+
+pub mod client;
+pub mod disk;
+pub mod serve;
+
+use std::io;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bulkcast_proto::feed::msg::{Msg, MAX_FRAME};
+use bulkcast_proto::feed::product::Micros;
+use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// The default port of `feed serve` (LDM's is 388).
+pub const DEFAULT_PORT: u16 = 7388;
+
+/// The wall clock in microseconds since the Unix epoch.
+pub fn now_us() -> Micros {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as Micros)
+}
+
+/// Reads one frame; `None` at a clean end of stream.
+pub async fn read_msg<R: AsyncRead + Unpin>(r: &mut R) -> io::Result<Option<Msg>> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let n = u32::from_be_bytes(len) as usize;
+    if n > MAX_FRAME {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("feed frame of {n} bytes is larger than the limit ({MAX_FRAME})"),
+        ));
+    }
+    let mut buf = vec![0u8; n];
+    r.read_exact(&mut buf).await?;
+    Msg::decode(&buf)
+        .map(Some)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+/// Writes one frame (not flushed).
+pub async fn write_msg<W: AsyncWrite + Unpin>(w: &mut W, m: &Msg) -> io::Result<()> {
+    let mut b = BytesMut::with_capacity(64);
+    b.extend_from_slice(&[0; 4]);
+    m.encode(&mut b);
+    let n = (b.len() - 4) as u32;
+    b[..4].copy_from_slice(&n.to_be_bytes());
+    w.write_all(&b).await
+}

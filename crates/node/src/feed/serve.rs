@@ -1,0 +1,313 @@
+//! `feed serve`: the source on the network.
+//!
+//! One task per connection. After the session handshake the first message says what the
+//! peer is: a subscriber (`Subscribe`), an inserter (`Insert`, loopback only unless
+//! allowed), or a status query. One more task paces the multicast group. The sans-IO
+//! [`Server`] sits behind a mutex; a watch channel wakes the connections when products arrive
+//! or subscribers ask for repairs.
+
+use std::fs::File;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::os::unix::fs::FileExt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bulkcast_proto::auth::Keys;
+use bulkcast_proto::feed::msg::Msg;
+use bulkcast_proto::feed::product::ProductAuth;
+use bulkcast_proto::feed::push::PushOut;
+use bulkcast_proto::feed::queue::QueueLimits;
+use bulkcast_proto::feed::server::{Server, ServerConfig, SubId, UniOut};
+use bytes::Bytes;
+use tokio::io::{AsyncWriteExt, BufWriter};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::sync::watch;
+
+use super::disk::QueueDir;
+use super::{now_us, read_msg, write_msg};
+use crate::transport::handshake_accept;
+
+/// `feed serve`'s settings.
+pub struct ServeConfig {
+    /// The queue's directory.
+    pub dir: std::path::PathBuf,
+    /// The core's settings (limits, allow rules, multicast).
+    pub server: ServerConfig,
+    /// The session keys (admission).
+    pub keys: Keys,
+    /// How products are authenticated.
+    pub auth: Arc<dyn ProductAuth>,
+    /// Accept inserts from other hosts than this one.
+    pub remote_insert: bool,
+    /// Interface address multicast leaves from (`None`: the kernel's choice).
+    pub multicast_if: Option<std::net::Ipv4Addr>,
+    /// Multicast TTL (1: this LAN only).
+    pub multicast_ttl: u32,
+}
+
+struct Ctx {
+    server: Mutex<Server>,
+    dir: QueueDir,
+    keys: Keys,
+    wake: watch::Sender<u64>,
+    remote_insert: bool,
+}
+
+impl Ctx {
+    fn lock(&self) -> MutexGuard<'_, Server> {
+        // A panic while holding the lock is a bug; the state is still consistent enough to
+        // keep serving (every update is a single call).
+        self.server.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn poke(&self) {
+        self.wake.send_modify(|g| *g = g.wrapping_add(1));
+    }
+}
+
+/// Opens the queue, binds `listen`, and serves until the process ends. `ready` gets the bound
+/// address once listening.
+pub async fn serve(cfg: ServeConfig, listen: &str, ready: impl FnOnce(SocketAddr)) -> io::Result<()> {
+    let dir = QueueDir::open(&cfg.dir)?;
+    let queue = dir.restore(cfg.server.limits)?;
+    let push = cfg.server.push.clone();
+    let mut server = Server::new(cfg.server, cfg.auth, queue);
+    for s in server.expire(now_us()) {
+        dir.remove(s);
+    }
+    let listener = TcpListener::bind(listen).await?;
+    ready(listener.local_addr()?);
+    let (wake, _) = watch::channel(0);
+    let ctx = Arc::new(Ctx { server: Mutex::new(server), dir, keys: cfg.keys, wake, remote_insert: cfg.remote_insert });
+    if let Some(p) = push {
+        let group: SocketAddr = p.group.parse().map_err(|_| {
+            io::Error::new(io::ErrorKind::InvalidInput, format!("multicast group {:?} is not ADDR:PORT", p.group))
+        })?;
+        let sock = multicast_sender(group, cfg.multicast_if, cfg.multicast_ttl)?;
+        tokio::spawn(pace_multicast(ctx.clone(), sock, group));
+    }
+    let c = ctx.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let gone = c.lock().expire(now_us());
+            for s in gone {
+                c.dir.remove(s);
+            }
+        }
+    });
+    loop {
+        let (stream, peer) = listener.accept().await?;
+        let c = ctx.clone();
+        tokio::spawn(async move {
+            if let Err(e) = connection(c, stream, peer).await {
+                tracing::info!("feed connection from {peer}: {e}");
+            }
+        });
+    }
+}
+
+fn multicast_sender(group: SocketAddr, iface: Option<std::net::Ipv4Addr>, ttl: u32) -> io::Result<UdpSocket> {
+    let IpAddr::V4(_) = group.ip() else {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "IPv6 multicast is not supported yet"));
+    };
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None)?;
+    s.set_multicast_ttl_v4(ttl)?;
+    // On: subscribers on the source's own host (and loopback tests) hear the group too.
+    s.set_multicast_loop_v4(true)?;
+    if let Some(a) = iface {
+        s.set_multicast_if_v4(&a)?;
+    }
+    s.set_send_buffer_size(4 << 20)?;
+    s.set_nonblocking(true)?;
+    s.bind(&SocketAddr::from(([0, 0, 0, 0], 0)).into())?;
+    UdpSocket::from_std(s.into())
+}
+
+/// Reads `len` bytes at `offset` of a product, keeping the last file open (a product evicted
+/// while being sent stays readable through the open handle).
+fn read_block(dir: &QueueDir, cache: &mut Option<(u64, File)>, seq: u64, offset: u64, len: u32) -> io::Result<Bytes> {
+    if cache.as_ref().is_none_or(|c| c.0 != seq) {
+        *cache = Some((seq, File::open(dir.data(seq))?));
+    }
+    let f = &cache.as_ref().expect("just set").1;
+    let mut buf = vec![0u8; len as usize];
+    f.read_exact_at(&mut buf, offset)?;
+    Ok(Bytes::from(buf))
+}
+
+async fn pace_multicast(ctx: Arc<Ctx>, sock: UdpSocket, group: SocketAddr) {
+    let mut wake = ctx.wake.subscribe();
+    let mut cache = None;
+    loop {
+        let now = now_us();
+        let (out, next, id) = {
+            let mut s = ctx.lock();
+            (s.poll_multicast(now), s.multicast_timeout(), s.feed_id())
+        };
+        let msg = match out {
+            Some(PushOut::Msg(m)) => m,
+            Some(PushOut::Block { seq, offset, len }) => match read_block(&ctx.dir, &mut cache, seq, offset, len) {
+                Ok(data) => Msg::Data { seq, offset, data },
+                Err(e) => {
+                    tracing::debug!("multicast: product {seq} unreadable ({e}); receivers will repair");
+                    continue;
+                }
+            },
+            None => {
+                let wait = next.map_or(200_000, |t| t.saturating_sub(now)).clamp(100, 200_000);
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_micros(wait)) => {}
+                    _ = wake.changed() => {}
+                }
+                continue;
+            }
+        };
+        if let Err(e) = sock.send_to(&msg.to_datagram(id), group).await {
+            tracing::warn!("multicast to {group}: {e}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+async fn connection(ctx: Arc<Ctx>, mut stream: TcpStream, peer: SocketAddr) -> io::Result<()> {
+    stream.set_nodelay(true)?;
+    handshake_accept(&mut stream, &ctx.keys).await.map_err(io::Error::other)?;
+    let first = tokio::time::timeout(Duration::from_secs(10), read_msg(&mut stream))
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no request after the handshake"))??;
+    match first {
+        Some(Msg::Subscribe { feedtype, name, start, multicast }) => {
+            let r = ctx.lock().subscribe(peer.ip(), &feedtype, &name, start, multicast);
+            match r {
+                Ok(id) => {
+                    tracing::info!("subscriber {id} from {peer}: {feedtype} {name:?} {start:?}");
+                    let r = subscriber(&ctx, stream, id).await;
+                    ctx.lock().unsubscribe(id);
+                    r
+                }
+                Err(reason) => {
+                    tracing::warn!("refused subscriber {peer}: {reason}");
+                    refuse(stream, reason).await
+                }
+            }
+        }
+        Some(Msg::Insert { name, feedtype, size }) => insert(&ctx, stream, peer, name, feedtype, size).await,
+        Some(Msg::Status) => {
+            let status = ctx.lock().status();
+            let json = serde_json::to_string(&status).unwrap_or_default();
+            write_msg(&mut stream, &Msg::StatusReply { json }).await?;
+            stream.flush().await
+        }
+        other => refuse(stream, format!("unexpected first message {other:?}")).await,
+    }
+}
+
+async fn refuse(mut stream: TcpStream, reason: String) -> io::Result<()> {
+    write_msg(&mut stream, &Msg::Refused { reason }).await?;
+    stream.flush().await?;
+    stream.shutdown().await
+}
+
+async fn subscriber(ctx: &Arc<Ctx>, stream: TcpStream, id: SubId) -> io::Result<()> {
+    let (mut r, w) = stream.into_split();
+    let mut w = BufWriter::with_capacity(256 << 10, w);
+    let mut wake = ctx.wake.subscribe();
+    let c = ctx.clone();
+    let mut reader = tokio::spawn(async move {
+        while let Some(m) = read_msg(&mut r).await? {
+            c.lock().handle_msg(id, m);
+            c.poke();
+        }
+        io::Result::Ok(())
+    });
+    let mut cache = None;
+    loop {
+        let out = ctx.lock().poll_unicast(id, now_us());
+        let msg = match out {
+            Some(UniOut::Msg(m)) => m,
+            Some(UniOut::Block { seq, offset, len }) => match read_block(&ctx.dir, &mut cache, seq, offset, len) {
+                Ok(data) => Msg::Data { seq, offset, data },
+                Err(_) => {
+                    ctx.lock().abort_product(id, seq);
+                    continue;
+                }
+            },
+            None => {
+                w.flush().await?;
+                tokio::select! {
+                    _ = wake.changed() => {}
+                    _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+                    r = &mut reader => return r.map_err(io::Error::other)?,
+                }
+                continue;
+            }
+        };
+        write_msg(&mut w, &msg).await?;
+    }
+}
+
+async fn insert(ctx: &Arc<Ctx>, mut stream: TcpStream, peer: SocketAddr, name: String, feedtype: String, size: u64) -> io::Result<()> {
+    if !ctx.remote_insert && !peer.ip().is_loopback() {
+        return refuse(stream, format!("inserts come from this host only ({peer} is not loopback; see --remote-insert)")).await;
+    }
+    let checked = ctx.lock().check_size(&name, size);
+    if let Err(e) = checked {
+        return refuse(stream, e.to_string()).await;
+    }
+    if let Err(e) = bulkcast_proto::feed::product::FeedPattern::parse(&feedtype) {
+        return refuse(stream, e.to_string()).await;
+    }
+    write_msg(&mut stream, &Msg::Ack { seq: 0 }).await?;
+    stream.flush().await?;
+    let tmp = ctx.dir.tmp();
+    let result = receive_insert(ctx, &mut stream, &tmp, &name, &feedtype, size).await;
+    let reply = match result {
+        Ok(seq) => Msg::Inserted { seq },
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Msg::Refused { reason: e.to_string() }
+        }
+    };
+    write_msg(&mut stream, &reply).await?;
+    stream.flush().await
+}
+
+async fn receive_insert(ctx: &Arc<Ctx>, stream: &mut TcpStream, tmp: &std::path::Path, name: &str, feedtype: &str, size: u64) -> io::Result<u64> {
+    let file = File::create(tmp)?;
+    let mut hasher = blake3::Hasher::new();
+    let mut got = 0u64;
+    while got < size {
+        let m = tokio::time::timeout(Duration::from_secs(30), read_msg(stream))
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "insert stalled"))??;
+        let Some(Msg::Data { offset, data, .. }) = m else {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "insert cut short"));
+        };
+        if offset != got || got + data.len() as u64 > size {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "insert data out of order or too long"));
+        }
+        file.write_all_at(&data, offset)?;
+        hasher.update(&data);
+        got += data.len() as u64;
+    }
+    let now = now_us();
+    let mut s = ctx.lock();
+    let (meta, evicted) = s
+        .insert(name, feedtype, size, *hasher.finalize().as_bytes(), now)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+    ctx.dir.commit(tmp, &meta, now, s.queue().next_seq())?;
+    drop(s);
+    for seq in evicted {
+        ctx.dir.remove(seq);
+    }
+    ctx.poke();
+    tracing::debug!("queued {} as {} ({} bytes, {})", meta.name, meta.seq, meta.size, meta.feedtype);
+    Ok(meta.seq)
+}
+
+/// Default queue bounds: 1 GiB, one hour.
+pub fn default_limits() -> QueueLimits {
+    QueueLimits { max_bytes: 1 << 30, max_age: 3_600_000_000 }
+}
