@@ -1,0 +1,241 @@
+//! `bulkcast feed` as real processes on loopback: subscribe, backlog across a restart, allow
+//! rules, 10,000 small products, multicast on loopback.
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+
+mod common;
+use common::Scratch;
+
+const BIN: &str = env!("CARGO_BIN_EXE_bulkcast");
+const SECRET: &str = "5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a";
+
+/// A `feed serve` process, killed on drop.
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(dir: &Path, listen: &str, extra: &[&str]) -> Server {
+    let mut child = Command::new(BIN)
+        .args(["feed", "serve", "--listen", listen, "--dir"])
+        .arg(dir)
+        .args(extra)
+        .env("BULKCAST_SECRET", SECRET)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    // "bulkcast feed serving on ADDR, queue ..."
+    let addr = line
+        .split_whitespace()
+        .nth(4)
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .trim_end_matches(',')
+        .to_string();
+    Server { child, addr }
+}
+
+fn insert(addr: &str, feedtype: &str, files: &[std::path::PathBuf]) -> Output {
+    let out = Command::new(BIN)
+        .args(["feed", "insert", "--server", addr, "--feedtype", feedtype])
+        .args(files)
+        .env("BULKCAST_SECRET", SECRET)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "insert: {}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+fn subscribe(addr: &str, dir: &Path, args: &[&str]) -> Child {
+    Command::new(BIN)
+        .args(["feed", "subscribe", addr, "--json", "--dir"])
+        .arg(dir)
+        .args(args)
+        .env("BULKCAST_SECRET", SECRET)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// The JSON lines of a finished subscriber.
+fn lines(out: &Output) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+fn delivered(v: &[serde_json::Value]) -> Vec<u64> {
+    v.iter().filter(|l| l["event"] == "delivered").map(|l| l["seq"].as_u64().unwrap()).collect()
+}
+
+fn write_files(dir: &Path, names: &[String], size: impl Fn(usize) -> usize) -> Vec<std::path::PathBuf> {
+    std::fs::create_dir_all(dir).unwrap();
+    names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let p = dir.join(n);
+            let data: Vec<u8> = (0..size(i)).map(|j| (j * 31 + i * 7) as u8).collect();
+            std::fs::write(&p, data).unwrap();
+            p
+        })
+        .collect()
+}
+
+fn same_files(a: &Path, b: &Path, names: &[String]) {
+    for n in names {
+        let (x, y) = (std::fs::read(a.join(n)).unwrap(), std::fs::read(b.join(n)));
+        assert_eq!(Some(&x), y.as_ref().ok(), "{n} differs or is missing");
+    }
+}
+
+/// A free port on loopback (for a server that restarts on the same address).
+fn free_port() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+#[test]
+fn subscribers_get_verified_files_and_the_backlog_survives_a_restart() {
+    let s = Scratch::new("feed-restart");
+    let (q, src, live, late) = (s.0.join("q"), s.0.join("src"), s.0.join("live"), s.0.join("late"));
+    let names: Vec<String> = (0..4).map(|i| format!("grid-{i}.bin")).collect();
+    let files = write_files(&src, &names, |i| [0, 1, 300_000, 5_000_000][i]);
+    let addr = free_port();
+    let server = serve(&q, &addr, &[]);
+    // A live subscriber, through the restart: products 1-2 before, 3-4 after.
+    let sub = subscribe(&addr, &live, &["--feedtype", "NGRID", "--unicast", "--max-products", "4", "--duration", "60"]);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    insert(&server.addr, "NGRID", &files[..2]);
+    drop(server);
+    let server = serve(&q, &addr, &[]);
+    let out = insert(&server.addr, "NGRID", &files[2..]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().next().unwrap(), "3 grid-2.bin", "numbering goes on");
+    let out = sub.wait_with_output().unwrap();
+    let v = lines(&out);
+    assert_eq!(delivered(&v), vec![1, 2, 3, 4], "{v:?}");
+    assert!(v.iter().any(|l| l["event"] == "disconnected"), "it saw the restart");
+    same_files(&src, &live, &names);
+    // A late subscriber asks for the backlog from the start: everything, once.
+    let out = subscribe(&addr, &late, &["--feedtype", "ANY", "--from", "1", "--max-products", "4", "--duration", "30"])
+        .wait_with_output()
+        .unwrap();
+    let v = lines(&out);
+    assert_eq!(delivered(&v), vec![1, 2, 3, 4]);
+    same_files(&src, &late, &names);
+    let d = v.iter().find(|l| l["event"] == "delivered").unwrap();
+    for k in ["waiting", "transmission", "repair", "total"] {
+        assert!(d["latency_ms"][k].is_number(), "{d}");
+    }
+    // Restarted without --from, it resumes after what it has (nothing new: times out empty).
+    let out = subscribe(&addr, &late, &["--feedtype", "ANY", "--duration", "1.5"]).wait_with_output().unwrap();
+    assert!(delivered(&lines(&out)).is_empty());
+}
+
+#[test]
+fn allow_rules_refuse_and_filter_subscribers() {
+    let s = Scratch::new("feed-allow");
+    let src = s.0.join("src");
+    let names: Vec<String> = vec!["a".into(), "b".into()];
+    let files = write_files(&src, &names, |_| 1000);
+    // Nobody on loopback may subscribe.
+    let closed = serve(&s.0.join("q1"), "127.0.0.1:0", &["--allow", "10.0.0.0/8=ANY"]);
+    insert(&closed.addr, "IDS", &files);
+    let out = subscribe(&closed.addr, &s.0.join("r1"), &["--feedtype", "ANY", "--from", "1", "--duration", "5"])
+        .wait_with_output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not allowed"), "{}", String::from_utf8_lossy(&out.stderr));
+    let got: Vec<_> = std::fs::read_dir(s.0.join("r1")).map(|d| d.count()).into_iter().collect();
+    assert!(got.is_empty() || got == [0], "a refused subscriber got files");
+    // Loopback may have IDS only: the HDS product never reaches it.
+    let open = serve(&s.0.join("q2"), "127.0.0.1:0", &["--allow", "127.0.0.1=IDS"]);
+    insert(&open.addr, "HDS", &files[..1]);
+    insert(&open.addr, "IDS", &files[1..]);
+    let out = subscribe(&open.addr, &s.0.join("r2"), &["--feedtype", "ANY", "--from", "1", "--duration", "3"])
+        .wait_with_output()
+        .unwrap();
+    assert_eq!(delivered(&lines(&out)), vec![2]);
+    assert!(!s.0.join("r2/a").exists() && s.0.join("r2/b").exists());
+    // A wrong secret is refused before anything moves.
+    let out = Command::new(BIN)
+        .args(["feed", "subscribe", &open.addr, "--feedtype", "ANY", "--from", "1", "--duration", "5", "--dir"])
+        .arg(s.0.join("r3"))
+        .env("BULKCAST_SECRET", "11".repeat(32))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!s.0.join("r3/b").exists());
+}
+
+#[test]
+fn a_product_larger_than_the_queue_is_refused_clearly() {
+    let s = Scratch::new("feed-large");
+    let server = serve(&s.0.join("q"), "127.0.0.1:0", &["--queue-mib", "1"]);
+    let files = write_files(&s.0.join("src"), &["big".into()], |_| (1 << 20) + 1);
+    let out = Command::new(BIN)
+        .args(["feed", "insert", "--server", &server.addr, "--feedtype", "X"])
+        .args(&files)
+        .env("BULKCAST_SECRET", SECRET)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("larger than the queue"));
+}
+
+#[test]
+fn ten_thousand_small_products_arrive_once_by_unicast_and_multicast() {
+    let s = Scratch::new("feed-10k");
+    let n = 10_000;
+    let names: Vec<String> = (0..n).map(|i| format!("p{i:05}")).collect();
+    let files = write_files(&s.0.join("src"), &names, |i| 1 + (i * 37) % 3000);
+    let server = serve(&s.0.join("q"), "127.0.0.1:0", &["--multicast", "239.255.71.9:17911", "--multicast-if", "127.0.0.1"]);
+    let max = n.to_string();
+    let args = ["--feedtype", "IDS", "--max-products", &max, "--duration", "300"];
+    let uni = subscribe(&server.addr, &s.0.join("uni"), &[&args[..], &["--unicast"]].concat());
+    let multi = subscribe(&server.addr, &s.0.join("multi"), &[&args[..], &["--iface", "127.0.0.1"]].concat());
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    for chunk in files.chunks(2500) {
+        insert(&server.addr, "IDS", chunk);
+    }
+    for (child, dir) in [(uni, "uni"), (multi, "multi")] {
+        let out = child.wait_with_output().unwrap();
+        let v = lines(&out);
+        let seqs = delivered(&v);
+        let unique: BTreeSet<u64> = seqs.iter().copied().collect();
+        assert_eq!(unique.len(), seqs.len(), "{dir}: duplicates");
+        assert_eq!(unique, (1..=n as u64).collect(), "{dir}: {}", String::from_utf8_lossy(&out.stderr));
+        same_files(&s.0.join("src"), &s.0.join(dir), &names);
+        let sub = v.iter().find(|l| l["event"] == "subscribed").unwrap();
+        assert_eq!(sub["transport"], dir_transport(dir), "{sub}");
+    }
+    let st = Command::new(BIN)
+        .args(["feed", "status", "--json", "--server", &server.addr])
+        .env("BULKCAST_SECRET", SECRET)
+        .output()
+        .unwrap();
+    let st: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
+    assert_eq!(st["products"], n);
+}
+
+fn dir_transport(dir: &str) -> &'static str {
+    if dir == "uni" {
+        "unicast"
+    } else {
+        "multicast"
+    }
+}
