@@ -171,8 +171,15 @@ fn auth(c: &Common) -> Result<(Keys, Arc<dyn ProductAuth>)> {
 
 async fn run_serve(a: ServeArgs) -> Result<i32> {
     let (keys, auth) = auth(&a.common)?;
-    let allow = if a.allow.is_empty() { vec!["127.0.0.0/8=ANY".to_string(), "::1=ANY".to_string()] } else { a.allow.clone() };
-    let allow = allow.iter().map(|r| AllowRule::parse(r)).collect::<Result<Vec<_>, _>>()?;
+    let allow = if a.allow.is_empty() {
+        vec!["127.0.0.0/8=ANY".to_string(), "::1=ANY".to_string()]
+    } else {
+        a.allow.clone()
+    };
+    let allow = allow
+        .iter()
+        .map(|r| AllowRule::parse(r))
+        .collect::<Result<Vec<_>, _>>()?;
     if a.rate_mbps <= 0.0 {
         bail!("--rate-mbps must be positive");
     }
@@ -183,7 +190,10 @@ async fn run_serve(a: ServeArgs) -> Result<i32> {
         index_interval: 200_000,
     });
     let server = ServerConfig {
-        limits: QueueLimits { max_bytes: a.queue_mib << 20, max_age: a.max_age * 1_000_000 },
+        limits: QueueLimits {
+            max_bytes: a.queue_mib << 20,
+            max_age: a.max_age * 1_000_000,
+        },
         allow,
         push,
         unicast_block: 256 << 10,
@@ -219,7 +229,11 @@ async fn run_insert(a: InsertArgs) -> Result<i32> {
     for f in &a.files {
         let name = match &a.name {
             Some(n) => n.clone(),
-            None => f.file_name().and_then(|n| n.to_str()).context("file name is not UTF-8")?.to_string(),
+            None => f
+                .file_name()
+                .and_then(|n| n.to_str())
+                .context("file name is not UTF-8")?
+                .to_string(),
         };
         match client::insert(&a.server, &keys, &tuning, f, &name, &a.feedtype).await {
             Ok(seq) => println!("{seq} {name}"),
@@ -242,7 +256,10 @@ fn parse_from(s: &str) -> Result<Start> {
         return Ok(Start::Time((secs * 1e6) as u64));
     }
     if let Some(d) = s.strip_prefix('-') {
-        let (num, unit) = d.split_at(d.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(d.len()));
+        let (num, unit) = d.split_at(
+            d.find(|c: char| !c.is_ascii_digit() && c != '.')
+                .unwrap_or(d.len()),
+        );
         let n: f64 = num.parse().context("--from -N[s|m|h]")?;
         let mult = match unit {
             "" | "s" => 1.0,
@@ -252,7 +269,9 @@ fn parse_from(s: &str) -> Result<Start> {
         };
         return Ok(Start::Time(now.saturating_sub((n * mult * 1e6) as u64)));
     }
-    Ok(Start::Seq(s.parse().context("--from is a sequence number, @UNIX_SECONDS, -10m or now")?))
+    Ok(Start::Seq(s.parse().context(
+        "--from is a sequence number, @UNIX_SECONDS, -10m or now",
+    )?))
 }
 
 async fn run_subscribe(a: SubscribeArgs) -> Result<i32> {
@@ -268,17 +287,26 @@ async fn run_subscribe(a: SubscribeArgs) -> Result<i32> {
         keys,
         auth,
         tuning: a.common.tuning()?,
-        rx: ReceiverConfig { fallback_after: (a.fallback_after * 1e6) as u64, ..ReceiverConfig::default() },
+        rx: ReceiverConfig {
+            fallback_after: (a.fallback_after * 1e6) as u64,
+            ..ReceiverConfig::default()
+        },
         max_products: a.max_products,
         duration: a.duration.map(Duration::from_secs_f64),
     };
     let (json, exec) = (a.json, a.exec.clone());
     let mut transport = "unicast";
-    let r = client::subscribe(cfg, |rep| report(json, exec.as_deref(), &mut transport, rep)).await;
+    let r = client::subscribe(cfg, |rep| {
+        report(json, exec.as_deref(), &mut transport, rep)
+    })
+    .await;
     match r {
         Ok(s) => {
             if json {
-                println!("{}", json!({"event": "summary", "delivered": s.delivered, "stats": s.stats}));
+                println!(
+                    "{}",
+                    json!({"event": "summary", "delivered": s.delivered, "stats": s.stats})
+                );
             } else {
                 eprintln!("{} products delivered", s.delivered);
             }
@@ -294,14 +322,24 @@ async fn run_subscribe(a: SubscribeArgs) -> Result<i32> {
 
 fn report(json: bool, exec: Option<&str>, transport: &mut &'static str, r: Report<'_>) {
     let line = match r {
-        Report::Subscribed { transport: t, group, from } => {
+        Report::Subscribed {
+            transport: t,
+            group,
+            from,
+        } => {
             *transport = t;
             if !json {
                 eprintln!("subscribed from {from} by {t} {group}");
             }
             json!({"event": "subscribed", "transport": t, "group": group, "from": from})
         }
-        Report::Delivered { meta, path, latency, repaired, multicast } => {
+        Report::Delivered {
+            meta,
+            path,
+            latency,
+            repaired,
+            multicast,
+        } => {
             if let Some(cmd) = exec {
                 run_exec(cmd, meta, path);
             }
@@ -317,7 +355,9 @@ fn report(json: bool, exec: Option<&str>, transport: &mut &'static str, r: Repor
                 "repaired_bytes": repaired})
         }
         Report::Lost { from, to } => {
-            eprintln!("warning: products {from}..={to} left the source's queue before they got here");
+            eprintln!(
+                "warning: products {from}..={to} left the source's queue before they got here"
+            );
             json!({"event": "lost", "from": from, "to": to})
         }
         Report::FellBack => {
@@ -373,12 +413,19 @@ async fn run_status(a: StatusArgs) -> Result<i32> {
         "queue: {} products, {} of {} bytes, seq {}..{}, multicast {}",
         v["products"], v["bytes"], v["max_bytes"], v["first_seq"], v["last_seq"], v["group"]
     );
-    println!("{:>4} {:<40} {:<16} {:<10} {:>10} {:>8}", "id", "host", "feedtype", "transport", "acked", "lag");
+    println!(
+        "{:>4} {:<40} {:<16} {:<10} {:>10} {:>8}",
+        "id", "host", "feedtype", "transport", "acked", "lag"
+    );
     for s in v["subscribers"].as_array().into_iter().flatten() {
         println!(
             "{:>4} {:<40} {:<16} {:<10} {:>10} {:>8}",
-            s["id"].to_string(), s["host"].as_str().unwrap_or(""), s["feedtype"].as_str().unwrap_or(""),
-            s["transport"].as_str().unwrap_or(""), s["acked"].to_string(), s["lag"].to_string()
+            s["id"].to_string(),
+            s["host"].as_str().unwrap_or(""),
+            s["feedtype"].as_str().unwrap_or(""),
+            s["transport"].as_str().unwrap_or(""),
+            s["acked"].to_string(),
+            s["lag"].to_string()
         );
     }
     Ok(0)

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 
 mod common;
-use common::Scratch;
+use common::{root_test_cannot_run, Scratch};
 
 const BIN: &str = env!("CARGO_BIN_EXE_bulkcast");
 const SECRET: &str = "5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a";
@@ -25,8 +25,24 @@ impl Drop for Server {
     }
 }
 
+/// The binary, run inside network namespace `ns` if given.
+fn bin(ns: Option<&str>) -> Command {
+    match ns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns, BIN]);
+            c
+        }
+        None => Command::new(BIN),
+    }
+}
+
 fn serve(dir: &Path, listen: &str, extra: &[&str]) -> Server {
-    let mut child = Command::new(BIN)
+    serve_in(None, dir, listen, extra)
+}
+
+fn serve_in(ns: Option<&str>, dir: &Path, listen: &str, extra: &[&str]) -> Server {
+    let mut child = bin(ns)
         .args(["feed", "serve", "--listen", listen, "--dir"])
         .arg(dir)
         .args(extra)
@@ -36,7 +52,9 @@ fn serve(dir: &Path, listen: &str, extra: &[&str]) -> Server {
         .spawn()
         .unwrap();
     let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
     // "bulkcast feed serving on ADDR, queue ..."
     let addr = line
         .split_whitespace()
@@ -48,18 +66,30 @@ fn serve(dir: &Path, listen: &str, extra: &[&str]) -> Server {
 }
 
 fn insert(addr: &str, feedtype: &str, files: &[std::path::PathBuf]) -> Output {
-    let out = Command::new(BIN)
+    insert_in(None, addr, feedtype, files)
+}
+
+fn insert_in(ns: Option<&str>, addr: &str, feedtype: &str, files: &[std::path::PathBuf]) -> Output {
+    let out = bin(ns)
         .args(["feed", "insert", "--server", addr, "--feedtype", feedtype])
         .args(files)
         .env("BULKCAST_SECRET", SECRET)
         .output()
         .unwrap();
-    assert!(out.status.success(), "insert: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "insert: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     out
 }
 
 fn subscribe(addr: &str, dir: &Path, args: &[&str]) -> Child {
-    Command::new(BIN)
+    subscribe_in(None, addr, dir, args)
+}
+
+fn subscribe_in(ns: Option<&str>, addr: &str, dir: &Path, args: &[&str]) -> Child {
+    bin(ns)
         .args(["feed", "subscribe", addr, "--json", "--dir"])
         .arg(dir)
         .args(args)
@@ -79,10 +109,17 @@ fn lines(out: &Output) -> Vec<serde_json::Value> {
 }
 
 fn delivered(v: &[serde_json::Value]) -> Vec<u64> {
-    v.iter().filter(|l| l["event"] == "delivered").map(|l| l["seq"].as_u64().unwrap()).collect()
+    v.iter()
+        .filter(|l| l["event"] == "delivered")
+        .map(|l| l["seq"].as_u64().unwrap())
+        .collect()
 }
 
-fn write_files(dir: &Path, names: &[String], size: impl Fn(usize) -> usize) -> Vec<std::path::PathBuf> {
+fn write_files(
+    dir: &Path,
+    names: &[String],
+    size: impl Fn(usize) -> usize,
+) -> Vec<std::path::PathBuf> {
     std::fs::create_dir_all(dir).unwrap();
     names
         .iter()
@@ -112,28 +149,65 @@ fn free_port() -> String {
 #[test]
 fn subscribers_get_verified_files_and_the_backlog_survives_a_restart() {
     let s = Scratch::new("feed-restart");
-    let (q, src, live, late) = (s.0.join("q"), s.0.join("src"), s.0.join("live"), s.0.join("late"));
+    let (q, src, live, late) = (
+        s.0.join("q"),
+        s.0.join("src"),
+        s.0.join("live"),
+        s.0.join("late"),
+    );
     let names: Vec<String> = (0..4).map(|i| format!("grid-{i}.bin")).collect();
     let files = write_files(&src, &names, |i| [0, 1, 300_000, 5_000_000][i]);
     let addr = free_port();
     let server = serve(&q, &addr, &[]);
     // A live subscriber, through the restart: products 1-2 before, 3-4 after.
-    let sub = subscribe(&addr, &live, &["--feedtype", "NGRID", "--unicast", "--max-products", "4", "--duration", "60"]);
+    let sub = subscribe(
+        &addr,
+        &live,
+        &[
+            "--feedtype",
+            "NGRID",
+            "--unicast",
+            "--max-products",
+            "4",
+            "--duration",
+            "60",
+        ],
+    );
     std::thread::sleep(std::time::Duration::from_millis(500));
     insert(&server.addr, "NGRID", &files[..2]);
     drop(server);
     let server = serve(&q, &addr, &[]);
     let out = insert(&server.addr, "NGRID", &files[2..]);
-    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().next().unwrap(), "3 grid-2.bin", "numbering goes on");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).lines().next().unwrap(),
+        "3 grid-2.bin",
+        "numbering goes on"
+    );
     let out = sub.wait_with_output().unwrap();
     let v = lines(&out);
     assert_eq!(delivered(&v), vec![1, 2, 3, 4], "{v:?}");
-    assert!(v.iter().any(|l| l["event"] == "disconnected"), "it saw the restart");
+    assert!(
+        v.iter().any(|l| l["event"] == "disconnected"),
+        "it saw the restart"
+    );
     same_files(&src, &live, &names);
     // A late subscriber asks for the backlog from the start: everything, once.
-    let out = subscribe(&addr, &late, &["--feedtype", "ANY", "--from", "1", "--max-products", "4", "--duration", "30"])
-        .wait_with_output()
-        .unwrap();
+    let out = subscribe(
+        &addr,
+        &late,
+        &[
+            "--feedtype",
+            "ANY",
+            "--from",
+            "1",
+            "--max-products",
+            "4",
+            "--duration",
+            "30",
+        ],
+    )
+    .wait_with_output()
+    .unwrap();
     let v = lines(&out);
     assert_eq!(delivered(&v), vec![1, 2, 3, 4]);
     same_files(&src, &late, &names);
@@ -142,7 +216,9 @@ fn subscribers_get_verified_files_and_the_backlog_survives_a_restart() {
         assert!(d["latency_ms"][k].is_number(), "{d}");
     }
     // Restarted without --from, it resumes after what it has (nothing new: times out empty).
-    let out = subscribe(&addr, &late, &["--feedtype", "ANY", "--duration", "1.5"]).wait_with_output().unwrap();
+    let out = subscribe(&addr, &late, &["--feedtype", "ANY", "--duration", "1.5"])
+        .wait_with_output()
+        .unwrap();
     assert!(delivered(&lines(&out)).is_empty());
 }
 
@@ -153,32 +229,74 @@ fn allow_rules_refuse_and_filter_subscribers() {
     let names: Vec<String> = vec!["a".into(), "b".into()];
     let files = write_files(&src, &names, |_| 1000);
     // Nobody on loopback may subscribe.
-    let closed = serve(&s.0.join("q1"), "127.0.0.1:0", &["--allow", "10.0.0.0/8=ANY"]);
+    let closed = serve(
+        &s.0.join("q1"),
+        "127.0.0.1:0",
+        &["--allow", "10.0.0.0/8=ANY"],
+    );
     insert(&closed.addr, "IDS", &files);
-    let out = subscribe(&closed.addr, &s.0.join("r1"), &["--feedtype", "ANY", "--from", "1", "--duration", "5"])
-        .wait_with_output()
-        .unwrap();
+    let out = subscribe(
+        &closed.addr,
+        &s.0.join("r1"),
+        &["--feedtype", "ANY", "--from", "1", "--duration", "5"],
+    )
+    .wait_with_output()
+    .unwrap();
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not allowed"), "{}", String::from_utf8_lossy(&out.stderr));
-    let got: Vec<_> = std::fs::read_dir(s.0.join("r1")).map(|d| d.count()).into_iter().collect();
-    assert!(got.is_empty() || got == [0], "a refused subscriber got files");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not allowed"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: Vec<_> = std::fs::read_dir(s.0.join("r1"))
+        .map(|d| d.count())
+        .into_iter()
+        .collect();
+    assert!(
+        got.is_empty() || got == [0],
+        "a refused subscriber got files"
+    );
     // Loopback may have IDS only: the HDS product never reaches it.
-    let open = serve(&s.0.join("q2"), "127.0.0.1:0", &["--allow", "127.0.0.1=IDS"]);
+    let open = serve(
+        &s.0.join("q2"),
+        "127.0.0.1:0",
+        &["--allow", "127.0.0.1=IDS"],
+    );
     insert(&open.addr, "HDS", &files[..1]);
     insert(&open.addr, "IDS", &files[1..]);
-    let out = subscribe(&open.addr, &s.0.join("r2"), &["--feedtype", "ANY", "--from", "1", "--duration", "3"])
-        .wait_with_output()
-        .unwrap();
+    let out = subscribe(
+        &open.addr,
+        &s.0.join("r2"),
+        &["--feedtype", "ANY", "--from", "1", "--duration", "3"],
+    )
+    .wait_with_output()
+    .unwrap();
     assert_eq!(delivered(&lines(&out)), vec![2]);
     assert!(!s.0.join("r2/a").exists() && s.0.join("r2/b").exists());
     // A wrong secret is refused before anything moves.
     let out = Command::new(BIN)
-        .args(["feed", "subscribe", &open.addr, "--feedtype", "ANY", "--from", "1", "--duration", "5", "--dir"])
+        .args([
+            "feed",
+            "subscribe",
+            &open.addr,
+            "--feedtype",
+            "ANY",
+            "--from",
+            "1",
+            "--duration",
+            "5",
+            "--dir",
+        ])
         .arg(s.0.join("r3"))
         .env("BULKCAST_SECRET", "11".repeat(32))
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(!s.0.join("r3/b").exists());
 }
 
@@ -188,7 +306,14 @@ fn a_product_larger_than_the_queue_is_refused_clearly() {
     let server = serve(&s.0.join("q"), "127.0.0.1:0", &["--queue-mib", "1"]);
     let files = write_files(&s.0.join("src"), &["big".into()], |_| (1 << 20) + 1);
     let out = Command::new(BIN)
-        .args(["feed", "insert", "--server", &server.addr, "--feedtype", "X"])
+        .args([
+            "feed",
+            "insert",
+            "--server",
+            &server.addr,
+            "--feedtype",
+            "X",
+        ])
         .args(&files)
         .env("BULKCAST_SECRET", SECRET)
         .output()
@@ -203,11 +328,35 @@ fn ten_thousand_small_products_arrive_once_by_unicast_and_multicast() {
     let n = 10_000;
     let names: Vec<String> = (0..n).map(|i| format!("p{i:05}")).collect();
     let files = write_files(&s.0.join("src"), &names, |i| 1 + (i * 37) % 3000);
-    let server = serve(&s.0.join("q"), "127.0.0.1:0", &["--multicast", "239.255.71.9:17911", "--multicast-if", "127.0.0.1"]);
+    let server = serve(
+        &s.0.join("q"),
+        "127.0.0.1:0",
+        &[
+            "--multicast",
+            "239.255.71.9:17911",
+            "--multicast-if",
+            "127.0.0.1",
+        ],
+    );
     let max = n.to_string();
-    let args = ["--feedtype", "IDS", "--max-products", &max, "--duration", "300"];
-    let uni = subscribe(&server.addr, &s.0.join("uni"), &[&args[..], &["--unicast"]].concat());
-    let multi = subscribe(&server.addr, &s.0.join("multi"), &[&args[..], &["--iface", "127.0.0.1"]].concat());
+    let args = [
+        "--feedtype",
+        "IDS",
+        "--max-products",
+        &max,
+        "--duration",
+        "300",
+    ];
+    let uni = subscribe(
+        &server.addr,
+        &s.0.join("uni"),
+        &[&args[..], &["--unicast"]].concat(),
+    );
+    let multi = subscribe(
+        &server.addr,
+        &s.0.join("multi"),
+        &[&args[..], &["--iface", "127.0.0.1"]].concat(),
+    );
     std::thread::sleep(std::time::Duration::from_millis(500));
     for chunk in files.chunks(2500) {
         insert(&server.addr, "IDS", chunk);
@@ -218,7 +367,12 @@ fn ten_thousand_small_products_arrive_once_by_unicast_and_multicast() {
         let seqs = delivered(&v);
         let unique: BTreeSet<u64> = seqs.iter().copied().collect();
         assert_eq!(unique.len(), seqs.len(), "{dir}: duplicates");
-        assert_eq!(unique, (1..=n as u64).collect(), "{dir}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(
+            unique,
+            (1..=n as u64).collect(),
+            "{dir}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         same_files(&s.0.join("src"), &s.0.join(dir), &names);
         let sub = v.iter().find(|l| l["event"] == "subscribed").unwrap();
         assert_eq!(sub["transport"], dir_transport(dir), "{sub}");
@@ -238,4 +392,156 @@ fn dir_transport(dir: &str) -> &'static str {
     } else {
         "multicast"
     }
+}
+
+/// A network namespace with only `lo`, deleted on drop.
+struct Netns(String);
+
+impl Netns {
+    fn new(tag: &str) -> Netns {
+        let name = format!("bcfeed-{tag}-{}", std::process::id());
+        let ok = |args: &[&str]| {
+            Command::new("ip")
+                .args(args)
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        let _ = Command::new("ip").args(["netns", "del", &name]).output();
+        if !ok(&["netns", "add", &name]) {
+            root_test_cannot_run(
+                "feed multicast in a namespace",
+                "cannot create a network namespace",
+            );
+        }
+        let ns = Netns(name);
+        assert!(ok(&[
+            "netns", "exec", &ns.0, "ip", "link", "set", "lo", "up"
+        ]));
+        ns
+    }
+
+    fn run(&self, args: &[&str]) -> bool {
+        Command::new("ip")
+            .args(["netns", "exec", &self.0])
+            .args(args)
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
+    }
+}
+
+#[cfg_attr(
+    not(bulkcast_root_tests),
+    ignore = "needs root (network namespaces, netem): run as root, or set BULKCAST_REQUIRE_ROOT=1 to make it fail instead"
+)]
+#[test]
+fn multicast_repairs_real_loss_and_falls_back_where_it_cannot_go() {
+    let s = Scratch::new("feed-netns");
+    let ns = Netns::new("mc");
+    // 3% of the group's datagrams lost on arrival, as seed 003's testbed injected loss.
+    let lossy = [
+        "iptables",
+        "-A",
+        "INPUT",
+        "-d",
+        "239.255.72.0/24",
+        "-m",
+        "statistic",
+        "--mode",
+        "random",
+        "--probability",
+        "0.03",
+        "-j",
+        "DROP",
+    ];
+    if !ns.run(&lossy) {
+        root_test_cannot_run(
+            "feed multicast in a namespace",
+            "iptables' statistic match is not available",
+        );
+    }
+    let names: Vec<String> = (0..40).map(|i| format!("radar-{i}")).collect();
+    let files = write_files(&s.0.join("src"), &names, |i| 1000 + i * 5000);
+    let n = Some(ns.0.as_str());
+    let server = serve_in(
+        n,
+        &s.0.join("q"),
+        "127.0.0.1:0",
+        &[
+            "--multicast",
+            "239.255.72.1:17921",
+            "--multicast-if",
+            "127.0.0.1",
+            "--rate-mbps",
+            "50",
+        ],
+    );
+    let args = [
+        "--feedtype",
+        "NEXRAD3",
+        "--iface",
+        "127.0.0.1",
+        "--max-products",
+        "40",
+        "--duration",
+        "120",
+    ];
+    let subs: Vec<Child> = (0..2)
+        .map(|i| subscribe_in(n, &server.addr, &s.0.join(format!("m{i}")), &args))
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    insert_in(n, &server.addr, "NEXRAD3", &files);
+    for (i, c) in subs.into_iter().enumerate() {
+        let out = c.wait_with_output().unwrap();
+        let v = lines(&out);
+        assert_eq!(
+            delivered(&v),
+            (1..=40).collect::<Vec<u64>>(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        same_files(&s.0.join("src"), &s.0.join(format!("m{i}")), &names);
+        assert!(
+            v.iter()
+                .any(|l| l["transport"] == "multicast" && l["repaired_bytes"].as_u64() > Some(0)),
+            "some product was repaired"
+        );
+        assert!(!v.iter().any(|l| l["event"] == "fallback"));
+    }
+    drop(server);
+    // Without --multicast-if the namespace has no route for the group: nothing is sent, and
+    // the subscriber falls back to unicast on its own.
+    let server = serve_in(
+        n,
+        &s.0.join("q2"),
+        "127.0.0.1:0",
+        &["--multicast", "239.255.72.2:17922"],
+    );
+    let sub = subscribe_in(
+        n,
+        &server.addr,
+        &s.0.join("fb"),
+        &[
+            "--feedtype",
+            "ANY",
+            "--fallback-after",
+            "1",
+            "--max-products",
+            "40",
+            "--duration",
+            "60",
+        ],
+    );
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    insert_in(n, &server.addr, "NEXRAD3", &files);
+    let out = sub.wait_with_output().unwrap();
+    let v = lines(&out);
+    assert!(v.iter().any(|l| l["event"] == "fallback"), "{v:?}");
+    assert_eq!(delivered(&v).len(), 40);
+    same_files(&s.0.join("src"), &s.0.join("fb"), &names);
 }

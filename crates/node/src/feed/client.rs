@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bulkcast_proto::auth::Keys;
-use bulkcast_proto::feed::msg::{Msg, Start, DGRAM_HEADER};
-use bulkcast_proto::feed::product::{Micros, ProductAuth, ProductMeta, Subscription};
+use bulkcast_proto::feed::msg::{Msg, Start};
+use bulkcast_proto::feed::product::{ProductAuth, ProductMeta, Subscription};
 use bulkcast_proto::feed::receiver::{Latency, Receiver, ReceiverConfig, RxEvent, RxStats};
 use tokio::io::{AsyncWriteExt, BufWriter};
 use tokio::net::{TcpStream, UdpSocket};
@@ -116,7 +116,11 @@ const STATE_FILE: &str = ".bulkcast-feed-state";
 
 /// The resume position saved by an earlier run in `dir`.
 pub fn saved_position(dir: &Path) -> Option<u64> {
-    fs::read_to_string(dir.join(STATE_FILE)).ok()?.trim().parse().ok()
+    fs::read_to_string(dir.join(STATE_FILE))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 fn save_position(dir: &Path, seq: u64) {
@@ -128,14 +132,25 @@ fn save_position(dir: &Path, seq: u64) {
 
 /// Subscribes until `max_products` or `duration` (or forever), reconnecting after losing the
 /// source and resuming where it stopped.
-pub async fn subscribe(cfg: SubscribeConfig, mut on: impl FnMut(Report<'_>)) -> Result<Summary, SubError> {
+pub async fn subscribe(
+    cfg: SubscribeConfig,
+    mut on: impl FnMut(Report<'_>),
+) -> Result<Summary, SubError> {
     fs::create_dir_all(&cfg.dir).map_err(SubError::Local)?;
-    let sub = Subscription::parse(&cfg.feedtype, &cfg.name).map_err(|e| SubError::Local(io::Error::other(e)))?;
+    let sub = Subscription::parse(&cfg.feedtype, &cfg.name)
+        .map_err(|e| SubError::Local(io::Error::other(e)))?;
     let deadline = cfg.duration.map(|d| Instant::now() + d);
-    let mut start = cfg.start.unwrap_or_else(|| saved_position(&cfg.dir).map_or(Start::Now, Start::Seq));
+    let mut start = cfg
+        .start
+        .unwrap_or_else(|| saved_position(&cfg.dir).map_or(Start::Now, Start::Seq));
     let mut summary = Summary::default();
     loop {
-        let mut s = Session { cfg: &cfg, files: HashMap::new(), summary: &mut summary, resume: None };
+        let mut s = Session {
+            cfg: &cfg,
+            files: HashMap::new(),
+            summary: &mut summary,
+            resume: None,
+        };
         let r = s.run(sub.clone(), start, deadline, &mut on).await;
         let resume = s.resume;
         s.discard_all();
@@ -174,10 +189,19 @@ struct Session<'a> {
 
 impl Session<'_> {
     async fn connect(&self, start: Start) -> Result<(TcpStream, Msg), SessionEnd> {
-        let mut stream = connect_tcp(&self.cfg.source, &self.cfg.tuning).await.map_err(|e| SessionEnd::Lost(e.to_string()))?;
+        let mut stream = connect_tcp(&self.cfg.source, &self.cfg.tuning)
+            .await
+            .map_err(|e| SessionEnd::Lost(e.to_string()))?;
         stream.set_nodelay(true)?;
-        handshake_connect(&mut stream, &self.cfg.keys).await.map_err(|e| SessionEnd::Fatal(SubError::Refused(e.to_string())))?;
-        let m = Msg::Subscribe { feedtype: self.cfg.feedtype.clone(), name: self.cfg.name.clone(), start, multicast: self.cfg.multicast };
+        handshake_connect(&mut stream, &self.cfg.keys)
+            .await
+            .map_err(|e| SessionEnd::Fatal(SubError::Refused(e.to_string())))?;
+        let m = Msg::Subscribe {
+            feedtype: self.cfg.feedtype.clone(),
+            name: self.cfg.name.clone(),
+            start,
+            multicast: self.cfg.multicast,
+        };
         write_msg(&mut stream, &m).await?;
         stream.flush().await?;
         let acc = tokio::time::timeout(Duration::from_secs(10), read_msg(&mut stream))
@@ -190,22 +214,47 @@ impl Session<'_> {
         }
     }
 
-    async fn run(&mut self, sub: Subscription, start: Start, deadline: Option<Instant>, on: &mut impl FnMut(Report<'_>)) -> Result<(), SessionEnd> {
+    async fn run(
+        &mut self,
+        sub: Subscription,
+        start: Start,
+        deadline: Option<Instant>,
+        on: &mut impl FnMut(Report<'_>),
+    ) -> Result<(), SessionEnd> {
         let (stream, acc) = self.connect(start).await?;
-        let Msg::Accepted { feed_id, group, first, .. } = &acc else { unreachable!("checked in connect") };
+        let Msg::Accepted {
+            feed_id,
+            group,
+            first,
+            ..
+        } = &acc
+        else {
+            unreachable!("checked in connect")
+        };
         let (feed_id, first) = (*feed_id, *first);
-        let mut rx = Receiver::new(self.cfg.rx, self.cfg.auth.clone(), sub, &acc, now_us()).ok_or_else(|| SessionEnd::Lost("bad answer".into()))?;
+        let mut rx = Receiver::new(self.cfg.rx, self.cfg.auth.clone(), sub, &acc, now_us())
+            .ok_or_else(|| SessionEnd::Lost("bad answer".into()))?;
         let mcast = match group.is_empty() {
             true => None,
             false => match join_group(group, self.cfg.iface) {
                 Ok(s) => Some(s),
                 Err(e) => {
-                    tracing::warn!("cannot join multicast group {group}: {e}; falling back to unicast");
+                    tracing::warn!(
+                        "cannot join multicast group {group}: {e}; falling back to unicast"
+                    );
                     None
                 }
             },
         };
-        on(Report::Subscribed { transport: if rx.multicast() { "multicast" } else { "unicast" }, group, from: first });
+        on(Report::Subscribed {
+            transport: if rx.multicast() {
+                "multicast"
+            } else {
+                "unicast"
+            },
+            group,
+            from: first,
+        });
         let (r, w) = stream.into_split();
         let mut w = BufWriter::new(w);
         let (tx, mut msgs) = mpsc::channel(1024);
@@ -238,10 +287,18 @@ impl Session<'_> {
                 save_position(&self.cfg.dir, rx.resume_seq());
                 last_save = Instant::now();
             }
-            if self.cfg.max_products.is_some_and(|n| self.summary.delivered >= n) || deadline.is_some_and(|d| Instant::now() >= d) {
+            if self
+                .cfg
+                .max_products
+                .is_some_and(|n| self.summary.delivered >= n)
+                || deadline.is_some_and(|d| Instant::now() >= d)
+            {
                 break Ok(());
             }
-            let wait = rx.poll_timeout().saturating_sub(now_us()).clamp(200, 100_000);
+            let wait = rx
+                .poll_timeout()
+                .saturating_sub(now_us())
+                .clamp(200, 100_000);
             tokio::select! {
                 m = msgs.recv() => match m {
                     Some(Ok(Some(m))) => rx.handle_unicast(now_us(), m),
@@ -270,7 +327,10 @@ impl Session<'_> {
         while let Some(ev) = rx.poll_event() {
             match ev {
                 RxEvent::Begin(meta) => {
-                    let tmp = self.cfg.dir.join(format!(".{}.{}.part", meta.file_name(), meta.seq));
+                    let tmp = self
+                        .cfg
+                        .dir
+                        .join(format!(".{}.{}.part", meta.file_name(), meta.seq));
                     let f = File::create(&tmp)?;
                     self.files.insert(meta.seq, (tmp, f, meta));
                 }
@@ -286,12 +346,25 @@ impl Session<'_> {
                     };
                     rx.confirm(now_us(), seq, ok);
                 }
-                RxEvent::Delivered { meta, latency, repaired, multicast } => {
-                    let Some((tmp, _, _)) = self.files.remove(&meta.seq) else { continue };
+                RxEvent::Delivered {
+                    meta,
+                    latency,
+                    repaired,
+                    multicast,
+                } => {
+                    let Some((tmp, _, _)) = self.files.remove(&meta.seq) else {
+                        continue;
+                    };
                     let path = self.cfg.dir.join(meta.file_name());
                     fs::rename(&tmp, &path)?;
                     self.summary.delivered += 1;
-                    on(Report::Delivered { meta: &meta, path: &path, latency, repaired, multicast });
+                    on(Report::Delivered {
+                        meta: &meta,
+                        path: &path,
+                        latency,
+                        repaired,
+                        multicast,
+                    });
                 }
                 RxEvent::Discard(seq) => {
                     if let Some((p, _, _)) = self.files.remove(&seq) {
@@ -327,9 +400,14 @@ async fn recv_opt(s: Option<&UdpSocket>, buf: &mut [u8]) -> io::Result<usize> {
 
 /// Joins the group (`ADDR:PORT`) on `iface` (default: the kernel's choice).
 fn join_group(group: &str, iface: Option<Ipv4Addr>) -> io::Result<UdpSocket> {
-    let g: SocketAddr = group.parse().map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("bad group {group:?}")))?;
+    let g: SocketAddr = group
+        .parse()
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("bad group {group:?}")))?;
     let std::net::IpAddr::V4(ip) = g.ip() else {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "IPv6 multicast is not supported yet"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "IPv6 multicast is not supported yet",
+        ));
     };
     let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None)?;
     // Several subscribers on one host share the group's port.
@@ -338,17 +416,35 @@ fn join_group(group: &str, iface: Option<Ipv4Addr>) -> io::Result<UdpSocket> {
     s.bind(&g.into())?;
     s.join_multicast_v4(&ip, &iface.unwrap_or(Ipv4Addr::UNSPECIFIED))?;
     s.set_nonblocking(true)?;
-    let _ = DGRAM_HEADER;
     UdpSocket::from_std(s.into())
 }
 
 /// Inserts one file as a product; returns its sequence number.
-pub async fn insert(server: &str, keys: &Keys, tuning: &TcpTuning, path: &Path, name: &str, feedtype: &str) -> io::Result<u64> {
+pub async fn insert(
+    server: &str,
+    keys: &Keys,
+    tuning: &TcpTuning,
+    path: &Path,
+    name: &str,
+    feedtype: &str,
+) -> io::Result<u64> {
     let file = File::open(path)?;
     let size = file.metadata()?.len();
-    let mut stream = connect_tcp(server, tuning).await.map_err(io::Error::other)?;
-    handshake_connect(&mut stream, keys).await.map_err(io::Error::other)?;
-    write_msg(&mut stream, &Msg::Insert { name: name.into(), feedtype: feedtype.into(), size }).await?;
+    let mut stream = connect_tcp(server, tuning)
+        .await
+        .map_err(io::Error::other)?;
+    handshake_connect(&mut stream, keys)
+        .await
+        .map_err(io::Error::other)?;
+    write_msg(
+        &mut stream,
+        &Msg::Insert {
+            name: name.into(),
+            feedtype: feedtype.into(),
+            size,
+        },
+    )
+    .await?;
     stream.flush().await?;
     match read_msg(&mut stream).await? {
         Some(Msg::Ack { .. }) => {}
@@ -361,7 +457,15 @@ pub async fn insert(server: &str, keys: &Keys, tuning: &TcpTuning, path: &Path, 
     while off < size {
         let n = ((size - off) as usize).min(buf.len());
         file.read_exact_at(&mut buf[..n], off)?;
-        write_msg(&mut w, &Msg::Data { seq: 0, offset: off, data: bytes::Bytes::copy_from_slice(&buf[..n]) }).await?;
+        write_msg(
+            &mut w,
+            &Msg::Data {
+                seq: 0,
+                offset: off,
+                data: bytes::Bytes::copy_from_slice(&buf[..n]),
+            },
+        )
+        .await?;
         off += n as u64;
     }
     w.flush().await?;
@@ -375,8 +479,12 @@ pub async fn insert(server: &str, keys: &Keys, tuning: &TcpTuning, path: &Path, 
 
 /// The server's status as JSON.
 pub async fn status(server: &str, keys: &Keys, tuning: &TcpTuning) -> io::Result<String> {
-    let mut stream = connect_tcp(server, tuning).await.map_err(io::Error::other)?;
-    handshake_connect(&mut stream, keys).await.map_err(io::Error::other)?;
+    let mut stream = connect_tcp(server, tuning)
+        .await
+        .map_err(io::Error::other)?;
+    handshake_connect(&mut stream, keys)
+        .await
+        .map_err(io::Error::other)?;
     write_msg(&mut stream, &Msg::Status).await?;
     stream.flush().await?;
     match read_msg(&mut stream).await? {
@@ -384,9 +492,4 @@ pub async fn status(server: &str, keys: &Keys, tuning: &TcpTuning) -> io::Result
         Some(Msg::Refused { reason }) => Err(io::Error::other(reason)),
         other => Err(io::Error::other(format!("unexpected answer {other:?}"))),
     }
-}
-
-/// Microseconds as used in reports.
-pub fn micros(m: Micros) -> f64 {
-    m as f64 / 1000.0
 }

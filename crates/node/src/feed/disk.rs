@@ -27,7 +27,9 @@ impl QueueDir {
         for e in fs::read_dir(root.join("tmp"))? {
             let _ = fs::remove_file(e?.path());
         }
-        Ok(Self { root: root.to_path_buf() })
+        Ok(Self {
+            root: root.to_path_buf(),
+        })
     }
 
     /// A product's data file.
@@ -41,7 +43,9 @@ impl QueueDir {
 
     /// A fresh temporary path for an insert.
     pub fn tmp(&self) -> PathBuf {
-        self.root.join("tmp").join(format!("{:016x}", rand::random::<u64>()))
+        self.root
+            .join("tmp")
+            .join(format!("{:016x}", rand::random::<u64>()))
     }
 
     /// Reads the queue back: every product whose data and metadata are both whole.
@@ -54,8 +58,12 @@ impl QueueDir {
         let mut seen = Vec::new();
         for e in fs::read_dir(self.root.join("queue"))? {
             let p = e?.path();
-            let Some(stem) = p.file_stem().and_then(|s| s.to_str()) else { continue };
-            let Ok(seq) = stem.parse::<u64>() else { continue };
+            let Some(stem) = p.file_stem().and_then(|s| s.to_str()) else {
+                continue;
+            };
+            let Ok(seq) = stem.parse::<u64>() else {
+                continue;
+            };
             if p.extension().is_some_and(|x| x == "meta") {
                 match self.read_meta(seq) {
                     Some((meta, queued)) => seen.push((meta, queued)),
@@ -75,16 +83,28 @@ impl QueueDir {
     fn read_meta(&self, seq: u64) -> Option<(ProductMeta, Micros)> {
         let mut b = Vec::new();
         File::open(self.meta(seq)).ok()?.read_to_end(&mut b).ok()?;
-        let Ok(Msg::Product { meta, sent_at }) = Msg::decode(&b) else { return None };
+        let Ok(Msg::Product { meta, sent_at }) = Msg::decode(&b) else {
+            return None;
+        };
         let len = fs::metadata(self.data(seq)).ok()?.len();
         (meta.seq == seq && len == meta.size).then_some((meta, sent_at))
     }
 
     /// Moves an inserted product's bytes into place and records it.
-    pub fn commit(&self, tmp: &Path, meta: &ProductMeta, queued: Micros, next_seq: u64) -> io::Result<()> {
+    pub fn commit(
+        &self,
+        tmp: &Path,
+        meta: &ProductMeta,
+        queued: Micros,
+        next_seq: u64,
+    ) -> io::Result<()> {
         fs::rename(tmp, self.data(meta.seq))?;
         let mut b = BytesMut::new();
-        Msg::Product { meta: meta.clone(), sent_at: queued }.encode(&mut b);
+        Msg::Product {
+            meta: meta.clone(),
+            sent_at: queued,
+        }
+        .encode(&mut b);
         let t = self.tmp();
         fs::write(&t, &b)?;
         fs::rename(&t, self.meta(meta.seq))?;

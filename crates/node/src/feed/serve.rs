@@ -68,7 +68,11 @@ impl Ctx {
 
 /// Opens the queue, binds `listen`, and serves until the process ends. `ready` gets the bound
 /// address once listening.
-pub async fn serve(cfg: ServeConfig, listen: &str, ready: impl FnOnce(SocketAddr)) -> io::Result<()> {
+pub async fn serve(
+    cfg: ServeConfig,
+    listen: &str,
+    ready: impl FnOnce(SocketAddr),
+) -> io::Result<()> {
     let dir = QueueDir::open(&cfg.dir)?;
     let queue = dir.restore(cfg.server.limits)?;
     let push = cfg.server.push.clone();
@@ -79,10 +83,19 @@ pub async fn serve(cfg: ServeConfig, listen: &str, ready: impl FnOnce(SocketAddr
     let listener = TcpListener::bind(listen).await?;
     ready(listener.local_addr()?);
     let (wake, _) = watch::channel(0);
-    let ctx = Arc::new(Ctx { server: Mutex::new(server), dir, keys: cfg.keys, wake, remote_insert: cfg.remote_insert });
+    let ctx = Arc::new(Ctx {
+        server: Mutex::new(server),
+        dir,
+        keys: cfg.keys,
+        wake,
+        remote_insert: cfg.remote_insert,
+    });
     if let Some(p) = push {
         let group: SocketAddr = p.group.parse().map_err(|_| {
-            io::Error::new(io::ErrorKind::InvalidInput, format!("multicast group {:?} is not ADDR:PORT", p.group))
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("multicast group {:?} is not ADDR:PORT", p.group),
+            )
         })?;
         let sock = multicast_sender(group, cfg.multicast_if, cfg.multicast_ttl)?;
         tokio::spawn(pace_multicast(ctx.clone(), sock, group));
@@ -108,9 +121,16 @@ pub async fn serve(cfg: ServeConfig, listen: &str, ready: impl FnOnce(SocketAddr
     }
 }
 
-fn multicast_sender(group: SocketAddr, iface: Option<std::net::Ipv4Addr>, ttl: u32) -> io::Result<UdpSocket> {
+fn multicast_sender(
+    group: SocketAddr,
+    iface: Option<std::net::Ipv4Addr>,
+    ttl: u32,
+) -> io::Result<UdpSocket> {
     let IpAddr::V4(_) = group.ip() else {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "IPv6 multicast is not supported yet"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "IPv6 multicast is not supported yet",
+        ));
     };
     let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None)?;
     s.set_multicast_ttl_v4(ttl)?;
@@ -127,7 +147,13 @@ fn multicast_sender(group: SocketAddr, iface: Option<std::net::Ipv4Addr>, ttl: u
 
 /// Reads `len` bytes at `offset` of a product, keeping the last file open (a product evicted
 /// while being sent stays readable through the open handle).
-fn read_block(dir: &QueueDir, cache: &mut Option<(u64, File)>, seq: u64, offset: u64, len: u32) -> io::Result<Bytes> {
+fn read_block(
+    dir: &QueueDir,
+    cache: &mut Option<(u64, File)>,
+    seq: u64,
+    offset: u64,
+    len: u32,
+) -> io::Result<Bytes> {
     if cache.as_ref().is_none_or(|c| c.0 != seq) {
         *cache = Some((seq, File::open(dir.data(seq))?));
     }
@@ -148,15 +174,21 @@ async fn pace_multicast(ctx: Arc<Ctx>, sock: UdpSocket, group: SocketAddr) {
         };
         let msg = match out {
             Some(PushOut::Msg(m)) => m,
-            Some(PushOut::Block { seq, offset, len }) => match read_block(&ctx.dir, &mut cache, seq, offset, len) {
-                Ok(data) => Msg::Data { seq, offset, data },
-                Err(e) => {
-                    tracing::debug!("multicast: product {seq} unreadable ({e}); receivers will repair");
-                    continue;
+            Some(PushOut::Block { seq, offset, len }) => {
+                match read_block(&ctx.dir, &mut cache, seq, offset, len) {
+                    Ok(data) => Msg::Data { seq, offset, data },
+                    Err(e) => {
+                        tracing::debug!(
+                            "multicast: product {seq} unreadable ({e}); receivers will repair"
+                        );
+                        continue;
+                    }
                 }
-            },
+            }
             None => {
-                let wait = next.map_or(200_000, |t| t.saturating_sub(now)).clamp(100, 200_000);
+                let wait = next
+                    .map_or(200_000, |t| t.saturating_sub(now))
+                    .clamp(100, 200_000);
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_micros(wait)) => {}
                     _ = wake.changed() => {}
@@ -173,13 +205,22 @@ async fn pace_multicast(ctx: Arc<Ctx>, sock: UdpSocket, group: SocketAddr) {
 
 async fn connection(ctx: Arc<Ctx>, mut stream: TcpStream, peer: SocketAddr) -> io::Result<()> {
     stream.set_nodelay(true)?;
-    handshake_accept(&mut stream, &ctx.keys).await.map_err(io::Error::other)?;
+    handshake_accept(&mut stream, &ctx.keys)
+        .await
+        .map_err(io::Error::other)?;
     let first = tokio::time::timeout(Duration::from_secs(10), read_msg(&mut stream))
         .await
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no request after the handshake"))??;
     match first {
-        Some(Msg::Subscribe { feedtype, name, start, multicast }) => {
-            let r = ctx.lock().subscribe(peer.ip(), &feedtype, &name, start, multicast);
+        Some(Msg::Subscribe {
+            feedtype,
+            name,
+            start,
+            multicast,
+        }) => {
+            let r = ctx
+                .lock()
+                .subscribe(peer.ip(), &feedtype, &name, start, multicast);
             match r {
                 Ok(id) => {
                     tracing::info!("subscriber {id} from {peer}: {feedtype} {name:?} {start:?}");
@@ -193,7 +234,11 @@ async fn connection(ctx: Arc<Ctx>, mut stream: TcpStream, peer: SocketAddr) -> i
                 }
             }
         }
-        Some(Msg::Insert { name, feedtype, size }) => insert(&ctx, stream, peer, name, feedtype, size).await,
+        Some(Msg::Insert {
+            name,
+            feedtype,
+            size,
+        }) => insert(&ctx, stream, peer, name, feedtype, size).await,
         Some(Msg::Status) => {
             let status = ctx.lock().status();
             let json = serde_json::to_string(&status).unwrap_or_default();
@@ -227,13 +272,15 @@ async fn subscriber(ctx: &Arc<Ctx>, stream: TcpStream, id: SubId) -> io::Result<
         let out = ctx.lock().poll_unicast(id, now_us());
         let msg = match out {
             Some(UniOut::Msg(m)) => m,
-            Some(UniOut::Block { seq, offset, len }) => match read_block(&ctx.dir, &mut cache, seq, offset, len) {
-                Ok(data) => Msg::Data { seq, offset, data },
-                Err(_) => {
-                    ctx.lock().abort_product(id, seq);
-                    continue;
+            Some(UniOut::Block { seq, offset, len }) => {
+                match read_block(&ctx.dir, &mut cache, seq, offset, len) {
+                    Ok(data) => Msg::Data { seq, offset, data },
+                    Err(_) => {
+                        ctx.lock().abort_product(id, seq);
+                        continue;
+                    }
                 }
-            },
+            }
             None => {
                 w.flush().await?;
                 tokio::select! {
@@ -248,9 +295,22 @@ async fn subscriber(ctx: &Arc<Ctx>, stream: TcpStream, id: SubId) -> io::Result<
     }
 }
 
-async fn insert(ctx: &Arc<Ctx>, mut stream: TcpStream, peer: SocketAddr, name: String, feedtype: String, size: u64) -> io::Result<()> {
+async fn insert(
+    ctx: &Arc<Ctx>,
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    name: String,
+    feedtype: String,
+    size: u64,
+) -> io::Result<()> {
     if !ctx.remote_insert && !peer.ip().is_loopback() {
-        return refuse(stream, format!("inserts come from this host only ({peer} is not loopback; see --remote-insert)")).await;
+        return refuse(
+            stream,
+            format!(
+                "inserts come from this host only ({peer} is not loopback; see --remote-insert)"
+            ),
+        )
+        .await;
     }
     let checked = ctx.lock().check_size(&name, size);
     if let Err(e) = checked {
@@ -267,14 +327,23 @@ async fn insert(ctx: &Arc<Ctx>, mut stream: TcpStream, peer: SocketAddr, name: S
         Ok(seq) => Msg::Inserted { seq },
         Err(e) => {
             let _ = std::fs::remove_file(&tmp);
-            Msg::Refused { reason: e.to_string() }
+            Msg::Refused {
+                reason: e.to_string(),
+            }
         }
     };
     write_msg(&mut stream, &reply).await?;
     stream.flush().await
 }
 
-async fn receive_insert(ctx: &Arc<Ctx>, stream: &mut TcpStream, tmp: &std::path::Path, name: &str, feedtype: &str, size: u64) -> io::Result<u64> {
+async fn receive_insert(
+    ctx: &Arc<Ctx>,
+    stream: &mut TcpStream,
+    tmp: &std::path::Path,
+    name: &str,
+    feedtype: &str,
+    size: u64,
+) -> io::Result<u64> {
     let file = File::create(tmp)?;
     let mut hasher = blake3::Hasher::new();
     let mut got = 0u64;
@@ -283,10 +352,16 @@ async fn receive_insert(ctx: &Arc<Ctx>, stream: &mut TcpStream, tmp: &std::path:
             .await
             .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "insert stalled"))??;
         let Some(Msg::Data { offset, data, .. }) = m else {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "insert cut short"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "insert cut short",
+            ));
         };
         if offset != got || got + data.len() as u64 > size {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "insert data out of order or too long"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "insert data out of order or too long",
+            ));
         }
         file.write_all_at(&data, offset)?;
         hasher.update(&data);
@@ -303,11 +378,20 @@ async fn receive_insert(ctx: &Arc<Ctx>, stream: &mut TcpStream, tmp: &std::path:
         ctx.dir.remove(seq);
     }
     ctx.poke();
-    tracing::debug!("queued {} as {} ({} bytes, {})", meta.name, meta.seq, meta.size, meta.feedtype);
+    tracing::debug!(
+        "queued {} as {} ({} bytes, {})",
+        meta.name,
+        meta.seq,
+        meta.size,
+        meta.feedtype
+    );
     Ok(meta.seq)
 }
 
 /// Default queue bounds: 1 GiB, one hour.
 pub fn default_limits() -> QueueLimits {
-    QueueLimits { max_bytes: 1 << 30, max_age: 3_600_000_000 }
+    QueueLimits {
+        max_bytes: 1 << 30,
+        max_age: 3_600_000_000,
+    }
 }
