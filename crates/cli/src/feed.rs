@@ -349,7 +349,7 @@ fn report(json: bool, exec: Option<&str>, transport: &mut &'static str, r: Repor
             }
             let ms = |us: u64| us as f64 / 1000.0;
             json!({"event": "delivered", "seq": meta.seq, "name": meta.name, "feedtype": meta.feedtype,
-                "size": meta.size, "path": path, "transport": if multicast { "multicast" } else { "unicast" },
+                "size": meta.size, "created_us": meta.created, "path": path, "transport": if multicast { "multicast" } else { "unicast" },
                 "latency_ms": {"waiting": ms(latency.waiting_us), "transmission": ms(latency.transmission_us),
                     "repair": ms(latency.repair_us), "total": ms(latency.total_us)},
                 "repaired_bytes": repaired})

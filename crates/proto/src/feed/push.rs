@@ -171,6 +171,13 @@ impl Pusher {
         None
     }
 
+    /// Counts `bytes` sent to the LAN another way (unicast repairs share the source's link):
+    /// the group waits for them, so multicast and repairs together keep to the rate.
+    pub fn charge(&mut self, now: Micros, bytes: u64) {
+        let cost = (bytes + OVERHEAD) * 1_000_000 / self.cfg.rate.max(1);
+        self.next_send = self.next_send.max(now.saturating_sub(BURST)) + cost;
+    }
+
     /// When [`Pusher::poll`] may next return something.
     pub fn poll_timeout(&self) -> Micros {
         if self.idle() && !self.index_due {

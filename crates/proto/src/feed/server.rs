@@ -352,6 +352,9 @@ impl Server {
         if let Some((seq, offset, len)) = s.repairs.pop_front() {
             s.repair_bytes -= u64::from(len);
             s.repaired_bytes += u64::from(len);
+            if let (Some(p), true) = (&mut self.pusher, s.multicast) {
+                p.charge(now, u64::from(len));
+            }
             return Some(UniOut::Block { seq, offset, len });
         }
         if let Some((seq, offset, size)) = s.sending {
