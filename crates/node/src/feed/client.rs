@@ -113,6 +113,11 @@ pub struct Summary {
 }
 
 const STATE_FILE: &str = ".bulkcast-feed-state";
+/// Products smaller than this are hashed in the receive loop (cheaper than a thread hop).
+const HASH_INLINE: u64 = 4 << 20;
+
+/// Where hashes computed off the loop come back: (product, its copy matches).
+type Hashed = mpsc::UnboundedSender<(u64, io::Result<bool>)>;
 
 /// The resume position saved by an earlier run in `dir`.
 pub fn saved_position(dir: &Path) -> Option<u64> {
@@ -268,6 +273,7 @@ impl Session<'_> {
                 }
             }
         });
+        let (hash_tx, mut hashes) = mpsc::unbounded_channel();
         let mut buf = vec![0u8; 65536];
         let mut last_save = Instant::now();
         let result = loop {
@@ -279,7 +285,7 @@ impl Session<'_> {
                 write_msg(&mut w, &m).await?;
             }
             w.flush().await?;
-            if let Err(e) = self.events(&mut rx, on) {
+            if let Err(e) = self.events(&mut rx, on, &hash_tx) {
                 break Err(SessionEnd::Fatal(SubError::Local(e)));
             }
             self.resume = Some(rx.resume_seq());
@@ -314,6 +320,10 @@ impl Session<'_> {
                         }
                     }
                 }
+                Some((seq, ok)) = hashes.recv() => match ok {
+                    Ok(ok) => rx.confirm(now_us(), seq, ok),
+                    Err(e) => break Err(SessionEnd::Fatal(SubError::Local(e))),
+                },
                 _ = tokio::time::sleep(Duration::from_micros(wait)) => {}
             }
         };
@@ -323,7 +333,12 @@ impl Session<'_> {
         result
     }
 
-    fn events(&mut self, rx: &mut Receiver, on: &mut impl FnMut(Report<'_>)) -> io::Result<()> {
+    fn events(
+        &mut self,
+        rx: &mut Receiver,
+        on: &mut impl FnMut(Report<'_>),
+        hashed: &Hashed,
+    ) -> io::Result<()> {
         while let Some(ev) = rx.poll_event() {
             match ev {
                 RxEvent::Begin(meta) => {
@@ -340,11 +355,20 @@ impl Session<'_> {
                     }
                 }
                 RxEvent::Complete(seq) => {
-                    let ok = match self.files.get(&seq) {
-                        Some((p, _, m)) => hash_file(p)? == m.hash,
-                        None => false,
+                    let Some((p, _, m)) = self.files.get(&seq) else {
+                        rx.confirm(now_us(), seq, false);
+                        continue;
                     };
-                    rx.confirm(now_us(), seq, ok);
+                    if m.size < HASH_INLINE {
+                        rx.confirm(now_us(), seq, hash_file(p)? == m.hash);
+                        continue;
+                    }
+                    // A large product is hashed off the receive loop, which goes on taking
+                    // datagrams meanwhile (its socket buffer would overflow otherwise).
+                    let (p, want, tx) = (p.clone(), m.hash, hashed.clone());
+                    tokio::task::spawn_blocking(move || {
+                        let _ = tx.send((seq, hash_file(&p).map(|h| h == want)));
+                    });
                 }
                 RxEvent::Delivered {
                     meta,
