@@ -340,3 +340,28 @@ fn multicast_that_never_arrives_falls_back_to_unicast() {
     assert_exact(&r, |_, _, _| true);
     assert!(r.rx[0].fell_back && !r.rx[1].fell_back);
 }
+
+#[test]
+fn repairs_cost_about_what_was_lost_not_more() {
+    // 8 receivers, 5% independent loss: each should pull about 5% of the bytes, not re-pull
+    // the part of a product the group has not sent yet while repairs hold the group back.
+    let rxs = (0..8).map(|_| rx("ANY", lossy(0.05))).collect();
+    let sizes = [8_000, 20_000, 300_000, 900_000, 4_000_000];
+    let r = run(
+        10,
+        config(1 << 30, true),
+        rxs,
+        products(60, 1000, &sizes, &["NGRID"]),
+        120 * SEC,
+    );
+    assert_exact(&r, |_, _, _| true);
+    let bytes: u64 = (0..60).map(|i| sizes[i % sizes.len()] as u64).sum();
+    for x in &r.rx {
+        let share = x.repaired as f64 / bytes as f64;
+        assert!(
+            share < 0.08,
+            "repaired {share:.3} of the bytes at 5% loss: {:?}",
+            x.stats
+        );
+    }
+}

@@ -46,13 +46,36 @@ impl RangeSet {
         self.total == 0
     }
 
+    /// The parts of `a..b` not covered.
+    pub fn uncovered(&self, a: u64, b: u64) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        let mut at = a;
+        let from = self.r.range(..=a).next_back().map_or(a, |(s, _)| *s);
+        for (&s, &e) in self.r.range(from..b) {
+            if s > at {
+                out.push((at, s));
+            }
+            at = at.max(e);
+            if at >= b {
+                break;
+            }
+        }
+        if at < b {
+            out.push((at, b));
+        }
+        out
+    }
+
     /// The gaps in `0..size`.
     pub fn missing(&self, size: u64) -> Vec<(u64, u64)> {
         let mut out = Vec::new();
         let mut at = 0;
         for (&s, &e) in &self.r {
+            if s >= size {
+                break;
+            }
             if s > at {
-                out.push((at, s.min(size)));
+                out.push((at, s));
             }
             at = at.max(e);
         }
@@ -74,6 +97,10 @@ mod tests {
         assert_eq!(r.insert(30, 40), 10);
         assert_eq!(r.insert(15, 35), 10);
         assert_eq!(r.missing(50), vec![(0, 10), (40, 50)]);
+        assert_eq!(r.missing(25), vec![(0, 10)]);
+        assert_eq!(r.missing(12), vec![(0, 10)]);
+        assert_eq!(r.uncovered(5, 45), vec![(5, 10), (40, 45)]);
+        assert_eq!(r.uncovered(12, 18), vec![]);
         assert_eq!(r.insert(0, 50), 20);
         assert!(r.missing(50).is_empty());
         assert_eq!(r.len(), 50);

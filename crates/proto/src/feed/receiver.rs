@@ -122,6 +122,12 @@ struct Partial {
     have: RangeSet,
     mcast: bool,
     eop: bool,
+    /// End of the furthest bytes the group delivered: before the end of the product, only
+    /// gaps below it are losses (the rest is not sent yet).
+    high: u64,
+    /// Ranges asked for and not yet asked again.
+    asked: RangeSet,
+    started: Micros,
     last_activity: Micros,
     requested_at: Option<Micros>,
     repair_from: Option<Micros>,
@@ -315,6 +321,9 @@ impl Receiver {
                     have: RangeSet::default(),
                     mcast,
                     eop: false,
+                    high: 0,
+                    asked: RangeSet::default(),
+                    started: now,
                     last_activity: now,
                     requested_at: None,
                     repair_from: noticed,
@@ -337,6 +346,9 @@ impl Receiver {
                     return;
                 }
                 p.last_activity = now;
+                if mcast {
+                    p.high = p.high.max(end);
+                }
                 let new = p.have.insert(offset, end);
                 if p.repair_from.is_some() && !mcast {
                     p.repaired += new;
@@ -434,27 +446,12 @@ impl Receiver {
             .iter_mut()
             .filter(|(_, p)| p.mcast && !p.complete)
         {
-            let quiet = now.saturating_sub(p.last_activity);
-            let due = p.eop || quiet >= delay;
-            let stale = p
-                .requested_at
-                .is_none_or(|r| now.saturating_sub(r.max(p.last_activity)) >= again);
-            if !(due && stale) {
-                continue;
+            if let Some(ranges) = repair_ranges(p, now, delay, again, block) {
+                p.requested_at = Some(now);
+                p.repair_from.get_or_insert(now);
+                self.stats.repair_requests += 1;
+                self.out.push_back(Msg::Repair { seq: *seq, ranges });
             }
-            let mut ranges: Vec<(u32, u32)> = Vec::new();
-            for (a, b) in p.have.missing(p.meta.size) {
-                let (first, last) = ((a / block) as u32, ((b - 1) / block) as u32);
-                match ranges.last_mut() {
-                    Some(r) if r.0 + r.1 >= first => r.1 = last + 1 - r.0,
-                    _ => ranges.push((first, last + 1 - first)),
-                }
-            }
-            ranges.truncate(4096);
-            p.requested_at = Some(now);
-            p.repair_from.get_or_insert(now);
-            self.stats.repair_requests += 1;
-            self.out.push_back(Msg::Repair { seq: *seq, ranges });
         }
         for (seq, w) in self.wanted.iter_mut() {
             if w.1 == 0 || now.saturating_sub(w.1) >= again {
@@ -478,15 +475,7 @@ impl Receiver {
             t = t.min(self.last_mcast + self.cfg.fallback_after);
         }
         for p in self.partial.values().filter(|p| p.mcast && !p.complete) {
-            let due = if p.eop {
-                0
-            } else {
-                p.last_activity + self.cfg.repair_delay
-            };
-            let again = p
-                .requested_at
-                .map_or(0, |r| r.max(p.last_activity) + self.cfg.rerequest);
-            t = t.min(due.max(again));
+            t = t.min(next_repair_at(p, self.cfg.repair_delay, self.cfg.rerequest));
         }
         for w in self.wanted.values() {
             t = t.min(if w.1 == 0 {
@@ -510,4 +499,73 @@ impl Receiver {
     pub fn poll_event(&mut self) -> Option<RxEvent> {
         self.events.pop_front()
     }
+}
+
+/// The block ranges to ask for now, if any: gaps not asked for yet, once the sender moved
+/// on, the product went quiet, or every `delay` during a long product; every gap again once
+/// a request went `again` without progress.
+fn repair_ranges(
+    p: &mut Partial,
+    now: Micros,
+    delay: Micros,
+    again: Micros,
+    block: u64,
+) -> Option<Vec<(u32, u32)>> {
+    let limit = if p.eop { p.meta.size } else { p.high };
+    let quiet = now.saturating_sub(p.last_activity);
+    let since = now.saturating_sub(p.requested_at.unwrap_or(p.started));
+    if !(p.eop || quiet >= delay || since >= delay) {
+        return None;
+    }
+    let stale = p
+        .requested_at
+        .is_some_and(|r| now.saturating_sub(r.max(p.last_activity)) >= again);
+    if stale {
+        p.asked = RangeSet::default();
+    }
+    let gaps = new_gaps(p, limit);
+    if gaps.is_empty() {
+        return None;
+    }
+    let mut ranges: Vec<(u32, u32)> = Vec::new();
+    for (a, b) in gaps {
+        p.asked.insert(a, b);
+        let (first, last) = ((a / block) as u32, ((b - 1) / block) as u32);
+        match ranges.last_mut() {
+            Some(r) if r.0 + r.1 >= first => r.1 = last + 1 - r.0,
+            _ => ranges.push((first, last + 1 - first)),
+        }
+    }
+    ranges.truncate(4096);
+    Some(ranges)
+}
+
+/// When [`repair_ranges`] will next have something for `p` (`u64::MAX`: not before more
+/// data arrives).
+fn next_repair_at(p: &Partial, delay: Micros, again: Micros) -> Micros {
+    let limit = if p.eop { p.meta.size } else { p.high };
+    if p.have.missing(limit).is_empty() {
+        return u64::MAX;
+    }
+    let stale_at = p
+        .requested_at
+        .map_or(u64::MAX, |r| r.max(p.last_activity) + again);
+    if new_gaps(p, limit).is_empty() {
+        return stale_at;
+    }
+    let due_at = if p.eop {
+        0
+    } else {
+        (p.last_activity + delay).min(p.requested_at.unwrap_or(p.started) + delay)
+    };
+    due_at.min(stale_at)
+}
+
+/// Gaps below `limit` not asked for yet.
+fn new_gaps(p: &Partial, limit: u64) -> Vec<(u64, u64)> {
+    p.have
+        .missing(limit)
+        .into_iter()
+        .flat_map(|(a, b)| p.asked.uncovered(a, b))
+        .collect()
 }

@@ -135,7 +135,7 @@ struct World {
 }
 
 /// Runs a feed: `server` settings, receivers, products; stops at `until` or when every
-/// receiver has been idle for 5 s after the last insert.
+/// receiver has settled every product inserted (and 1 s more).
 pub fn run(
     seed: u64,
     cfg: ServerConfig,
@@ -183,16 +183,22 @@ pub fn run(
         steps += 1;
         w.pump(now);
         let next = w.next_time(now);
+        // Done when every receiver has settled every product inserted (delivered, not
+        // wanted, or reported gone); a second more catches late duplicates.
+        let last_seq = w.inserted.last().map_or(0, |(s, _)| *s);
         let quiet = now > last_insert
-            && w.heap.is_empty()
-            && w.st
-                .iter()
-                .all(|r| r.rx.as_ref().is_none_or(|x| x.in_flight() == 0) && r.uni_free <= now);
+            && w.st.iter().all(|r| {
+                r.spec.join_at <= now
+                    && (r.report.refused.is_some()
+                        || r.rx
+                            .as_ref()
+                            .is_some_and(|x| x.in_flight() == 0 && x.resume_seq() > last_seq))
+            });
         let since = *quiet_since.get_or_insert(now);
         if !quiet {
             quiet_since = None;
         }
-        if next >= until || steps > 50_000_000 || (quiet && now - since > 5_000_000) {
+        if next >= until || steps > 50_000_000 || (quiet && now - since > 1_000_000) {
             break;
         }
         now = now.max(next);
