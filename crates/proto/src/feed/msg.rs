@@ -103,6 +103,12 @@ pub enum Msg {
         /// Which product.
         seq: u64,
     },
+    /// Subscriber to source: send this product's metadata (its start was lost on the group
+    /// while its blocks arrive: the blocks need not be sent again).
+    Describe {
+        /// Which product.
+        seq: u64,
+    },
     /// Subscriber to source: delivered every wanted product up to here (its lag).
     Ack {
         /// Highest sequence number below which nothing is missing.
@@ -240,6 +246,7 @@ impl Msg {
             }
             Msg::Inserted { seq } => put_seq(out, 13, *seq),
             Msg::Status => out.put_u8(14),
+            Msg::Describe { seq } => put_seq(out, 16, *seq),
             Msg::StatusReply { json } => {
                 out.put_u8(15);
                 out.put_u32(json.len() as u32);
@@ -319,6 +326,7 @@ impl Msg {
                     json: s.to_string(),
                 }
             }
+            16 => Msg::Describe { seq: r.u64()? },
             t => return Err(MsgError::UnknownType(t)),
         };
         Ok(m)
@@ -470,6 +478,7 @@ mod tests {
                 ranges: vec![(0, 2), (5, 1)],
             },
             Msg::Whole { seq: 1 },
+            Msg::Describe { seq: 2 },
             Msg::Ack { seq: 1 },
             Msg::Fallback { seq: 1 },
             Msg::Insert {

@@ -147,6 +147,9 @@ pub struct Receiver {
     partial: BTreeMap<u64, Partial>,
     /// Products asked for whole: (noticed, last asked; 0 = not yet).
     wanted: BTreeMap<u64, (Micros, Micros)>,
+    /// Products whose blocks arrive but whose start was lost: only their metadata is asked
+    /// for (noticed, last asked; 0 = not yet).
+    described: BTreeMap<u64, (Micros, Micros)>,
     done_below: u64,
     done: BTreeSet<u64>,
     out: VecDeque<Msg>,
@@ -192,6 +195,7 @@ impl Receiver {
             expected: *mcast_from,
             partial: BTreeMap::new(),
             wanted: BTreeMap::new(),
+            described: BTreeMap::new(),
             done_below: (*first).max(1),
             done: BTreeSet::new(),
             out: VecDeque::new(),
@@ -215,7 +219,7 @@ impl Receiver {
 
     /// Products being received or awaited.
     pub fn in_flight(&self) -> usize {
-        self.partial.len() + self.wanted.len()
+        self.partial.len() + self.wanted.len() + self.described.len()
     }
 
     fn is_done(&self, seq: u64) -> bool {
@@ -266,7 +270,10 @@ impl Receiver {
                 let to = last_seq.min(self.mcast_from.saturating_sub(1));
                 if to >= self.done_below && to - self.done_below < MAX_GAP {
                     for s in self.done_below..=to {
-                        if !self.partial.contains_key(&s) && !self.wanted.contains_key(&s) {
+                        if !self.partial.contains_key(&s)
+                            && !self.wanted.contains_key(&s)
+                            && !self.described.contains_key(&s)
+                        {
                             self.mark_done(s);
                         }
                     }
@@ -283,7 +290,10 @@ impl Receiver {
         let end = if through { seq.saturating_add(1) } else { seq };
         if end > self.expected && end - self.expected <= MAX_GAP {
             for s in self.expected..end {
-                if !self.is_done(s) && !self.partial.contains_key(&s) {
+                if !self.is_done(s)
+                    && !self.partial.contains_key(&s)
+                    && !self.described.contains_key(&s)
+                {
                     self.wanted.entry(s).or_insert((now, 0));
                 }
             }
@@ -308,19 +318,22 @@ impl Receiver {
                 if mcast {
                     self.expected = self.expected.max(seq + 1);
                 }
+                let described = self.described.remove(&seq).is_some();
                 if !self.sub.matches(&meta) {
                     self.wanted.remove(&seq);
                     self.mark_done(seq);
                     return;
                 }
                 let noticed = self.wanted.remove(&seq).map(|w| w.0);
+                // A described product goes on arriving by multicast; its gaps are repaired.
+                let (mcast, eop) = (mcast || described, described && self.expected > seq + 1);
                 self.events.push_back(RxEvent::Begin(meta.clone()));
                 let p = Partial {
                     meta,
                     sent_at,
                     have: RangeSet::default(),
                     mcast,
-                    eop: false,
+                    eop,
                     high: 0,
                     asked: RangeSet::default(),
                     started: now,
@@ -335,9 +348,10 @@ impl Receiver {
             }
             Msg::Data { seq, offset, data } => {
                 let Some(p) = self.partial.get_mut(&seq) else {
-                    // Blocks of a product whose start was lost: it is asked for whole.
-                    if mcast && !self.is_done(seq) {
-                        self.wanted.entry(seq).or_insert((now, 0));
+                    // Blocks of a product whose start was lost: its metadata is asked for,
+                    // and the blocks missed meanwhile are repaired once it is here.
+                    if mcast && !self.is_done(seq) && !self.wanted.contains_key(&seq) {
+                        self.described.entry(seq).or_insert((now, 0));
                     }
                     return;
                 };
@@ -427,6 +441,10 @@ impl Receiver {
         for s in w {
             self.wanted.remove(&s);
         }
+        let d: Vec<u64> = self.described.range(from..=to).map(|(s, _)| *s).collect();
+        for s in d {
+            self.described.remove(&s);
+        }
         self.done = self.done.split_off(&self.done_below);
     }
 
@@ -460,6 +478,12 @@ impl Receiver {
                 self.out.push_back(Msg::Whole { seq: *seq });
             }
         }
+        for (seq, w) in self.described.iter_mut() {
+            if w.1 == 0 || now.saturating_sub(w.1) >= again {
+                w.1 = now.max(1);
+                self.out.push_back(Msg::Describe { seq: *seq });
+            }
+        }
         let settled = self.done_below.saturating_sub(1);
         if settled > self.acked && now.saturating_sub(self.last_ack) >= self.cfg.ack_interval {
             self.acked = settled;
@@ -477,7 +501,7 @@ impl Receiver {
         for p in self.partial.values().filter(|p| p.mcast && !p.complete) {
             t = t.min(next_repair_at(p, self.cfg.repair_delay, self.cfg.rerequest));
         }
-        for w in self.wanted.values() {
+        for w in self.wanted.values().chain(self.described.values()) {
             t = t.min(if w.1 == 0 {
                 0
             } else {

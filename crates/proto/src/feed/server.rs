@@ -315,6 +315,27 @@ impl Server {
                     }
                 }
             }
+            Msg::Describe { seq } => {
+                let e = self.queue.get(seq);
+                let ok = e.is_some_and(|e| {
+                    s.sub.matches(&e.meta) && allowed(&self.cfg.allow, s.host, &e.meta.feedtype)
+                });
+                s.ctrl.push_back(match e.filter(|_| ok) {
+                    Some(e) => Msg::Product {
+                        meta: e.meta.clone(),
+                        sent_at: self
+                            .pusher
+                            .as_ref()
+                            .and_then(|p| p.sent_at(seq))
+                            .unwrap_or(0),
+                    },
+                    None => Msg::Skip {
+                        from: seq,
+                        to: seq,
+                        gone: e.is_none(),
+                    },
+                });
+            }
             Msg::Fallback { seq } => {
                 s.multicast = false;
                 s.until = u64::MAX;
