@@ -21,7 +21,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use bulkcast_node::agent::{self, AgentConfig};
 use bulkcast_node::direct::CopyIo;
-use bulkcast_node::store::Target;
+use bulkcast_node::store::{Partials, Target};
 use bulkcast_node::ticket::{self, Ticket};
 use bulkcast_node::transport::{self, TcpTuning};
 use bulkcast_proto::auth::{Keys, Secret};
@@ -183,6 +183,7 @@ impl Common {
             attachments: Default::default(),
             predialed: Default::default(),
             swarms: Default::default(),
+            partials: Default::default(),
             stdout,
             io: CopyIo::Buffered,
         }
@@ -224,6 +225,14 @@ struct AgentArgs {
     /// repaired and stored; sessions; the store's queue; TCP retransmissions).
     #[arg(long, value_name = "ADDR")]
     metrics: Option<String>,
+    /// Remove partial copies of failed sessions (kept to resume them) once untouched for this
+    /// many hours.
+    #[arg(long, default_value_t = 168)]
+    keep_partial_hours: u64,
+    /// Also remove the oldest partial copies while together they exceed this many GiB
+    /// (default: no limit).
+    #[arg(long)]
+    keep_partial_gib: Option<u64>,
     #[command(flatten)]
     common: Common,
 }
@@ -374,6 +383,14 @@ async fn run_agent(a: AgentArgs) -> Result<i32> {
     };
     let mut cfg = a.common.agent_config(dir, &secret, tuning, false);
     cfg.io = copy_io(a.direct_io);
+    cfg.partials = Partials {
+        max_age: Duration::from_secs(a.keep_partial_hours.saturating_mul(3600)),
+        max_bytes: a.keep_partial_gib.map(|g| g.saturating_mul(1 << 30)),
+    };
+    let freed = cfg.partials.clean(&cfg.dir);
+    if freed > 0 {
+        tracing::info!("removed {freed} bytes of stale partial copies");
+    }
     let cfg = Arc::new(cfg);
     match agent::serve(listeners, cfg, a.once, shutdown_signal()).await {
         Some(Err(e)) => {
@@ -419,6 +436,7 @@ async fn recv(a: RecvArgs) -> Result<i32> {
         attachments: Default::default(),
         predialed: Default::default(),
         swarms: Default::default(),
+        partials: Default::default(),
         stdout: false,
         io: copy_io(a.direct_io),
     };

@@ -44,6 +44,9 @@ pub struct AgentConfig {
     pub io: crate::direct::CopyIo,
     /// Swarm sessions running here, for their peers' connections.
     pub swarms: crate::swarm::SwarmSessions,
+    /// How long and how much of the partial copies of failed sessions are kept to resume
+    /// ([`crate::store::partial`]).
+    pub partials: crate::store::Partials,
 }
 
 /// Serves until `shutdown` completes, or with `once` until the first object is received
@@ -289,7 +292,7 @@ pub async fn serve_open(
         None if cfg.stdout => Target::Stdout,
         None => Target::Dir(cfg.dir.clone()),
     };
-    let node = match Node::relay(&open, cfg.keys.clone(), cfg.node.clone(), Instant::now()) {
+    let mut node = match Node::relay(&open, cfg.keys.clone(), cfg.node.clone(), Instant::now()) {
         Ok(n) => n,
         Err(e) => {
             let _ = transport::write_frame(
@@ -302,8 +305,25 @@ pub async fn serve_open(
             return Err(SessionError::Refused(e.to_string()));
         }
     };
-    let store = match local_copy(&open, target, cfg) {
-        Ok(s) => s,
+    let store = match local_copy(&open, target, cfg).await {
+        Ok((copy, rx, resumed)) => {
+            if resumed.complete {
+                tracing::info!(
+                    "session {:016x}: an identical {:?} is in place already",
+                    open.session,
+                    open.manifest.name
+                );
+            } else if !resumed.held.is_empty() {
+                tracing::info!(
+                    "session {:016x}: resuming {:?} with {} verified chunks",
+                    open.session,
+                    open.manifest.name,
+                    resumed.held.len()
+                );
+            }
+            node.resume(resumed.held, resumed.complete, Instant::now());
+            (copy, rx)
+        }
         Err(e) => {
             // The node still relays to its children; it reports its own copy as failed.
             tracing::error!("cannot store session {:016x}: {e}", open.session);
@@ -356,26 +376,28 @@ pub async fn serve_open(
     })
 }
 
-/// The local copy a session writes into: its own store, or its stripe of a shared one.
-fn local_copy(
+/// The local copy a session writes into (its own store, resumed where an earlier session of
+/// the same object left one, or its stripe of a shared one) and what it held already.
+async fn local_copy(
     open: &Open,
     target: Target,
     cfg: &AgentConfig,
 ) -> std::io::Result<(
     Box<dyn LocalCopy>,
     mpsc::UnboundedReceiver<crate::store::StoreEvent>,
+    crate::store::Resumed,
 )> {
     let Some(st) = &open.stripe else {
         let (tx, rx) = mpsc::unbounded_channel();
-        let store = Store::open(
-            target,
-            &open.manifest,
-            open.session,
-            cfg.io,
-            tx,
-            cfg.stored.clone(),
-        )?;
-        return Ok((Box::new(store), rx));
+        let (manifest, cs, session) = (open.manifest.clone(), open.chunk_size, open.session);
+        let (io, stored, partials) = (cfg.io, cfg.stored.clone(), cfg.partials);
+        // Verifying a partial copy reads it whole: off the event loop.
+        let (store, resumed) = tokio::task::spawn_blocking(move || {
+            Store::open_resumable(target, &manifest, cs, session, io, tx, stored, partials)
+        })
+        .await
+        .map_err(std::io::Error::other)??;
+        return Ok((Box::new(store), rx, resumed));
     };
     let bad = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
     let stripes = Stripes::from_pattern(st.pattern.clone()).map_err(|e| bad(e.to_string()))?;
@@ -400,7 +422,7 @@ fn local_copy(
         )
     })?;
     let (copy, rx) = group.attach(st.tree)?;
-    Ok((Box::new(copy), rx))
+    Ok((Box::new(copy), rx, Default::default()))
 }
 
 async fn run_without_copy(

@@ -338,10 +338,19 @@ impl Driver {
                 self.deliver_parcel(p, now)?;
             }
             self.pump_writers();
-            while let Some(ev) = self.node.poll_event() {
-                self.handle_event(ev, &mut observe)?;
+            // Sending can ask for chunks to be read back from the local copy: events again
+            // until none is left, so no `Load` waits for an unrelated wake-up.
+            loop {
+                let mut any = false;
+                while let Some(ev) = self.node.poll_event() {
+                    any = true;
+                    self.handle_event(ev, &mut observe)?;
+                }
+                self.pump_writers();
+                if !any {
+                    break;
+                }
             }
-            self.pump_writers();
             if self.node.is_finished()
                 && self
                     .writers
@@ -401,6 +410,11 @@ impl Driver {
                                 tracing::info!("complete: {}", p.display());
                             }
                             self.node.handle_finalized(r.map(|_| ()), now);
+                        }
+                        StoreEvent::Loaded(i, Ok(data)) => self.node.handle_loaded(i, data, now),
+                        StoreEvent::Loaded(i, Err(e)) => {
+                            tracing::warn!("chunk {i}: {e}; fetching it from the parent");
+                            self.node.handle_load_failed(i, e, now);
                         }
                     }
                 }
@@ -548,6 +562,16 @@ impl Driver {
             Event::Complete { .. } => {
                 if let Some(s) = &self.store {
                     s.finalize();
+                }
+            }
+            Event::Load { index, offset, len } => {
+                if !self
+                    .store
+                    .as_ref()
+                    .is_some_and(|s| s.load(index, offset, len))
+                {
+                    let why = "the local copy cannot be read back".to_string();
+                    self.node.handle_load_failed(index, why, Instant::now());
                 }
             }
             Event::CloseLink(link) => self.drop_link(link),

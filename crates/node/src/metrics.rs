@@ -421,6 +421,9 @@ mod tests {
             chunks,
             done: None,
             failed: None,
+            held: 0,
+            already: false,
+            received: None,
         };
         let mut st = Status {
             started: Instant::now(),

@@ -36,6 +36,12 @@ pub struct ReceiverStatus {
     pub done: Option<Duration>,
     /// Why it failed.
     pub failed: Option<String>,
+    /// Chunks it held before the session (from an earlier one of the same object).
+    pub held: u64,
+    /// It held an identical copy in place: nothing moved to it.
+    pub already: bool,
+    /// Chunk bytes the session moved to it, as it reported when done.
+    pub received: Option<u64>,
 }
 
 impl Status {
@@ -48,9 +54,20 @@ impl Status {
                     r.chunks = r.chunks.max(*upto);
                 }
             }
-            Event::NodeDone { node } => {
+            Event::NodeDone { node, received } => {
                 if let Some(r) = self.receivers.get_mut(node.wrapping_sub(1)) {
                     r.done.get_or_insert(t);
+                    r.received = Some(*received);
+                }
+            }
+            Event::Held {
+                node,
+                chunks,
+                complete,
+            } => {
+                if let Some(r) = self.receivers.get_mut(node.wrapping_sub(1)) {
+                    r.held = *chunks;
+                    r.already = *complete;
                 }
             }
             Event::NodeFailed { node, reason } => {
@@ -60,6 +77,12 @@ impl Status {
             }
             _ => {}
         }
+    }
+
+    /// Bytes a receiver held before the session.
+    pub fn held_bytes(&self, r: &ReceiverStatus) -> u64 {
+        let b = r.held * self.chunk_size as u64;
+        self.total_len.map_or(b, |n| b.min(n))
     }
 
     /// Bytes a receiver has verified and stored.
@@ -188,6 +211,16 @@ pub struct ReceiverReport {
     pub rate_mbps: f64,
     /// Has a complete, verified copy in place.
     pub verified: bool,
+    /// Bytes it already held, verified, from an earlier session of the same object (only the
+    /// rest moved).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub held_bytes: u64,
+    /// It held an identical copy in place already: nothing moved to it.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub already_in_place: bool,
+    /// Chunk bytes the session moved to it (as it counted them; absent if it did not finish).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub received_bytes: Option<u64>,
     /// What went wrong, if anything.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -287,6 +320,9 @@ impl Report {
                     seconds: 0.0,
                     rate_mbps: 0.0,
                     verified: false,
+                    held_bytes: 0,
+                    already_in_place: false,
+                    received_bytes: None,
                     error: Some(format!("left out before the send: {why}")),
                     site: None,
                     received_from: Vec::new(),
@@ -321,6 +357,9 @@ impl Report {
                     seconds: secs,
                     rate_mbps: mbps(bytes, secs),
                     verified: r.done.is_some() && r.failed.is_none(),
+                    held_bytes: status.held_bytes(r),
+                    already_in_place: r.already,
+                    received_bytes: r.received,
                     error: r
                         .failed
                         .clone()
@@ -417,6 +456,9 @@ mod tests {
                     chunks: 0,
                     done: None,
                     failed: None,
+                    held: 0,
+                    already: false,
+                    received: None,
                 })
                 .collect(),
         }

@@ -90,6 +90,9 @@ pub fn new_status(
                 chunks: 0,
                 done: None,
                 failed: None,
+                held: 0,
+                already: false,
+                received: None,
             })
             .collect(),
     }))

@@ -3,8 +3,12 @@
 //!
 //! Writing runs on its own thread (file I/O blocks) fed by a channel; the node keeps a chunk
 //! in memory until the thread reports it stored, so memory stays bounded by the node's budget.
-//! Any write error removes the temporary copy: a receiver never leaves a partial or corrupt
-//! file under the final name.
+//! A receiver never leaves a partial or corrupt file under the final name.
+//!
+//! A one-file copy opened with [`Store::open_resumable`] (what agents do) outlives a failed
+//! session: its verified chunks are kept, keyed by the object, for the next send of the same
+//! object (see [`partial`]). Other copies (directories, streams, stripes of a balanced send)
+//! are removed when their session fails.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -19,6 +23,9 @@ use bulkcast_proto::manifest::{EntryKind, Manifest, Mtime, ObjectKind, MODE_BITS
 use bulkcast_proto::wire::SessionId;
 use bytes::Bytes;
 use tokio::sync::mpsc;
+
+pub mod partial;
+pub use partial::{Partials, Resumed};
 
 /// Where the copy goes.
 #[derive(Debug, Clone)]
@@ -40,6 +47,8 @@ pub enum StoreEvent {
     Failed(String),
     /// The copy is in place at this path (or flushed to stdout).
     Finalized(Result<PathBuf, String>),
+    /// A chunk read back from the copy ([`LocalCopy::load`]).
+    Loaded(u64, Result<Bytes, String>),
 }
 
 enum Cmd {
@@ -49,6 +58,11 @@ enum Cmd {
         data: Bytes,
     },
     Finalize,
+    Read {
+        index: u64,
+        offset: u64,
+        len: u64,
+    },
 }
 
 /// Where a driver puts a node's verified chunks: a [`Store`], or one stripe's view of a shared
@@ -58,6 +72,11 @@ pub trait LocalCopy: Send {
     fn write(&self, index: u64, offset: u64, data: Bytes);
     /// Queues the move into place; a [`StoreEvent::Finalized`] follows.
     fn finalize(&self);
+    /// Queues reading a chunk back; a [`StoreEvent::Loaded`] follows. False: this copy cannot
+    /// be read back (nothing follows).
+    fn load(&self, _index: u64, _offset: u64, _len: u64) -> bool {
+        false
+    }
 }
 
 impl LocalCopy for Store {
@@ -66,6 +85,12 @@ impl LocalCopy for Store {
     }
     fn finalize(&self) {
         Store::finalize(self)
+    }
+    fn load(&self, index: u64, offset: u64, len: u64) -> bool {
+        match &self.tx {
+            Some(tx) => tx.send(Cmd::Read { index, offset, len }).is_ok(),
+            None => false,
+        }
     }
 }
 
@@ -97,7 +122,74 @@ impl Store {
         events: mpsc::UnboundedSender<StoreEvent>,
         stored: Option<Arc<AtomicU64>>,
     ) -> io::Result<Store> {
-        let mut sink = Sink::open(&target, manifest, session, io)?;
+        let sink = Sink::open(&target, manifest, session, io)?;
+        Self::start(sink, events, stored)
+    }
+
+    /// Like [`Store::open`], for a one-file copy that outlives a failed session: resumes the
+    /// partial copy of this object (cut in `chunk_size` chunks) that an earlier session left,
+    /// or finds an identical copy in place, and says which. Cleans stale partial copies next
+    /// to it by `partials` first. Blocks while it verifies what is there (it reads it all).
+    #[allow(clippy::too_many_arguments)]
+    pub fn open_resumable(
+        target: Target,
+        manifest: &Manifest,
+        chunk_size: u32,
+        session: SessionId,
+        io: CopyIo,
+        events: mpsc::UnboundedSender<StoreEvent>,
+        stored: Option<Arc<AtomicU64>>,
+        partials: Partials,
+    ) -> io::Result<(Store, Resumed)> {
+        let dest = match &target {
+            Target::Dir(d) if manifest.kind == ObjectKind::File => d.join(&manifest.name),
+            Target::Path(p) if manifest.kind == ObjectKind::File => p.clone(),
+            _ => {
+                let s = Self::open(target, manifest, session, io, events, stored)?;
+                return Ok((s, Resumed::default()));
+            }
+        };
+        let dir = partial::parent_of(&dest).to_path_buf();
+        fs::create_dir_all(&dir).map_err(|e| ctx(e, "creating", &dir))?;
+        partials.clean(&dir);
+        let opened =
+            partial::open(&dest, manifest, chunk_size).map_err(|e| ctx(e, "resuming", &dest))?;
+        let (sink, resumed) = match opened {
+            partial::Opened::Complete(file) => (
+                Sink::Complete { dest, file },
+                Resumed {
+                    held: Default::default(),
+                    complete: true,
+                },
+            ),
+            partial::Opened::Partial { file, ledger, held } => {
+                let tmp = ledger.names.part.clone();
+                let sink = Sink::file(tmp, dest, file, io, manifest, Some(ledger))?;
+                (
+                    sink,
+                    Resumed {
+                        held,
+                        complete: false,
+                    },
+                )
+            }
+            partial::Opened::Busy => {
+                tracing::info!(
+                    "{}: another session is receiving it; this one does not resume",
+                    dest.display()
+                );
+                let s = Self::open(target, manifest, session, io, events, stored)?;
+                return Ok((s, Resumed::default()));
+            }
+        };
+        Ok((Self::start(sink, events, stored)?, resumed))
+    }
+
+    fn start(
+        mut sink: Sink,
+        events: mpsc::UnboundedSender<StoreEvent>,
+        stored: Option<Arc<AtomicU64>>,
+    ) -> io::Result<Store> {
         let reader = match &sink {
             Sink::File {
                 tmp, direct: None, ..
@@ -128,11 +220,19 @@ impl Store {
                             }
                             Err(e) => {
                                 failed = true;
+                                // A full disk needs its space back more than a resume.
+                                if e.ends_with(DISK_FULL) || e.ends_with(QUOTA) {
+                                    sink.forget();
+                                }
                                 sink.discard();
                                 let _ = events.send(StoreEvent::Failed(e));
                             }
                         },
                         Cmd::Write { .. } => {}
+                        Cmd::Read { index, offset, len } => {
+                            let r = sink.read(offset, len);
+                            let _ = events.send(StoreEvent::Loaded(index, r));
+                        }
                         Cmd::Finalize if !failed => {
                             let r = sink.finalize();
                             if r.is_err() {
@@ -202,6 +302,9 @@ enum Sink {
         /// The file's mode and modification time, set once its content is in place (`None`
         /// for a stream, whose copy keeps the receiver's defaults).
         meta: Option<(u32, Option<Mtime>)>,
+        /// A resumable copy's map: what is written is recorded there, and the copy is kept
+        /// when the session fails.
+        ledger: Option<partial::Ledger>,
     },
     Tree {
         tmp: PathBuf,
@@ -211,6 +314,11 @@ enum Sink {
         open: Option<(usize, File)>,
     },
     Stdout(io::Stdout),
+    /// An identical copy was in place before the session: only read from.
+    Complete {
+        dest: PathBuf,
+        file: File,
+    },
     Done,
 }
 
@@ -236,23 +344,11 @@ impl Sink {
                 let file = OpenOptions::new()
                     .create(true)
                     .truncate(true)
+                    .read(true)
                     .write(true)
                     .open(&tmp)
                     .map_err(|e| ctx(e, "creating", &tmp))?;
-                let direct = match io {
-                    CopyIo::Direct => {
-                        direct::Writer::open(&tmp).map_err(|e| ctx(e, "opening", &tmp))?
-                    }
-                    CopyIo::Buffered => None,
-                };
-                Ok(Sink::File {
-                    tmp,
-                    dest,
-                    file,
-                    direct,
-                    unflushed: 0,
-                    meta: (m.kind == ObjectKind::File).then_some((m.mode, m.mtime)),
-                })
+                Sink::file(tmp, dest, file, io, m, None)
             }
             ObjectKind::Dir => {
                 // Checked here too, whoever checked before: the paths below are trusted to
@@ -272,6 +368,42 @@ impl Sink {
         }
     }
 
+    fn file(
+        tmp: PathBuf,
+        dest: PathBuf,
+        file: File,
+        io: CopyIo,
+        m: &Manifest,
+        ledger: Option<partial::Ledger>,
+    ) -> io::Result<Sink> {
+        let direct = match io {
+            CopyIo::Direct => direct::Writer::open(&tmp).map_err(|e| ctx(e, "opening", &tmp))?,
+            CopyIo::Buffered => None,
+        };
+        Ok(Sink::File {
+            tmp,
+            dest,
+            file,
+            direct,
+            unflushed: 0,
+            meta: (m.kind == ObjectKind::File).then_some((m.mode, m.mtime)),
+            ledger,
+        })
+    }
+
+    /// Reads `len` bytes at `offset` back from a one-file copy.
+    fn read(&self, offset: u64, len: u64) -> Result<Bytes, String> {
+        let (file, path) = match self {
+            Sink::File { file, tmp, .. } => (file, tmp),
+            Sink::Complete { file, dest } => (file, dest),
+            _ => return Err("this copy cannot be read back".into()),
+        };
+        let mut buf = vec![0u8; len as usize];
+        file.read_exact_at(&mut buf, offset)
+            .map_err(|e| describe(e, "reading back", path))?;
+        Ok(Bytes::from(buf))
+    }
+
     fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), String> {
         match self {
             Sink::File {
@@ -279,30 +411,57 @@ impl Sink {
                 file,
                 direct,
                 unflushed,
+                ledger,
                 ..
             } => {
-                let n = match direct.as_mut().map(|w| w.write_at(offset, data)) {
-                    None => 0,
-                    Some(Ok(n)) => n,
-                    // A device whose blocks are larger than a page: the page cache from now on.
-                    Some(Err(e)) if e.raw_os_error() == Some(libc::EINVAL) => {
-                        *direct = None;
-                        0
-                    }
-                    Some(Err(e)) => return Err(describe(e, "writing", tmp)),
-                };
-                if n == data.len() {
-                    return Ok(());
+                let r = Self::write_file(tmp, file, direct, unflushed, offset, data);
+                // Recorded only once written: the map never lists bytes not handed to the file
+                // (and a crash before they reach the disk is caught by the hash on resuming).
+                if let (Ok(()), Some(l)) = (&r, ledger) {
+                    l.record(offset, data)
+                        .map_err(|e| describe(e, "recording the chunk in", tmp))?;
                 }
-                file.write_all_at(&data[n..], offset + n as u64)
-                    .map_err(|e| describe(e, "writing", tmp))?;
-                *unflushed += (data.len() - n) as u64;
-                if *unflushed >= WRITEBACK_EVERY {
-                    *unflushed = 0;
-                    start_writeback(file);
-                }
-                Ok(())
+                r
             }
+            Sink::Tree { .. } | Sink::Stdout(_) | Sink::Complete { .. } | Sink::Done => {
+                self.write_other(offset, data)
+            }
+        }
+    }
+
+    fn write_file(
+        tmp: &Path,
+        file: &File,
+        direct: &mut Option<direct::Writer>,
+        unflushed: &mut u64,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), String> {
+        let n = match direct.as_mut().map(|w| w.write_at(offset, data)) {
+            None => 0,
+            Some(Ok(n)) => n,
+            // A device whose blocks are larger than a page: the page cache from now on.
+            Some(Err(e)) if e.raw_os_error() == Some(libc::EINVAL) => {
+                *direct = None;
+                0
+            }
+            Some(Err(e)) => return Err(describe(e, "writing", tmp)),
+        };
+        if n == data.len() {
+            return Ok(());
+        }
+        file.write_all_at(&data[n..], offset + n as u64)
+            .map_err(|e| describe(e, "writing", tmp))?;
+        *unflushed += (data.len() - n) as u64;
+        if *unflushed >= WRITEBACK_EVERY {
+            *unflushed = 0;
+            start_writeback(file);
+        }
+        Ok(())
+    }
+
+    fn write_other(&mut self, offset: u64, data: &[u8]) -> Result<(), String> {
+        match self {
             Sink::Tree {
                 tmp,
                 manifest,
@@ -329,7 +488,7 @@ impl Sink {
                 .lock()
                 .write_all(data)
                 .map_err(|e| format!("writing to standard output: {e}")),
-            Sink::Done => Ok(()),
+            Sink::File { .. } | Sink::Complete { .. } | Sink::Done => Ok(()),
         }
     }
 
@@ -340,17 +499,25 @@ impl Sink {
                 dest,
                 file,
                 meta,
+                ledger,
                 ..
             } => {
+                let fail = |e, what| {
+                    // A resumable copy stays for the next session; others go.
+                    if ledger.is_none() {
+                        let _ = fs::remove_file(&tmp);
+                    }
+                    describe(e, what, &dest)
+                };
                 file.sync_data().map_err(|e| describe(e, "syncing", &tmp))?;
                 if let Some((mode, mtime)) = meta {
                     set_meta(&file, mode, mtime);
                 }
                 drop(file);
-                fs::rename(&tmp, &dest).map_err(|e| {
-                    let _ = fs::remove_file(&tmp);
-                    describe(e, "moving into place", &dest)
-                })?;
+                fs::rename(&tmp, &dest).map_err(|e| fail(e, "moving into place"))?;
+                if let Some(l) = ledger {
+                    l.finish(&dest);
+                }
                 Ok(dest)
             }
             Sink::Tree {
@@ -377,20 +544,36 @@ impl Sink {
                     .map_err(|e| format!("flushing standard output: {e}"))?;
                 Ok(PathBuf::from("-"))
             }
+            Sink::Complete { dest, .. } => Ok(dest),
             Sink::Done => Err("finalized twice".into()),
         }
     }
 
-    /// Removes the temporary copy.
+    /// Makes a resumable copy an ordinary one: [`Sink::discard`] removes it.
+    fn forget(&mut self) {
+        if let Sink::File { ledger, .. } = self {
+            if let Some(l) = ledger.take() {
+                let _ = fs::remove_file(&l.names.map);
+            }
+        }
+    }
+
+    /// Removes the temporary copy, unless it is resumable: that one stays, with what it
+    /// verified, for the next session of the same object.
     fn discard(&mut self) {
         match std::mem::replace(self, Sink::Done) {
-            Sink::File { tmp, .. } => {
+            Sink::File {
+                tmp, ledger: None, ..
+            } => {
                 let _ = fs::remove_file(tmp);
+            }
+            Sink::File { tmp, .. } => {
+                tracing::info!("keeping the partial copy {} to resume", tmp.display());
             }
             Sink::Tree { tmp, .. } => {
                 let _ = fs::remove_dir_all(tmp);
             }
-            Sink::Stdout(_) | Sink::Done => {}
+            Sink::Stdout(_) | Sink::Complete { .. } | Sink::Done => {}
         }
     }
 }
@@ -516,14 +699,17 @@ fn start_writeback(file: &File) {
     }
 }
 
+const DISK_FULL: &str = " (disk full: free space on the receiver and send again)";
+const QUOTA: &str = " (quota exceeded)";
+
 fn ctx(e: io::Error, what: &str, p: &Path) -> io::Error {
     io::Error::new(e.kind(), describe(e, what, p))
 }
 
 fn describe(e: io::Error, what: &str, p: &Path) -> String {
     let hint = match e.raw_os_error() {
-        Some(libc::ENOSPC) => " (disk full: free space on the receiver and send again)",
-        Some(libc::EDQUOT) => " (quota exceeded)",
+        Some(libc::ENOSPC) => DISK_FULL,
+        Some(libc::EDQUOT) => QUOTA,
         Some(libc::EACCES) | Some(libc::EPERM) => " (permission denied: check the agent's --dir)",
         _ => "",
     };

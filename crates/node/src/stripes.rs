@@ -154,6 +154,8 @@ impl Group {
                     let _ = tx.send(StoreEvent::Finalized(r.clone()));
                 }
             }
+            // Stripes are never read back (`LocalCopy::load` is not offered).
+            StoreEvent::Loaded(..) => {}
         }
     }
 }

@@ -1025,6 +1025,8 @@ impl Net {
                     }
                 }
             }
+            // Swarm members read back through their own `Disk` handle, not the store thread.
+            StoreEvent::Loaded(..) => {}
             StoreEvent::Failed(e) => {
                 tracing::error!("swarm {:016x}: storing failed: {e}", self.session);
                 self.copy_failed = Some(e.clone());

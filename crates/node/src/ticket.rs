@@ -284,6 +284,7 @@ mod tests {
             predialed: Default::default(),
             stdout: false,
             swarms: Default::default(),
+            partials: Default::default(),
             io: Default::default(),
         };
         let fake_sender = async {

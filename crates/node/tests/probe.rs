@@ -29,6 +29,7 @@ async fn matrix_of_three_agents_and_one_dead_host() {
             attachments: Default::default(),
             predialed: Default::default(),
             swarms: Default::default(),
+            partials: Default::default(),
             stdout: false,
             io: Default::default(),
         });

@@ -57,6 +57,35 @@ impl ChunkMap {
         self.count == 0
     }
 
+    /// Held chunks as half-open ranges `[start, end)`, ascending (what a `Have` frame carries).
+    pub fn ranges(&self) -> Vec<(u64, u64)> {
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        for (w, &word) in self.words.iter().enumerate() {
+            let mut bits = word;
+            while bits != 0 {
+                let i = w as u64 * 64 + u64::from(bits.trailing_zeros());
+                bits &= bits - 1;
+                match out.last_mut() {
+                    Some(r) if r.1 == i => r.1 += 1,
+                    _ => out.push((i, i + 1)),
+                }
+            }
+        }
+        out
+    }
+
+    /// The map holding exactly the chunks of `ranges` that are below `limit` (a peer's claim is
+    /// capped at the object's chunk count, so it cannot make the map grow without bound).
+    pub fn from_ranges(ranges: &[(u64, u64)], limit: u64) -> Self {
+        let mut m = Self::new();
+        for &(s, e) in ranges {
+            for i in s..e.min(limit) {
+                m.insert(i);
+            }
+        }
+        m
+    }
+
     /// Chunks below `n` that are not held, in order.
     pub fn missing_below(&self, n: u64) -> impl Iterator<Item = u64> + '_ {
         (self.prefix..n).filter(|&i| !self.contains(i))
@@ -66,6 +95,19 @@ impl ChunkMap {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ranges_round_trip_and_are_capped() {
+        let mut m = ChunkMap::new();
+        for i in [0, 1, 2, 63, 64, 65, 130, 200] {
+            m.insert(i);
+        }
+        let r = m.ranges();
+        assert_eq!(r, vec![(0, 3), (63, 66), (130, 131), (200, 201)]);
+        assert_eq!(ChunkMap::from_ranges(&r, u64::MAX), m);
+        let capped = ChunkMap::from_ranges(&r, 64);
+        assert_eq!(capped.ranges(), vec![(0, 3), (63, 64)]);
+    }
 
     #[test]
     fn prefix_follows_out_of_order_inserts() {

@@ -36,6 +36,9 @@ use crate::manifest::{Manifest, ManifestError};
 use crate::tree::{NodeId, Tree};
 use crate::wire::{Chunk, End, Frame, Member, Open, SessionId};
 
+mod held;
+pub use held::LOAD_AHEAD;
+
 /// Local settings of a node (session-wide settings arrive in [`Open`]).
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
@@ -125,6 +128,28 @@ pub enum Event {
     NodeDone {
         /// The node.
         node: NodeId,
+        /// Chunk bytes the session moved to it (0 for a copy it already held).
+        received: u64,
+    },
+    /// A node's answer to its `Open` (at the source, for every node): what it already held.
+    Held {
+        /// The node.
+        node: NodeId,
+        /// Chunks it held, verified, from an earlier session of the same object.
+        chunks: u64,
+        /// It held an identical copy in place: nothing moves to it.
+        complete: bool,
+    },
+    /// Read chunk `index` (`len` bytes at `offset`) back from the local copy and hand it to
+    /// [`Node::handle_loaded`] (or [`Node::handle_load_failed`]): a child lacks a chunk that
+    /// this node held before the session, so its parent never sent it.
+    Load {
+        /// Chunk index.
+        index: u64,
+        /// Byte offset in the object.
+        offset: u64,
+        /// Length in bytes.
+        len: u64,
     },
     /// A node failed and will not finish.
     NodeFailed {
@@ -211,6 +236,13 @@ pub struct Child {
     alive: bool,
     /// Nodes of its subtree that have neither finished nor failed.
     unresolved: BTreeSet<NodeId>,
+    /// What it held before the session, from its `Have` (`None`: not heard yet, and nothing
+    /// is sent to it before, so that nothing it holds moves again).
+    held: Option<ChunkMap>,
+    /// Chunks to read back from the local copy for it (asked for, or loaded and waiting in
+    /// `loaded`); at most [`LOAD_AHEAD`] at a time.
+    loads: BTreeSet<u64>,
+    loaded: BTreeMap<u64, Chunk>,
 }
 
 impl Child {
@@ -235,6 +267,8 @@ enum Local {
 }
 
 /// Where a node's chunks come from.
+// One per node: the size of the larger variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 enum Upstream {
     /// The source reads local input.
@@ -253,8 +287,16 @@ enum Upstream {
         up_reports: VecDeque<Frame>,
         up_acks: BTreeMap<u32, u64>,
         local: Local,
+        /// Chunks in the local copy (held from an earlier session, or stored in this one):
+        /// what can be read back for a child.
         stored: ChunkMap,
         stored_bytes: u64,
+        /// The `Have` has gone up (it is the first frame on the link).
+        have_sent: bool,
+        /// What the `Have` says ([`Node::resume`]).
+        resumed: Option<(ChunkMap, bool)>,
+        /// Chunk bytes taken from the parent in this session.
+        received: u64,
     },
 }
 
@@ -281,6 +323,10 @@ pub struct Node {
     /// This node's access uplink in kbit/s from its `Open` or [`Node::set_uplink_kbps`] (0: not
     /// known).
     uplink_kbps: u32,
+    /// Chunks being read back from the local copy ([`Event::Load`] emitted, no answer yet).
+    loading: BTreeSet<u64>,
+    /// Chunks held on disk that could not be read back: fetched from the parent instead.
+    refetch: BTreeSet<u64>,
 }
 
 /// A receiver as the source names it in [`Node::source`].
@@ -392,6 +438,9 @@ impl Node {
                 local: Local::Storing,
                 stored: ChunkMap::new(),
                 stored_bytes: 0,
+                have_sent: false,
+                resumed: None,
+                received: 0,
             },
         );
         node.children = children_of(me, &open.members[1..], now);
@@ -422,6 +471,8 @@ impl Node {
             children: Vec::new(),
             events: VecDeque::new(),
             uplink_kbps: 0,
+            loading: BTreeSet::new(),
+            refetch: BTreeSet::new(),
         }
     }
 
@@ -611,7 +662,7 @@ impl Node {
                 )));
             }
         }
-        if self.have.contains(c.index) {
+        if self.have.contains(c.index) && !self.refetch.contains(&c.index) {
             return Ok(()); // a duplicate (a repair that crossed the original)
         }
         if let Err(e) = match verified {
@@ -652,6 +703,10 @@ impl Node {
             return Ok(());
         }
         dropped.remove(&c.index);
+        self.refetch.remove(&c.index);
+        if let Upstream::Parent { received, .. } = &mut self.upstream {
+            *received += c.data.len() as u64;
+        }
         self.have.insert(c.index);
         self.hold(c, now);
         self.deliver_ready();
@@ -676,21 +731,35 @@ impl Node {
             Frame::Ack { node, upto } => {
                 check_below(child, node, link)?;
                 if node as NodeId == child.node && upto > child.acked {
+                    // What it held before counts as sent: its ack may cover those chunks.
+                    if let Some(h) = &child.held {
+                        while h.contains(child.next) {
+                            child.next += 1;
+                        }
+                    }
                     child.acked = upto.min(child.next);
                     child.last_progress = now;
                     self.evict();
                 }
                 self.report(Frame::Ack { node, upto });
             }
-            Frame::Done { node } => {
+            Frame::Done { node, received } => {
                 check_below(child, node, link)?;
                 child.unresolved.remove(&(node as NodeId));
-                self.report(Frame::Done { node });
+                self.report(Frame::Done { node, received });
             }
             Frame::Failed { node, reason } => {
                 check_below(child, node, link)?;
                 child.unresolved.remove(&(node as NodeId));
                 self.report(Frame::Failed { node, reason });
+            }
+            Frame::Have {
+                node,
+                complete,
+                ranges,
+            } => {
+                check_below(child, node, link)?;
+                self.handle_have(k, node, complete, ranges, now)?;
             }
             Frame::Request { index } => {
                 if !child.requests.contains(&index) && child.requests.len() < 1024 {
@@ -762,6 +831,7 @@ impl Node {
                 *local = Local::Done;
                 Frame::Done {
                     node: self.id as u32,
+                    received: self.received_bytes(),
                 }
             }
             Err(reason) => {
@@ -799,15 +869,23 @@ impl Node {
         let stalled: Vec<usize> = (0..self.children.len())
             .filter(|&k| {
                 let c = &self.children[k];
-                c.alive && c.acked < c.next && now.duration_since(c.last_progress) >= stall
+                c.alive
+                    && (c.acked < c.next || c.held.is_none())
+                    && now.duration_since(c.last_progress) >= stall
             })
             .collect();
         for k in stalled {
             let c = &self.children[k];
-            let reason = format!(
-                "stalled: {} made no progress for {:.0?} (at chunk {})",
-                c.name, stall, c.acked
-            );
+            let reason = match c.held {
+                None => format!(
+                    "stalled: {} did not answer the session set-up for {stall:.0?}",
+                    c.name
+                ),
+                Some(_) => format!(
+                    "stalled: {} made no progress for {:.0?} (at chunk {})",
+                    c.name, stall, c.acked
+                ),
+            };
             self.fail_child(k, reason);
         }
         for c in self.children.iter_mut().filter(|c| c.alive && !c.end_sent) {
@@ -871,6 +949,9 @@ impl Node {
     pub fn poll_transmit(&mut self, link: Link) -> Option<Frame> {
         match link {
             Link::Parent => {
+                if let Some(have) = self.take_have() {
+                    return Some(have);
+                }
                 let Upstream::Parent {
                     up_requests,
                     up_reports,
@@ -890,12 +971,11 @@ impl Node {
                 up_reports.pop_front()
             }
             Link::Child(k) => {
-                let end = self.end;
-                let c = self.children.get_mut(k)?;
-                if !c.alive {
+                if !self.children.get(k)?.alive {
                     return None;
                 }
-                let f = Self::next_for_child(c, &self.buffer, end);
+                let f = self.next_for_child(k);
+                let c = &mut self.children[k];
                 if f.is_some() {
                     c.sent = true;
                     c.keepalive_due = false;
@@ -910,30 +990,6 @@ impl Node {
         }
     }
 
-    /// What goes to child `c` next: a chunk it asked for again, the next in order, or the end.
-    fn next_for_child(
-        c: &mut Child,
-        buffer: &BTreeMap<u64, Chunk>,
-        end: Option<End>,
-    ) -> Option<Frame> {
-        while let Some(i) = c.requests.pop_front() {
-            if let Some(chunk) = buffer.get(&i) {
-                return Some(Frame::Chunk(chunk.clone()));
-            }
-        }
-        if let Some(chunk) = buffer.get(&c.next) {
-            c.next += 1;
-            return Some(Frame::Chunk(chunk.clone()));
-        }
-        match end {
-            Some(e) if c.next == e.chunks && !c.end_sent => {
-                c.end_sent = true;
-                Some(Frame::End(e))
-            }
-            _ => None,
-        }
-    }
-
     /// The next event for the driver.
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()
@@ -945,7 +1001,7 @@ impl Node {
         let mut t = self
             .children
             .iter()
-            .filter(|c| c.alive && c.acked < c.next)
+            .filter(|c| c.alive && (c.acked < c.next || c.held.is_none()))
             .map(|c| c.last_progress + stall)
             .chain(
                 self.children
@@ -995,9 +1051,11 @@ impl Node {
                 up_reports,
                 up_acks,
                 up_requests,
+                have_sent,
                 ..
             } => {
-                matches!(local, Local::Done | Local::Failed)
+                *have_sent
+                    && matches!(local, Local::Done | Local::Failed)
                     && up_reports.is_empty()
                     && up_acks.is_empty()
                     && up_requests.is_empty()
@@ -1029,7 +1087,17 @@ impl Node {
             Local::Failed => return self.ack_self(),
             Local::Finalizing | Local::Done => return,
         }
-        while let Some(c) = self.buffer.get(&self.deliver_next) {
+        loop {
+            // Chunks already in the local copy (held from an earlier session) are skipped.
+            if let Upstream::Parent { stored, .. } = &self.upstream {
+                if stored.contains(self.deliver_next) {
+                    self.deliver_next += 1;
+                    continue;
+                }
+            }
+            let Some(c) = self.buffer.get(&self.deliver_next) else {
+                break;
+            };
             self.events.push_back(Event::Deliver {
                 index: c.index,
                 offset: c.index * self.params.chunk_size as u64,
@@ -1203,8 +1271,18 @@ impl Node {
                     node: node as NodeId,
                     upto,
                 },
-                Frame::Done { node } => Event::NodeDone {
+                Frame::Done { node, received } => Event::NodeDone {
                     node: node as NodeId,
+                    received,
+                },
+                Frame::Have {
+                    node,
+                    complete,
+                    ranges,
+                } => Event::Held {
+                    node: node as NodeId,
+                    chunks: ranges.iter().map(|(s, e)| e - s).sum(),
+                    complete,
                 },
                 Frame::Failed { node, reason } => Event::NodeFailed {
                     node: node as NodeId,
@@ -1219,6 +1297,8 @@ impl Node {
         let c = &mut self.children[k];
         c.alive = false;
         c.requests.clear();
+        c.loads.clear();
+        c.loaded.clear();
         let lost: Vec<NodeId> = std::mem::take(&mut c.unresolved).into_iter().collect();
         for node in lost {
             self.report(Frame::Failed {
@@ -1332,6 +1412,9 @@ fn children_of(me: u32, members: &[Member], now: Instant) -> Vec<Child> {
                 quiet_since: now,
                 keepalive_due: false,
                 alive: true,
+                held: None,
+                loads: BTreeSet::new(),
+                loaded: BTreeMap::new(),
             }
         })
         .collect()

@@ -90,6 +90,13 @@ pub struct SimSpec {
     /// The source's input has nothing to give from the first time to the second (a pipe
     /// whose producer pauses).
     pub input_pause: Option<(Duration, Duration)>,
+    /// Chunk ranges a node's local copy already holds from an earlier session (it resumes).
+    pub held: Vec<(NodeId, Vec<(u64, u64)>)>,
+    /// Nodes that already hold an identical copy in place.
+    pub complete: Vec<NodeId>,
+    /// A node whose copy also has the object's bytes up to this offset from a write that a
+    /// crash tore (not listed as held: only whole, verified chunks are).
+    pub torn: Vec<(NodeId, u64)>,
     /// Seed for corruption and data.
     pub seed: u64,
     /// The run stops here whatever happened.
@@ -118,6 +125,9 @@ impl SimSpec {
             corrupt_chunks: Vec::new(),
             rate_changes: Vec::new(),
             input_pause: None,
+            held: Vec::new(),
+            complete: Vec::new(),
+            torn: Vec::new(),
             seed: 1,
             time_limit: Duration::from_secs(3600),
         }
@@ -148,6 +158,14 @@ pub struct NodeReport {
     /// Chunks handed to its local copy out of index order (must stay 0: streams to stdout
     /// rely on it).
     pub out_of_order: usize,
+    /// Chunks it said it held, as the source heard it.
+    pub held: Option<u64>,
+    /// Chunk bytes the session moved to it, as its `Done` said.
+    pub received: u64,
+    /// Chunks read back from its local copy for its children.
+    pub loads: u64,
+    /// Chunks it stored, in order of storing (what a crash leaves in its copy's map).
+    pub stored_chunks: Vec<u64>,
     next_deliver: u64,
 }
 
@@ -324,18 +342,23 @@ impl Sim {
         }
         let nodes = slots
             .into_iter()
-            .map(|s| {
-                let node = s.expect("every node is in the tree");
+            .enumerate()
+            .map(|(i, s)| {
+                let mut node = s.expect("every node is in the tree");
                 let child_ids = node.children().iter().map(|c| c.node).collect();
+                let disk = resume(&mut node, i, &spec, &object, start);
                 SimNode {
                     node,
                     child_ids,
-                    disk: Vec::new(),
+                    disk,
                     stores: VecDeque::new(),
                     store_busy: start,
                     stalled: false,
                     ended: false,
-                    report: NodeReport::default(),
+                    report: NodeReport {
+                        data_ok: i > 0 && spec.complete.contains(&i),
+                        ..NodeReport::default()
+                    },
                 }
             })
             .collect();
@@ -586,6 +609,7 @@ impl Sim {
                 sn.store_busy = sn.store_busy.max(now) + dur;
                 let index = offset / self.spec.chunk_size as u64;
                 sn.stores.push_back((sn.store_busy, index));
+                sn.report.stored_chunks.push(index);
             }
             Event::Complete { total_len } => {
                 let sn = &mut self.nodes[i];
@@ -597,7 +621,23 @@ impl Sim {
                 r.acked = upto;
                 r.progress.push((t, upto));
             }
-            Event::NodeDone { node } => self.nodes[node].report.done_at = Some(t),
+            Event::NodeDone { node, received } => {
+                let r = &mut self.nodes[node].report;
+                r.done_at = Some(t);
+                r.received = received;
+            }
+            Event::Held { node, chunks, .. } => self.nodes[node].report.held = Some(chunks),
+            Event::Load { index, offset, len } => {
+                let sn = &mut self.nodes[i];
+                sn.report.loads += 1;
+                let (a, b) = (offset as usize, (offset + len) as usize);
+                match sn.disk.get(a..b) {
+                    Some(d) => sn.node.handle_loaded(index, Bytes::copy_from_slice(d), now),
+                    None => sn
+                        .node
+                        .handle_load_failed(index, "past the end".into(), now),
+                }
+            }
             Event::NodeFailed { node, reason } => {
                 self.nodes[node].report.failed.get_or_insert(reason);
             }
@@ -676,4 +716,39 @@ impl Sim {
 /// A report on chunk counts, for assertions on progress.
 pub fn chunks_of(len: u64, chunk_size: u32) -> u64 {
     crate::manifest::chunk_count(len, chunk_size)
+}
+
+/// Sets node `i` up with what `spec` says its local copy already holds; returns that copy.
+fn resume(node: &mut Node, i: NodeId, spec: &SimSpec, object: &[u8], now: Instant) -> Vec<u8> {
+    let cs = spec.chunk_size as u64;
+    let complete = spec.complete.contains(&i);
+    let ranges: Vec<(u64, u64)> = spec
+        .held
+        .iter()
+        .filter(|h| h.0 == i)
+        .flat_map(|h| h.1.iter().copied())
+        .collect();
+    let torn = spec.torn.iter().find(|t| t.0 == i).map(|t| t.1 as usize);
+    if i == 0 || (!complete && ranges.is_empty() && torn.is_none()) {
+        return Vec::new();
+    }
+    let mut disk = vec![0u8; object.len()];
+    if let Some(t) = torn {
+        // The torn chunk's first half is there, its second half is garbage.
+        let t = t.min(object.len());
+        let from = t - t % spec.chunk_size as usize;
+        disk[from..t].copy_from_slice(&object[from..t]);
+        disk[t..].fill(0xee);
+    }
+    let held =
+        crate::chunkmap::ChunkMap::from_ranges(&ranges, chunks_of(spec.len, spec.chunk_size));
+    for (s, e) in held.ranges() {
+        let (a, b) = ((s * cs) as usize, ((e * cs) as usize).min(object.len()));
+        disk[a..b].copy_from_slice(&object[a..b]);
+    }
+    if complete {
+        disk.copy_from_slice(object);
+    }
+    node.resume(held, complete, now);
+    disk
 }

@@ -30,8 +30,9 @@ pub const HEADER_LEN: usize = 5;
 
 /// The protocol version spoken; a peer with another version is refused at the handshake.
 /// 2: `Open`'s members carry `uplink_kbps`. 3: manifests carry modes and modification times
-/// for every object, and symlink entries.
-pub const VERSION: u16 = 3;
+/// for every object, and symlink entries. 4: a receiver answers `Open` with `Have` (what it
+/// already holds, so only the rest moves) and `Done` carries the bytes it received.
+pub const VERSION: u16 = 4;
 
 /// Magic bytes at the start of every connection's first frame, so a stray client (an HTTP
 /// probe, a port scanner) is told apart from a peer with the wrong secret.
@@ -95,6 +96,19 @@ pub enum Frame {
     Done {
         /// Node that finished.
         node: u32,
+        /// Chunk bytes it took from its parent in this session (what the session moved to
+        /// it; chunks it already held are not counted).
+        received: u64,
+    },
+    /// Node `node`'s first report, right after its `Open`: the verified chunks it already
+    /// holds from an earlier session of the same object (its parent sends it only the rest).
+    Have {
+        /// The node.
+        node: u32,
+        /// It holds an identical copy in place already: nothing needs to move to it.
+        complete: bool,
+        /// Held chunks as half-open index ranges `[start, end)`, ascending.
+        ranges: Vec<(u64, u64)>,
     },
     /// Node `node` failed and will not finish.
     Failed {
@@ -481,6 +495,7 @@ const T_ACK: u8 = 0x20;
 const T_DONE: u8 = 0x21;
 const T_FAILED: u8 = 0x22;
 const T_GOT: u8 = 0x23;
+const T_HAVE: u8 = 0x24;
 const T_REQUEST: u8 = 0x30;
 const T_PING: u8 = 0x40;
 const T_PONG: u8 = 0x41;
@@ -542,6 +557,7 @@ impl Frame {
             Frame::End(_) => "End",
             Frame::Ack { .. } => "Ack",
             Frame::Done { .. } => "Done",
+            Frame::Have { .. } => "Have",
             Frame::Failed { .. } => "Failed",
             Frame::Request { .. } => "Request",
             Frame::Ping { .. } => "Ping",
@@ -615,9 +631,24 @@ impl Frame {
                 b.put_u32(*node);
                 b.put_u64(*upto);
             }
-            Frame::Done { node } => {
+            Frame::Done { node, received } => {
                 b.put_u8(T_DONE);
                 b.put_u32(*node);
+                b.put_u64(*received);
+            }
+            Frame::Have {
+                node,
+                complete,
+                ranges,
+            } => {
+                b.put_u8(T_HAVE);
+                b.put_u32(*node);
+                b.put_u8(u8::from(*complete));
+                b.put_u32(ranges.len() as u32);
+                for (s, e) in ranges {
+                    b.put_u64(*s);
+                    b.put_u64(*e);
+                }
             }
             Frame::Failed { node, reason } => {
                 b.put_u8(T_FAILED);
@@ -802,7 +833,31 @@ impl Frame {
             }
             T_DONE => {
                 r.what = "Done";
-                Frame::Done { node: r.u32()? }
+                Frame::Done {
+                    node: r.u32()?,
+                    received: r.u64()?,
+                }
+            }
+            T_HAVE => {
+                r.what = "Have";
+                let node = r.u32()?;
+                let complete = r.u8()? != 0;
+                let n = r.count(16)?;
+                let mut ranges = Vec::with_capacity(n);
+                let mut last = 0;
+                for _ in 0..n {
+                    let (s, e) = (r.u64()?, r.u64()?);
+                    if s < last || e <= s {
+                        return Err(WireError::BadValue("Have", "ranges not ascending"));
+                    }
+                    last = e;
+                    ranges.push((s, e));
+                }
+                Frame::Have {
+                    node,
+                    complete,
+                    ranges,
+                }
             }
             T_FAILED => {
                 r.what = "Failed";
@@ -1041,6 +1096,17 @@ fn put_swarm_setup(b: &mut BytesMut, s: &SwarmSetup) {
             b.put_u32(*node);
         }
     }
+}
+
+/// An object's identity, for resuming: BLAKE3 over its encoded manifest (name, kind, length,
+/// mode, modification time, every entry). Two sends of a file that was not changed in between
+/// (same length and modification time, to the nanosecond) share it, so a receiver keeps the
+/// verified chunks of one for the other (see `bulkcast_node::store`), whatever their chunk sizes.
+pub fn object_id(m: &Manifest) -> [u8; 32] {
+    let mut b = BytesMut::new();
+    b.put_slice(b"bulkcast object v1");
+    put_manifest(&mut b, m);
+    *blake3::hash(&b).as_bytes()
 }
 
 /// ```text
@@ -1446,7 +1512,15 @@ mod tests {
                 tag: [6; 32],
             }),
             Frame::Ack { node: 4, upto: 17 },
-            Frame::Done { node: 4 },
+            Frame::Done {
+                node: 4,
+                received: 5,
+            },
+            Frame::Have {
+                node: 4,
+                complete: false,
+                ranges: vec![(0, 3), (7, 9)],
+            },
             Frame::Failed {
                 node: 5,
                 reason: "disk full".into(),

@@ -294,7 +294,14 @@ mod protocol_errors {
     fn a_child_cannot_report_for_nodes_outside_its_subtree() {
         let mut s = source();
         // Child 0 is node 1 with subtree {1, 3, 4}; node 2 is not below it.
-        let e = s.handle_frame(Link::Child(0), Frame::Done { node: 2 }, Instant::now());
+        let e = s.handle_frame(
+            Link::Child(0),
+            Frame::Done {
+                node: 2,
+                received: 0,
+            },
+            Instant::now(),
+        );
         assert_eq!(
             e,
             Err(NodeError::NotInSubtree {
@@ -368,6 +375,11 @@ mod protocol_errors {
             Some(bulkcast_proto::node::Event::Corrupt { index: 0, .. })
         ));
         assert_eq!(relay.poll_event(), None);
+        // Its first frame up says what it held before (nothing here).
+        assert!(matches!(
+            relay.poll_transmit(Link::Parent),
+            Some(Frame::Have { node: 1, complete: false, ref ranges }) if ranges.is_empty()
+        ));
         assert_eq!(
             relay.poll_transmit(Link::Parent),
             Some(Frame::Request { index: 0 })

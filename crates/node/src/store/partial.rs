@@ -1,0 +1,537 @@
+//! Partial copies that outlive their session, so that a later send of the same object moves
+//! only what is missing.
+//!
+//! A one-file copy is written to `.NAME.bulkcast-ID.part` next to its final name, where `ID`
+//! names the object ([`object_id`]: its manifest), not the session. A later session may cut it
+//! in chunks of another size (a different tree): what was verified is re-cut to the new size. Beside it,
+//! `.NAME.bulkcast-ID.map` lists the chunks written: a header, then one record per chunk (its
+//! index and the BLAKE3 hash of its bytes), appended after the chunk's bytes were written. A
+//! crash (SIGKILL, power loss) can leave a record whose bytes never reached the disk, or a torn
+//! last record; so nothing in the map is believed: when a copy is opened again every record is
+//! checked by hashing the bytes on disk, torn and mismatching ones are dropped, and the map is
+//! rewritten with the verified ones only. A torn write is never taken as verified.
+//!
+//! Once the copy is complete and moved into place, `.NAME.bulkcast.done` records its identity
+//! and what the file looked like then (inode, length, modification and change times): a later
+//! send of the same object finds an identical copy in place and moves nothing. Any change to the
+//! file (its change time moves whatever the user does) makes it a stranger again.
+//!
+//! Stale partial copies are removed by [`Partials::clean`]: those not touched for
+//! [`Partials::max_age`] (default 7 days), then the oldest while together they exceed
+//! [`Partials::max_bytes`] (default: no limit). An agent cleans its directory when it starts and
+//! whenever a session opens a copy there. A copy in use by a running session (its map is locked)
+//! is never removed.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use bulkcast_proto::chunkmap::ChunkMap;
+use bulkcast_proto::manifest::{chunk_count, Manifest};
+use bulkcast_proto::wire::object_id;
+
+const MAGIC: &[u8; 8] = b"BCSTMAP1";
+const HEADER: usize = 8 + 32 + 4 + 8;
+const RECORD: usize = 8 + 32;
+const DONE_MAGIC: &[u8; 8] = b"BCSTDON1";
+
+/// How long and how much of stale partial copies an agent keeps.
+#[derive(Debug, Clone, Copy)]
+pub struct Partials {
+    /// A partial copy not written for this long is removed.
+    pub max_age: Duration,
+    /// Partial copies beyond this many bytes together are removed, oldest first (`None`: no
+    /// limit).
+    pub max_bytes: Option<u64>,
+}
+
+impl Default for Partials {
+    fn default() -> Self {
+        Self {
+            max_age: Duration::from_secs(7 * 24 * 3600),
+            max_bytes: None,
+        }
+    }
+}
+
+/// What a copy held when it was opened.
+#[derive(Debug, Clone, Default)]
+pub struct Resumed {
+    /// Verified chunks of the partial copy.
+    pub held: ChunkMap,
+    /// An identical copy is in place already.
+    pub complete: bool,
+}
+
+/// The file names of one object's copy next to `dest`.
+pub(super) struct Names {
+    pub part: PathBuf,
+    pub map: PathBuf,
+    pub done: PathBuf,
+}
+
+impl Names {
+    pub fn new(dest: &Path, id: &[u8; 32]) -> Names {
+        let dir = parent_of(dest);
+        let base = dest
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let tag: String = id[..8].iter().map(|b| format!("{b:02x}")).collect();
+        Names {
+            part: dir.join(format!(".{base}.bulkcast-{tag}.part")),
+            map: dir.join(format!(".{base}.bulkcast-{tag}.map")),
+            done: dir.join(format!(".{base}.bulkcast.done")),
+        }
+    }
+}
+
+/// The directory a copy at `dest` lives in.
+pub(super) fn parent_of(dest: &Path) -> &Path {
+    dest.parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+}
+
+/// A resumable copy, opened.
+pub(super) enum Opened {
+    /// An identical copy is in place: read from it.
+    Complete(File),
+    /// The partial copy (created if new) with its verified chunks and its ledger.
+    Partial {
+        file: File,
+        ledger: Ledger,
+        held: ChunkMap,
+    },
+    /// Another session is writing this object here now: this one writes its own copy.
+    Busy,
+}
+
+/// The map of a partial copy, locked for the session writing it.
+pub(super) struct Ledger {
+    /// Open (and locked, `flock`) for the whole session.
+    map: File,
+    /// Where the next record goes.
+    end: u64,
+    chunk_size: u64,
+    pub names: Names,
+    pub id: [u8; 32],
+}
+
+impl Ledger {
+    /// Records that the chunk at `offset` was written with these bytes.
+    pub fn record(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
+        let mut r = [0u8; RECORD];
+        r[..8].copy_from_slice(&(offset / self.chunk_size).to_le_bytes());
+        r[8..].copy_from_slice(blake3::hash(data).as_bytes());
+        self.map.write_all_at(&r, self.end)?;
+        self.end += RECORD as u64;
+        Ok(())
+    }
+
+    /// The copy is in place at `dest`: remember it as identical, forget the map.
+    pub fn finish(self, dest: &Path) {
+        if let Err(e) = write_done(&self.names.done, &self.id, dest) {
+            tracing::debug!("{}: {e}", self.names.done.display());
+        }
+        let _ = fs::remove_file(&self.names.map);
+    }
+}
+
+/// Opens the copy of `m` (cut in `chunk_size` chunks) to go to `dest`, resuming what is there
+/// (written by a session that may have cut it in chunks of another size).
+pub(super) fn open(dest: &Path, m: &Manifest, chunk_size: u32) -> io::Result<Opened> {
+    let id = object_id(m);
+    let names = Names::new(dest, &id);
+    let total = m.total_len.unwrap_or(0);
+    if is_done(&names.done, &id, dest) {
+        return Ok(Opened::Complete(File::open(dest)?));
+    }
+    let mut map = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&names.map)?;
+    // SAFETY: a valid fd; LOCK_NB makes it return at once.
+    if unsafe { libc::flock(map.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Ok(Opened::Busy);
+    }
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&names.part)?;
+    let mut header = Vec::with_capacity(HEADER);
+    header.extend_from_slice(MAGIC);
+    header.extend_from_slice(&id);
+    header.extend_from_slice(&chunk_size.to_le_bytes());
+    header.extend_from_slice(&total.to_le_bytes());
+    let mut old = Vec::new();
+    map.read_to_end(&mut old)?;
+    let old_cs = old.get(40..44).map_or(0, |b| {
+        u32::from_le_bytes(b.try_into().expect("4 bytes")) as u64
+    });
+    let same = old.len() >= HEADER
+        && old[..40] == header[..40]
+        && old[44..HEADER] == header[44..HEADER]
+        && old_cs > 0;
+    let held = if same {
+        let verified = verify(&file, &old[HEADER..], old_cs, total);
+        recut(&verified, old_cs, chunk_size as u64, total)
+    } else {
+        file.set_len(0)?;
+        ChunkMap::new()
+    };
+    // The map is rewritten with what was verified only (a torn last record is gone too).
+    let mut fresh = header;
+    for (s, e) in held.ranges() {
+        for i in s..e {
+            let len = chunk_len(i, chunk_size as u64, total);
+            let mut buf = vec![0u8; len as usize];
+            file.read_exact_at(&mut buf, i * chunk_size as u64)?;
+            fresh.extend_from_slice(&i.to_le_bytes());
+            fresh.extend_from_slice(blake3::hash(&buf).as_bytes());
+        }
+    }
+    map.set_len(0)?;
+    map.write_all_at(&fresh, 0)?;
+    Ok(Opened::Partial {
+        file,
+        ledger: Ledger {
+            map,
+            end: fresh.len() as u64,
+            chunk_size: chunk_size as u64,
+            names,
+            id,
+        },
+        held,
+    })
+}
+
+/// Chunks of the map's `records` whose bytes in `file` hash as recorded.
+fn verify(file: &File, records: &[u8], cs: u64, total: u64) -> ChunkMap {
+    let n = chunk_count(total, cs as u32);
+    let mut held = ChunkMap::new();
+    let mut buf = Vec::new();
+    for r in records.chunks_exact(RECORD) {
+        let i = u64::from_le_bytes(r[..8].try_into().expect("8 bytes"));
+        if i >= n || held.contains(i) {
+            continue;
+        }
+        buf.resize(chunk_len(i, cs, total) as usize, 0);
+        if file.read_exact_at(&mut buf, i * cs).is_ok() && blake3::hash(&buf).as_bytes() == &r[8..]
+        {
+            held.insert(i);
+        }
+    }
+    held
+}
+
+/// The chunks of size `cs` wholly inside the chunks of size `old_cs` in `held`.
+fn recut(held: &ChunkMap, old_cs: u64, cs: u64, total: u64) -> ChunkMap {
+    if old_cs == cs {
+        return held.clone();
+    }
+    let mut out = ChunkMap::new();
+    for (s, e) in held.ranges() {
+        let (from, to) = (s * old_cs, (e * old_cs).min(total));
+        for j in from.div_ceil(cs)..chunk_count(total, cs as u32) {
+            let end = ((j + 1) * cs).min(total);
+            if end > to {
+                break;
+            }
+            out.insert(j);
+        }
+    }
+    out
+}
+
+fn chunk_len(i: u64, cs: u64, total: u64) -> u64 {
+    cs.min(total.saturating_sub(i * cs))
+}
+
+/// What the done record says about the file in place.
+fn stamp(dest: &Path) -> io::Result<[u8; 48]> {
+    let md = fs::symlink_metadata(dest)?;
+    if !md.is_file() {
+        return Err(io::Error::other("not a regular file"));
+    }
+    let mut s = [0u8; 48];
+    s[..8].copy_from_slice(&md.ino().to_le_bytes());
+    s[8..16].copy_from_slice(&md.len().to_le_bytes());
+    s[16..24].copy_from_slice(&md.mtime().to_le_bytes());
+    s[24..32].copy_from_slice(&md.mtime_nsec().to_le_bytes());
+    s[32..40].copy_from_slice(&md.ctime().to_le_bytes());
+    s[40..48].copy_from_slice(&md.ctime_nsec().to_le_bytes());
+    Ok(s)
+}
+
+fn write_done(done: &Path, id: &[u8; 32], dest: &Path) -> io::Result<()> {
+    let mut rec = Vec::with_capacity(8 + 32 + 48);
+    rec.extend_from_slice(DONE_MAGIC);
+    rec.extend_from_slice(id);
+    rec.extend_from_slice(&stamp(dest)?);
+    let tmp = done.with_extension("done.new");
+    fs::write(&tmp, &rec)?;
+    fs::rename(&tmp, done)
+}
+
+/// The copy at `dest` is the object `id`, untouched since it was put there.
+fn is_done(done: &Path, id: &[u8; 32], dest: &Path) -> bool {
+    let Ok(rec) = fs::read(done) else {
+        return false;
+    };
+    rec.len() == 8 + 32 + 48
+        && &rec[..8] == DONE_MAGIC
+        && &rec[8..40] == id
+        && stamp(dest).is_ok_and(|s| s[..] == rec[40..])
+}
+
+impl Partials {
+    /// Removes the stale partial copies in `dir` (see the module documentation); returns how
+    /// many bytes it freed.
+    pub fn clean(&self, dir: &Path) -> u64 {
+        let Ok(rd) = fs::read_dir(dir) else { return 0 };
+        let now = SystemTime::now();
+        let mut parts: Vec<(SystemTime, u64, PathBuf)> = rd
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let ours = name.starts_with('.') && name.contains(".bulkcast-");
+                if !ours || !name.ends_with(".part") {
+                    return None;
+                }
+                let md = e.metadata().ok()?;
+                md.is_file()
+                    .then(|| (md.modified().unwrap_or(now), md.len(), e.path()))
+            })
+            .collect();
+        parts.sort();
+        let mut total: u64 = parts.iter().map(|p| p.1).sum();
+        let mut freed = 0;
+        for (at, len, part) in parts {
+            let old = now.duration_since(at).unwrap_or_default() >= self.max_age;
+            let over = self.max_bytes.is_some_and(|m| total > m);
+            if (old || over) && remove_unlocked(&part) {
+                tracing::info!("removed stale partial copy {}", part.display());
+                total -= len;
+                freed += len;
+            }
+        }
+        freed
+    }
+}
+
+/// Removes a partial copy and its map unless a session holds the map's lock.
+fn remove_unlocked(part: &Path) -> bool {
+    let map = part.with_extension("map");
+    if let Ok(f) = File::open(&map) {
+        // SAFETY: a valid fd; non-blocking.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return false;
+        }
+        let _ = fs::remove_file(&map);
+    }
+    fs::remove_file(part).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::direct::CopyIo;
+    use crate::store::{LocalCopy, Store, StoreEvent, Target};
+    use bulkcast_proto::manifest::ObjectKind;
+    use bytes::Bytes;
+    use std::io::Write;
+    use tokio::sync::mpsc;
+
+    const CS: u32 = 4096;
+
+    fn manifest(len: u64) -> Manifest {
+        Manifest {
+            name: "obj".into(),
+            kind: ObjectKind::File,
+            total_len: Some(len),
+            entries: vec![],
+            mode: 0o644,
+            mtime: None,
+        }
+    }
+
+    fn body(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i * 7 % 251) as u8).collect()
+    }
+
+    fn tmpdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("bulkcast-partial-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn open(d: &Path, m: &Manifest) -> (Store, Resumed, mpsc::UnboundedReceiver<StoreEvent>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (s, r) = Store::open_resumable(
+            Target::Dir(d.into()),
+            m,
+            CS,
+            1,
+            CopyIo::Buffered,
+            tx,
+            None,
+            Partials::default(),
+        )
+        .unwrap();
+        (s, r, rx)
+    }
+
+    async fn write(s: &Store, rx: &mut mpsc::UnboundedReceiver<StoreEvent>, b: &[u8], i: u64) {
+        let at = (i * CS as u64) as usize;
+        let end = (at + CS as usize).min(b.len());
+        s.write(i, at as u64, Bytes::copy_from_slice(&b[at..end]));
+        assert!(matches!(rx.recv().await, Some(StoreEvent::Stored(j)) if j == i));
+    }
+
+    #[tokio::test]
+    async fn a_failed_copy_is_kept_resumed_then_found_complete() {
+        let d = tmpdir("resume");
+        let b = body(5 * CS as usize + 100);
+        let m = manifest(b.len() as u64);
+        let (s, r, mut rx) = open(&d, &m);
+        assert!(r.held.is_empty() && !r.complete);
+        for i in [0, 1, 3] {
+            write(&s, &mut rx, &b, i).await;
+        }
+        drop(s); // the session failed
+        let (s, r, mut rx) = open(&d, &m);
+        assert_eq!(r.held.ranges(), vec![(0, 2), (3, 4)]);
+        // What it held reads back as written.
+        assert!(LocalCopy::load(&s, 3, 3 * CS as u64, CS as u64));
+        let Some(StoreEvent::Loaded(3, Ok(got))) = rx.recv().await else {
+            panic!()
+        };
+        assert_eq!(&got[..], &b[3 * CS as usize..4 * CS as usize]);
+        for i in [2, 4, 5] {
+            write(&s, &mut rx, &b, i).await;
+        }
+        s.finalize();
+        assert!(matches!(
+            rx.recv().await,
+            Some(StoreEvent::Finalized(Ok(_)))
+        ));
+        drop(s);
+        assert_eq!(fs::read(d.join("obj")).unwrap(), b);
+        // Only the copy and its done record are left.
+        let mut left: Vec<_> = fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(left, vec![".obj.bulkcast.done", "obj"]);
+        let (_s, r, _rx) = open(&d, &m);
+        assert!(r.complete);
+        drop(_s);
+        // Touched by anyone: a stranger again.
+        fs::OpenOptions::new()
+            .append(true)
+            .open(d.join("obj"))
+            .unwrap()
+            .write_all(b"x")
+            .unwrap();
+        let (_s, r, _rx) = open(&d, &m);
+        assert!(!r.complete && r.held.is_empty());
+        drop(_s);
+        // Another object (its file changed at the source) does not take the old chunks.
+        let mut other = m.clone();
+        other.mtime = Some(bulkcast_proto::manifest::Mtime { secs: 5, nanos: 0 });
+        let (_s, r, _rx) = open(&d, &other);
+        assert!(!r.complete && r.held.is_empty());
+        drop(_s);
+        fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn chunks_verified_at_one_size_are_recut_to_another() {
+        let held = ChunkMap::from_ranges(&[(0, 2), (3, 6)], 6);
+        let total = 5 * 4096 + 100;
+        // Doubled: only a new chunk wholly inside verified old ones counts.
+        assert_eq!(
+            recut(&held, 4096, 8192, total).ranges(),
+            vec![(0, 1), (2, 3)]
+        );
+        // Halved: every piece of a verified chunk.
+        let big = ChunkMap::from_ranges(&[(1, 2)], 3);
+        assert_eq!(recut(&big, 8192, 4096, total).ranges(), vec![(2, 4)]);
+    }
+
+    #[tokio::test]
+    async fn torn_writes_and_torn_records_are_never_taken_as_verified() {
+        let d = tmpdir("torn");
+        let b = body(4 * CS as usize);
+        let m = manifest(b.len() as u64);
+        let (s, _, mut rx) = open(&d, &m);
+        for i in 0..4 {
+            write(&s, &mut rx, &b, i).await;
+        }
+        drop(s);
+        let names = Names::new(&d.join("obj"), &object_id(&m));
+        // Chunk 1's bytes only half reached the disk (a crash mid-write); the map's last record
+        // is cut short.
+        let part = OpenOptions::new().write(true).open(&names.part).unwrap();
+        part.write_all_at(&vec![0u8; CS as usize / 2], CS as u64 + CS as u64 / 2)
+            .unwrap();
+        let len = fs::metadata(&names.map).unwrap().len();
+        OpenOptions::new()
+            .write(true)
+            .open(&names.map)
+            .unwrap()
+            .set_len(len - 5)
+            .unwrap();
+        let (s, r, _rx) = open(&d, &m);
+        assert_eq!(r.held.ranges(), vec![(0, 1), (2, 3)]);
+        drop(s);
+        // The rewritten map holds exactly the verified records.
+        assert_eq!(
+            fs::metadata(&names.map).unwrap().len(),
+            (HEADER + 2 * RECORD) as u64
+        );
+        fs::remove_dir_all(d).unwrap();
+    }
+
+    #[tokio::test]
+    async fn stale_copies_go_by_age_and_size_but_never_one_in_use() {
+        let d = tmpdir("clean");
+        let b = body(2 * CS as usize);
+        let (s, _, mut rx) = open(&d, &manifest(b.len() as u64));
+        write(&s, &mut rx, &b, 0).await;
+        let stale = d.join(".old.bulkcast-00000000000000aa.part");
+        fs::write(&stale, vec![1u8; 10_000]).unwrap();
+        fs::write(stale.with_extension("map"), b"x").unwrap();
+        let keep_all = Partials {
+            max_age: Duration::from_secs(3600),
+            max_bytes: None,
+        };
+        assert_eq!(keep_all.clean(&d), 0);
+        let by_size = Partials {
+            max_age: Duration::from_secs(3600),
+            max_bytes: Some(1),
+        };
+        // Over the size limit: the stale one goes, the one in use stays.
+        assert_eq!(by_size.clean(&d), 10_000);
+        assert!(!stale.exists() && !stale.with_extension("map").exists());
+        let by_age = Partials {
+            max_age: Duration::ZERO,
+            max_bytes: None,
+        };
+        assert_eq!(by_age.clean(&d), 0, "the copy in use was removed");
+        drop(s);
+        assert_eq!(by_age.clean(&d), CS as u64);
+        assert_eq!(fs::read_dir(&d).unwrap().count(), 0);
+        fs::remove_dir_all(d).unwrap();
+    }
+}
