@@ -93,6 +93,11 @@ pub struct SendArgs {
     /// Seconds without progress after which a receiver is cut off (with its subtree).
     #[arg(long, default_value_t = 30)]
     stall_timeout: u64,
+    /// Send again, up to this many times, to the receivers that failed: each retry is a new
+    /// session with only those, straight from the source, and moves only what they miss (they
+    /// keep what they verified). Files only (not stdin).
+    #[arg(long, default_value_t = 0)]
+    retry: u32,
     /// Print the report as JSON on stdout.
     #[arg(long)]
     json: bool,
@@ -561,12 +566,65 @@ impl Send<'_> {
         let Some((result, timeline)) =
             progress::sending(status.clone(), a.quiet, self.metrics.clone(), work).await
         else {
-            bail!("interrupted: receivers discard their partial copies");
+            bail!("interrupted: receivers keep what they verified; send again to resume");
         };
         let mut report = result?;
         report.probe = probed;
         report.timeline = timeline;
+        self.retry_failed(&mut report, &cfg).await?;
         Ok(report)
+    }
+
+    /// `--retry`: sends again to the receivers that failed, each time a new session with only
+    /// those hanging off the source, until every one has its copy or the retries are spent; each
+    /// one's line in `report` is replaced by its latest.
+    async fn retry_failed(&self, report: &mut Report, cfg: &SendConfig) -> Result<()> {
+        let (a, hosts) = (self.a, &self.file.hosts);
+        for attempt in 1..=a.retry {
+            let failed: Vec<usize> = (0..report.receivers.len().min(hosts.len()))
+                .filter(|&i| !report.receivers[i].verified)
+                .collect();
+            if failed.is_empty() || a.path.as_os_str() == "-" || a.expect.is_some() {
+                return Ok(());
+            }
+            if !a.quiet {
+                let names: Vec<&str> = failed.iter().map(|&i| hosts[i].name.as_str()).collect();
+                eprintln!("retry {attempt}/{}: {}", a.retry, names.join(", "));
+            }
+            // A moment for a restarting agent to come back.
+            tokio::time::sleep(Duration::from_secs(attempt.min(5) as u64)).await;
+            let mut input = Input::open_with(&a.path, a.name.as_deref(), a.follow_symlinks)?;
+            if !a.keep_special_modes {
+                input.manifest.drop_special_modes();
+            }
+            let sub: Vec<_> = failed.iter().map(|&i| hosts[i].clone()).collect();
+            let tree = Tree::flat(sub.len());
+            let len = input.manifest.total_len;
+            let status = source::new_status(&sub, &tree, cfg.chunk_size, len);
+            let keys = Keys::derive(self.secret);
+            let work = source::send(
+                input,
+                &sub,
+                &tree,
+                keys,
+                rand::random(),
+                cfg,
+                status.clone(),
+            );
+            let Some((result, _)) =
+                progress::sending(status, a.quiet, self.metrics.clone(), work).await
+            else {
+                bail!("interrupted: receivers keep what they verified; send again to resume");
+            };
+            let again = result?;
+            for (j, &i) in failed.iter().enumerate() {
+                report.receivers[i] = again.receivers[j].clone();
+            }
+            report.edges.extend(again.edges);
+            report.seconds += again.seconds;
+            report.ok = report.receivers.iter().all(|r| r.verified);
+        }
+        Ok(())
     }
 
     /// The push's trees with their planned rates, the strategy's name for the report, and how

@@ -1,0 +1,234 @@
+//! Real processes on loopback: what survives a fault. A receiver killed mid-transfer keeps
+//! what it verified, and the next send moves only the rest; an unchanged object moves nothing;
+//! `--retry` finishes what a fault left.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+// The root-test helper in `common` is not used here.
+#[allow(dead_code, unused_imports)]
+mod common;
+use common::Scratch;
+
+const BIN: &str = env!("CARGO_BIN_EXE_bulkcast");
+const MIB: u64 = 1 << 20;
+
+/// An agent process, killed on drop.
+struct Agent {
+    child: Child,
+    addr: String,
+    dir: PathBuf,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn secret(b: u8) -> String {
+    format!("{b:02x}").repeat(32)
+}
+
+fn agent(dir: &Path, secret: &str) -> Agent {
+    let mut child = Command::new(BIN)
+        .args(["agent", "--listen", "127.0.0.1:0", "--dir"])
+        .arg(dir)
+        .env("BULKCAST_SECRET", secret)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = Vec::new();
+    let mut b = [0u8; 1];
+    let out = child.stdout.as_mut().unwrap();
+    while out.read(&mut b).unwrap() == 1 && b[0] != b'\n' {
+        line.push(b[0]);
+    }
+    let line = String::from_utf8(line).unwrap();
+    let rest = line.split(" listening on ").nth(1).unwrap();
+    let addr = rest.split([',', ' ']).next().unwrap().to_string();
+    Agent {
+        child,
+        addr,
+        dir: dir.to_path_buf(),
+    }
+}
+
+fn make_file(path: &Path, len: u64, seed: &[u8]) {
+    let mut xof = blake3::Hasher::new().update(seed).finalize_xof();
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    let mut buf = vec![0u8; MIB as usize];
+    let mut left = len;
+    while left > 0 {
+        let n = left.min(MIB) as usize;
+        xof.fill(&mut buf[..n]);
+        f.write_all(&buf[..n]).unwrap();
+        left -= n as u64;
+    }
+}
+
+fn hash(path: &Path) -> Option<blake3::Hash> {
+    let mut h = blake3::Hasher::new();
+    h.update_reader(std::fs::File::open(path).ok()?).ok()?;
+    Some(h.finalize())
+}
+
+fn send_cmd(src: &Path, to: &str, extra: &[&str], secret: &str) -> Command {
+    let mut c = Command::new(BIN);
+    c.arg("send")
+        .arg(src)
+        .args(["--to", to, "--json", "--quiet", "--chunk-kib", "256"])
+        .args(extra)
+        .env("BULKCAST_SECRET", secret)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+fn report(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "no JSON report ({e}); stderr:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// The size of the partial copy in `dir`, if there is one.
+fn part_len(dir: &Path) -> Option<u64> {
+    std::fs::read_dir(dir).ok()?.flatten().find_map(|e| {
+        let n = e.file_name().to_string_lossy().into_owned();
+        n.ends_with(".part")
+            .then(|| e.metadata().ok())
+            .flatten()
+            .map(|m| m.len())
+    })
+}
+
+/// Waits until `dir`'s partial copy holds at least `len` bytes (or panics after 60 s).
+fn wait_for_part(dir: &Path, len: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while part_len(dir).unwrap_or(0) < len {
+        assert!(Instant::now() < deadline, "no partial copy of {len} bytes");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn u(v: &serde_json::Value) -> u64 {
+    v.as_u64().unwrap_or(0)
+}
+
+fn files(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_killed_receiver_resumes_and_an_unchanged_object_moves_nothing() {
+    let s = Scratch::new("resume-kill");
+    let src = s.0.join("weights.bin");
+    let len = 192 * MIB;
+    make_file(&src, len, b"resume");
+    let want = hash(&src);
+    let key = secret(0x29);
+    let a = agent(&s.0.join("a"), &key);
+    let mut b = agent(&s.0.join("b"), &key);
+    let to = format!("{},{}", a.addr, b.addr);
+    let sender = send_cmd(&src, &to, &["--strategy", "flat"], &key)
+        .spawn()
+        .unwrap();
+    wait_for_part(&b.dir, len / 4);
+    b.child.kill().unwrap(); // SIGKILL, mid-transfer
+    b.child.wait().unwrap();
+    let out = sender.wait_with_output().unwrap();
+    let r = report(&out);
+    assert_eq!(out.status.code(), Some(1), "{r}");
+    assert_eq!(r["receivers"][0]["verified"], true, "{r}");
+    assert_eq!(r["receivers"][1]["verified"], false, "{r}");
+    assert!(part_len(&b.dir).is_some(), "the partial copy is gone");
+
+    // Restarted, it resumes: the send moves only what it lacks, plus at most 1%.
+    b = agent(&b.dir, &key);
+    let to = format!("{},{}", a.addr, b.addr);
+    let out = send_cmd(&src, &to, &["--strategy", "flat"], &key)
+        .output()
+        .unwrap();
+    let r = report(&out);
+    assert!(out.status.success(), "{r}");
+    let rb = &r["receivers"][1];
+    let held = u(&rb["held_bytes"]);
+    assert!(held >= len / 8, "kept only {held} bytes: {r}");
+    let missing = len - held;
+    assert!(
+        u(&rb["received_bytes"]) <= missing + len / 100,
+        "moved {} for {missing} missing: {r}",
+        rb["received_bytes"]
+    );
+    // The first receiver had it all already.
+    assert_eq!(r["receivers"][0]["already_in_place"], true, "{r}");
+    assert_eq!(u(&r["receivers"][0]["received_bytes"]), 0, "{r}");
+    assert_eq!(hash(&b.dir.join("weights.bin")), want);
+    assert_eq!(
+        files(&b.dir),
+        vec![".weights.bin.bulkcast.done", "weights.bin"]
+    );
+
+    // Unchanged: no payload moves at all.
+    let out = send_cmd(&src, &to, &["--fanout", "1"], &key)
+        .output()
+        .unwrap();
+    let r = report(&out);
+    assert!(out.status.success(), "{r}");
+    for rx in r["receivers"].as_array().unwrap() {
+        assert_eq!(rx["already_in_place"], true, "{r}");
+        assert_eq!(u(&rx["received_bytes"]), 0, "{r}");
+    }
+    assert_eq!(hash(&a.dir.join("weights.bin")), want);
+    assert_eq!(hash(&b.dir.join("weights.bin")), want);
+}
+
+#[test]
+fn retry_finishes_a_receiver_that_came_back() {
+    let s = Scratch::new("resume-retry");
+    let src = s.0.join("blob.bin");
+    let len = 96 * MIB;
+    make_file(&src, len, b"retry");
+    let key = secret(0x30);
+    let a = agent(&s.0.join("a"), &key);
+    let mut b = agent(&s.0.join("b"), &key);
+    let b_dir = b.dir.clone();
+    // Port of b: a new agent on the same port takes over after the kill.
+    let b_addr = b.addr.clone();
+    let to = format!("{},{}", a.addr, b.addr);
+    let sender = send_cmd(&src, &to, &["--strategy", "flat", "--retry", "3"], &key)
+        .spawn()
+        .unwrap();
+    wait_for_part(&b_dir, len / 4);
+    b.child.kill().unwrap();
+    b.child.wait().unwrap();
+    let mut child = Command::new(BIN)
+        .args(["agent", "--listen", &b_addr, "--dir"])
+        .arg(&b_dir)
+        .env("BULKCAST_SECRET", &key)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = sender.wait_with_output().unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let r = report(&out);
+    assert!(out.status.success(), "{r}");
+    assert_eq!(r["receivers"][1]["verified"], true, "{r}");
+    assert!(u(&r["receivers"][1]["held_bytes"]) > 0, "{r}");
+    assert_eq!(hash(&b_dir.join("blob.bin")), hash(&src));
+}
