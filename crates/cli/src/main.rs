@@ -184,6 +184,7 @@ impl Common {
             predialed: Default::default(),
             swarms: Default::default(),
             partials: Default::default(),
+            running: Default::default(),
             stdout,
             io: CopyIo::Buffered,
         }
@@ -437,6 +438,7 @@ async fn recv(a: RecvArgs) -> Result<i32> {
         predialed: Default::default(),
         swarms: Default::default(),
         partials: Default::default(),
+        running: Default::default(),
         stdout: false,
         io: copy_io(a.direct_io),
     };

@@ -47,6 +47,61 @@ pub struct AgentConfig {
     /// How long and how much of the partial copies of failed sessions are kept to resume
     /// ([`crate::store::partial`]).
     pub partials: crate::store::Partials,
+    /// Tree sessions running here (a new `Open` for one of them takes over from it).
+    pub running: Running,
+}
+
+/// The tree sessions running on an agent. When a relay dies, its parent adopts its children
+/// and opens the session on them again: an `Open` for a session that still runs here (its old
+/// parent went quiet rather than away, or it kept serving its own children) stops the old
+/// instance first, which releases its copy, so the new one resumes from it.
+#[derive(Debug, Clone, Default)]
+pub struct Running(Arc<std::sync::Mutex<RunningMap>>);
+
+type RunningMap = std::collections::HashMap<SessionId, (u64, Arc<tokio::sync::Notify>)>;
+
+/// One instance's place in [`Running`]; leaves it on drop.
+struct Instance {
+    running: Running,
+    session: SessionId,
+    id: u64,
+    stop: Arc<tokio::sync::Notify>,
+}
+
+impl Running {
+    /// Registers an instance of `session`, stopping the one running (waits up to 5 s for it
+    /// to end).
+    async fn take_over(&self, session: SessionId) -> Instance {
+        let id = rand::random();
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let old = {
+            let mut m = self.0.lock().expect("running lock");
+            m.insert(session, (id, stop.clone())).map(|o| o.1)
+        };
+        if let Some(old) = old {
+            tracing::info!("session {session:016x}: opened again here; stopping the old one");
+            old.notify_one();
+            let deadline = Instant::now() + std::time::Duration::from_secs(5);
+            while Arc::strong_count(&old) > 1 && Instant::now() < deadline {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        }
+        Instance {
+            running: self.clone(),
+            session,
+            id,
+            stop,
+        }
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        let mut m = self.running.0.lock().expect("running lock");
+        if m.get(&self.session).is_some_and(|e| e.0 == self.id) {
+            m.remove(&self.session);
+        }
+    }
 }
 
 /// Serves until `shutdown` completes, or with `once` until the first object is received
@@ -305,6 +360,8 @@ pub async fn serve_open(
             return Err(SessionError::Refused(e.to_string()));
         }
     };
+    // Dropped after the driver (declared before it), so the copy is released first.
+    let instance = cfg.running.take_over(open.session).await;
     let store = match local_copy(&open, target, cfg).await {
         Ok((copy, rx, resumed)) => {
             if resumed.complete {
@@ -352,17 +409,22 @@ pub async fn serve_open(
     driver.accept_attachments(cfg.attachments.clone());
     driver.use_predialed(cfg.predialed.clone());
     let mut counted = crate::metrics::global().session_started();
-    driver
-        .run(|ev| {
-            if let bulkcast_proto::node::Event::Corrupt { index, reason } = ev {
-                counted.rejected();
-                tracing::warn!(
-                    "session {session:016x}: chunk {index} rejected ({reason}); requested again"
-                );
-            }
-        })
-        .await
-        .map_err(|e| SessionError::Aborted(session, e))?;
+    let stop = instance.stop.clone();
+    let run = driver.run(|ev| {
+        if let bulkcast_proto::node::Event::Corrupt { index, reason } = ev {
+            counted.rejected();
+            tracing::warn!(
+                "session {session:016x}: chunk {index} rejected ({reason}); requested again"
+            );
+        }
+    });
+    tokio::select! {
+        r = run => r.map_err(|e| SessionError::Aborted(session, e))?,
+        _ = stop.notified() => {
+            let why = "opened again here by a new parent".to_string();
+            return Err(SessionError::Aborted(session, why));
+        }
+    }
     counted.done(driver.node().local_done());
     if !driver.node().local_done() {
         return Err(SessionError::CopyFailed(session));

@@ -208,25 +208,31 @@ impl Driver {
     /// Starts connecting to every child (once, when [`Driver::run`] starts, so that options set
     /// after [`Driver::new`] apply to these connections).
     fn dial_children(&mut self) {
+        for k in 0..self.node.children().len() {
+            self.dial_child(k);
+        }
+    }
+
+    /// Starts connecting to child `k` (at the start, or when the node adopted it from a dead
+    /// child, [`Event::Connect`]).
+    fn dial_child(&mut self, k: usize) {
         let now = Instant::now();
         let edges = self.node.params().edges;
         let chunk_size = self.node.params().chunk_size;
-        for k in 0..self.node.children().len() {
-            let child = &self.node.children()[k];
-            let addrs: Vec<String> = child.addr.split_whitespace().map(String::from).collect();
-            let addrs = if addrs.is_empty() {
-                vec![child.addr.clone()]
-            } else {
-                addrs
-            };
-            if edges.is_striped() {
-                let e = OutEdge::new(child.name.clone(), edges, addrs, chunk_size, now);
-                self.out_edges.insert(k, e);
-                self.connect_edge(k, now);
-            } else {
-                let open = Frame::Open(self.node.open_for(k));
-                self.spawn_connect(k, 0, addrs[0].clone(), vec![open]);
-            }
+        let child = &self.node.children()[k];
+        let addrs: Vec<String> = child.addr.split_whitespace().map(String::from).collect();
+        let addrs = if addrs.is_empty() {
+            vec![child.addr.clone()]
+        } else {
+            addrs
+        };
+        if edges.is_striped() {
+            let e = OutEdge::new(child.name.clone(), edges, addrs, chunk_size, now);
+            self.out_edges.insert(k, e);
+            self.connect_edge(k, now);
+        } else {
+            let open = Frame::Open(self.node.open_for(k));
+            self.spawn_connect(k, 0, addrs[0].clone(), vec![open]);
         }
     }
 
@@ -575,6 +581,11 @@ impl Driver {
                 }
             }
             Event::CloseLink(link) => self.drop_link(link),
+            Event::Connect(k) => {
+                let c = &self.node.children()[k];
+                tracing::warn!("adopting {} ({}) from a lost relay", c.name, c.addr);
+                self.dial_child(k);
+            }
             Event::Aborted { reason } => return Err(reason),
             other => observe(&other),
         }

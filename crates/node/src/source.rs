@@ -15,6 +15,7 @@ use crate::driver::{Driver, Upstream};
 use crate::edge::StreamsObserver;
 use crate::input::Input;
 use crate::report::{ReceiverStatus, Report, Status};
+use crate::store::{LocalCopy, StoreEvent};
 use crate::transport::TcpTuning;
 
 /// Settings of a send.
@@ -141,13 +142,22 @@ pub async fn send(
         Instant::now(),
     )?;
     node.set_uplink_kbps(kbps(cfg.uplink_mbps));
+    // A file can be read again for a receiver adopted after its relay died.
+    let reread = input.single_file().and_then(|p| match Reread::open(p) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            tracing::debug!("{}: cannot read it again: {e}", p.display());
+            None
+        }
+    });
+    node.set_rereadable(reread.is_some());
     {
         let mut st = status.lock().expect("status lock");
         st.started = Instant::now();
         st.total_len = manifest.total_len;
     }
     let rx = input.spawn(cfg.chunk_size as usize, keys.clone(), session);
-    let mut driver = Driver::new(node, keys, cfg.tuning.clone(), Upstream::Input(rx), None);
+    let mut driver = Driver::new(node, keys, cfg.tuning.clone(), Upstream::Input(rx), reread);
     observe_streams(&mut driver, cfg);
     let st = status.clone();
     let result = driver
@@ -348,5 +358,49 @@ fn kind_name(kind: ObjectKind) -> &'static str {
         ObjectKind::File => "file",
         ObjectKind::Dir => "dir",
         ObjectKind::Stream => "stream",
+    }
+}
+
+/// The source's input file, read again at any offset ([`LocalCopy::load`] only): what a
+/// receiver adopted after its relay died lacks below what the source still holds in memory.
+struct Reread {
+    tx: std::sync::mpsc::Sender<(u64, u64, u64)>,
+}
+
+impl Reread {
+    #[allow(clippy::type_complexity)]
+    fn open(
+        path: &std::path::Path,
+    ) -> std::io::Result<(
+        Box<dyn LocalCopy>,
+        tokio::sync::mpsc::UnboundedReceiver<StoreEvent>,
+    )> {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::File::open(path)?;
+        let (tx, rx) = std::sync::mpsc::channel::<(u64, u64, u64)>();
+        let (ev_tx, ev_rx) = tokio::sync::mpsc::unbounded_channel();
+        std::thread::Builder::new()
+            .name("bulkcast-reread".into())
+            .spawn(move || {
+                for (index, offset, len) in rx {
+                    let mut buf = vec![0u8; len as usize];
+                    let r = file
+                        .read_exact_at(&mut buf, offset)
+                        .map(|()| bytes::Bytes::from(buf))
+                        .map_err(|e| format!("reading the input again: {e}"));
+                    if ev_tx.send(StoreEvent::Loaded(index, r)).is_err() {
+                        return;
+                    }
+                }
+            })?;
+        Ok((Box::new(Reread { tx }), ev_rx))
+    }
+}
+
+impl LocalCopy for Reread {
+    fn write(&self, _: u64, _: u64, _: bytes::Bytes) {}
+    fn finalize(&self) {}
+    fn load(&self, index: u64, offset: u64, len: u64) -> bool {
+        self.tx.send((index, offset, len)).is_ok()
     }
 }

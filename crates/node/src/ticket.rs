@@ -285,6 +285,7 @@ mod tests {
             stdout: false,
             swarms: Default::default(),
             partials: Default::default(),
+            running: Default::default(),
             io: Default::default(),
         };
         let fake_sender = async {

@@ -30,6 +30,7 @@ async fn matrix_of_three_agents_and_one_dead_host() {
             predialed: Default::default(),
             swarms: Default::default(),
             partials: Default::default(),
+            running: Default::default(),
             stdout: false,
             io: Default::default(),
         });

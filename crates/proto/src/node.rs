@@ -17,9 +17,15 @@
 //! child therefore slows its parent, and through it the source: the session moves at the pace
 //! of its slowest live receiver, with at most one budget of slack per relay. A child whose
 //! acknowledgements do not advance for the session's stall timeout while it has chunks
-//! outstanding is cut off: it and every node below it are reported failed, and the rest of
-//! the session goes on at full speed. Because a stalled node's ancestors notice only after their
-//! own buffers fill, the deepest culprit is always the one cut.
+//! outstanding is cut off: it alone is reported failed, its children are adopted by this node
+//! (see `node/adopt.rs`: they resume from what they hold), and the rest of the session goes on at full
+//! speed. Because a stalled node's ancestors notice only after their own buffers fill, the
+//! deepest culprit is always the one cut. A child whose connection closes (its process died) is
+//! treated the same way at once.
+//!
+//! # Resuming
+//! A receiver's first frame is `Have`: what it kept from an earlier session of the same object.
+//! Nothing is sent to a child before its `Have`, and then only what it lacks (see `node/held.rs`).
 //!
 //! # Repair
 //! A chunk that fails verification is dropped and requested again from the parent with
@@ -36,6 +42,7 @@ use crate::manifest::{Manifest, ManifestError};
 use crate::tree::{NodeId, Tree};
 use crate::wire::{Chunk, End, Frame, Member, Open, SessionId};
 
+mod adopt;
 mod held;
 pub use held::LOAD_AHEAD;
 
@@ -167,6 +174,9 @@ pub enum Event {
     },
     /// The driver must close this link (its peer was cut off).
     CloseLink(Link),
+    /// The driver must connect to child `k` (one adopted from a dead child, see
+    /// [`Node::handle_link_closed`]) and send it [`Node::open_for`]`(k)`.
+    Connect(usize),
     /// This node cannot go on; the driver closes everything.
     Aborted {
         /// Why.
@@ -327,6 +337,10 @@ pub struct Node {
     loading: BTreeSet<u64>,
     /// Chunks held on disk that could not be read back: fetched from the parent instead.
     refetch: BTreeSet<u64>,
+    /// Source: the input can be read again ([`Node::set_rereadable`]).
+    reread: bool,
+    /// The latest `now` an input brought (for what [`Node::poll_transmit`] starts).
+    clock: Instant,
 }
 
 /// A receiver as the source names it in [`Node::source`].
@@ -378,6 +392,7 @@ impl Node {
                 len: 0,
                 done: false,
             },
+            now,
         );
         node.children = children_of(0, &all, now);
         Ok(node)
@@ -442,6 +457,7 @@ impl Node {
                 resumed: None,
                 received: 0,
             },
+            now,
         );
         node.children = children_of(me, &open.members[1..], now);
         node.uplink_kbps = open.members[0].uplink_kbps;
@@ -455,7 +471,14 @@ impl Node {
         Ok(node)
     }
 
-    fn new(id: NodeId, params: SessionParams, keys: Keys, cfg: NodeConfig, up: Upstream) -> Self {
+    fn new(
+        id: NodeId,
+        params: SessionParams,
+        keys: Keys,
+        cfg: NodeConfig,
+        up: Upstream,
+        now: Instant,
+    ) -> Self {
         Self {
             id,
             params,
@@ -473,6 +496,8 @@ impl Node {
             uplink_kbps: 0,
             loading: BTreeSet::new(),
             refetch: BTreeSet::new(),
+            reread: false,
+            clock: now,
         }
     }
 
@@ -554,6 +579,7 @@ impl Node {
     /// Source only: the next chunk, already sealed with [`Keys::seal`] (so a driver can hash
     /// on its reading thread, off the event loop). It must carry the next index.
     pub fn handle_sealed_input(&mut self, chunk: Chunk, now: Instant) -> Result<(), NodeError> {
+        self.clock = now;
         let cs = self.params.chunk_size as usize;
         let Upstream::Input { next, len, done } = &mut self.upstream else {
             return Err(NodeError::Geometry("input given to a relay".into()));
@@ -590,6 +616,7 @@ impl Node {
         frame: Frame,
         now: Instant,
     ) -> Result<(), NodeError> {
+        self.clock = now;
         match link {
             Link::Parent => self.handle_parent_frame(frame, now),
             Link::Child(k) => self.handle_child_frame(k, frame, now),
@@ -635,6 +662,7 @@ impl Node {
     /// hashes on the thread that read the bytes, while they are still in cache). Anything the
     /// driver has not verified goes through [`Node::handle_frame`].
     pub fn handle_verified_chunk(&mut self, c: Chunk, now: Instant) -> Result<(), NodeError> {
+        self.clock = now;
         let Upstream::Parent { last_heard, .. } = &mut self.upstream else {
             return Err(NodeError::Unexpected {
                 frame: "Chunk",
@@ -768,7 +796,7 @@ impl Node {
             }
             Frame::Error { reason } => {
                 let name = child.name.clone();
-                self.fail_child(k, format!("{name} reported an error: {reason}"));
+                self.lose_child(k, format!("{name} reported an error: {reason}"), now);
             }
             other => {
                 return Err(NodeError::Unexpected {
@@ -782,6 +810,7 @@ impl Node {
 
     /// The driver stored chunk `index` of the local copy.
     pub fn handle_stored(&mut self, index: u64, now: Instant) {
+        self.clock = now;
         let len = self.buffer.get(&index).map_or(0, |c| c.data.len() as u64);
         let Upstream::Parent {
             stored,
@@ -846,11 +875,11 @@ impl Node {
     }
 
     /// A link closed (reset, EOF, timeout, or a protocol error the driver acted on).
-    pub fn handle_link_closed(&mut self, link: Link, reason: String, _now: Instant) {
+    pub fn handle_link_closed(&mut self, link: Link, reason: String, now: Instant) {
         match link {
             Link::Child(k) => {
                 if self.children.get(k).is_some_and(|c| c.alive) {
-                    self.fail_child(k, reason);
+                    self.lose_child(k, reason, now);
                 }
             }
             Link::Parent => {
@@ -865,6 +894,7 @@ impl Node {
 
     /// Timers: stalled children, a silent parent, unanswered repair requests.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.clock = now;
         let stall = self.params.stall_timeout;
         let stalled: Vec<usize> = (0..self.children.len())
             .filter(|&k| {
@@ -886,7 +916,7 @@ impl Node {
                     c.name, stall, c.acked
                 ),
             };
-            self.fail_child(k, reason);
+            self.lose_child(k, reason, now);
         }
         for c in self.children.iter_mut().filter(|c| c.alive && !c.end_sent) {
             if c.sent {
@@ -974,7 +1004,7 @@ impl Node {
                 if !self.children.get(k)?.alive {
                     return None;
                 }
-                let f = self.next_for_child(k);
+                let f = self.next_for_child(k, self.clock);
                 let c = &mut self.children[k];
                 if f.is_some() {
                     c.sent = true;
@@ -1293,23 +1323,6 @@ impl Node {
         }
     }
 
-    fn fail_child(&mut self, k: usize, reason: String) {
-        let c = &mut self.children[k];
-        c.alive = false;
-        c.requests.clear();
-        c.loads.clear();
-        c.loaded.clear();
-        let lost: Vec<NodeId> = std::mem::take(&mut c.unresolved).into_iter().collect();
-        for node in lost {
-            self.report(Frame::Failed {
-                node: node as u32,
-                reason: reason.clone(),
-            });
-        }
-        self.events.push_back(Event::CloseLink(Link::Child(k)));
-        self.evict();
-    }
-
     /// Drops chunks that every live consumer has.
     fn evict(&mut self) {
         let mut low = self
@@ -1381,41 +1394,49 @@ fn children_of(me: u32, members: &[Member], now: Instant) -> Vec<Child> {
     members
         .iter()
         .filter(|m| m.parent == me && m.node != me)
-        .map(|m| {
-            let mut sub = vec![m.clone()];
-            let mut i = 0;
-            while i < sub.len() {
-                let p = sub[i].node;
-                sub.extend(
-                    members
-                        .iter()
-                        .filter(|x| x.parent == p && x.node != p)
-                        .cloned(),
-                );
-                i += 1;
-                if sub.len() > members.len() {
-                    break; // a cycle; rejected by the caller's count check
-                }
-            }
-            Child {
-                node: m.node as NodeId,
-                name: m.name.clone(),
-                addr: m.addr.clone(),
-                unresolved: sub.iter().map(|x| x.node as NodeId).collect(),
-                members: sub,
-                next: 0,
-                acked: 0,
-                requests: VecDeque::new(),
-                end_sent: false,
-                last_progress: now,
-                sent: false,
-                quiet_since: now,
-                keepalive_due: false,
-                alive: true,
-                held: None,
-                loads: BTreeSet::new(),
-                loaded: BTreeMap::new(),
-            }
-        })
+        .map(|m| new_child(m, subtree(m, members), now))
         .collect()
+}
+
+/// `m` and every node below it among `members`, `m` first.
+fn subtree(m: &Member, members: &[Member]) -> Vec<Member> {
+    let mut sub = vec![m.clone()];
+    let mut i = 0;
+    while i < sub.len() {
+        let p = sub[i].node;
+        sub.extend(
+            members
+                .iter()
+                .filter(|x| x.parent == p && x.node != p)
+                .cloned(),
+        );
+        i += 1;
+        if sub.len() > members.len() {
+            break; // a cycle; rejected by the caller's count check
+        }
+    }
+    sub
+}
+
+/// A child link to `m`, whose subtree is `sub`.
+fn new_child(m: &Member, sub: Vec<Member>, now: Instant) -> Child {
+    Child {
+        node: m.node as NodeId,
+        name: m.name.clone(),
+        addr: m.addr.clone(),
+        unresolved: sub.iter().map(|x| x.node as NodeId).collect(),
+        members: sub,
+        next: 0,
+        acked: 0,
+        requests: VecDeque::new(),
+        end_sent: false,
+        last_progress: now,
+        sent: false,
+        quiet_since: now,
+        keepalive_due: false,
+        alive: true,
+        held: None,
+        loads: BTreeSet::new(),
+        loaded: BTreeMap::new(),
+    }
 }

@@ -24,6 +24,8 @@ use crate::node::{Event, Link, Named, Node, NodeConfig, SessionParams};
 use crate::tree::{NodeId, Tree};
 use crate::wire::{self, Frame};
 
+mod faults;
+
 /// One link's behaviour (both directions alike).
 #[derive(Debug, Clone, Copy)]
 pub struct LinkSpec {
@@ -81,6 +83,8 @@ pub struct SimSpec {
     pub store_rate: Vec<Option<f64>>,
     /// Nodes that stop reading and storing at the given time (a hung process).
     pub stalls: Vec<(NodeId, Duration)>,
+    /// Nodes whose process dies at the given time: every connection of theirs resets.
+    pub kills: Vec<(NodeId, Duration)>,
     /// Nodes whose disk fills after this many bytes.
     pub disk_full: Vec<(NodeId, u64)>,
     /// Chunks corrupted on the way into the given node, once each.
@@ -121,6 +125,7 @@ impl SimSpec {
             stall_timeout: Duration::from_secs(10),
             store_rate: vec![None; n],
             stalls: Vec::new(),
+            kills: Vec::new(),
             disk_full: Vec::new(),
             corrupt_chunks: Vec::new(),
             rate_changes: Vec::new(),
@@ -248,6 +253,14 @@ impl Pipe {
 
 struct SimNode {
     node: Node,
+    /// Its parent now (a dead parent's child is adopted by another node).
+    parent: Option<NodeId>,
+    /// Chunks its copy holds (what a new instance resumes from).
+    stored_set: crate::chunkmap::ChunkMap,
+    /// Its copy is complete and in place.
+    in_place: bool,
+    /// Its process died.
+    dead: bool,
     /// Child link index -> child node id.
     child_ids: Vec<NodeId>,
     disk: Vec<u8>,
@@ -272,6 +285,7 @@ pub struct Sim {
     fed: u64,
     rng: SmallRng,
     link_bytes: Vec<u64>,
+    keys: Keys,
 }
 
 impl Sim {
@@ -319,6 +333,9 @@ impl Sim {
             start,
         )
         .expect("valid simulation plan");
+        let mut source = source;
+        // A file can be read again for a child adopted late; a stream cannot.
+        source.set_rereadable(!spec.stream);
         let mut slots: Vec<Option<Node>> = (0..n).map(|_| None).collect();
         slots[0] = Some(source);
         let mut queue = VecDeque::from([0usize]);
@@ -348,6 +365,10 @@ impl Sim {
                 let child_ids = node.children().iter().map(|c| c.node).collect();
                 let disk = resume(&mut node, i, &spec, &object, start);
                 SimNode {
+                    parent: spec.tree.parent(i),
+                    stored_set: Default::default(),
+                    in_place: spec.complete.contains(&i),
+                    dead: false,
                     node,
                     child_ids,
                     disk,
@@ -375,6 +396,7 @@ impl Sim {
             object,
             fed: 0,
             rng,
+            keys,
         }
     }
 
@@ -398,6 +420,11 @@ impl Sim {
                     self.nodes[i].stalled = true;
                 }
             }
+            for (i, t) in self.spec.kills.clone() {
+                if self.start + t <= self.now && !self.nodes[i].dead {
+                    self.kill(i);
+                }
+            }
             self.settle();
             if self.nodes[0].node.is_finished() {
                 break;
@@ -416,6 +443,7 @@ impl Sim {
                     self.spec
                         .stalls
                         .iter()
+                        .chain(&self.spec.kills)
                         .map(|s| self.start + s.1)
                         .filter(|t| *t > self.now),
                 )
@@ -480,6 +508,7 @@ impl Sim {
                 break;
             }
             self.nodes[i].stores.pop_front();
+            self.nodes[i].stored_set.insert(index);
             self.nodes[i].node.handle_stored(index, now);
             busy = true;
         }
@@ -614,6 +643,7 @@ impl Sim {
             Event::Complete { total_len } => {
                 let sn = &mut self.nodes[i];
                 sn.report.data_ok = total_len == self.spec.len && sn.disk == self.object;
+                sn.in_place = sn.report.data_ok;
                 sn.node.handle_finalized(Ok(()), now);
             }
             Event::Progress { node, upto } => {
@@ -631,7 +661,8 @@ impl Sim {
                 let sn = &mut self.nodes[i];
                 sn.report.loads += 1;
                 let (a, b) = (offset as usize, (offset + len) as usize);
-                match sn.disk.get(a..b) {
+                let disk = if i == 0 { &self.object } else { &sn.disk };
+                match disk.get(a..b) {
                     Some(d) => sn.node.handle_loaded(index, Bytes::copy_from_slice(d), now),
                     None => sn
                         .node
@@ -655,6 +686,7 @@ impl Sim {
                 );
             }
             Event::CloseLink(Link::Parent) => {}
+            Event::Connect(k) => self.adopt(i, k),
             Event::Aborted { reason } => {
                 let sn = &mut self.nodes[i];
                 sn.report.aborted.get_or_insert(reason);
@@ -700,7 +732,7 @@ impl Sim {
             .into_iter()
             .map(|sn| {
                 let mut r = sn.report;
-                r.peak_buffered = sn.node.peak_buffered();
+                r.peak_buffered = r.peak_buffered.max(sn.node.peak_buffered());
                 r
             })
             .collect();

@@ -178,19 +178,33 @@ impl Node {
         (off < total).then(|| cs.min(total - off))
     }
 
-    /// Chunk `i` can be read back from the local copy.
+    /// Chunk `i` can be read back from the local copy (or, at a source, from its input).
     fn on_disk(&self, i: u64) -> bool {
-        let Upstream::Parent { stored, local, .. } = &self.upstream else {
-            return false;
-        };
-        *local != Local::Failed && stored.contains(i) && !self.refetch.contains(&i)
+        match &self.upstream {
+            Upstream::Parent { stored, local, .. } => {
+                *local != Local::Failed && stored.contains(i) && !self.refetch.contains(&i)
+            }
+            Upstream::Input { .. } => self.reread && self.have.contains(i),
+        }
     }
 
     /// What goes to child `k` next: a chunk it asked for again, the next in order that it does
     /// not hold, or the end. Chunks only on disk are read back first ([`Event::Load`]).
-    pub(super) fn next_for_child(&mut self, k: usize) -> Option<Frame> {
+    pub(super) fn next_for_child(&mut self, k: usize, now: Instant) -> Option<Frame> {
         let mut want = Vec::new();
         let f = self.next_frame(k, &mut want);
+        if f.is_none() {
+            // A chunk it needs that this node had but keeps nowhere now (after an adoption).
+            let next = self.children[k].next;
+            let gone = self.children[k].held.is_some()
+                && self.have.contains(next)
+                && !self.buffer.contains_key(&next)
+                && !self.on_disk(next)
+                && !self.refetch.contains(&next);
+            if gone {
+                self.chunk_gone(k, next, now);
+            }
+        }
         for i in want {
             if self.loading.insert(i) {
                 let len = self.chunk_len(i).unwrap_or(0);

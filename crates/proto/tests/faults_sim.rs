@@ -1,0 +1,93 @@
+//! Dead relays on the simulated network: the parent of a relay that dies adopts its children,
+//! which resume from what they hold; only the dead host fails.
+
+use std::time::Duration;
+
+use bulkcast_proto::sim::{LinkSpec, Sim, SimReport, SimSpec};
+use bulkcast_proto::tree::Tree;
+
+const MIB: u64 = 1 << 20;
+
+/// Every node but `dead` ends with a byte-exact copy and no failure; each of `dead` is reported
+/// failed; no node held more than its hard memory cap.
+fn assert_only_dead_failed(r: &SimReport, dead: &[usize], budget: usize) {
+    assert!(r.finished, "source did not finish: {:#?}", r.nodes);
+    let mut incomplete = r.incomplete();
+    incomplete.retain(|i| !dead.contains(i));
+    assert_eq!(incomplete, Vec::<usize>::new(), "{:#?}", r.nodes);
+    for (i, n) in r.nodes.iter().enumerate().skip(1) {
+        if dead.contains(&i) {
+            assert!(n.failed.is_some(), "dead node {i} not reported failed");
+        } else {
+            assert_eq!(n.failed, None, "node {i} reported failed");
+        }
+        assert!(
+            n.peak_buffered <= budget + budget / 2,
+            "node {i} held {} bytes, budget {budget}",
+            n.peak_buffered
+        );
+    }
+}
+
+fn spec(tree: Tree, len: u64) -> SimSpec {
+    let mut s = SimSpec::new(tree, LinkSpec::wan(2, 200.0), len);
+    s.stall_timeout = Duration::from_secs(5);
+    s
+}
+
+#[test]
+fn a_relay_dying_mid_transfer_in_a_tree_of_30_takes_only_itself_down() {
+    let len = 8 * MIB + 333;
+    // 8 MiB at 200 Mbit/s: about 0.35 s a hop; node 2 dies at about a third, node 5 near the
+    // end.
+    for (dead, at) in [(2, 120), (5, 300), (1, 20)] {
+        let mut s = spec(Tree::kary(30, 2), len);
+        s.kills = vec![(dead, Duration::from_millis(at))];
+        let budget = s.node.buffer_budget;
+        let r = Sim::new(s).run();
+        assert_only_dead_failed(&r, &[dead], budget);
+        // The dead relay's children resumed: their links did not carry the object twice.
+        for c in Tree::kary(30, 2).children(dead) {
+            assert!(
+                r.link_bytes[c] <= len + len / 10,
+                "link into {c} carried {} bytes",
+                r.link_bytes[c]
+            );
+        }
+    }
+}
+
+#[test]
+fn two_relays_on_one_path_dying_take_only_themselves_down() {
+    let len = 8 * MIB;
+    let tree = Tree::kary(30, 2);
+    // Path 0-1-3-7-15: 3 dies, then 1; then the other order; then both at once.
+    for kills in [
+        vec![(3, 80), (1, 200)],
+        vec![(1, 80), (3, 200)],
+        vec![(1, 100), (3, 100)],
+        vec![(3, 60), (7, 150)],
+    ] {
+        let mut s = spec(tree.clone(), len);
+        s.kills = kills
+            .iter()
+            .map(|&(n, t)| (n, Duration::from_millis(t)))
+            .collect();
+        let budget = s.node.buffer_budget;
+        let r = Sim::new(s).run();
+        let dead: Vec<usize> = kills.iter().map(|k| k.0).collect();
+        assert_only_dead_failed(&r, &dead, budget);
+    }
+}
+
+#[test]
+fn a_relay_dying_in_a_chain_leaves_the_rest_complete() {
+    let len = 6 * MIB;
+    for dead in [1, 3] {
+        let mut s = spec(Tree::kary(6, 1), len);
+        s.kills = vec![(dead, Duration::from_millis(150))];
+        let budget = s.node.buffer_budget;
+        let r = Sim::new(s).run();
+        assert_only_dead_failed(&r, &[dead], budget);
+    }
+}
