@@ -232,3 +232,47 @@ fn retry_finishes_a_receiver_that_came_back() {
     assert!(u(&r["receivers"][1]["held_bytes"]) > 0, "{r}");
     assert_eq!(hash(&b_dir.join("blob.bin")), hash(&src));
 }
+
+#[test]
+fn a_relay_killed_mid_transfer_in_a_chain_of_4_fails_alone() {
+    let s = Scratch::new("resume-relay");
+    let src = s.0.join("chain.bin");
+    let len = 160 * MIB;
+    make_file(&src, len, b"chain");
+    let want = hash(&src);
+    let key = secret(0x31);
+    let mut ags: Vec<Agent> = (0..4)
+        .map(|i| agent(&s.0.join(format!("r{i}")), &key))
+        .collect();
+    let to = ags
+        .iter()
+        .map(|a| a.addr.as_str())
+        .collect::<Vec<_>>()
+        .join(",");
+    let sender = send_cmd(&src, &to, &["--fanout", "1"], &key)
+        .spawn()
+        .unwrap();
+    // The second host of the chain dies with a third of its copy written.
+    wait_for_part(&ags[1].dir, len / 3);
+    ags[1].child.kill().unwrap();
+    ags[1].child.wait().unwrap();
+    let out = sender.wait_with_output().unwrap();
+    let r = report(&out);
+    assert_eq!(out.status.code(), Some(1), "{r}");
+    let rx = r["receivers"].as_array().unwrap();
+    assert_eq!(rx[1]["verified"], false, "{r}");
+    assert!(rx[1]["error"].as_str().is_some(), "{r}");
+    for i in [0, 2, 3] {
+        assert_eq!(rx[i]["verified"], true, "receiver {i}: {r}");
+        assert_eq!(hash(&ags[i].dir.join("chain.bin")), want, "receiver {i}");
+    }
+    // The two below it were adopted and resumed from what they held.
+    for i in [2, 3] {
+        let held = u(&rx[i]["held_bytes"]);
+        assert!(held > 0, "receiver {i}: {r}");
+        assert!(
+            u(&rx[i]["received_bytes"]) <= len - held + len / 100,
+            "receiver {i}: {r}"
+        );
+    }
+}
