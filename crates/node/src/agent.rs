@@ -362,7 +362,23 @@ pub async fn serve_open(
     };
     // Dropped after the driver (declared before it), so the copy is released first.
     let instance = cfg.running.take_over(open.session).await;
-    let store = match local_copy(&open, target, cfg).await {
+    // Verifying a partial copy reads it whole, which can outlast the parent's patience for our
+    // `Have`: `Idle` tells it we are still here.
+    let copy = local_copy(&open, target, cfg);
+    tokio::pin!(copy);
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+    tick.tick().await;
+    let copy = loop {
+        tokio::select! {
+            r = &mut copy => break r,
+            _ = tick.tick() => {
+                if let Err(e) = transport::write_frame(&mut stream, &Frame::Idle).await {
+                    tracing::debug!("session {:016x}: parent gone while resuming: {e}", open.session);
+                }
+            }
+        }
+    };
+    let store = match copy {
         Ok((copy, rx, resumed)) => {
             if resumed.complete {
                 tracing::info!(

@@ -789,6 +789,8 @@ impl Node {
                 check_below(child, node, link)?;
                 self.handle_have(k, node, complete, ranges, now)?;
             }
+            // Still checking what it holds before its `Have`: alive.
+            Frame::Idle if child.held.is_none() => child.last_progress = now,
             Frame::Request { index } => {
                 if !child.requests.contains(&index) && child.requests.len() < 1024 {
                     child.requests.push_back(index);
