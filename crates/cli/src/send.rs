@@ -95,7 +95,8 @@ pub struct SendArgs {
     stall_timeout: u64,
     /// Send again, up to this many times, to the receivers that failed: each retry is a new
     /// session with only those, straight from the source, and moves only what they miss (they
-    /// keep what they verified). Files only (not stdin).
+    /// keep what they verified). Files only (not stdin). A receiver let go because it fell
+    /// behind gets one retry even without it.
     #[arg(long, default_value_t = 0)]
     retry: u32,
     /// Print the report as JSON on stdout.
@@ -577,12 +578,20 @@ impl Send<'_> {
 
     /// `--retry`: sends again to the receivers that failed, each time a new session with only
     /// those hanging off the source, until every one has its copy or the retries are spent; each
-    /// one's line in `report` is replaced by its latest.
+    /// one's line in `report` is replaced by its latest. A receiver let go from the push because
+    /// it fell behind gets one such session even without `--retry`: it was not broken, only slow.
     async fn retry_failed(&self, report: &mut Report, cfg: &SendConfig) -> Result<()> {
         let (a, hosts) = (self.a, &self.file.hosts);
-        for attempt in 1..=a.retry {
+        for attempt in 1..=a.retry.max(1) {
             let failed: Vec<usize> = (0..report.receivers.len().min(hosts.len()))
-                .filter(|&i| !report.receivers[i].verified)
+                .filter(|&i| {
+                    let r = &report.receivers[i];
+                    let behind = r
+                        .error
+                        .as_deref()
+                        .is_some_and(|e| e.starts_with("fell behind"));
+                    !r.verified && (attempt <= a.retry || behind)
+                })
                 .collect();
             if failed.is_empty() || a.path.as_os_str() == "-" || a.expect.is_some() {
                 return Ok(());

@@ -276,3 +276,60 @@ fn a_relay_killed_mid_transfer_in_a_chain_of_4_fails_alone() {
         );
     }
 }
+
+#[test]
+fn a_stopped_receiver_is_let_go_and_catches_up_without_holding_the_others() {
+    let s = Scratch::new("resume-stop");
+    let src = s.0.join("stop.bin");
+    let len = 128 * MIB;
+    make_file(&src, len, b"stop");
+    let key = secret(0x32);
+    let ags: Vec<Agent> = (0..3)
+        .map(|i| agent(&s.0.join(format!("r{i}")), &key))
+        .collect();
+    let to = ags
+        .iter()
+        .map(|a| a.addr.as_str())
+        .collect::<Vec<_>>()
+        .join(",");
+    let stop_for = Duration::from_secs(8);
+    let sender = send_cmd(
+        &src,
+        &to,
+        &["--strategy", "flat", "--budget-mib", "16"],
+        &key,
+    )
+    .spawn()
+    .unwrap();
+    wait_for_part(&ags[2].dir, len / 8);
+    let pid = ags[2].child.id().to_string();
+    let signal = |sig: &str| {
+        assert!(Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap()
+            .success());
+    };
+    signal("-STOP");
+    std::thread::sleep(stop_for);
+    signal("-CONT");
+    let out = sender.wait_with_output().unwrap();
+    let r = report(&out);
+    // Everyone has a copy in the end: the stopped one was let go, then caught up by the
+    // automatic retry, resuming from what it held.
+    assert!(out.status.success(), "{r}");
+    let rx = r["receivers"].as_array().unwrap();
+    for (i, a) in ags.iter().enumerate() {
+        assert_eq!(rx[i]["verified"], true, "receiver {i}: {r}");
+        assert_eq!(hash(&a.dir.join("stop.bin")), hash(&src), "receiver {i}");
+    }
+    assert!(u(&rx[2]["held_bytes"]) >= len / 8, "{r}");
+    // The others did not wait for it.
+    for (i, x) in rx.iter().enumerate().take(2) {
+        let secs = x["seconds"].as_f64().unwrap();
+        assert!(
+            secs < stop_for.as_secs_f64(),
+            "receiver {i} took {secs} s: {r}"
+        );
+    }
+}

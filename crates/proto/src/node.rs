@@ -58,6 +58,11 @@ pub struct NodeConfig {
     pub idle_timeout: Duration,
     /// An unanswered repair request is repeated after this long.
     pub request_timeout: Duration,
+    /// A child that holds the others back (this node's buffer is full waiting for its
+    /// acknowledgements, which have not moved for this long while another consumer is ahead of
+    /// it) is let go from the push: reported failed as fallen behind, its children adopted. It
+    /// catches up in a later session (`send --retry`), resuming from what it holds.
+    pub lag_timeout: Duration,
 }
 
 impl Default for NodeConfig {
@@ -65,6 +70,7 @@ impl Default for NodeConfig {
         Self {
             buffer_budget: 64 << 20,
             idle_timeout: Duration::from_secs(60),
+            lag_timeout: Duration::from_secs(3),
             request_timeout: Duration::from_secs(2),
         }
     }

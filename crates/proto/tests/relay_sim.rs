@@ -125,25 +125,28 @@ fn empty_object_completes() {
 }
 
 #[test]
-fn stalled_leaf_holds_the_session_back_until_cut_off_then_the_rest_finish() {
+fn stalled_leaf_holds_the_session_back_until_let_go_then_the_rest_finish() {
     let mut spec = SimSpec::new(Tree::kary(6, 2), LinkSpec::wan(5, 100.0), 32 * MIB);
     spec.stall_timeout = Duration::from_secs(5);
     spec.stalls = vec![(5, Duration::from_millis(500))];
     let budget_chunks = spec.node.buffer_budget as u64 / spec.chunk_size as u64;
     let r = Sim::new(spec).run();
     assert!(r.finished);
+    // Let go once it held the others back for the lag timeout (3 s), before the 5 s stall
+    // timeout would have cut it.
     let failed = r.nodes[5].failed.as_deref().unwrap_or_default();
-    assert!(failed.contains("stalled"), "node 5: {failed:?}");
+    assert!(failed.starts_with("fell behind"), "node 5: {failed:?}");
     for i in [1, 2, 3, 4, 6] {
         assert!(
             r.nodes[i].data_ok && r.nodes[i].done_at.is_some(),
             "node {i}"
         );
     }
-    // Policy: until the cut, nobody gets further ahead of the stalled node than the buffers
-    // of the path between them allow (one budget per relay on the way: source and node 2).
+    // Policy: until it is let go, nobody gets further ahead of the stalled node than the
+    // buffers of the path between them allow (one budget per relay on the way: source and
+    // node 2).
     let stalled_at = r.nodes[5].acked;
-    let during = Duration::from_millis(4500);
+    let during = Duration::from_millis(3400);
     for i in [1, 2, 3, 4, 6] {
         let ahead = r.nodes[i].acked_at(during).saturating_sub(stalled_at);
         assert!(
@@ -151,19 +154,20 @@ fn stalled_leaf_holds_the_session_back_until_cut_off_then_the_rest_finish() {
             "node {i} got {ahead} chunks ahead while node 5 was stalled"
         );
     }
-    // After the cut (about 5.5 s) the rest runs at link speed: 32 MiB at 100 Mbit/s is 2.7 s.
+    // After it is let go (about 3.5 s) the rest runs at link speed: 32 MiB at 100 Mbit/s is
+    // 2.7 s in all.
     let last = (1..=6)
         .filter(|&i| i != 5)
         .map(|i| r.nodes[i].done_at.unwrap())
         .max()
         .unwrap();
     assert!(
-        last > Duration::from_secs(5),
-        "finished before the cut: {last:?}"
+        last > Duration::from_secs(3),
+        "finished before it was let go: {last:?}"
     );
     assert!(
-        last < Duration::from_secs(10),
-        "slow after the cut: {last:?}"
+        last < Duration::from_secs(7),
+        "slow after it was let go: {last:?}"
     );
 }
 

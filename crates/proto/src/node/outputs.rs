@@ -33,6 +33,18 @@ impl Node {
             };
             self.lose_child(k, reason, now);
         }
+        let lag = self.cfg.lag_timeout;
+        for k in self.holding_back() {
+            let c = &self.children[k];
+            if now.duration_since(c.last_progress) >= lag {
+                let reason = format!(
+                    "fell behind: {} held the others back for {lag:.0?} (at chunk {}); \
+                     let go from the push, send again to catch up",
+                    c.name, c.acked
+                );
+                self.lose_child(k, reason, now);
+            }
+        }
         for c in self.children.iter_mut().filter(|c| c.alive && !c.end_sent) {
             if c.sent {
                 c.sent = false;
@@ -73,6 +85,33 @@ impl Node {
         if let Some(reason) = abort {
             self.events.push_back(Event::Aborted { reason });
         }
+    }
+
+    /// Children that hold the others back now: this node cannot take another chunk, the
+    /// child's acknowledgement is the lowest and short of what it was sent, and another child
+    /// (or this relay's own copy) is ahead of it, so letting it go lets the rest move on.
+    fn holding_back(&self) -> Vec<usize> {
+        let cs = self.params.chunk_size as usize;
+        if self.buffered_bytes + cs <= self.cfg.buffer_budget {
+            return Vec::new();
+        }
+        let live = || self.children.iter().filter(|c| c.alive && c.held.is_some());
+        let Some(low) = live().map(|c| c.acked).min() else {
+            return Vec::new();
+        };
+        let own = match &self.upstream {
+            Upstream::Parent { stored, local, .. } if *local == Local::Storing => stored.prefix(),
+            _ => 0,
+        };
+        if live().all(|c| c.acked == low) && own <= low {
+            return Vec::new();
+        }
+        (0..self.children.len())
+            .filter(|&k| {
+                let c = &self.children[k];
+                c.alive && c.held.is_some() && c.acked == low && c.acked < c.next
+            })
+            .collect()
     }
 
     // ----- outputs ------------------------------------------------------------------------
@@ -153,6 +192,11 @@ impl Node {
                     .iter()
                     .filter(|c| c.alive && !c.end_sent && !c.keepalive_due)
                     .map(|c| c.quiet_since + KEEPALIVE),
+            )
+            .chain(
+                self.holding_back()
+                    .into_iter()
+                    .map(|k| self.children[k].last_progress + self.cfg.lag_timeout),
             )
             .min();
         if let Upstream::Parent {
