@@ -21,7 +21,9 @@
 //! (see `node/adopt.rs`: they resume from what they hold), and the rest of the session goes on at full
 //! speed. Because a stalled node's ancestors notice only after their own buffers fill, the
 //! deepest culprit is always the one cut. A child whose connection closes (its process died) is
-//! treated the same way at once.
+//! treated the same way at once. A child that holds the others back (the buffer is full, its
+//! acknowledgement is the lowest and has not moved for [`NodeConfig::lag_timeout`], another
+//! consumer is ahead) is let go the same way, long before the stall timeout.
 //!
 //! # Resuming
 //! A receiver's first frame is `Have`: what it kept from an earlier session of the same object.
