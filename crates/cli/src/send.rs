@@ -598,7 +598,10 @@ impl Send<'_> {
             }
             if !a.quiet {
                 let names: Vec<&str> = failed.iter().map(|&i| hosts[i].name.as_str()).collect();
-                eprintln!("retry {attempt}/{}: {}", a.retry, names.join(", "));
+                match attempt <= a.retry {
+                    true => eprintln!("retry {attempt}/{}: {}", a.retry, names.join(", ")),
+                    false => eprintln!("catching up: {}", names.join(", ")),
+                }
             }
             // A moment for a restarting agent to come back.
             tokio::time::sleep(Duration::from_secs(attempt.min(5) as u64)).await;
