@@ -91,3 +91,78 @@ fn a_relay_dying_in_a_chain_leaves_the_rest_complete() {
         assert_only_dead_failed(&r, &[dead], budget);
     }
 }
+
+#[test]
+fn a_stream_cannot_be_read_again_so_orphans_needing_old_chunks_fail_clearly() {
+    // A stream's source keeps only its buffer: the dead relay's children, adopted by it, need
+    // chunks it dropped long ago, and fail saying so instead of hanging.
+    let mut s = spec(Tree::kary(4, 1), 8 * MIB);
+    s.stream = true;
+    s.kills = vec![(1, Duration::from_millis(250))];
+    let r = Sim::new(s).run();
+    assert!(r.finished, "{:#?}", r.nodes);
+    assert!(r.nodes[1].failed.is_some());
+    let why = r.nodes[2].failed.as_deref().unwrap_or_default();
+    assert!(why.contains("cannot read again"), "node 2: {why:?}");
+}
+
+#[test]
+fn a_child_checking_its_copy_is_not_cut_while_it_says_so() {
+    use bulkcast_proto::auth::{Keys, Secret};
+    use bulkcast_proto::manifest::{Manifest, ObjectKind};
+    use bulkcast_proto::node::{Event, Link, Named, Node, NodeConfig, SessionParams};
+    use bulkcast_proto::wire::Frame;
+    use std::time::Instant;
+    let t0 = Instant::now();
+    let params = SessionParams {
+        session: 9,
+        chunk_size: 65536,
+        stall_timeout: Duration::from_secs(5),
+        cc: String::new(),
+        stripe: None,
+        edges: Default::default(),
+        manifest: Manifest {
+            name: "x".into(),
+            kind: ObjectKind::File,
+            total_len: Some(1 << 20),
+            entries: vec![],
+            mode: 0,
+            mtime: None,
+        },
+    };
+    let names: Vec<Named> = (1..=2)
+        .map(|i| Named {
+            name: format!("h{i}"),
+            addr: format!("a:{i}"),
+            uplink_kbps: 0,
+        })
+        .collect();
+    let keys = Keys::derive(&Secret::from_bytes([3; 32]));
+    let mut s = Node::source(
+        params,
+        keys,
+        NodeConfig::default(),
+        &Tree::flat(2),
+        &names,
+        t0,
+    )
+    .unwrap();
+    // Child 0 says it is still busy every 4 s; child 1 says nothing.
+    for t in [4, 8, 12] {
+        let now = t0 + Duration::from_secs(t);
+        s.handle_frame(Link::Child(0), Frame::Idle, now).unwrap();
+        s.handle_timeout(now);
+    }
+    let mut cut = Vec::new();
+    while let Some(ev) = s.poll_event() {
+        if let Event::NodeFailed { node, reason } = ev {
+            cut.push((node, reason));
+        }
+    }
+    assert_eq!(cut.len(), 1, "{cut:?}");
+    assert_eq!(cut[0].0, 2);
+    assert!(
+        cut[0].1.contains("did not answer the session set-up"),
+        "{cut:?}"
+    );
+}
