@@ -152,8 +152,19 @@ impl Store {
         let dir = partial::parent_of(&dest).to_path_buf();
         fs::create_dir_all(&dir).map_err(|e| ctx(e, "creating", &dir))?;
         partials.clean(&dir);
-        let opened =
-            partial::open(&dest, manifest, chunk_size).map_err(|e| ctx(e, "resuming", &dest))?;
+        // Another session of this object may still hold the copy: one that lost its parent and
+        // has not noticed yet (its process was stopped, say) lets it go within moments.
+        let waited = std::time::Instant::now();
+        let opened = loop {
+            let o = partial::open(&dest, manifest, chunk_size)
+                .map_err(|e| ctx(e, "resuming", &dest))?;
+            match o {
+                partial::Opened::Busy if waited.elapsed() < BUSY_WAIT => {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                o => break o,
+            }
+        };
         let (sink, resumed) = match opened {
             partial::Opened::Complete(file) => (
                 Sink::Complete { dest, file },
@@ -698,6 +709,10 @@ fn start_writeback(file: &File) {
         libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
     }
 }
+
+/// How long a session waits for another one of the same object to release its copy before it
+/// writes a copy of its own ([`Store::open_resumable`]).
+const BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 const DISK_FULL: &str = " (disk full: free space on the receiver and send again)";
 const QUOTA: &str = " (quota exceeded)";
