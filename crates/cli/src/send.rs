@@ -335,10 +335,9 @@ async fn ticket_receivers(
     session: u64,
     n: usize,
 ) -> Result<(HostsFile, Secret)> {
-    let secret = a
-        .common
-        .secret()?
-        .unwrap_or_else(|| Secret::from_bytes(rand::random()));
+    // A key for this session alone, never the fleet's secret (BULKCAST_SECRET): the ticket is
+    // handed around, and must admit nobody to anything after this session.
+    let secret = Secret::from_bytes(rand::random());
     let keys = Keys::derive(&secret);
     let listener = transport::listen(&a.listen, tuning)
         .await

@@ -145,6 +145,7 @@ pub async fn serve(
     let (done_tx, mut done_rx) =
         tokio::sync::mpsc::channel::<Result<(SessionId, usize), String>>(16);
     let mut finished: std::collections::HashMap<SessionId, usize> = Default::default();
+    let gate = crate::gate::Gate::default();
     loop {
         tokio::select! {
             _ = &mut shutdown => return None,
@@ -160,10 +161,24 @@ pub async fn serve(
             },
             Some(acc) = acc_rx.recv() => match acc {
                 Ok((stream, peer)) => {
+                    // Past the limits the connection is closed at once: it holds nothing.
+                    let pass = match gate.enter(peer.ip()) {
+                        Ok(p) => p,
+                        Err(e) => {
+                            tracing::debug!("connection from {peer} dropped: {e}");
+                            drop(stream);
+                            continue;
+                        }
+                    };
                     let cfg = cfg.clone();
                     let done = done_tx.clone();
+                    let deadline = gate.limits().deadline;
                     tokio::spawn(async move {
-                        let outcome = match session(stream, &cfg, None).await {
+                        let outcome = match admit(stream, &cfg, pass, deadline).await {
+                            Ok(stream) => session_admitted(stream, &cfg, None).await,
+                            Err(e) => Err(e),
+                        };
+                        let outcome = match outcome {
                             Ok(Served::Probe) => {
                                 tracing::debug!("probe from {peer} answered");
                                 return;
@@ -243,6 +258,35 @@ pub async fn session(
     expect: Option<(SessionId, Target)>,
 ) -> Result<Served, SessionError> {
     transport::handshake_accept(&mut stream, &cfg.keys).await?;
+    session_admitted(stream, cfg, expect).await
+}
+
+/// The handshake of an accepted connection, within `deadline` from accept, holding its place
+/// at the gate until it ends.
+async fn admit(
+    mut stream: Stream,
+    cfg: &AgentConfig,
+    mut pass: crate::gate::Pass,
+    deadline: std::time::Duration,
+) -> Result<Stream, SessionError> {
+    let r = tokio::select! {
+        r = tokio::time::timeout(deadline, transport::handshake_accept(&mut stream, &cfg.keys)) => r,
+        _ = pass.evicted() => return Err(ConnError::Timeout("in the handshake (evicted)").into()),
+    };
+    drop(pass);
+    match r {
+        Err(_) => Err(ConnError::Timeout("in the handshake").into()),
+        Ok(Err(e)) => Err(e.into()),
+        Ok(Ok(())) => Ok(stream),
+    }
+}
+
+/// [`session`] after the handshake.
+async fn session_admitted(
+    mut stream: Stream,
+    cfg: &AgentConfig,
+    expect: Option<(SessionId, Target)>,
+) -> Result<Served, SessionError> {
     let open = match transport::expect_frame(&mut stream, "waiting for the session set-up").await? {
         Frame::Open(o) => o,
         // Probing for the planner: echoes, then possibly a request to measure others.

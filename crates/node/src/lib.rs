@@ -27,6 +27,7 @@ pub mod direct;
 pub mod driver;
 pub mod edge;
 pub mod feed;
+pub mod gate;
 pub mod input;
 pub mod mapped;
 pub mod measure;

@@ -1,5 +1,8 @@
 //! Ticket mode: the sender prints a ticket, receivers join with it, the send starts when enough
-//! have joined. A ticket carries the session secret, so it is shared like a password.
+//! have joined. A ticket carries a secret drawn for its session alone (never the fleet's
+//! `BULKCAST_SECRET` or a host key): it admits its holder to that session while the sender
+//! gathers receivers, and to nothing else, before or after. It is still shared like a password
+//! while the session runs.
 //!
 //! ```text
 //! bc1/<secret: 64 hex>/<session: 16 hex>/<sender host:port>
@@ -79,6 +82,7 @@ pub async fn gather(
     let end = tokio::time::Instant::now() + deadline;
     let mut joined: Vec<HostSpec> = Vec::new();
     let mut pending = Vec::new();
+    let gate = crate::gate::Gate::default();
     while joined.len() < expect {
         tokio::select! {
             _ = tokio::time::sleep_until(end) => break,
@@ -95,12 +99,28 @@ pub async fn gather(
             }
             acc = listener.accept() => {
                 let Ok((stream, peer)) = acc else { continue };
+                let pass = match gate.enter(peer.ip()) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        tracing::debug!("join from {peer} dropped: {e}");
+                        continue;
+                    }
+                };
                 let keys = keys.clone();
                 let tx = tx.clone();
+                let limit = gate.limits().deadline;
+                pending.retain(|p: &tokio::task::JoinHandle<()>| !p.is_finished());
                 pending.push(tokio::spawn(async move {
-                    match accept_join(stream, peer, &keys).await {
-                        Ok(h) => { let _ = tx.send(h).await; }
-                        Err(e) => tracing::warn!("join from {peer} refused: {e}"),
+                    let mut pass = pass;
+                    let joined = tokio::select! {
+                        j = tokio::time::timeout(limit, accept_join(stream, peer, &keys)) => j,
+                        _ = pass.evicted() => return,
+                    };
+                    drop(pass);
+                    match joined {
+                        Ok(Ok(h)) => { let _ = tx.send(h).await; }
+                        Ok(Err(e)) => tracing::warn!("join from {peer} refused: {e}"),
+                        Err(_) => tracing::warn!("join from {peer} refused: too slow"),
                     }
                 }));
             }

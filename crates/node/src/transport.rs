@@ -22,6 +22,11 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Deadline for each handshake step.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The largest frame read before the peer is authenticated: every handshake frame fits (a
+/// `Refused` reason is cut to fit), so an unauthenticated peer never makes this side allocate
+/// more than this per connection, whatever length it announces.
+pub const HANDSHAKE_MAX_FRAME: usize = 1024;
+
 /// What went wrong on a connection.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnError {
@@ -583,6 +588,19 @@ pub async fn expect_frame<R: AsyncRead + Unpin>(
     }
 }
 
+/// Reads one handshake frame: at most [`HANDSHAKE_MAX_FRAME`] bytes, within the step's deadline.
+async fn expect_small<R: AsyncRead + Unpin>(
+    r: &mut R,
+    what: &'static str,
+) -> Result<Frame, ConnError> {
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, read_frame(r, HANDSHAKE_MAX_FRAME)).await {
+        Err(_) => Err(ConnError::Timeout(what)),
+        Ok(Ok(None)) => Err(ConnError::Closed),
+        Ok(Ok(Some(f))) => Ok(f),
+        Ok(Err(e)) => Err(e),
+    }
+}
+
 /// Writes one frame (without copying a chunk's data).
 pub async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, f: &Frame) -> io::Result<()> {
     write_encoded(w, &f.encode()).await
@@ -652,7 +670,7 @@ pub async fn handshake_connect<S: AsyncRead + AsyncWrite + Unpin>(
 ) -> Result<(), ConnError> {
     let (state, hello) = Connecting::start(keys.clone(), rand::random());
     write_frame(s, &hello).await?;
-    let challenge = expect_frame(s, "waiting for the peer's challenge").await?;
+    let challenge = expect_small(s, "waiting for the peer's challenge").await?;
     let auth = match state.handle(challenge) {
         Ok(a) => a,
         Err(e) => {
@@ -666,7 +684,11 @@ pub async fn handshake_connect<S: AsyncRead + AsyncWrite + Unpin>(
 /// Tells the peer why the handshake failed (so its log is as clear as ours) and returns the
 /// error for our side.
 async fn refuse<S: AsyncWrite + Unpin>(s: &mut S, e: AuthError) -> ConnError {
-    let reason = e.to_string();
+    let mut reason = e.to_string();
+    // Kept within what the peer reads before authentication.
+    while reason.len() > HANDSHAKE_MAX_FRAME / 2 {
+        reason.pop();
+    }
     let _ = write_frame(s, &Frame::Refused { reason }).await;
     e.into()
 }
@@ -678,15 +700,16 @@ pub async fn handshake_accept<S: AsyncRead + AsyncWrite + Unpin>(
 ) -> Result<(), ConnError> {
     // A Hello is tiny: a first frame that claims to be large is some other protocol (an HTTP
     // probe, a port scanner), which deserves that name rather than a size complaint.
-    let hello = match tokio::time::timeout(HANDSHAKE_TIMEOUT, read_frame(s, 1024)).await {
-        Err(_) => return Err(ConnError::Timeout("waiting for Hello")),
-        Ok(Ok(None)) => return Err(ConnError::Closed),
-        Ok(Ok(Some(f))) => f,
-        Ok(Err(ConnError::Wire(WireError::TooLarge { .. } | WireError::UnknownType(_)))) => {
-            return Err(ConnError::Wire(WireError::BadMagic))
-        }
-        Ok(Err(e)) => return Err(e),
-    };
+    let hello =
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, read_frame(s, HANDSHAKE_MAX_FRAME)).await {
+            Err(_) => return Err(ConnError::Timeout("waiting for Hello")),
+            Ok(Ok(None)) => return Err(ConnError::Closed),
+            Ok(Ok(Some(f))) => f,
+            Ok(Err(ConnError::Wire(WireError::TooLarge { .. } | WireError::UnknownType(_)))) => {
+                return Err(ConnError::Wire(WireError::BadMagic))
+            }
+            Ok(Err(e)) => return Err(e),
+        };
     let (state, challenge) = match Accepting::start(keys.clone(), hello, rand::random()) {
         Ok(x) => x,
         Err(e) => {
@@ -694,7 +717,7 @@ pub async fn handshake_accept<S: AsyncRead + AsyncWrite + Unpin>(
         }
     };
     write_frame(s, &challenge).await?;
-    let auth = expect_frame(s, "waiting for the peer's proof").await?;
+    let auth = expect_small(s, "waiting for the peer's proof").await?;
     if let Err(e) = state.handle(auth) {
         return Err(refuse(s, e).await);
     }

@@ -1,0 +1,254 @@
+//! Hostile peers on loopback: connection floods, oversized frames before authentication,
+//! tickets, keys and forged data. Every test runs real processes and needs no root.
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use bulkcast_proto::wire::{Frame, VERSION};
+
+#[allow(dead_code, unused_imports)]
+mod common;
+use common::Scratch;
+
+const BIN: &str = env!("CARGO_BIN_EXE_bulkcast");
+const MIB: u64 = 1 << 20;
+
+/// A process killed on drop.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn secret(b: u8) -> String {
+    format!("{b:02x}").repeat(32)
+}
+
+/// Reads one line byte by byte, leaving the rest of the stream unread.
+fn first_line(r: &mut impl Read) -> String {
+    let mut line = Vec::new();
+    let mut b = [0u8; 1];
+    while r.read(&mut b).unwrap() == 1 && b[0] != b'\n' {
+        line.push(b[0]);
+    }
+    String::from_utf8(line).unwrap()
+}
+
+/// An agent on loopback with `extra` options; its log goes to `log` (a pipe nobody reads
+/// would stall it once full). Returns the process and its TCP address.
+fn agent(dir: &Path, env: &[(&str, &str)], extra: &[&str], log: &Path) -> (Proc, String) {
+    let mut child = Command::new(BIN)
+        .args(["agent", "--listen", "127.0.0.1:0", "--dir"])
+        .arg(dir)
+        .args(extra)
+        .env_remove("BULKCAST_SECRET")
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap();
+    let line = first_line(child.stdout.as_mut().unwrap());
+    let addr = line
+        .split(" listening on ")
+        .nth(1)
+        .and_then(|r| r.split([',', ' ']).next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+    (Proc(child), addr)
+}
+
+/// Writes `len` pseudo-random bytes.
+fn make_file(path: &Path, len: u64, seed: &[u8]) {
+    let mut xof = blake3::Hasher::new().update(seed).finalize_xof();
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    let mut buf = vec![0u8; MIB as usize];
+    let mut left = len;
+    while left > 0 {
+        let n = left.min(MIB) as usize;
+        xof.fill(&mut buf[..n]);
+        f.write_all(&buf[..n]).unwrap();
+        left -= n as u64;
+    }
+}
+
+fn hash(path: &Path) -> Option<blake3::Hash> {
+    let mut h = blake3::Hasher::new();
+    h.update_reader(std::fs::File::open(path).ok()?).ok()?;
+    Some(h.finalize())
+}
+
+fn send(args: &[&str], env: &[(&str, &str)]) -> Output {
+    Command::new(BIN)
+        .arg("send")
+        .args(args)
+        .args(["--json", "--quiet"])
+        .env_remove("BULKCAST_SECRET")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap()
+}
+
+/// Peak resident memory of a process, from /proc.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/PID/status");
+    kib << 10
+}
+
+/// One hostile connection from `from`: `half_open` connects and says nothing, else it sends a
+/// valid `Hello` and then announces a 16 MiB frame and starts sending it, as in issue 32's
+/// measurement. Held open until `until`. True if it connected.
+async fn hostile(from: std::net::IpAddr, to: SocketAddr, half_open: bool, until: Instant) -> bool {
+    use tokio::io::AsyncWriteExt;
+    let Ok(sock) = tokio::net::TcpSocket::new_v4() else {
+        return false;
+    };
+    if sock.bind(SocketAddr::new(from, 0)).is_err() {
+        return false;
+    }
+    let Ok(Ok(mut s)) = tokio::time::timeout(Duration::from_secs(5), sock.connect(to)).await else {
+        return false;
+    };
+    let left = || tokio::time::Instant::from_std(until);
+    if !half_open {
+        let hello = Frame::Hello {
+            version: VERSION,
+            nonce: [7; 16],
+        }
+        .encode();
+        let _ = s.write_all(&hello.head).await;
+        // A frame of 16 MiB announced, then as much of it as the agent takes.
+        let mut big = vec![0u8; 1 << 20];
+        big[..4].copy_from_slice(&(16u32 << 20).to_be_bytes());
+        let _ = tokio::time::timeout_at(left(), async {
+            for _ in 0..16 {
+                if s.write_all(&big).await.is_err() {
+                    break;
+                }
+            }
+        })
+        .await;
+    }
+    tokio::time::sleep_until(left()).await;
+    true
+}
+
+/// Issue 32: 1,000 half-open handshakes and oversized frames before authentication, from 20
+/// addresses, while a real send runs: the send completes and the agent's peak memory stays
+/// under [`FLOOD_RSS_BOUND`] (before the fix, 100 such connections took it from 6 MB to 1.65 GB).
+#[test]
+fn a_flood_before_authentication_neither_stops_a_send_nor_grows_the_agent() {
+    const FLOOD_RSS_BOUND: u64 = 64 * MIB;
+    let s = Scratch::new("flood");
+    let key = secret(0x32);
+    let env = [("BULKCAST_SECRET", key.as_str())];
+    let (a, addr) = agent(&s.0.join("a"), &env, &[], &s.0.join("agent.log"));
+    let pid = a.0.id();
+    let base = peak_rss(pid);
+    let to: SocketAddr = addr.parse().unwrap();
+    let src = s.0.join("f.bin");
+    make_file(&src, 16 * MIB, b"flood");
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let until = Instant::now() + Duration::from_secs(8);
+    let flood = rt.spawn(async move {
+        let mut set = tokio::task::JoinSet::new();
+        for i in 0..1000u32 {
+            let from = std::net::IpAddr::from([127, 0, 0, 2 + (i % 20) as u8]);
+            set.spawn(hostile(from, to, i % 2 == 0, until));
+            if i % 100 == 99 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        let mut connected = 0;
+        while let Some(c) = set.join_next().await {
+            connected += usize::from(c.unwrap_or(false));
+        }
+        connected
+    });
+    // The send starts while the flood is under way.
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    let out = send(&[src.to_str().unwrap(), "--to", &addr], &env);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(t0.elapsed() < Duration::from_secs(8), "{:?}", t0.elapsed());
+    assert_eq!(hash(&s.0.join("a").join("f.bin")), hash(&src));
+    let connected = rt.block_on(flood).unwrap();
+    assert!(
+        connected >= 900,
+        "only {connected} hostile connections were made"
+    );
+    let peak = peak_rss(pid);
+    eprintln!(
+        "agent peak RSS: {:.1} MiB at start, {:.1} MiB after the flood and a 16 MiB send",
+        base as f64 / MIB as f64,
+        peak as f64 / MIB as f64
+    );
+    assert!(peak < FLOOD_RSS_BOUND, "peak RSS {peak} bytes");
+}
+
+/// Issue 32: `send --expect` with the fleet's secret exported wrote that secret into the
+/// ticket. Now the ticket holds a key for its session alone: it does not contain the fleet's
+/// secret, it does not admit to the fleet's agents, and once its session is over nobody takes
+/// joins with it.
+#[test]
+fn a_captured_ticket_holds_no_fleet_secret_and_is_useless_after_its_session() {
+    let s = Scratch::new("ticket-key");
+    let fleet = secret(0x5a);
+    let env = [("BULKCAST_SECRET", fleet.as_str())];
+    let (_a, agent_addr) = agent(&s.0.join("agent"), &env, &[], &s.0.join("agent.log"));
+    let src = s.0.join("f.bin");
+    make_file(&src, 3 * MIB, b"ticket");
+    let mut sender = Command::new(BIN)
+        .args(["send", src.to_str().unwrap(), "--expect", "1"])
+        .args(["--listen", "127.0.0.1:0", "--json", "--quiet"])
+        .env("BULKCAST_SECRET", &fleet)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = sender.stdout.take().unwrap();
+    let ticket = first_line(&mut out);
+    assert!(ticket.starts_with("bc1/"), "{ticket}");
+    assert!(
+        !ticket.contains(&fleet),
+        "the ticket holds the fleet secret"
+    );
+    let recv = |dest: &str| {
+        Command::new(BIN)
+            .args(["recv", &ticket, "--quiet", "--wait", "5", "--out"])
+            .arg(s.0.join(dest))
+            .output()
+            .unwrap()
+    };
+    assert!(recv("one.bin").status.success());
+    assert!(sender.wait().unwrap().success());
+    assert_eq!(hash(&s.0.join("one.bin")), hash(&src));
+
+    // After the session: the ticket admits nobody.
+    let late = recv("late.bin");
+    assert!(!late.status.success());
+    assert!(!s.0.join("late.bin").exists());
+    // Its key pushes nothing to the fleet's agents either.
+    let key = ticket.split('/').nth(1).unwrap().to_string();
+    let out = send(
+        &[src.to_str().unwrap(), "--to", &agent_addr],
+        &[("BULKCAST_SECRET", key.as_str())],
+    );
+    assert!(!out.status.success());
+    assert!(!s.0.join("agent").join("f.bin").exists());
+}
