@@ -6,6 +6,7 @@ mod edges;
 mod feed;
 mod hostlist;
 mod metrics;
+mod keygen;
 mod pipe;
 mod plan;
 mod progress;
@@ -74,6 +75,12 @@ enum Cmd {
     },
     /// Print a new random session secret (64 hex digits) for agents and senders to share.
     Secret,
+    /// Make this host's key pair: writes the secret key to FILE (mode 0600, never
+    /// overwritten) and prints the public key for the other hosts' allow lists.
+    Keygen {
+        /// Where to write the secret key.
+        file: PathBuf,
+    },
 }
 
 /// Options shared by every command that takes part in a session.
@@ -82,6 +89,19 @@ pub struct Common {
     /// File holding the session secret (64 hex digits). Default: $BULKCAST_SECRET.
     #[arg(long)]
     secret_file: Option<PathBuf>,
+    /// This host's key file (`bulkcast keygen`): with --allow, every connection also proves
+    /// each end's host key, and only peers on the allow list are admitted.
+    #[arg(long, env = "BULKCAST_KEY", requires = "allow")]
+    key: Option<PathBuf>,
+    /// Allow list: the public keys (one per line, optionally followed by a name) of the hosts
+    /// this one talks to. Removing a line revokes that host at its next connection.
+    #[arg(long, env = "BULKCAST_ALLOW", requires = "key")]
+    allow: Option<PathBuf>,
+    /// Agree to run connections unencrypted, for trusted networks: a connection is left in
+    /// plaintext only when both of its ends give this. Admission and chunk integrity are
+    /// checked either way.
+    #[arg(long, env = "BULKCAST_PLAINTEXT")]
+    plaintext: bool,
     /// Memory for chunk buffers per session, in MiB.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(4..=65536))]
     budget_mib: u64,
@@ -138,6 +158,17 @@ impl Common {
         ))
     }
 
+    /// The keys of a session under `secret`, with this host's key, allow list and
+    /// `--plaintext`.
+    fn keys(&self, secret: &Secret) -> Result<Keys> {
+        let keys = Keys::derive(secret).with_plaintext(self.plaintext);
+        let (Some(key), Some(allow)) = (&self.key, &self.allow) else {
+            return Ok(keys);
+        };
+        let identity = keygen::load(key, allow)?;
+        Ok(keys.with_identity(identity))
+    }
+
     fn require_secret(&self) -> Result<Secret> {
         self.secret()?.context(
             "no session secret: set BULKCAST_SECRET or pass --secret-file (make one with `bulkcast secret`)",
@@ -172,10 +203,10 @@ impl Common {
         secret: &Secret,
         tuning: TcpTuning,
         stdout: bool,
-    ) -> AgentConfig {
-        AgentConfig {
+    ) -> Result<AgentConfig> {
+        Ok(AgentConfig {
             dir,
-            keys: Keys::derive(secret),
+            keys: self.keys(secret)?,
             node: self.node(),
             tuning,
             stored: None,
@@ -187,7 +218,7 @@ impl Common {
             running: Default::default(),
             stdout,
             io: CopyIo::Buffered,
-        }
+        })
     }
 
     fn node(&self) -> NodeConfig {
@@ -317,6 +348,10 @@ async fn run(cli: Cli) -> Result<i32> {
             }
             Ok(0)
         }
+        Cmd::Keygen { file } => {
+            println!("{}", keygen::create(&file)?);
+            Ok(0)
+        }
         Cmd::Secret => {
             println!("{}", Secret::from_bytes(rand::random()).to_hex());
             Ok(0)
@@ -382,7 +417,7 @@ async fn run_agent(a: AgentArgs) -> Result<i32> {
         }
         None => None,
     };
-    let mut cfg = a.common.agent_config(dir, &secret, tuning, false);
+    let mut cfg = a.common.agent_config(dir, &secret, tuning, false)?;
     cfg.io = copy_io(a.direct_io);
     cfg.partials = Partials {
         max_age: Duration::from_secs(a.keep_partial_hours.saturating_mul(3600)),
@@ -429,7 +464,8 @@ async fn recv(a: RecvArgs) -> Result<i32> {
     let stored = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let cfg = AgentConfig {
         dir: PathBuf::from("."),
-        keys: Keys::derive(&t.secret),
+        // The ticket's one-session key; host keys are for fleets, not tickets.
+        keys: Keys::derive(&t.secret).with_plaintext(a.common.plaintext),
         node: a.common.node(),
         tuning: a.common.tuning()?,
         stored: Some(stored.clone()),

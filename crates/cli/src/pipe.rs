@@ -12,7 +12,6 @@ use anyhow::{bail, Context, Result};
 use bulkcast_node::agent;
 use bulkcast_node::input::Input;
 use bulkcast_node::source::{self, SendConfig};
-use bulkcast_proto::auth::Keys;
 use bulkcast_proto::hosts::HostSpec;
 use bulkcast_proto::node::CHUNK_SIZE_RANGE;
 use bulkcast_proto::tree::Tree;
@@ -112,7 +111,7 @@ async fn send(a: PipeSendArgs) -> Result<i32> {
         input,
         &hosts,
         &tree,
-        Keys::derive(&secret),
+        a.common.keys(&secret)?,
         session,
         &cfg,
         status.clone(),
@@ -166,7 +165,7 @@ async fn recv(a: PipeRecvArgs) -> Result<i32> {
     eprintln!("bulkcast pipe listening on {addrs}");
     let cfg = Arc::new(
         a.common
-            .agent_config(PathBuf::from("."), &secret, tuning, true),
+            .agent_config(PathBuf::from("."), &secret, tuning, true)?,
     );
     match agent::serve(listeners, cfg, true, shutdown_signal()).await {
         Some(Ok(_)) => Ok(0),

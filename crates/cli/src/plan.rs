@@ -57,7 +57,7 @@ pub async fn run(a: PlanArgs) -> Result<i32> {
     let matrices = match &a.matrix {
         Some(p) => read_matrix(p)?,
         None => {
-            let keys = Keys::derive(&a.common.require_secret()?);
+            let keys = a.common.keys(&a.common.require_secret()?)?;
             let tuning = a.common.tuning()?;
             let (mut m, note) = measure::probe_now(&hosts, &keys, &tuning, a.samples).await?;
             eprintln!("{note}");

@@ -232,7 +232,7 @@ pub async fn run(a: SendArgs) -> Result<i32> {
         None => None,
     };
     let session: u64 = rand::random();
-    let (file, secret) = receivers(&a, &tuning, session).await?;
+    let (file, keys) = receivers(&a, &tuning, session).await?;
     let a = SendArgs {
         strategy: auto_strategy(&a, &input, file.source.as_ref(), &file.hosts),
         ..a
@@ -241,7 +241,7 @@ pub async fn run(a: SendArgs) -> Result<i32> {
     let mut send = Send {
         a: &a,
         file,
-        secret: &secret,
+        keys: &keys,
         session,
         left_out: Vec::new(),
         given: (0..file_len).collect(),
@@ -307,21 +307,21 @@ fn check_chunk_kib(chunk_kib: Option<u32>) -> Result<()> {
     Ok(())
 }
 
-/// The receivers and the session secret: from `--to` (a list or a hosts file, the secret from
+/// The receivers and the session's keys: from `--to` (a list or a hosts file, the secret from
 /// the environment), or the receivers that join with a ticket (`--expect`).
 async fn receivers(
     a: &SendArgs,
     tuning: &transport::TcpTuning,
     session: u64,
-) -> Result<(HostsFile, Secret)> {
+) -> Result<(HostsFile, Keys)> {
     match (&a.to, a.expect) {
-        (Some(to), _) => Ok((
-            load_hosts(to)?,
-            match &a.ssh_secret {
+        (Some(to), _) => {
+            let secret = match &a.ssh_secret {
                 Some(s) => s.clone(),
                 None => a.common.require_secret()?,
-            },
-        )),
+            };
+            Ok((load_hosts(to)?, a.common.keys(&secret)?))
+        }
         (None, Some(0)) => bail!("--expect must be at least 1"),
         (None, Some(n)) => ticket_receivers(a, tuning, session, n).await,
         (None, None) => bail!("give --to HOSTS or --expect N"),
@@ -334,11 +334,11 @@ async fn ticket_receivers(
     tuning: &transport::TcpTuning,
     session: u64,
     n: usize,
-) -> Result<(HostsFile, Secret)> {
+) -> Result<(HostsFile, Keys)> {
     // A key for this session alone, never the fleet's secret (BULKCAST_SECRET): the ticket is
     // handed around, and must admit nobody to anything after this session.
     let secret = Secret::from_bytes(rand::random());
-    let keys = Keys::derive(&secret);
+    let keys = Keys::derive(&secret).with_plaintext(a.common.plaintext);
     let listener = transport::listen(&a.listen, tuning)
         .await
         .with_context(|| format!("listening on {}", a.listen))?;
@@ -380,7 +380,7 @@ async fn ticket_receivers(
             source: None,
             hosts,
         },
-        secret,
+        keys,
     ))
 }
 
@@ -389,7 +389,7 @@ struct Send<'a> {
     a: &'a SendArgs,
     /// The receivers the send goes to: those given, less `left_out` once they are checked.
     file: HostsFile,
-    secret: &'a Secret,
+    keys: &'a Keys,
     session: u64,
     /// Receivers that did not admit the source up front, with their place in the list given
     /// and why: they fail alone.
@@ -420,7 +420,7 @@ impl Send<'_> {
         if self.a.expect.is_some() || self.probes() {
             return Ok(());
         }
-        let keys = Keys::derive(self.secret);
+        let keys = self.keys.clone();
         let out = measure::unadmitted(&self.file, &keys, tuning, Duration::from_secs(5)).await;
         self.leave_out(out)
     }
@@ -506,7 +506,7 @@ impl Send<'_> {
             self.file.source.as_ref(),
             hosts,
             tree.as_ref(),
-            Keys::derive(self.secret),
+            self.keys.clone(),
             self.session,
             &cfg,
             status.clone(),
@@ -554,7 +554,7 @@ impl Send<'_> {
         };
         let status = source::new_status(hosts, &tree, chunk_size, len);
         self.page = live_page(a, &status, hosts, &input, &cfg.strategy).await?;
-        let keys = Keys::derive(self.secret);
+        let keys = self.keys.clone();
         let work = async {
             if trees.len() > 1 {
                 source::send_balanced(input, hosts, &trees, keys, &cfg, status.clone()).await
@@ -687,7 +687,7 @@ impl Send<'_> {
         let sp = plan::for_send(
             &self.file,
             a.matrix.as_deref(),
-            &Keys::derive(self.secret),
+            self.keys,
             tuning,
             cache.as_ref(),
             size,

@@ -252,3 +252,140 @@ fn a_captured_ticket_holds_no_fleet_secret_and_is_useless_after_its_session() {
     assert!(!out.status.success());
     assert!(!s.0.join("agent").join("f.bin").exists());
 }
+
+/// `bulkcast keygen FILE`: the key file (mode 0600) and the public key it prints.
+fn keygen(path: &Path) -> String {
+    let out = Command::new(BIN).arg("keygen").arg(path).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// Issue 32: per-host keys. An agent admits only the keys on its allow list: a sender whose
+/// key is not on it is refused and nothing is written; a key removed from the list (the agent
+/// restarted with the new list) is refused from then on; an agent refuses a sender that has
+/// the secret but no key.
+#[test]
+fn host_keys_admit_the_allowed_refuse_others_and_revocation_holds() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = Scratch::new("keys");
+    let fleet = secret(0x6b);
+    let (src_key, agent_key, stranger_key) = (
+        s.0.join("src.key"),
+        s.0.join("agent.key"),
+        s.0.join("x.key"),
+    );
+    let src_pub = keygen(&src_key);
+    let agent_pub = keygen(&agent_key);
+    let stranger_pub = keygen(&stranger_key);
+    assert_eq!(
+        std::fs::metadata(&src_key).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    assert_eq!(src_pub.len(), 64);
+    // keygen never overwrites a key.
+    let again = Command::new(BIN)
+        .arg("keygen")
+        .arg(&src_key)
+        .output()
+        .unwrap();
+    assert!(!again.status.success());
+
+    let write = |name: &str, lines: &[&str]| {
+        let p = s.0.join(name);
+        std::fs::write(&p, lines.join("\n")).unwrap();
+        p
+    };
+    let agent_allow = write("agent.allow", &[&format!("{src_pub} source")]);
+    // Senders list the agent, so they talk to it; the stranger too.
+    let src_allow = write("src.allow", &[&agent_pub]);
+    let src = s.0.join("f.bin");
+    make_file(&src, 2 * MIB, b"keys");
+    let dir = s.0.join("a");
+    let start = |allow: &Path| {
+        agent(
+            &dir,
+            &[("BULKCAST_SECRET", fleet.as_str())],
+            &[
+                "--key",
+                agent_key.to_str().unwrap(),
+                "--allow",
+                allow.to_str().unwrap(),
+            ],
+            &s.0.join("agent.log"),
+        )
+    };
+    let push = |key: &Path, to: &str| {
+        send(
+            &[
+                src.to_str().unwrap(),
+                "--to",
+                to,
+                "--key",
+                key.to_str().unwrap(),
+                "--allow",
+                src_allow.to_str().unwrap(),
+            ],
+            &[("BULKCAST_SECRET", fleet.as_str())],
+        )
+    };
+    let (a, addr) = start(&agent_allow);
+    // Not on the list: refused, nothing written.
+    let out = push(&stranger_key, &addr);
+    assert!(!out.status.success());
+    let err =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("allow list"), "{err}");
+    assert!(!dir.join("f.bin").exists(), "a refused sender wrote");
+    // The secret alone is not enough either.
+    let out = send(
+        &[src.to_str().unwrap(), "--to", &addr],
+        &[("BULKCAST_SECRET", fleet.as_str())],
+    );
+    assert!(!out.status.success());
+    assert!(!dir.join("f.bin").exists());
+    // On the list: delivered.
+    let out = push(&src_key, &addr);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(hash(&dir.join("f.bin")), hash(&src));
+    std::fs::remove_file(dir.join("f.bin")).unwrap();
+    drop(a);
+    // Revoked: the source's line removed, the agent restarted with the list.
+    let revoked = write("agent.allow", &[&format!("{stranger_pub} someone else")]);
+    let (_a, addr) = start(&revoked);
+    let out = push(&src_key, &addr);
+    assert!(!out.status.success());
+    assert!(!dir.join("f.bin").exists(), "a revoked key wrote");
+}
+
+/// A key file that others can read is refused, as ssh does.
+#[test]
+fn a_key_file_readable_by_others_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = Scratch::new("keymode");
+    let key = s.0.join("k");
+    let public = keygen(&key);
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let allow = s.0.join("allow");
+    std::fs::write(&allow, public).unwrap();
+    let out = Command::new(BIN)
+        .args(["agent", "--listen", "127.0.0.1:0", "--dir"])
+        .arg(s.0.join("d"))
+        .arg("--key")
+        .arg(&key)
+        .arg("--allow")
+        .arg(&allow)
+        .env("BULKCAST_SECRET", secret(1))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("readable by others"), "{err}");
+}

@@ -253,31 +253,31 @@ pub enum SessionError {
 /// storing into `target` (default: the agent's directory). `expect` restricts it to one session
 /// id (ticket receivers).
 pub async fn session(
-    mut stream: Stream,
+    stream: Stream,
     cfg: &AgentConfig,
     expect: Option<(SessionId, Target)>,
 ) -> Result<Served, SessionError> {
-    transport::handshake_accept(&mut stream, &cfg.keys).await?;
+    let stream = transport::handshake_accept(stream, &cfg.keys).await?;
     session_admitted(stream, cfg, expect).await
 }
 
 /// The handshake of an accepted connection, within `deadline` from accept, holding its place
 /// at the gate until it ends.
 async fn admit(
-    mut stream: Stream,
+    stream: Stream,
     cfg: &AgentConfig,
     mut pass: crate::gate::Pass,
     deadline: std::time::Duration,
 ) -> Result<Stream, SessionError> {
     let r = tokio::select! {
-        r = tokio::time::timeout(deadline, transport::handshake_accept(&mut stream, &cfg.keys)) => r,
+        r = tokio::time::timeout(deadline, transport::handshake_accept(stream, &cfg.keys)) => r,
         _ = pass.evicted() => return Err(ConnError::Timeout("in the handshake (evicted)").into()),
     };
     drop(pass);
     match r {
         Err(_) => Err(ConnError::Timeout("in the handshake").into()),
         Ok(Err(e)) => Err(e.into()),
-        Ok(Ok(())) => Ok(stream),
+        Ok(Ok(stream)) => Ok(stream),
     }
 }
 

@@ -820,11 +820,12 @@ async fn connect_child(
     let fresh = predialed.is_none();
     let mut s = match predialed {
         // Opened with the agent's own tuning: the session's congestion control applies.
-        Some(Stream::Tcp(t)) => {
-            transport::set_cc(&t, &tuning.cc)?;
-            Stream::Tcp(t)
+        Some(s) => {
+            if let Some(t) = s.tcp() {
+                transport::set_cc(t, &tuning.cc)?;
+            }
+            s
         }
-        Some(s) => s,
         None => transport::connect(addr, tuning).await?,
     };
     if let Some((tx, k)) = dialed {
@@ -834,7 +835,7 @@ async fn connect_child(
         let _ = tx.send(Ev::Dialed(k, rtt, s.transport())).await;
     }
     if fresh {
-        transport::handshake_connect(&mut s, keys).await?;
+        s = transport::handshake_connect(s, keys).await?;
     }
     for f in first {
         transport::write_frame(&mut s, f).await?;

@@ -36,6 +36,7 @@ pub mod paced;
 pub mod predial;
 pub mod probe;
 pub mod report;
+pub mod secure;
 pub mod source;
 pub mod store;
 pub mod stripes;

@@ -50,8 +50,8 @@ impl PreDialed {
             let (keys, tuning, pool) = (keys.clone(), tuning.clone(), self.clone());
             tokio::spawn(async move {
                 let dialed = async {
-                    let mut s = transport::connect(&addr, &tuning).await?;
-                    transport::handshake_connect(&mut s, &keys).await?;
+                    let s = transport::connect(&addr, &tuning).await?;
+                    let s = transport::handshake_connect(s, &keys).await?;
                     Ok((s, Instant::now()))
                 }
                 .await;
@@ -122,8 +122,8 @@ pub fn send_dials(
         let (keys, tuning) = (keys.clone(), tuning.clone());
         tokio::spawn(async move {
             let sent = async {
-                let mut s = transport::connect(&relay, &tuning).await?;
-                transport::handshake_connect(&mut s, &keys).await?;
+                let s = transport::connect(&relay, &tuning).await?;
+                let mut s = transport::handshake_connect(s, &keys).await?;
                 transport::write_frame(&mut s, &frame).await?;
                 // The relay closes once it has read the frame; closing first could reset it.
                 let _ = tokio::time::timeout(FRESH, transport::read_frame(&mut s, 1024)).await;

@@ -98,8 +98,8 @@ async fn probe_one(
     deadline: Duration,
     targets: Vec<String>,
 ) -> Result<(f64, Vec<u32>), ConnError> {
-    let mut s = transport::connect(addr, tuning).await?;
-    transport::handshake_connect(&mut s, keys).await?;
+    let s = transport::connect(addr, tuning).await?;
+    let mut s = transport::handshake_connect(s, keys).await?;
     let own = measure(&mut s, samples).await?;
     let timeout_ms = deadline.as_millis().min(u32::MAX as u128) as u32;
     transport::write_frame(
@@ -213,7 +213,7 @@ pub async fn serve_probe(
                     return Some(0u32);
                 }
                 let r = tokio::time::timeout(deadline, async {
-                    let mut c = transport::connect(&t, &tuning).await?;
+                    let c = transport::connect(&t, &tuning).await?;
                     if samples == 0 {
                         // The connect's own round trip; the peer takes the connection, closed
                         // before its `Hello`, for what it is.
@@ -221,7 +221,7 @@ pub async fn serve_probe(
                             return Ok(rtt);
                         }
                     }
-                    transport::handshake_connect(&mut c, &keys).await?;
+                    let mut c = transport::handshake_connect(c, &keys).await?;
                     echo(&mut c, samples).await
                 })
                 .await;
@@ -256,8 +256,8 @@ pub async fn send_filler(
 ) -> Result<f64, ConnError> {
     use tokio::io::AsyncWriteExt;
     let dur = dur.min(MAX_BW_PROBE);
-    let mut s = transport::connect(target, tuning).await?;
-    transport::handshake_connect(&mut s, keys).await?;
+    let s = transport::connect(target, tuning).await?;
+    let mut s = transport::handshake_connect(s, keys).await?;
     transport::write_frame(&mut s, &Frame::Sink).await?;
     let buf = vec![0x5au8; FILL];
     let end = tokio::time::Instant::now() + dur;
@@ -377,8 +377,8 @@ async fn ask_bw(
     tuning: &TcpTuning,
     dur: Duration,
 ) -> Result<Option<f64>, ConnError> {
-    let mut s = transport::connect(agent, tuning).await?;
-    transport::handshake_connect(&mut s, keys).await?;
+    let s = transport::connect(agent, tuning).await?;
+    let mut s = transport::handshake_connect(s, keys).await?;
     let millis = dur.as_millis().min(u32::MAX as u128) as u32;
     transport::write_frame(
         &mut s,

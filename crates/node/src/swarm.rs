@@ -317,8 +317,8 @@ pub async fn send(
         let (keys, tuning) = (keys.clone(), cfg.tuning.clone());
         dials.push(tokio::spawn(async move {
             let r = async {
-                let mut s = transport::connect(&addr, &tuning).await?;
-                transport::handshake_connect(&mut s, &keys).await?;
+                let s = transport::connect(&addr, &tuning).await?;
+                let mut s = transport::handshake_connect(s, &keys).await?;
                 transport::write_frame(&mut s, &Frame::SwarmSetup(SwarmSetup::Open(Box::new(o))))
                     .await?;
                 Ok::<_, transport::ConnError>(s)
@@ -832,7 +832,7 @@ impl Net {
     /// Starts the reader and writer of the connection to `j`; the source's connections (and an
     /// agent's connection to the source) become swarm links here when the two are peers.
     fn add_conn(&mut self, j: NodeId, stream: Stream) {
-        if let transport::Stream::Tcp(t) = &stream {
+        if let Some(t) = stream.tcp() {
             if let Err(e) = transport::set_notsent_lowat(t, SOCKET_BACKLOG) {
                 tracing::debug!("TCP_NOTSENT_LOWAT: {e}");
             }
@@ -875,8 +875,8 @@ impl Net {
         });
         self.dials.push(tokio::spawn(async move {
             let r = async {
-                let mut s = transport::connect(&addr, &tuning).await?;
-                transport::handshake_connect(&mut s, &keys).await?;
+                let s = transport::connect(&addr, &tuning).await?;
+                let mut s = transport::handshake_connect(s, &keys).await?;
                 transport::write_frame(&mut s, &hello).await?;
                 Ok::<_, transport::ConnError>(s)
             }

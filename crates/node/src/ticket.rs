@@ -132,12 +132,8 @@ pub async fn gather(
     joined
 }
 
-async fn accept_join(
-    mut s: TcpStream,
-    peer: SocketAddr,
-    keys: &Keys,
-) -> Result<HostSpec, ConnError> {
-    transport::handshake_accept(&mut s, keys).await?;
+async fn accept_join(s: TcpStream, peer: SocketAddr, keys: &Keys) -> Result<HostSpec, ConnError> {
+    let mut s = transport::handshake_accept(Stream::Tcp(s), keys).await?;
     match transport::expect_frame(&mut s, "waiting for Join").await? {
         Frame::Join { name, listen } => {
             // The receiver may listen on a wildcard address; use the address it joined from.
@@ -170,12 +166,12 @@ pub async fn join(
     let s = transport::connect_tcp(&ticket.addr, &cfg.tuning).await?;
     // Listen where the sender can reach us: on the address our connection to it came from.
     let local = s.local_addr().map_err(ConnError::Io)?;
-    let mut s = Stream::Tcp(s);
+    let s = Stream::Tcp(s);
     let listener = transport::listen(&SocketAddr::new(local.ip(), 0).to_string(), &cfg.tuning)
         .await
         .map_err(ConnError::Io)?;
     let listen = listener.local_addr().map_err(ConnError::Io)?.to_string();
-    transport::handshake_connect(&mut s, &cfg.keys).await?;
+    let mut s = transport::handshake_connect(s, &cfg.keys).await?;
     transport::write_frame(
         &mut s,
         &Frame::Join {
@@ -193,7 +189,7 @@ pub async fn join(
     // others `Attach`, in any order (the sender dials them at once). Each is read up to its
     // first frame; the first `Open` is the session, `Attach`es wait in `attachments` until
     // the session registers its edge.
-    let (open_tx, mut open_rx) = mpsc::channel::<(TcpStream, Open)>(1);
+    let (open_tx, mut open_rx) = mpsc::channel::<(Stream, Open)>(1);
     let routing = {
         let cfg = cfg.clone();
         tokio::spawn(async move {
@@ -218,13 +214,7 @@ pub async fn join(
             while let Ok((mut other, _)) = open_rx.try_recv() {
                 refuse(&mut other).await;
             }
-            agent::serve_open(
-                Stream::Tcp(stream),
-                open,
-                cfg,
-                Some((ticket.session, target)),
-            )
-            .await
+            agent::serve_open(stream, open, cfg, Some((ticket.session, target))).await
         }
         Ok(None) | Err(_) => {
             Err(ConnError::Timeout("waiting for the sender to start the session").into())
@@ -237,18 +227,18 @@ pub async fn join(
 const SESSION_TAKEN: &str = "this receiver's session has started already";
 
 /// Tells the sender of a second `Open` why it is refused.
-async fn refuse(s: &mut TcpStream) {
+async fn refuse(s: &mut Stream) {
     let reason = SESSION_TAKEN.to_string();
     let _ = transport::write_frame(s, &Frame::Error { reason }).await;
 }
 
 /// One connection from the sender to a ticket receiver: admitted, then its first frame decides.
 async fn route(
-    mut s: TcpStream,
+    s: TcpStream,
     cfg: &AgentConfig,
-    open_tx: mpsc::Sender<(TcpStream, Open)>,
+    open_tx: mpsc::Sender<(Stream, Open)>,
 ) -> Result<(), SessionError> {
-    transport::handshake_accept(&mut s, &cfg.keys).await?;
+    let mut s = transport::handshake_accept(Stream::Tcp(s), &cfg.keys).await?;
     match transport::expect_frame(&mut s, "waiting for the session set-up").await? {
         Frame::Open(o) => match open_tx.send((s, o)).await {
             Ok(()) => Ok(()),
@@ -264,7 +254,7 @@ async fn route(
             ..
         } => cfg
             .attachments
-            .deliver(session, token, conn, Stream::Tcp(s))
+            .deliver(session, token, conn, s)
             .await
             .map_err(SessionError::Refused),
         // The source asks relays to open their children's connections early; a ticket
@@ -309,16 +299,19 @@ mod tests {
             io: Default::default(),
         };
         let fake_sender = async {
-            let (mut j, _) = sender.accept().await.unwrap();
-            transport::handshake_accept(&mut j, &keys).await.unwrap();
+            let (j, _) = sender.accept().await.unwrap();
+            let mut j = transport::handshake_accept(Stream::Tcp(j), &keys)
+                .await
+                .unwrap();
             let Frame::Join { listen, .. } = transport::expect_frame(&mut j, "join").await.unwrap()
             else {
                 panic!("expected Join");
             };
             let dial = || async {
-                let mut c = TcpStream::connect(&listen).await.unwrap();
-                transport::handshake_connect(&mut c, &keys).await.unwrap();
-                c
+                let c = TcpStream::connect(&listen).await.unwrap();
+                transport::handshake_connect(Stream::Tcp(c), &keys)
+                    .await
+                    .unwrap()
             };
             let mut a = dial().await;
             let attach = Frame::Attach {

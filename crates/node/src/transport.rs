@@ -9,13 +9,14 @@ use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use bulkcast_proto::auth::{Accepting, AuthError, Connecting, Keys};
+use bulkcast_proto::auth::{AuthError, Keys};
 use bulkcast_proto::wire::{self, Frame, WireError};
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
 use crate::paced::{PacedListener, PacedStream};
+use crate::secure::Sealed;
 
 /// Deadline for a TCP connect.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -374,6 +375,8 @@ pub enum Stream {
     Tcp(TcpStream),
     /// The paced UDP transport.
     Paced(PacedStream),
+    /// Either, encrypted after its handshake ([`crate::secure`]).
+    Sealed(Box<Sealed<Stream>>),
 }
 
 /// The reading half of a [`Stream`].
@@ -382,6 +385,8 @@ pub enum ReadHalf {
     Tcp(tokio::net::tcp::OwnedReadHalf),
     /// The paced UDP transport.
     Paced(tokio::io::ReadHalf<PacedStream>),
+    /// Encrypted.
+    Sealed(Box<Sealed<ReadHalf>>),
 }
 
 /// The writing half of a [`Stream`].
@@ -390,6 +395,8 @@ pub enum WriteHalf {
     Tcp(tokio::net::tcp::OwnedWriteHalf),
     /// The paced UDP transport.
     Paced(tokio::io::WriteHalf<PacedStream>),
+    /// Encrypted.
+    Sealed(Box<Sealed<WriteHalf>>),
 }
 
 impl Stream {
@@ -404,6 +411,13 @@ impl Stream {
                 let (r, w) = tokio::io::split(s);
                 (ReadHalf::Paced(r), WriteHalf::Paced(w))
             }
+            Stream::Sealed(s) => {
+                let (r, w) = s.split(Stream::into_split);
+                (
+                    ReadHalf::Sealed(Box::new(r)),
+                    WriteHalf::Sealed(Box::new(w)),
+                )
+            }
         }
     }
 
@@ -412,6 +426,7 @@ impl Stream {
         match self {
             Stream::Tcp(s) => rtt(s),
             Stream::Paced(s) => s.stats().srtt,
+            Stream::Sealed(s) => s.get_ref().rtt(),
         }
     }
 
@@ -420,6 +435,7 @@ impl Stream {
         match self {
             Stream::Tcp(_) => Transport::Tcp,
             Stream::Paced(_) => Transport::Paced,
+            Stream::Sealed(s) => s.get_ref().transport(),
         }
     }
 
@@ -428,17 +444,33 @@ impl Stream {
         match self {
             Stream::Tcp(s) => s.local_addr().ok(),
             Stream::Paced(_) => None,
+            Stream::Sealed(s) => s.get_ref().local_addr(),
         }
+    }
+
+    /// The TCP socket underneath, encrypted or not, for socket options.
+    pub fn tcp(&self) -> Option<&TcpStream> {
+        match self {
+            Stream::Tcp(s) => Some(s),
+            Stream::Paced(_) => None,
+            Stream::Sealed(s) => s.get_ref().tcp(),
+        }
+    }
+
+    /// True when the connection is encrypted.
+    pub fn is_sealed(&self) -> bool {
+        matches!(self, Stream::Sealed(_))
     }
 }
 
 impl WriteHalf {
-    /// The TCP socket, for socket options; `None` for the paced transport (it paces itself
-    /// and keeps no kernel send buffer to bound).
+    /// The TCP socket, encrypted or not, for socket options; `None` for the paced transport
+    /// (it paces itself and keeps no kernel send buffer to bound).
     pub fn tcp(&self) -> Option<&TcpStream> {
         match self {
             WriteHalf::Tcp(w) => Some(w.as_ref()),
             WriteHalf::Paced(_) => None,
+            WriteHalf::Sealed(w) => w.get_ref().tcp(),
         }
     }
 }
@@ -454,6 +486,7 @@ macro_rules! delegate_read {
                 match self.get_mut() {
                     Self::Tcp(s) => std::pin::Pin::new(s).poll_read(cx, buf),
                     Self::Paced(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+                    Self::Sealed(s) => std::pin::Pin::new(&mut **s).poll_read(cx, buf),
                 }
             }
         }
@@ -471,6 +504,7 @@ macro_rules! delegate_write {
                 match self.get_mut() {
                     Self::Tcp(s) => std::pin::Pin::new(s).poll_write(cx, buf),
                     Self::Paced(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+                    Self::Sealed(s) => std::pin::Pin::new(&mut **s).poll_write(cx, buf),
                 }
             }
 
@@ -481,6 +515,7 @@ macro_rules! delegate_write {
                 match self.get_mut() {
                     Self::Tcp(s) => std::pin::Pin::new(s).poll_flush(cx),
                     Self::Paced(s) => std::pin::Pin::new(s).poll_flush(cx),
+                    Self::Sealed(s) => std::pin::Pin::new(&mut **s).poll_flush(cx),
                 }
             }
 
@@ -491,6 +526,7 @@ macro_rules! delegate_write {
                 match self.get_mut() {
                     Self::Tcp(s) => std::pin::Pin::new(s).poll_shutdown(cx),
                     Self::Paced(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+                    Self::Sealed(s) => std::pin::Pin::new(&mut **s).poll_shutdown(cx),
                 }
             }
         }
@@ -589,7 +625,7 @@ pub async fn expect_frame<R: AsyncRead + Unpin>(
 }
 
 /// Reads one handshake frame: at most [`HANDSHAKE_MAX_FRAME`] bytes, within the step's deadline.
-async fn expect_small<R: AsyncRead + Unpin>(
+pub(crate) async fn expect_small<R: AsyncRead + Unpin>(
     r: &mut R,
     what: &'static str,
 ) -> Result<Frame, ConnError> {
@@ -601,9 +637,11 @@ async fn expect_small<R: AsyncRead + Unpin>(
     }
 }
 
-/// Writes one frame (without copying a chunk's data).
+/// Writes one frame (without copying a chunk's data) and flushes it (an encrypted stream
+/// may hold the end of its last record until then).
 pub async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, f: &Frame) -> io::Result<()> {
-    write_encoded(w, &f.encode()).await
+    write_encoded(w, &f.encode()).await?;
+    w.flush().await
 }
 
 async fn write_encoded<W: AsyncWrite + Unpin>(w: &mut W, e: &wire::Encoded) -> io::Result<()> {
@@ -619,9 +657,10 @@ async fn write_encoded<W: AsyncWrite + Unpin>(w: &mut W, e: &wire::Encoded) -> i
 /// the socket; everything else as [`write_frame`].
 pub async fn write_frame_tcp(w: &mut tokio::io::BufWriter<WriteHalf>, f: &Frame) -> io::Result<()> {
     let e = f.encode();
+    // sendfile only where the bytes go out as they are: never on an encrypted stream.
     let (Some((file, offset)), true) = (
         crate::mapped::file_range(&e.data),
-        w.get_ref().tcp().is_some(),
+        matches!(w.get_ref(), WriteHalf::Tcp(_)),
     ) else {
         return write_encoded(w, &e).await;
     };
@@ -663,75 +702,32 @@ pub async fn write_frame_tcp(w: &mut tokio::io::BufWriter<WriteHalf>, f: &Frame)
     Ok(())
 }
 
-/// The connecting side's handshake.
-pub async fn handshake_connect<S: AsyncRead + AsyncWrite + Unpin>(
-    s: &mut S,
-    keys: &Keys,
-) -> Result<(), ConnError> {
-    let (state, hello) = Connecting::start(keys.clone(), rand::random());
-    write_frame(s, &hello).await?;
-    let challenge = expect_small(s, "waiting for the peer's challenge").await?;
-    let auth = match state.handle(challenge) {
-        Ok(a) => a,
-        Err(e) => {
-            return Err(refuse(s, e).await);
-        }
-    };
-    write_frame(s, &auth).await?;
-    Ok(())
-}
-
-/// Tells the peer why the handshake failed (so its log is as clear as ours) and returns the
-/// error for our side.
-async fn refuse<S: AsyncWrite + Unpin>(s: &mut S, e: AuthError) -> ConnError {
-    let mut reason = e.to_string();
-    // Kept within what the peer reads before authentication.
-    while reason.len() > HANDSHAKE_MAX_FRAME / 2 {
-        reason.pop();
-    }
-    let _ = write_frame(s, &Frame::Refused { reason }).await;
-    e.into()
+/// The connecting side's handshake ([`crate::secure`]): returns the connection, encrypted
+/// unless both ends chose plaintext.
+pub async fn handshake_connect(mut s: Stream, keys: &Keys) -> Result<Stream, ConnError> {
+    let admitted = crate::secure::connect(&mut s, keys).await?;
+    Ok(seal(s, admitted))
 }
 
 /// The accepting side's handshake. A peer that fails is told why and never gets session data.
-pub async fn handshake_accept<S: AsyncRead + AsyncWrite + Unpin>(
-    s: &mut S,
-    keys: &Keys,
-) -> Result<(), ConnError> {
-    // A Hello is tiny: a first frame that claims to be large is some other protocol (an HTTP
-    // probe, a port scanner), which deserves that name rather than a size complaint.
-    let hello =
-        match tokio::time::timeout(HANDSHAKE_TIMEOUT, read_frame(s, HANDSHAKE_MAX_FRAME)).await {
-            Err(_) => return Err(ConnError::Timeout("waiting for Hello")),
-            Ok(Ok(None)) => return Err(ConnError::Closed),
-            Ok(Ok(Some(f))) => f,
-            Ok(Err(ConnError::Wire(WireError::TooLarge { .. } | WireError::UnknownType(_)))) => {
-                return Err(ConnError::Wire(WireError::BadMagic))
-            }
-            Ok(Err(e)) => return Err(e),
-        };
-    let (state, challenge) = match Accepting::start(keys.clone(), hello, rand::random()) {
-        Ok(x) => x,
-        Err(e) => {
-            return Err(refuse(s, e).await);
-        }
-    };
-    write_frame(s, &challenge).await?;
-    let auth = expect_small(s, "waiting for the peer's proof").await?;
-    if let Err(e) = state.handle(auth) {
-        return Err(refuse(s, e).await);
+pub async fn handshake_accept(mut s: Stream, keys: &Keys) -> Result<Stream, ConnError> {
+    let admitted = crate::secure::accept(&mut s, keys).await?;
+    if let Some(peer) = &admitted.peer {
+        tracing::debug!("admitted host key {peer}");
     }
-    Ok(())
+    Ok(seal(s, admitted))
+}
+
+fn seal(s: Stream, admitted: crate::secure::Admitted) -> Stream {
+    match admitted.cipher {
+        Some(c) => Stream::Sealed(Box::new(Sealed::new(s, c))),
+        None => s,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bulkcast_proto::auth::Secret;
-
-    fn keys(b: u8) -> Keys {
-        Keys::derive(&Secret::from_bytes([b; 32]))
-    }
 
     #[tokio::test]
     async fn auto_uses_tcp_on_short_paths_and_udp_where_it_answers_on_long_ones() {
@@ -803,36 +799,6 @@ mod tests {
         assert_eq!(read(&c), 1_250_000);
         set_max_pacing_rate(&c, u64::MAX).unwrap();
         assert_eq!(read(&c), u32::MAX);
-    }
-
-    #[tokio::test]
-    async fn handshake_over_an_in_memory_pipe() {
-        let (mut a, mut b) = tokio::io::duplex(4096);
-        let (k1, k2) = (keys(1), keys(1));
-        let (ra, rb) = tokio::join!(
-            handshake_connect(&mut a, &k1),
-            handshake_accept(&mut b, &k2)
-        );
-        ra.unwrap();
-        rb.unwrap();
-    }
-
-    #[tokio::test]
-    async fn wrong_secret_is_refused_on_both_sides() {
-        let (mut a, mut b) = tokio::io::duplex(4096);
-        let (k1, k2) = (keys(1), keys(2));
-        let (ra, rb) = tokio::join!(
-            handshake_connect(&mut a, &k1),
-            handshake_accept(&mut b, &k2)
-        );
-        assert!(
-            matches!(ra, Err(ConnError::Auth(AuthError::WrongSecret))),
-            "{ra:?}"
-        );
-        assert!(
-            matches!(rb, Err(ConnError::Auth(AuthError::Refused(_)))),
-            "{rb:?}"
-        );
     }
 
     #[tokio::test]

@@ -1,19 +1,24 @@
-//! Admission and integrity, both keyed by the session secret.
+//! Admission and integrity keys.
 //!
-//! - **Admission**: a mutual challenge-response. Each side sends a random nonce and proves it
-//!   holds the secret with `BLAKE3-keyed(handshake key, label || nonces)`; the labels differ per
-//!   role, so an answer cannot be reflected back. A peer that fails is refused before any
-//!   session data moves, in either direction.
+//! - **Admission**: the handshake (`bulkcast_node::secure`, the Noise framework by `snow`)
+//!   proves that both ends hold the session secret (its pre-shared key is [`Keys::psk`]) and,
+//!   with host keys ([`crate::identity`]), that each end's key is on the other's allow list.
+//!   It also keys the encryption of everything after it, unless both ends chose plaintext
+//!   ([`Keys::plaintext`]).
 //! - **Integrity**: the source hashes each chunk with BLAKE3 and authenticates `(session,
-//!   index, length, hash)` with a MAC under a second derived key. Every node verifies hash and
-//!   MAC before it stores, forwards or acknowledges a chunk, so a corrupt or forged chunk is
-//!   never written; `End` is authenticated the same way so a cut stream is never complete.
+//!   index, length, hash)` with a MAC under a key derived from the secret. Every node verifies
+//!   hash and MAC before it stores, forwards or acknowledges a chunk, so a corrupt or forged
+//!   chunk is never written; `End` is authenticated the same way so a cut stream is never
+//!   complete.
 //!
 //! Every session member holds the secret, so members trust each other: an insider could forge
-//! chunks. Per-source signatures would close that and fit here without wire changes beyond a
-//! longer tag. Encryption of the payload is a later, separate layer.
+//! chunks (docs/DESIGN.md, threat model). Per-source signatures would close that with a longer
+//! tag.
 
-use crate::wire::{Chunk, End, Frame, SessionId, VERSION};
+use std::sync::Arc;
+
+use crate::identity::Identity;
+use crate::wire::{Chunk, End, SessionId, VERSION};
 use bytes::Bytes;
 
 /// The session secret (32 bytes; written as 64 hex digits).
@@ -57,11 +62,13 @@ impl Secret {
     }
 }
 
-/// Keys derived from the secret, one per purpose.
+/// Keys derived from the secret, one per purpose, and how this host admits its peers.
 #[derive(Clone)]
 pub struct Keys {
     handshake: [u8; 32],
     chunk: [u8; 32],
+    identity: Option<Arc<Identity>>,
+    plaintext: bool,
 }
 
 impl std::fmt::Debug for Keys {
@@ -82,6 +89,15 @@ pub enum AuthError {
     /// The peer refused us, with its reason.
     #[error("refused by peer: {0}")]
     Refused(String),
+    /// The peer's host key is not on this host's allow list (or it presented none).
+    #[error("peer's host key {0} is not on this host's allow list")]
+    NotAllowed(String),
+    /// One end has a host key and allow list and the other has none.
+    #[error("{0}")]
+    Mode(&'static str),
+    /// A handshake message did not verify or decode.
+    #[error("handshake failed: {0}")]
+    Handshake(String),
     /// The peer sent something other than the expected handshake step.
     #[error("expected {expected} during the handshake, got {got}")]
     Unexpected {
@@ -109,7 +125,39 @@ impl Keys {
         Self {
             handshake: blake3::derive_key("bulkcast 2026-11 handshake v1", &secret.0),
             chunk: blake3::derive_key("bulkcast 2026-11 chunk mac v1", &secret.0),
+            identity: None,
+            plaintext: false,
         }
+    }
+
+    /// With a host key and an allow list: handshakes then also prove each end's key, and admit
+    /// only peers whose key is on the list.
+    pub fn with_identity(self, identity: Identity) -> Self {
+        Self {
+            identity: Some(Arc::new(identity)),
+            ..self
+        }
+    }
+
+    /// Agrees to run connections unencrypted (trusted networks). A connection is plaintext
+    /// only when both of its ends agree; admission and chunk integrity are checked either way.
+    pub fn with_plaintext(self, plaintext: bool) -> Self {
+        Self { plaintext, ..self }
+    }
+
+    /// The handshake's pre-shared key (from the secret).
+    pub fn psk(&self) -> &[u8; 32] {
+        &self.handshake
+    }
+
+    /// This host's key and allow list, if it has them.
+    pub fn identity(&self) -> Option<&Identity> {
+        self.identity.as_deref()
+    }
+
+    /// Whether this side agrees to plaintext connections.
+    pub fn plaintext(&self) -> bool {
+        self.plaintext
     }
 
     /// Hashes and authenticates a chunk's bytes (at the source).
@@ -168,114 +216,11 @@ impl Keys {
         h.update(&total_len.to_be_bytes());
         *h.finalize().as_bytes()
     }
-
-    fn handshake_mac(&self, label: &[u8], connector: &[u8; 16], acceptor: &[u8; 16]) -> [u8; 32] {
-        let mut h = blake3::Hasher::new_keyed(&self.handshake);
-        h.update(label);
-        h.update(connector);
-        h.update(acceptor);
-        *h.finalize().as_bytes()
-    }
 }
 
 /// Constant-time comparison, so a forger learns nothing from timing.
 fn ct_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-/// The connecting side of the handshake, before the acceptor's challenge.
-pub struct Connecting {
-    keys: Keys,
-    nonce: [u8; 16],
-}
-
-impl Connecting {
-    /// Starts a handshake with a fresh random nonce; returns the `Hello` to send.
-    pub fn start(keys: Keys, nonce: [u8; 16]) -> (Self, Frame) {
-        let hello = Frame::Hello {
-            version: VERSION,
-            nonce,
-        };
-        (Self { keys, nonce }, hello)
-    }
-
-    /// Checks the acceptor's challenge; on success returns the `Auth` frame to send, after which
-    /// the connection is admitted on both sides.
-    pub fn handle(self, frame: Frame) -> Result<Frame, AuthError> {
-        match frame {
-            Frame::Challenge { nonce, mac } => {
-                let expect = self.keys.handshake_mac(b"acceptor", &self.nonce, &nonce);
-                if !ct_eq(&expect, &mac) {
-                    return Err(AuthError::WrongSecret);
-                }
-                Ok(Frame::Auth {
-                    mac: self.keys.handshake_mac(b"connector", &self.nonce, &nonce),
-                })
-            }
-            Frame::Refused { reason } => Err(AuthError::Refused(reason)),
-            other => Err(AuthError::Unexpected {
-                expected: "Challenge",
-                got: other.kind(),
-            }),
-        }
-    }
-}
-
-/// The accepting side, after it answered `Hello` with a challenge.
-pub struct Accepting {
-    keys: Keys,
-    connector: [u8; 16],
-    nonce: [u8; 16],
-}
-
-impl Accepting {
-    /// Answers a connector's `Hello`. On error the caller sends `Refused` with the error text.
-    pub fn start(keys: Keys, hello: Frame, nonce: [u8; 16]) -> Result<(Self, Frame), AuthError> {
-        match hello {
-            Frame::Hello {
-                version,
-                nonce: connector,
-            } => {
-                if version != VERSION {
-                    return Err(AuthError::Version(version));
-                }
-                let mac = keys.handshake_mac(b"acceptor", &connector, &nonce);
-                Ok((
-                    Self {
-                        keys,
-                        connector,
-                        nonce,
-                    },
-                    Frame::Challenge { nonce, mac },
-                ))
-            }
-            other => Err(AuthError::Unexpected {
-                expected: "Hello",
-                got: other.kind(),
-            }),
-        }
-    }
-
-    /// Checks the connector's proof; `Ok` admits the connection.
-    pub fn handle(self, frame: Frame) -> Result<(), AuthError> {
-        match frame {
-            Frame::Auth { mac } => {
-                let expect = self
-                    .keys
-                    .handshake_mac(b"connector", &self.connector, &self.nonce);
-                if ct_eq(&expect, &mac) {
-                    Ok(())
-                } else {
-                    Err(AuthError::WrongSecret)
-                }
-            }
-            Frame::Refused { reason } => Err(AuthError::Refused(reason)),
-            other => Err(AuthError::Unexpected {
-                expected: "Auth",
-                got: other.kind(),
-            }),
-        }
-    }
 }
 
 #[cfg(test)]
@@ -284,36 +229,6 @@ mod tests {
 
     fn keys(b: u8) -> Keys {
         Keys::derive(&Secret::from_bytes([b; 32]))
-    }
-
-    fn handshake(client: Keys, server: Keys) -> (Result<(), AuthError>, Result<(), AuthError>) {
-        let (c, hello) = Connecting::start(client, [1; 16]);
-        let (s, challenge) = Accepting::start(server, hello, [2; 16]).unwrap();
-        match c.handle(challenge) {
-            Err(e) => (Err(e), Ok(())),
-            Ok(auth) => (Ok(()), s.handle(auth)),
-        }
-    }
-
-    #[test]
-    fn same_secret_admits_both_ways() {
-        assert_eq!(handshake(keys(1), keys(1)), (Ok(()), Ok(())));
-    }
-
-    #[test]
-    fn wrong_secret_is_caught_by_the_connector() {
-        assert_eq!(handshake(keys(1), keys(2)).0, Err(AuthError::WrongSecret));
-    }
-
-    #[test]
-    fn a_connector_without_the_secret_cannot_pass() {
-        // The connector replays the acceptor's own MAC (reflection): refused.
-        let (_c, hello) = Connecting::start(keys(9), [1; 16]);
-        let (s, challenge) = Accepting::start(keys(1), hello, [2; 16]).unwrap();
-        let Frame::Challenge { mac, .. } = challenge else {
-            panic!()
-        };
-        assert_eq!(s.handle(Frame::Auth { mac }), Err(AuthError::WrongSecret));
     }
 
     #[test]

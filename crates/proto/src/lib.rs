@@ -33,6 +33,7 @@ pub mod chunkmap;
 pub mod feed;
 pub mod groups;
 pub mod hosts;
+pub mod identity;
 pub mod manifest;
 pub mod multipath;
 pub mod node;

@@ -9,8 +9,8 @@
 //! against [`MAX_FRAME`] before anything is allocated, so a malformed or hostile peer gets an
 //! error, never a crash or an allocation it chose.
 //!
-//! Message kinds are grouped by exchange: the handshake (`Hello`, `Challenge`, `Auth`,
-//! `Refused`), joining by ticket (`Join`), session set-up (`Open`), data (`Chunk`, `End`),
+//! Message kinds are grouped by exchange: the handshake (`Hello`, then `Noise` messages, or
+//! `Refused`; `Challenge` and `Auth` are protocol version 3's and no longer sent), joining by ticket (`Join`), session set-up (`Open`), data (`Chunk`, `End`),
 //! feedback that flows up a tree (`Ack`, `Done`, `Failed`), pulls (`Request`, used for repair
 //! today and by receiver-driven strategies later), network probing for the planner (`Ping`,
 //! `Pong`, `Probe`, `Probed`), multi-stream edges (`Attach` a connection to an edge, `Striped`
@@ -31,8 +31,9 @@ pub const HEADER_LEN: usize = 5;
 /// The protocol version spoken; a peer with another version is refused at the handshake.
 /// 2: `Open`'s members carry `uplink_kbps`. 3: manifests carry modes and modification times
 /// for every object, and symlink entries. 4: a receiver answers `Open` with `Have` (what it
-/// already holds, so only the rest moves) and `Done` carries the bytes it received.
-pub const VERSION: u16 = 4;
+/// already holds, so only the rest moves) and `Done` carries the bytes it received. 5: the
+/// Noise handshake (`Noise` frames) and source-signed chunks.
+pub const VERSION: u16 = 5;
 
 /// Magic bytes at the start of every connection's first frame, so a stray client (an HTTP
 /// probe, a port scanner) is told apart from a peer with the wrong secret.
@@ -62,6 +63,13 @@ pub enum Frame {
     Auth {
         /// `MAC(handshake key, "connector", nonces)`.
         mac: [u8; 32],
+    },
+    /// A message of the Noise handshake (`bulkcast_node::secure`), after `Hello`.
+    Noise {
+        /// The handshake pattern the connector chose (secret alone, or with host keys).
+        mode: u8,
+        /// The Noise message.
+        msg: Bytes,
     },
     /// The acceptor refuses the connection (wrong secret, wrong version, busy).
     Refused {
@@ -484,6 +492,7 @@ const T_HELLO: u8 = 0x01;
 const T_CHALLENGE: u8 = 0x02;
 const T_AUTH: u8 = 0x03;
 const T_REFUSED: u8 = 0x04;
+const T_NOISE: u8 = 0x06;
 const T_JOIN: u8 = 0x05;
 const T_OPEN: u8 = 0x10;
 const T_CHUNK: u8 = 0x11;
@@ -551,6 +560,7 @@ impl Frame {
             Frame::Challenge { .. } => "Challenge",
             Frame::Auth { .. } => "Auth",
             Frame::Refused { .. } => "Refused",
+            Frame::Noise { .. } => "Noise",
             Frame::Join { .. } => "Join",
             Frame::Open(_) => "Open",
             Frame::Chunk(_) => "Chunk",
@@ -603,6 +613,13 @@ impl Frame {
             Frame::Refused { reason } => {
                 b.put_u8(T_REFUSED);
                 put_str(&mut b, reason);
+            }
+            Frame::Noise { mode, msg } => {
+                b.put_u8(T_NOISE);
+                b.put_u8(*mode);
+                // A Noise message is at most 65535 bytes.
+                b.put_u16(msg.len().min(usize::from(u16::MAX)) as u16);
+                b.put_slice(&msg[..msg.len().min(usize::from(u16::MAX))]);
             }
             Frame::Join { name, listen } => {
                 b.put_u8(T_JOIN);
@@ -790,6 +807,16 @@ impl Frame {
                 r.what = "Refused";
                 Frame::Refused {
                     reason: r.string()?,
+                }
+            }
+            T_NOISE => {
+                r.what = "Noise";
+                let mode = r.u8()?;
+                let n = usize::from(r.u16()?);
+                r.need(n)?;
+                Frame::Noise {
+                    mode,
+                    msg: r.b.split_to(n),
                 }
             }
             T_JOIN => {
@@ -1426,6 +1453,10 @@ mod tests {
                 mac: [2; 32],
             },
             Frame::Auth { mac: [3; 32] },
+            Frame::Noise {
+                mode: 2,
+                msg: Bytes::from_static(b"noise message"),
+            },
             Frame::Refused {
                 reason: "wrong secret".into(),
             },
@@ -1800,13 +1831,14 @@ mod tests {
             if !v.is_empty() && rng.gen_bool(0.7) {
                 v[0] = [
                     T_HELLO,
+                    T_NOISE,
                     T_OPEN,
                     T_CHUNK,
                     T_FAILED,
                     T_JOIN,
                     T_STRIPED,
                     T_SWARM_SETUP,
-                ][rng.gen_range(0..7)];
+                ][rng.gen_range(0..8)];
             }
             let _ = Frame::decode(Bytes::from(v));
         }
