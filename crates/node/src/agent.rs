@@ -391,7 +391,13 @@ pub async fn serve_open(
         None if cfg.stdout => Target::Stdout,
         None => Target::Dir(cfg.dir.clone()),
     };
-    let mut node = match Node::relay(&open, cfg.keys.clone(), cfg.node.clone(), Instant::now()) {
+    // With host keys, only chunks its source signed: a relay cannot forge any.
+    let keys = cfg.keys.clone().requiring_source();
+    let parent = stream
+        .tcp()
+        .and_then(|t| t.peer_addr().ok())
+        .map_or_else(|| "the parent".to_string(), |a| a.to_string());
+    let mut node = match Node::relay(&open, keys.clone(), cfg.node.clone(), Instant::now()) {
         Ok(n) => n,
         Err(e) => {
             let _ = transport::write_frame(
@@ -461,7 +467,7 @@ pub async fn serve_open(
     );
     let mut driver = Driver::new(
         node,
-        cfg.keys.clone(),
+        keys,
         cfg.tuning.clone(),
         Upstream::Parent(stream),
         Some(store),
@@ -470,21 +476,28 @@ pub async fn serve_open(
     driver.use_predialed(cfg.predialed.clone());
     let mut counted = crate::metrics::global().session_started();
     let stop = instance.stop.clone();
+    // The first chunk refused, with who sent it: the first honest hop names the culprit.
+    let mut culprit = None;
     let run = driver.run(|ev| {
         if let bulkcast_proto::node::Event::Corrupt { index, reason } = ev {
             counted.rejected();
             tracing::warn!(
-                "session {session:016x}: chunk {index} rejected ({reason}); requested again"
+                "session {session:016x}: chunk {index} from {parent} rejected ({reason}); requested again"
             );
+            culprit.get_or_insert_with(|| format!("{parent} sent a bad chunk: {reason}"));
         }
     });
-    tokio::select! {
-        r = run => r.map_err(|e| SessionError::Aborted(session, e))?,
+    let r = tokio::select! {
+        r = run => r,
         _ = stop.notified() => {
             let why = "opened again here by a new parent".to_string();
             return Err(SessionError::Aborted(session, why));
         }
-    }
+    };
+    r.map_err(|e| match &culprit {
+        Some(c) => SessionError::Aborted(session, format!("{e} ({c})")),
+        None => SessionError::Aborted(session, e),
+    })?;
     counted.done(driver.node().local_done());
     if !driver.node().local_done() {
         return Err(SessionError::CopyFailed(session));
@@ -557,7 +570,7 @@ async fn run_without_copy(
     node.handle_store_failed(reason, Instant::now());
     let mut driver = Driver::new(
         node,
-        cfg.keys.clone(),
+        cfg.keys.clone().requiring_source(),
         cfg.tuning.clone(),
         Upstream::Parent(stream),
         None,

@@ -712,6 +712,7 @@ fn piece(
         index: i,
         hash,
         tag,
+        sig: None,
         data,
     }))
 }

@@ -17,8 +17,8 @@
 
 use std::sync::Arc;
 
-use crate::identity::Identity;
-use crate::wire::{Chunk, End, SessionId, VERSION};
+use crate::identity::{Identity, PublicKey, Role};
+use crate::wire::{Chunk, End, SessionId, SourceSig, VERSION};
 use bytes::Bytes;
 
 /// The session secret (32 bytes; written as 64 hex digits).
@@ -69,6 +69,7 @@ pub struct Keys {
     chunk: [u8; 32],
     identity: Option<Arc<Identity>>,
     plaintext: bool,
+    require_source: bool,
 }
 
 impl std::fmt::Debug for Keys {
@@ -111,6 +112,15 @@ pub enum AuthError {
 /// Why a chunk was rejected.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ChunkError {
+    /// Not signed by a source, where this host requires it.
+    #[error("chunk {0}: not signed by its source")]
+    Unsigned(u64),
+    /// Signed by a key that may not push here (a relay-only key, or one not on the list).
+    #[error("chunk {0}: signed by {1}, which may not push to this host")]
+    NotASource(u64, String),
+    /// The source's signature does not match (forged, or altered on the way).
+    #[error("chunk {0}: the source's signature does not match")]
+    BadSignature(u64),
     /// The bytes do not hash to the announced hash (corruption in transit or on a relay).
     #[error("chunk {0}: content does not match its hash")]
     HashMismatch(u64),
@@ -127,6 +137,18 @@ impl Keys {
             chunk: blake3::derive_key("bulkcast 2026-11 chunk mac v1", &secret.0),
             identity: None,
             plaintext: false,
+            require_source: false,
+        }
+    }
+
+    /// Accepts only chunks signed by a key with the push role on this host's allow list (see
+    /// [`Keys::verify`]); a no-op without host keys. Receivers of a tree session set this, so a
+    /// relaying member, which holds every key of the session but not the source's, cannot
+    /// forge chunks they accept.
+    pub fn requiring_source(self) -> Self {
+        Self {
+            require_source: self.identity.is_some(),
+            ..self
         }
     }
 
@@ -164,10 +186,21 @@ impl Keys {
     pub fn seal(&self, session: SessionId, index: u64, data: Bytes) -> Chunk {
         let hash = *blake3::hash(&data).as_bytes();
         let tag = self.chunk_tag(session, index, data.len() as u64, &hash);
+        // With a host key the source also signs: receivers that require it accept no chunk
+        // a member made up.
+        let sig = self.identity.as_ref().map(|id| {
+            Box::new(SourceSig {
+                key: id.key.public().to_bytes(),
+                sig: id
+                    .key
+                    .sign(&signed(session, index, data.len() as u64, &hash)),
+            })
+        });
         Chunk {
             index,
             hash,
             tag,
+            sig,
             data,
         }
     }
@@ -178,8 +211,28 @@ impl Keys {
         if !ct_eq(&tag, &c.tag) {
             return Err(ChunkError::BadTag(c.index));
         }
+        if self.require_source {
+            self.verify_source(session, c)?;
+        }
         if !ct_eq(blake3::hash(&c.data).as_bytes(), &c.hash) {
             return Err(ChunkError::HashMismatch(c.index));
+        }
+        Ok(())
+    }
+
+    /// The signature of a source allowed to push here, over the chunk's announced hash (which
+    /// [`Keys::verify`] then checks against the bytes).
+    fn verify_source(&self, session: SessionId, c: &Chunk) -> Result<(), ChunkError> {
+        let (Some(id), Some(sig)) = (&self.identity, &c.sig) else {
+            return Err(ChunkError::Unsigned(c.index));
+        };
+        let key = PublicKey::from_bytes(&sig.key).map_err(|_| ChunkError::BadSignature(c.index))?;
+        if id.allow.role(&key) != Some(Role::Push) {
+            return Err(ChunkError::NotASource(c.index, key.to_string()));
+        }
+        let msg = signed(session, c.index, c.data.len() as u64, &c.hash);
+        if !key.verify(&msg, &sig.sig) {
+            return Err(ChunkError::BadSignature(c.index));
         }
         Ok(())
     }
@@ -218,6 +271,18 @@ impl Keys {
     }
 }
 
+/// What a source signs for a chunk.
+fn signed(session: SessionId, index: u64, len: u64, hash: &[u8; 32]) -> [u8; 69] {
+    let mut m = [0u8; 69];
+    m[..5].copy_from_slice(b"chunk");
+    m[5..13].copy_from_slice(&session.to_be_bytes());
+    m[13..21].copy_from_slice(&index.to_be_bytes());
+    m[21..29].copy_from_slice(&len.to_be_bytes());
+    m[29..61].copy_from_slice(hash);
+    m[61..69].copy_from_slice(b"bcsig v1");
+    m
+}
+
 /// Constant-time comparison, so a forger learns nothing from timing.
 fn ct_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
@@ -253,6 +318,43 @@ mod tests {
                 ..end
             }
         ));
+    }
+
+    /// A member holds every key of the session but the source's: with host keys, a receiver
+    /// takes no chunk it sealed, signed or not.
+    #[test]
+    fn a_relay_without_the_source_key_cannot_forge_chunks() {
+        use crate::identity::{AllowList, HostKey};
+        let (source, relay) = (HostKey::from_seed([1; 32]), HostKey::from_seed([2; 32]));
+        let allow =
+            AllowList::with_roles([(source.public(), Role::Push), (relay.public(), Role::Relay)]);
+        let with = |k: &HostKey| {
+            keys(3).with_identity(Identity {
+                key: k.clone(),
+                allow: allow.clone(),
+            })
+        };
+        let receiver = with(&HostKey::from_seed([4; 32])).requiring_source();
+        let data = Bytes::from_static(b"payload");
+        let good = with(&source).seal(7, 0, data.clone());
+        assert_eq!(receiver.verify(7, &good), Ok(()));
+        // The relay's own signature: not a source here.
+        let forged = with(&relay).seal(7, 0, Bytes::from_static(b"forgery"));
+        assert!(matches!(
+            receiver.verify(7, &forged),
+            Err(ChunkError::NotASource(0, _))
+        ));
+        // MAC-valid but unsigned.
+        let unsigned = keys(3).seal(7, 0, Bytes::from_static(b"forgery"));
+        assert_eq!(receiver.verify(7, &unsigned), Err(ChunkError::Unsigned(0)));
+        // The source's signature moved onto other bytes (hash and MAC redone by the relay).
+        let mut moved = keys(3).seal(7, 0, Bytes::from_static(b"forgery"));
+        moved.sig = good.sig.clone();
+        assert_eq!(receiver.verify(7, &moved), Err(ChunkError::BadSignature(0)));
+        // Another session's chunk.
+        assert_eq!(receiver.verify(8, &good), Err(ChunkError::BadTag(0)));
+        // Without the requirement (secret mode) a MAC is enough, as before.
+        assert_eq!(with(&relay).verify(7, &unsigned), Ok(()));
     }
 
     #[test]

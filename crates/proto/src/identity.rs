@@ -94,6 +94,12 @@ impl HostKey {
         PublicKey(self.0.verifying_key())
     }
 
+    /// Signs `msg`.
+    pub fn sign(&self, msg: &[u8]) -> [u8; 64] {
+        use ed25519_dalek::Signer;
+        self.0.sign(msg).to_bytes()
+    }
+
     /// The X25519 secret of the same key pair (the Noise static key): ed25519's clamped
     /// scalar, whose public point is [`PublicKey::x25519`].
     pub fn x25519_secret(&self) -> [u8; 32] {
@@ -110,20 +116,48 @@ impl PublicKey {
             .map_err(|_| KeyError::NotAKey)
     }
 
+    /// The key's 32 bytes.
+    pub fn to_bytes(&self) -> [u8; 32] {
+        self.0.to_bytes()
+    }
+
+    /// The key from its 32 bytes.
+    pub fn from_bytes(b: &[u8; 32]) -> Result<Self, KeyError> {
+        VerifyingKey::from_bytes(b)
+            .map(Self)
+            .map_err(|_| KeyError::NotAKey)
+    }
+
+    /// True when `sig` is this key's signature of `msg` (strict: no malleable forms).
+    pub fn verify(&self, msg: &[u8], sig: &[u8; 64]) -> bool {
+        let sig = ed25519_dalek::Signature::from_bytes(sig);
+        self.0.verify_strict(msg, &sig).is_ok()
+    }
+
     /// The X25519 (Montgomery) form, as a Noise handshake presents it.
     pub fn x25519(&self) -> [u8; 32] {
         self.0.to_montgomery().to_bytes()
     }
 }
 
-/// The public keys a host admits, each with an optional name for logs and reports.
+/// What a key on an allow list may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Push sessions of its own (its signature makes data acceptable) and relay (the default).
+    Push,
+    /// Relay others' sessions only: it may connect, but data signed by it is refused.
+    Relay,
+}
+
+/// The public keys a host admits, each with its role and an optional name for logs.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AllowList {
-    keys: Vec<(PublicKey, String)>,
+    keys: Vec<(PublicKey, Role, String)>,
 }
 
 impl AllowList {
-    /// Parses the text of an allow list: `KEY [NAME]` per line, `#` starts a comment.
+    /// Parses the text of an allow list: `KEY [push|relay] [NAME]` per line (role `push` when
+    /// left out), `#` starts a comment.
     pub fn parse(text: &str) -> Result<Self, KeyError> {
         let mut keys = Vec::new();
         for (i, line) in text.lines().enumerate() {
@@ -131,20 +165,34 @@ impl AllowList {
             if line.is_empty() {
                 continue;
             }
-            let (key, name) = line.split_once(char::is_whitespace).unwrap_or((line, ""));
+            let (key, rest) = line.split_once(char::is_whitespace).unwrap_or((line, ""));
             let key = PublicKey::from_hex(key).map_err(|e| KeyError::Line {
                 line: i + 1,
                 err: Box::new(e),
             })?;
-            keys.push((key, name.trim().to_string()));
+            let rest = rest.trim();
+            let (role, name) = match rest.split_once(char::is_whitespace).unwrap_or((rest, "")) {
+                ("push", name) => (Role::Push, name),
+                ("relay", name) => (Role::Relay, name),
+                _ => (Role::Push, rest),
+            };
+            keys.push((key, role, name.trim().to_string()));
         }
         Ok(Self { keys })
     }
 
-    /// A list of these keys.
+    /// A list of these keys, each allowed to push.
     pub fn of(keys: impl IntoIterator<Item = PublicKey>) -> Self {
+        Self::with_roles(keys.into_iter().map(|k| (k, Role::Push)))
+    }
+
+    /// A list of these keys with these roles.
+    pub fn with_roles(keys: impl IntoIterator<Item = (PublicKey, Role)>) -> Self {
         Self {
-            keys: keys.into_iter().map(|k| (k, String::new())).collect(),
+            keys: keys
+                .into_iter()
+                .map(|(k, r)| (k, r, String::new()))
+                .collect(),
         }
     }
 
@@ -152,8 +200,16 @@ impl AllowList {
     pub fn find_x25519(&self, x: &[u8]) -> Option<(&PublicKey, &str)> {
         self.keys
             .iter()
-            .find(|(k, _)| k.x25519() == x)
-            .map(|(k, n)| (k, n.as_str()))
+            .find(|(k, _, _)| k.x25519() == x)
+            .map(|(k, _, n)| (k, n.as_str()))
+    }
+
+    /// The role of `key`, if it is on the list.
+    pub fn role(&self, key: &PublicKey) -> Option<Role> {
+        self.keys
+            .iter()
+            .find(|(k, _, _)| k == key)
+            .map(|(_, r, _)| *r)
     }
 
     /// How many keys are allowed.
@@ -197,11 +253,13 @@ mod tests {
     fn allow_lists_parse_names_comments_and_name_bad_lines() {
         let a = HostKey::from_seed([1; 32]).public();
         let b = HostKey::from_seed([2; 32]).public();
-        let text = format!("# fleet\n{a} relay-1\n\n  {b}   # no name\n");
+        let text = format!("# fleet\n{a} relay relay-1\n\n  {b}   # no name\n");
         let l = AllowList::parse(&text).unwrap();
         assert_eq!(l.len(), 2);
         assert_eq!(l.find_x25519(&a.x25519()).unwrap().1, "relay-1");
         assert_eq!(l.find_x25519(&b.x25519()).unwrap().1, "");
+        assert_eq!(l.role(&a), Some(Role::Relay));
+        assert_eq!(l.role(&b), Some(Role::Push));
         let c = HostKey::from_seed([3; 32]).public();
         assert!(l.find_x25519(&c.x25519()).is_none());
         assert_eq!(

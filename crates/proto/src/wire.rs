@@ -439,8 +439,19 @@ pub struct Chunk {
     pub hash: [u8; 32],
     /// MAC over the session, index, length and hash (see [`crate::auth`]).
     pub tag: [u8; 32],
+    /// The source's signature of the same, with host keys (see [`crate::auth`]).
+    pub sig: Option<Box<SourceSig>>,
     /// The bytes.
     pub data: Bytes,
+}
+
+/// A source's ed25519 signature of a chunk, and the key that made it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceSig {
+    /// The source's public key.
+    pub key: [u8; 32],
+    /// The signature.
+    pub sig: [u8; 64],
 }
 
 /// End of the object, authenticated so that a truncated stream is never taken as complete.
@@ -500,6 +511,7 @@ const T_END: u8 = 0x12;
 const T_ATTACH: u8 = 0x13;
 const T_STRIPED: u8 = 0x14;
 const T_IDLE: u8 = 0x15;
+const T_CHUNK_SIGNED: u8 = 0x16;
 const T_ACK: u8 = 0x20;
 const T_DONE: u8 = 0x21;
 const T_FAILED: u8 = 0x22;
@@ -631,10 +643,18 @@ impl Frame {
                 put_open(&mut b, o);
             }
             Frame::Chunk(c) => {
-                b.put_u8(T_CHUNK);
+                b.put_u8(if c.sig.is_some() {
+                    T_CHUNK_SIGNED
+                } else {
+                    T_CHUNK
+                });
                 b.put_u64(c.index);
                 b.put_slice(&c.hash);
                 b.put_slice(&c.tag);
+                if let Some(s) = &c.sig {
+                    b.put_slice(&s.key);
+                    b.put_slice(&s.sig);
+                }
                 data = c.data.clone();
             }
             Frame::End(e) => {
@@ -830,16 +850,24 @@ impl Frame {
                 r.what = "Open";
                 Frame::Open(r.open()?)
             }
-            T_CHUNK => {
+            T_CHUNK | T_CHUNK_SIGNED => {
                 r.what = "Chunk";
                 let index = r.u64()?;
                 let hash = r.array()?;
                 let tag = r.array()?;
+                let sig = match ty {
+                    T_CHUNK_SIGNED => Some(Box::new(SourceSig {
+                        key: r.array()?,
+                        sig: r.array()?,
+                    })),
+                    _ => None,
+                };
                 let data = std::mem::take(&mut r.b);
                 return Ok(Frame::Chunk(Chunk {
                     index,
                     hash,
                     tag,
+                    sig,
                     data,
                 }));
             }
@@ -1535,7 +1563,18 @@ mod tests {
                 index: 9,
                 hash: [4; 32],
                 tag: [5; 32],
+                sig: None,
                 data: Bytes::from_static(b"hello chunk"),
+            }),
+            Frame::Chunk(Chunk {
+                index: 10,
+                hash: [4; 32],
+                tag: [5; 32],
+                sig: Some(Box::new(SourceSig {
+                    key: [6; 32],
+                    sig: [7; 64],
+                })),
+                data: Bytes::from_static(b"signed chunk"),
             }),
             Frame::End(End {
                 chunks: 3,
@@ -1594,6 +1633,7 @@ mod tests {
                     index: 9,
                     hash: [1; 32],
                     tag: [2; 32],
+                    sig: None,
                     data: Bytes::from_static(b"striped bytes"),
                 })),
             },
