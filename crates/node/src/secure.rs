@@ -383,7 +383,14 @@ impl<T: AsyncRead + Unpin> AsyncRead for Sealed<T> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let me = self.get_mut();
-        if me.rx.pos == me.rx.plain.len() {
+        // Until a byte is handed out: an empty record must not read as the end of the stream.
+        loop {
+            if me.rx.pos < me.rx.plain.len() {
+                let n = (me.rx.plain.len() - me.rx.pos).min(buf.remaining());
+                buf.put_slice(&me.rx.plain[me.rx.pos..me.rx.pos + n]);
+                me.rx.pos += n;
+                return Poll::Ready(Ok(()));
+            }
             if !ready!(me.poll_fill(cx, 2))? {
                 return Poll::Ready(Ok(()));
             }
@@ -394,21 +401,35 @@ impl<T: AsyncRead + Unpin> AsyncRead for Sealed<T> {
             if !ready!(me.poll_fill(cx, 2 + len))? {
                 return Poll::Ready(Err(io::ErrorKind::UnexpectedEof.into()));
             }
+            let undecryptable =
+                |_| bad("a sealed record does not decrypt (tampered or out of order)");
+            // Straight into the caller's buffer where the record fits: one copy less.
+            if buf.remaining() >= len - 16 {
+                let out = buf.initialize_unfilled_to(len - 16);
+                let n = me
+                    .cipher
+                    .0
+                    .read_message(me.rx.nonce, &me.rx.raw[2..], out)
+                    .map_err(undecryptable)?;
+                me.rx.nonce += 1;
+                me.rx.raw.clear();
+                buf.advance(n);
+                if n > 0 {
+                    return Poll::Ready(Ok(()));
+                }
+                continue;
+            }
             me.rx.plain.resize(len, 0);
             let n = me
                 .cipher
                 .0
                 .read_message(me.rx.nonce, &me.rx.raw[2..], &mut me.rx.plain)
-                .map_err(|_| bad("a sealed record does not decrypt (tampered or out of order)"))?;
+                .map_err(undecryptable)?;
             me.rx.nonce += 1;
             me.rx.plain.truncate(n);
             me.rx.pos = 0;
             me.rx.raw.clear();
         }
-        let n = (me.rx.plain.len() - me.rx.pos).min(buf.remaining());
-        buf.put_slice(&me.rx.plain[me.rx.pos..me.rx.pos + n]);
-        me.rx.pos += n;
-        Poll::Ready(Ok(()))
     }
 }
 

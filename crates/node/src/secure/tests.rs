@@ -176,3 +176,21 @@ async fn a_large_frame_in_the_handshake_is_refused_unread() {
         reason(&r)
     );
 }
+
+/// An empty record (which this side never writes, but a peer may) is not the end of the stream.
+#[tokio::test]
+async fn an_empty_record_is_not_the_end_of_the_stream() {
+    let (c, a) = pair(&keys(1), &keys(1)).await;
+    let (c, a) = (c.unwrap().cipher.unwrap(), a.unwrap().cipher.unwrap());
+    let mut raw = Vec::new();
+    for (nonce, payload) in [(0u64, &b""[..]), (1, b"x")] {
+        let mut rec = vec![0u8; payload.len() + 16];
+        let n = c.0.write_message(nonce, payload, &mut rec).unwrap();
+        raw.extend_from_slice(&(n as u16).to_be_bytes());
+        raw.extend_from_slice(&rec[..n]);
+    }
+    let mut r = Sealed::new(&raw[..], a);
+    let mut out = Vec::new();
+    r.read_to_end(&mut out).await.unwrap();
+    assert_eq!(out, b"x");
+}
