@@ -227,8 +227,10 @@ pub async fn unadmitted(
             let (addr, keys, tuning) = (h.addr.clone(), keys.clone(), tuning.clone());
             tokio::spawn(async move {
                 let admit = async {
-                    let mut s = crate::transport::connect(&addr, &tuning).await?;
-                    crate::transport::handshake_connect(&mut s, &keys).await
+                    let s = crate::transport::connect(&addr, &tuning).await?;
+                    crate::transport::handshake_connect(s, &keys)
+                        .await
+                        .map(drop)
                 };
                 tokio::time::timeout(deadline, admit).await
             })
