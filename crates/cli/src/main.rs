@@ -89,14 +89,14 @@ pub struct Common {
     /// File holding the session secret (64 hex digits). Default: $BULKCAST_SECRET.
     #[arg(long)]
     secret_file: Option<PathBuf>,
-    /// This host's key file (`bulkcast keygen`): with --allow, every connection also proves
+    /// This host's key file (`bulkcast keygen`): with --allow-keys, every connection also proves
     /// each end's host key, and only peers on the allow list are admitted.
-    #[arg(long, env = "BULKCAST_KEY", requires = "allow")]
+    #[arg(long, env = "BULKCAST_KEY", requires = "allow_keys")]
     key: Option<PathBuf>,
     /// Allow list: the public keys (one per line, optionally followed by a name) of the hosts
     /// this one talks to. Removing a line revokes that host at its next connection.
-    #[arg(long, env = "BULKCAST_ALLOW", requires = "key")]
-    allow: Option<PathBuf>,
+    #[arg(long, env = "BULKCAST_ALLOW_KEYS", requires = "key")]
+    allow_keys: Option<PathBuf>,
     /// Agree to run connections unencrypted, for trusted networks: a connection is left in
     /// plaintext only when both of its ends give this. Admission and chunk integrity are
     /// checked either way.
@@ -162,7 +162,7 @@ impl Common {
     /// `--plaintext`.
     fn keys(&self, secret: &Secret) -> Result<Keys> {
         let keys = Keys::derive(secret).with_plaintext(self.plaintext);
-        let (Some(key), Some(allow)) = (&self.key, &self.allow) else {
+        let (Some(key), Some(allow)) = (&self.key, &self.allow_keys) else {
             return Ok(keys);
         };
         let identity = keygen::load(key, allow)?;

@@ -312,7 +312,7 @@ fn host_keys_admit_the_allowed_refuse_others_and_revocation_holds() {
             &[
                 "--key",
                 agent_key.to_str().unwrap(),
-                "--allow",
+                "--allow-keys",
                 allow.to_str().unwrap(),
             ],
             &s.0.join("agent.log"),
@@ -326,7 +326,7 @@ fn host_keys_admit_the_allowed_refuse_others_and_revocation_holds() {
                 to,
                 "--key",
                 key.to_str().unwrap(),
-                "--allow",
+                "--allow-keys",
                 src_allow.to_str().unwrap(),
             ],
             &[("BULKCAST_SECRET", fleet.as_str())],
@@ -380,7 +380,7 @@ fn a_key_file_readable_by_others_is_refused() {
         .arg(s.0.join("d"))
         .arg("--key")
         .arg(&key)
-        .arg("--allow")
+        .arg("--allow-keys")
         .arg(&allow)
         .env("BULKCAST_SECRET", secret(1))
         .output()

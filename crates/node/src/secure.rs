@@ -230,10 +230,10 @@ pub async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     };
     let refusal = match (mode, keys.identity().is_some()) {
         (MODE_SECRET, true) => Some(
-            "this host admits only peers with an allowed host key (bulkcast keygen; --key and --allow)",
+            "this host admits only peers with an allowed host key (bulkcast keygen; --key and --allow-keys)",
         ),
         (MODE_KEYS, false) => Some(
-            "this host has no host key: it admits by the session secret alone (give it --key and --allow, or drop --key here)",
+            "this host has no host key: it admits by the session secret alone (give it --key and --allow-keys, or drop --key here)",
         ),
         (MODE_SECRET | MODE_KEYS, _) => None,
         _ => Some("unknown handshake mode"),

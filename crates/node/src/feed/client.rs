@@ -19,7 +19,7 @@ use tokio::net::{TcpStream, UdpSocket};
 use tokio::sync::mpsc;
 
 use super::{now_us, read_msg, write_msg};
-use crate::transport::{connect_tcp, handshake_connect, TcpTuning};
+use crate::transport::{connect_tcp, handshake_connect_plain, TcpTuning};
 
 /// A subscriber's settings.
 pub struct SubscribeConfig {
@@ -198,7 +198,7 @@ impl Session<'_> {
             .await
             .map_err(|e| SessionEnd::Lost(e.to_string()))?;
         stream.set_nodelay(true)?;
-        handshake_connect(&mut stream, &self.cfg.keys)
+        handshake_connect_plain(&mut stream, &self.cfg.keys)
             .await
             .map_err(|e| SessionEnd::Fatal(SubError::Refused(e.to_string())))?;
         let m = Msg::Subscribe {
@@ -457,7 +457,7 @@ pub async fn insert(
     let mut stream = connect_tcp(server, tuning)
         .await
         .map_err(io::Error::other)?;
-    handshake_connect(&mut stream, keys)
+    handshake_connect_plain(&mut stream, keys)
         .await
         .map_err(io::Error::other)?;
     write_msg(
@@ -506,7 +506,7 @@ pub async fn status(server: &str, keys: &Keys, tuning: &TcpTuning) -> io::Result
     let mut stream = connect_tcp(server, tuning)
         .await
         .map_err(io::Error::other)?;
-    handshake_connect(&mut stream, keys)
+    handshake_connect_plain(&mut stream, keys)
         .await
         .map_err(io::Error::other)?;
     write_msg(&mut stream, &Msg::Status).await?;

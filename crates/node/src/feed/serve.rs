@@ -26,7 +26,7 @@ use tokio::sync::watch;
 
 use super::disk::QueueDir;
 use super::{now_us, read_msg, write_msg};
-use crate::transport::handshake_accept;
+use crate::transport::handshake_accept_plain;
 
 /// `feed serve`'s settings.
 pub struct ServeConfig {
@@ -205,7 +205,7 @@ async fn pace_multicast(ctx: Arc<Ctx>, sock: UdpSocket, group: SocketAddr) {
 
 async fn connection(ctx: Arc<Ctx>, mut stream: TcpStream, peer: SocketAddr) -> io::Result<()> {
     stream.set_nodelay(true)?;
-    handshake_accept(&mut stream, &ctx.keys)
+    handshake_accept_plain(&mut stream, &ctx.keys)
         .await
         .map_err(io::Error::other)?;
     let first = tokio::time::timeout(Duration::from_secs(10), read_msg(&mut stream))
