@@ -612,7 +612,7 @@ impl Send<'_> {
             let tree = Tree::flat(sub.len());
             let len = input.manifest.total_len;
             let status = source::new_status(&sub, &tree, cfg.chunk_size, len);
-            let keys = Keys::derive(self.secret);
+            let keys = self.keys.clone();
             let work = source::send(
                 input,
                 &sub,

@@ -65,6 +65,8 @@ async fn push(
         swarms: Default::default(),
         stdout: false,
         io: Default::default(),
+        partials: Default::default(),
+        running: Default::default(),
     };
     let parent_keys = Keys::derive(&secret).with_identity(Identity {
         key: parent_key.clone(),
