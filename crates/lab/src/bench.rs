@@ -249,6 +249,8 @@ pub fn run_method(
     port: u16,
 ) -> Result<BenchResult, LabError> {
     check_needs(m)?;
+    // Every method starts cold: no probe results from the method before.
+    lab.clear_caches();
     let run = MethodRun::prepare(lab, m, opts, port)?;
     let drops0: u64 = lab.tx_dropped()?.iter().map(|(_, d)| d).sum();
     let stats0 = lab.stats();

@@ -423,6 +423,12 @@ impl Lab {
     }
 
     /// A command that runs `program` inside `host`'s namespace.
+    /// Forgets what the hosts cached (bulkcast's probe results): the next method run on this
+    /// lab starts as cold as the first.
+    pub fn clear_caches(&self) {
+        let _ = std::fs::remove_dir_all(self.dir.join("cache"));
+    }
+
     pub fn command(&self, host: &str, program: &str) -> Result<Command, LabError> {
         let mut c = Command::new("ip");
         c.args(["netns", "exec", &self.netns(host)?, program]);
