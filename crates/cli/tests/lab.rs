@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use bulkcast_lab::{Lab, Scenario};
 
 mod common;
-use common::{root_test_cannot_run, Scratch};
+use common::{hash, root_test_cannot_run, Scratch};
 
 const BIN: &str = env!("CARGO_BIN_EXE_bulkcast");
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -39,12 +39,6 @@ impl Drop for Agents {
             let _ = c.wait();
         }
     }
-}
-
-fn hash(p: &Path) -> Option<blake3::Hash> {
-    let mut h = blake3::Hasher::new();
-    h.update_reader(std::fs::File::open(p).ok()?).ok()?;
-    Some(h.finalize())
 }
 
 /// Starts an agent in every receiving host, sends `len` bytes from the source with `args`,

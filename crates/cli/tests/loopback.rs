@@ -18,7 +18,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{root_test_cannot_run, Scratch};
+use common::{hash, make_file, root_test_cannot_run, Scratch};
 
 const BIN: &str = env!("CARGO_BIN_EXE_bulkcast");
 const MIB: u64 = 1 << 20;
@@ -111,26 +111,6 @@ fn to_list(agents: &[Agent]) -> String {
         .map(|a| a.addr.as_str())
         .collect::<Vec<_>>()
         .join(",")
-}
-
-/// Writes `len` pseudo-random bytes.
-fn make_file(path: &Path, len: u64, seed: &[u8]) {
-    let mut xof = blake3::Hasher::new().update(seed).finalize_xof();
-    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
-    let mut buf = vec![0u8; MIB as usize];
-    let mut left = len;
-    while left > 0 {
-        let n = left.min(MIB) as usize;
-        xof.fill(&mut buf[..n]);
-        f.write_all(&buf[..n]).unwrap();
-        left -= n as u64;
-    }
-}
-
-fn hash(path: &Path) -> Option<blake3::Hash> {
-    let mut h = blake3::Hasher::new();
-    h.update_reader(std::fs::File::open(path).ok()?).ok()?;
-    Some(h.finalize())
 }
 
 fn send(args: &[&str], secret: &str, stdin: Option<&Path>) -> Output {

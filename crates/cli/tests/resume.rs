@@ -2,7 +2,7 @@
 //! what it verified, and the next send moves only the rest; an unchanged object moves nothing;
 //! `--retry` finishes what a fault left.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 // The root-test helper in `common` is not used here.
 #[allow(dead_code, unused_imports)]
 mod common;
-use common::Scratch;
+use common::{hash, make_file, Scratch};
 
 const BIN: &str = env!("CARGO_BIN_EXE_bulkcast");
 const MIB: u64 = 1 << 20;
@@ -56,25 +56,6 @@ fn agent(dir: &Path, secret: &str) -> Agent {
         addr,
         dir: dir.to_path_buf(),
     }
-}
-
-fn make_file(path: &Path, len: u64, seed: &[u8]) {
-    let mut xof = blake3::Hasher::new().update(seed).finalize_xof();
-    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
-    let mut buf = vec![0u8; MIB as usize];
-    let mut left = len;
-    while left > 0 {
-        let n = left.min(MIB) as usize;
-        xof.fill(&mut buf[..n]);
-        f.write_all(&buf[..n]).unwrap();
-        left -= n as u64;
-    }
-}
-
-fn hash(path: &Path) -> Option<blake3::Hash> {
-    let mut h = blake3::Hasher::new();
-    h.update_reader(std::fs::File::open(path).ok()?).ok()?;
-    Some(h.finalize())
 }
 
 fn send_cmd(src: &Path, to: &str, extra: &[&str], secret: &str) -> Command {

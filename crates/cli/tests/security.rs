@@ -1,7 +1,7 @@
 //! Hostile peers on loopback: connection floods, oversized frames before authentication,
 //! tickets, keys and forged data. Every test runs real processes and needs no root.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
@@ -11,7 +11,7 @@ use bulkcast_proto::wire::{Frame, VERSION};
 
 #[allow(dead_code, unused_imports)]
 mod common;
-use common::Scratch;
+use common::{hash, make_file, Scratch};
 
 const BIN: &str = env!("CARGO_BIN_EXE_bulkcast");
 const MIB: u64 = 1 << 20;
@@ -61,26 +61,6 @@ fn agent(dir: &Path, env: &[(&str, &str)], extra: &[&str], log: &Path) -> (Proc,
         .unwrap_or_else(|| panic!("no address in {line:?}"))
         .to_string();
     (Proc(child), addr)
-}
-
-/// Writes `len` pseudo-random bytes.
-fn make_file(path: &Path, len: u64, seed: &[u8]) {
-    let mut xof = blake3::Hasher::new().update(seed).finalize_xof();
-    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
-    let mut buf = vec![0u8; MIB as usize];
-    let mut left = len;
-    while left > 0 {
-        let n = left.min(MIB) as usize;
-        xof.fill(&mut buf[..n]);
-        f.write_all(&buf[..n]).unwrap();
-        left -= n as u64;
-    }
-}
-
-fn hash(path: &Path) -> Option<blake3::Hash> {
-    let mut h = blake3::Hasher::new();
-    h.update_reader(std::fs::File::open(path).ok()?).ok()?;
-    Some(h.finalize())
 }
 
 fn send(args: &[&str], env: &[(&str, &str)]) -> Output {

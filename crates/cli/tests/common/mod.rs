@@ -1,6 +1,9 @@
 //! What the integration tests share.
 
-use std::path::PathBuf;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+const MIB: u64 = 1 << 20;
 
 /// A scratch directory of this test process, removed on drop (also when an assertion fails).
 pub struct Scratch(pub PathBuf);
@@ -23,3 +26,26 @@ impl Drop for Scratch {
 #[path = "../../../lab/tests/support/root.rs"]
 mod root;
 pub use root::root_test_cannot_run;
+
+/// Writes `len` pseudo-random bytes (the same for the same `seed`).
+#[allow(dead_code)] // not every test binary makes files
+pub fn make_file(path: &Path, len: u64, seed: &[u8]) {
+    let mut xof = blake3::Hasher::new().update(seed).finalize_xof();
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    let mut buf = vec![0u8; MIB as usize];
+    let mut left = len;
+    while left > 0 {
+        let n = left.min(MIB) as usize;
+        xof.fill(&mut buf[..n]);
+        f.write_all(&buf[..n]).unwrap();
+        left -= n as u64;
+    }
+}
+
+/// The BLAKE3 hash of a file's contents; `None` when it cannot be read.
+#[allow(dead_code)] // not every test binary compares copies
+pub fn hash(path: &Path) -> Option<blake3::Hash> {
+    let mut h = blake3::Hasher::new();
+    h.update_reader(std::fs::File::open(path).ok()?).ok()?;
+    Some(h.finalize())
+}
