@@ -390,8 +390,10 @@ impl Driver {
                 Some(ie) = recv_opt(&mut self.input_rx), if want => {
                     let now = Instant::now();
                     match ie {
-                        InputEvent::Data(c) => {
-                            self.node.handle_sealed_input(c, now).map_err(|e| e.to_string())?
+                        InputEvent::Data(c, cvs) => {
+                            self.node
+                                .handle_sealed_input(c, cvs, now)
+                                .map_err(|e| e.to_string())?
                         }
                         InputEvent::End => {
                             self.input_rx = None;

@@ -61,6 +61,7 @@ pub fn window_for(chunk_size: u32) -> u32 {
 fn frame_len(f: &Frame) -> u32 {
     match f {
         Frame::Chunk(c) => c.data.len() as u32 + 96,
+        Frame::Part(p) => p.data.len() as u32 + 20,
         _ => 64,
     }
 }

@@ -15,11 +15,16 @@ use bulkcast_proto::wire::{Chunk, SessionId};
 use bytes::BytesMut;
 use tokio::sync::mpsc;
 
+/// What `route` makes of a piece of input: the channel it goes to, the sealed chunk and its
+/// group list.
+type Routed = (usize, Chunk, Vec<[u8; 32]>);
+
 /// What the input thread produces.
 #[derive(Debug)]
 pub enum InputEvent {
-    /// The next chunk, hashed and authenticated (exactly one chunk long unless it is the last).
-    Data(Chunk),
+    /// The next chunk, hashed and authenticated (exactly one chunk long unless it is the last),
+    /// and its groups' chaining values (to send it in verified parts).
+    Data(Chunk, Vec<[u8; 32]>),
     /// The input ended.
     End,
     /// Reading failed.
@@ -156,9 +161,9 @@ impl Input {
         let (tx, rx) = mpsc::channel(2);
         let mut index = 0u64;
         self.run(chunk_size, vec![tx], move |data| {
-            let c = keys.seal(session, index, data);
+            let (c, cvs) = keys.seal_in_groups(session, index, data);
             index += 1;
-            (0, c)
+            (0, c, cvs)
         });
         rx
     }
@@ -178,9 +183,9 @@ impl Input {
         let mut g = 0u64;
         self.run(chunk_size, txs, move |data| {
             let t = stripes.tree_of(g) as usize;
-            let c = keys.seal(sessions[t], stripes.local_of(g), data);
+            let (c, cvs) = keys.seal_in_groups(sessions[t], stripes.local_of(g), data);
             g += 1;
-            (t, c)
+            (t, c, cvs)
         });
         rxs
     }
@@ -190,7 +195,7 @@ impl Input {
         self,
         chunk_size: usize,
         txs: Vec<mpsc::Sender<InputEvent>>,
-        route: impl FnMut(bytes::Bytes) -> (usize, Chunk) + Send + 'static,
+        route: impl FnMut(bytes::Bytes) -> Routed + Send + 'static,
     ) {
         std::thread::Builder::new()
             .name("bulkcast-input".into())
@@ -227,7 +232,7 @@ fn finish(txs: &[mpsc::Sender<InputEvent>], ev: InputEvent) {
         let _ = tx.blocking_send(match &ev {
             InputEvent::End => InputEvent::End,
             InputEvent::Failed(e) => InputEvent::Failed(e.clone()),
-            InputEvent::Data(_) => unreachable!("pumps end with End or Failed"),
+            InputEvent::Data(..) => unreachable!("pumps end with End or Failed"),
         });
     }
 }
@@ -246,7 +251,7 @@ fn pump_mapped(
     cs: usize,
     expected: Option<u64>,
     txs: &[mpsc::Sender<InputEvent>],
-    mut route: impl FnMut(bytes::Bytes) -> (usize, Chunk),
+    mut route: impl FnMut(bytes::Bytes) -> Routed,
 ) -> Result<(), String> {
     let f = File::open(path).map_err(|e| format!("reading the input: {}", with_path(e, path)))?;
     let f = std::sync::Arc::new(f);
@@ -303,8 +308,8 @@ fn pump_mapped(
         let start = (off - at) as usize;
         let data = w.slice(start..start + n);
         off += n as u64;
-        let (t, chunk) = route(data);
-        if hand_on(txs, &mut dead, t, chunk) {
+        let (t, chunk, cvs) = route(data);
+        if hand_on(txs, &mut dead, t, chunk, cvs) {
             return Ok(());
         }
     }
@@ -312,8 +317,14 @@ fn pump_mapped(
 
 /// Sends `chunk` to tree `t` unless its session ended (every receiver below it failed: the
 /// others still get their stripes whole); true once every session has ended.
-fn hand_on(txs: &[mpsc::Sender<InputEvent>], dead: &mut [bool], t: usize, chunk: Chunk) -> bool {
-    if !dead[t] && txs[t].blocking_send(InputEvent::Data(chunk)).is_err() {
+fn hand_on(
+    txs: &[mpsc::Sender<InputEvent>],
+    dead: &mut [bool],
+    t: usize,
+    chunk: Chunk,
+    cvs: Vec<[u8; 32]>,
+) -> bool {
+    if !dead[t] && txs[t].blocking_send(InputEvent::Data(chunk, cvs)).is_err() {
         dead[t] = true;
     }
     dead.iter().all(|&d| d)
@@ -348,7 +359,7 @@ fn pump(
     cs: usize,
     expected: Option<u64>,
     txs: &[mpsc::Sender<InputEvent>],
-    mut route: impl FnMut(bytes::Bytes) -> (usize, Chunk),
+    mut route: impl FnMut(bytes::Bytes) -> Routed,
 ) -> Result<(), String> {
     let mut total = 0u64;
     let mut dead = vec![false; txs.len()];
@@ -373,10 +384,10 @@ fn pump(
         }
         if filled > 0 {
             buf.truncate(filled);
-            let (t, chunk) = route(buf.freeze());
+            let (t, chunk, cvs) = route(buf.freeze());
             // A tree whose session ended (every receiver below it failed) is skipped; the
             // others still get their stripes whole.
-            if hand_on(txs, &mut dead, t, chunk) {
+            if hand_on(txs, &mut dead, t, chunk, cvs) {
                 return Ok(()); // every session ended first
             }
         }
@@ -586,7 +597,7 @@ mod tests {
                 .blocking_recv()
                 .expect("the input ends with End or Failed")
             {
-                InputEvent::Data(c) => chunks.push(c),
+                InputEvent::Data(c, _) => chunks.push(c),
                 ev => return (chunks, ev),
             }
         }
@@ -699,7 +710,7 @@ mod tests {
         let mut rx = input.spawn(cs, keys(), 1);
         // The reader stops two chunks ahead; change the file while it waits.
         let first = rx.blocking_recv();
-        assert!(matches!(first, Some(InputEvent::Data(_))));
+        assert!(matches!(first, Some(InputEvent::Data(..))));
         std::fs::OpenOptions::new()
             .append(true)
             .open(&p)

@@ -285,7 +285,7 @@ pub async fn send(
     let mut held: Vec<Option<Held>> = Vec::with_capacity(pieces as usize);
     loop {
         match rx.recv().await {
-            Some(InputEvent::Data(c)) => held.push(Some(match disk {
+            Some(InputEvent::Data(c, _)) => held.push(Some(match disk {
                 Some(_) => Held::on_disk(&c),
                 None => Held::Mem(c),
             })),

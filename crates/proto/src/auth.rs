@@ -17,8 +17,9 @@
 
 use std::sync::Arc;
 
+use crate::groups::{self, GroupError, Groups};
 use crate::identity::{Identity, PublicKey, Role};
-use crate::wire::{Chunk, End, SessionId, SourceSig, VERSION};
+use crate::wire::{Chunk, End, Head, SessionId, SourceSig, VERSION};
 use bytes::Bytes;
 
 /// The session secret (32 bytes; written as 64 hex digits).
@@ -127,6 +128,9 @@ pub enum ChunkError {
     /// The MAC does not match (forged, or from another session).
     #[error("chunk {0}: authentication tag does not match")]
     BadTag(u64),
+    /// The group list of a chunk sent in parts does not fit its hash.
+    #[error("chunk {0}: {1}")]
+    BadGroups(u64, GroupError),
 }
 
 impl Keys {
@@ -185,6 +189,22 @@ impl Keys {
     /// Hashes and authenticates a chunk's bytes (at the source).
     pub fn seal(&self, session: SessionId, index: u64, data: Bytes) -> Chunk {
         let hash = *blake3::hash(&data).as_bytes();
+        self.seal_hashed(session, index, data, hash)
+    }
+
+    /// As [`Keys::seal`], and the chaining values of the chunk's groups, for sending it in
+    /// parts ([`crate::groups`]); the hash comes from them, so the bytes are hashed once.
+    pub fn seal_in_groups(
+        &self,
+        session: SessionId,
+        index: u64,
+        data: Bytes,
+    ) -> (Chunk, Vec<[u8; 32]>) {
+        let (hash, cvs) = groups::hash_with_cvs(&data);
+        (self.seal_hashed(session, index, data, hash), cvs)
+    }
+
+    fn seal_hashed(&self, session: SessionId, index: u64, data: Bytes, hash: [u8; 32]) -> Chunk {
         let tag = self.chunk_tag(session, index, data.len() as u64, &hash);
         // With a host key the source also signs: receivers that require it accept no chunk
         // a member made up.
@@ -207,32 +227,67 @@ impl Keys {
 
     /// Verifies a chunk's hash and tag (at every receiver, before anything else touches it).
     pub fn verify(&self, session: SessionId, c: &Chunk) -> Result<(), ChunkError> {
-        let tag = self.chunk_tag(session, c.index, c.data.len() as u64, &c.hash);
-        if !ct_eq(&tag, &c.tag) {
-            return Err(ChunkError::BadTag(c.index));
-        }
-        if self.require_source {
-            self.verify_source(session, c)?;
-        }
+        self.verify_header(
+            session,
+            c.index,
+            c.data.len() as u64,
+            &c.hash,
+            &c.tag,
+            &c.sig,
+        )?;
         if !ct_eq(blake3::hash(&c.data).as_bytes(), &c.hash) {
             return Err(ChunkError::HashMismatch(c.index));
         }
         Ok(())
     }
 
+    /// Verifies the header of a chunk sent in parts, and its group list against its hash: what
+    /// then checks each part as it arrives.
+    pub fn verify_head(&self, session: SessionId, h: &Head) -> Result<Groups, ChunkError> {
+        self.verify_header(session, h.index, u64::from(h.len), &h.hash, &h.tag, &h.sig)?;
+        Groups::new(h.hash, h.len as usize, h.cvs.clone())
+            .map_err(|e| ChunkError::BadGroups(h.index, e))
+    }
+
+    /// The tag, and the source's signature where this host requires one, over a chunk's
+    /// announced index, length and hash.
+    fn verify_header(
+        &self,
+        session: SessionId,
+        index: u64,
+        len: u64,
+        hash: &[u8; 32],
+        tag: &[u8; 32],
+        sig: &Option<Box<SourceSig>>,
+    ) -> Result<(), ChunkError> {
+        if !ct_eq(&self.chunk_tag(session, index, len, hash), tag) {
+            return Err(ChunkError::BadTag(index));
+        }
+        if self.require_source {
+            self.verify_source(session, index, len, hash, sig)?;
+        }
+        Ok(())
+    }
+
     /// The signature of a source allowed to push here, over the chunk's announced hash (which
     /// [`Keys::verify`] then checks against the bytes).
-    fn verify_source(&self, session: SessionId, c: &Chunk) -> Result<(), ChunkError> {
-        let (Some(id), Some(sig)) = (&self.identity, &c.sig) else {
-            return Err(ChunkError::Unsigned(c.index));
+    fn verify_source(
+        &self,
+        session: SessionId,
+        index: u64,
+        len: u64,
+        hash: &[u8; 32],
+        sig: &Option<Box<SourceSig>>,
+    ) -> Result<(), ChunkError> {
+        let (Some(id), Some(sig)) = (&self.identity, sig) else {
+            return Err(ChunkError::Unsigned(index));
         };
-        let key = PublicKey::from_bytes(&sig.key).map_err(|_| ChunkError::BadSignature(c.index))?;
+        let key = PublicKey::from_bytes(&sig.key).map_err(|_| ChunkError::BadSignature(index))?;
         if id.allow.role(&key) != Some(Role::Push) {
-            return Err(ChunkError::NotASource(c.index, key.to_string()));
+            return Err(ChunkError::NotASource(index, key.to_string()));
         }
-        let msg = signed(session, c.index, c.data.len() as u64, &c.hash);
-        if !key.verify(&msg, &sig.sig) {
-            return Err(ChunkError::BadSignature(c.index));
+        if !key.verify(&signed(session, index, len, hash), &sig.sig) {
+            return Err(ChunkError::BadSignature(index));
         }
         Ok(())
     }
@@ -363,5 +418,28 @@ mod tests {
         assert_eq!(Secret::from_hex(&s.to_hex()).unwrap(), s);
         assert_eq!(Secret::from_hex("abc"), Err(BadSecret));
         assert_eq!(Secret::from_hex(&"zz".repeat(32)), Err(BadSecret));
+    }
+
+    #[test]
+    fn a_head_with_a_forged_group_list_or_tag_is_refused() {
+        let k = keys(3);
+        let data = Bytes::from(vec![7u8; 100_000]);
+        let (c, cvs) = k.seal_in_groups(7, 2, data);
+        let head = Head {
+            index: 2,
+            len: c.data.len() as u32,
+            hash: c.hash,
+            tag: c.tag,
+            sig: None,
+            cvs,
+        };
+        let g = k.verify_head(7, &head).expect("an honest head verifies");
+        assert!(g.check(0, &c.data[g.range(0)]));
+        let mut forged = head.clone();
+        forged.cvs[1][0] ^= 1;
+        assert!(matches!(k.verify_head(7, &forged), Err(ChunkError::BadGroups(2, _))));
+        let mut retagged = head;
+        retagged.len -= 1;
+        assert!(matches!(k.verify_head(7, &retagged), Err(ChunkError::BadTag(2))));
     }
 }

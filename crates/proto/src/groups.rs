@@ -60,6 +60,28 @@ pub fn chaining_values(data: &[u8]) -> Vec<ChainingValue> {
         .collect()
 }
 
+/// The BLAKE3 hash of `data`, a whole chunk, and its groups' chaining values, from one pass
+/// over the bytes: the hash is the root of the same tree.
+pub fn hash_with_cvs(data: &[u8]) -> ([u8; 32], Vec<ChainingValue>) {
+    let cvs = chaining_values(data);
+    if cvs.is_empty() {
+        return (*blake3::hash(data).as_bytes(), cvs);
+    }
+    (root(&cvs, data.len() as u64), cvs)
+}
+
+/// The root hash of a chunk of `len` bytes (more than one group) from its groups' values.
+fn root(cvs: &[ChainingValue], len: u64) -> [u8; 32] {
+    let left = hazmat::left_subtree_len(len);
+    let split = (left / GROUP as u64) as usize;
+    *hazmat::merge_subtrees_root(
+        &subtree(&cvs[..split], left),
+        &subtree(&cvs[split..], len - left),
+        Mode::Hash,
+    )
+    .as_bytes()
+}
+
 fn group_cv(i: usize, group: &[u8]) -> ChainingValue {
     let mut h = blake3::Hasher::new();
     h.set_input_offset((i * GROUP) as u64);
@@ -103,17 +125,8 @@ impl Groups {
                 got: cvs.len(),
             });
         }
-        if want > 0 {
-            let left = hazmat::left_subtree_len(len as u64);
-            let split = (left / GROUP as u64) as usize;
-            let root = hazmat::merge_subtrees_root(
-                &subtree(&cvs[..split], left),
-                &subtree(&cvs[split..], len as u64 - left),
-                Mode::Hash,
-            );
-            if root.as_bytes() != &hash {
-                return Err(GroupError::Mismatch);
-            }
+        if want > 0 && root(&cvs, len as u64) != hash {
+            return Err(GroupError::Mismatch);
         }
         Ok(Groups { len, cvs, hash })
     }
@@ -166,6 +179,7 @@ mod tests {
         for len in lens {
             let d = data(len);
             let hash = *blake3::hash(&d).as_bytes();
+            assert_eq!(hash_with_cvs(&d), (hash, chaining_values(&d)), "len {len}");
             let g = Groups::new(hash, len, chaining_values(&d))
                 .unwrap_or_else(|e| panic!("len {len}: {e}"));
             for i in 0..g.count() {

@@ -48,6 +48,7 @@ mod adopt;
 mod held;
 mod internals;
 mod outputs;
+mod parts;
 pub use held::LOAD_AHEAD;
 
 /// Local settings of a node (session-wide settings arrive in [`Open`]).
@@ -65,6 +66,9 @@ pub struct NodeConfig {
     /// it) is let go from the push: reported failed as fallen behind, its children adopted. It
     /// catches up in a later session (`send --retry`), resuming from what it holds.
     pub lag_timeout: Duration,
+    /// Largest part, in bytes, of a chunk sent to a child in verified parts (see
+    /// `node/parts.rs`): how far a hop delays what it forwards. 0: whole chunks only.
+    pub part_bytes: usize,
 }
 
 impl Default for NodeConfig {
@@ -74,6 +78,7 @@ impl Default for NodeConfig {
             idle_timeout: Duration::from_secs(60),
             lag_timeout: Duration::from_secs(3),
             request_timeout: Duration::from_secs(2),
+            part_bytes: crate::groups::GROUP,
         }
     }
 }
@@ -263,6 +268,8 @@ pub struct Child {
     /// `loaded`); at most [`LOAD_AHEAD`] at a time.
     loads: BTreeSet<u64>,
     loaded: BTreeMap<u64, Chunk>,
+    /// The chunk it is being sent in parts, and how far (`node/parts.rs`).
+    cursor: Option<parts::Cursor>,
 }
 
 impl Child {
@@ -332,6 +339,12 @@ pub struct Node {
     have: ChunkMap,
     /// Chunks held in memory for children or the local copy.
     buffer: BTreeMap<u64, Chunk>,
+    /// Chunks arriving in parts, with their verified prefixes; their room in the budget is
+    /// counted in `buffered_bytes` from their `Head` on.
+    arriving: BTreeMap<u64, parts::Arriving>,
+    /// The group lists of buffered chunks that have one, to send them on in parts; evicted
+    /// with them.
+    groups_of: BTreeMap<u64, Vec<[u8; 32]>>,
     buffered_bytes: usize,
     /// Highest `buffered_bytes` seen (for reports and tests).
     peak_buffered: usize,
@@ -497,6 +510,8 @@ impl Node {
             upstream: up,
             have: ChunkMap::new(),
             buffer: BTreeMap::new(),
+            arriving: BTreeMap::new(),
+            groups_of: BTreeMap::new(),
             buffered_bytes: 0,
             peak_buffered: 0,
             deliver_next: 0,
@@ -581,14 +596,21 @@ impl Node {
         let Upstream::Input { next, .. } = &self.upstream else {
             return;
         };
-        let chunk = self.keys.seal(self.params.session, *next, data);
-        self.handle_sealed_input(chunk, now)
+        let (chunk, cvs) = self.keys.seal_in_groups(self.params.session, *next, data);
+        self.handle_sealed_input(chunk, cvs, now)
             .expect("a chunk sealed here has the next index and a valid size");
     }
 
-    /// Source only: the next chunk, already sealed with [`Keys::seal`] (so a driver can hash
-    /// on its reading thread, off the event loop). It must carry the next index.
-    pub fn handle_sealed_input(&mut self, chunk: Chunk, now: Instant) -> Result<(), NodeError> {
+    /// Source only: the next chunk, already sealed with [`Keys::seal_in_groups`] (so a driver
+    /// can hash on its reading thread, off the event loop), and its group list (empty if it
+    /// was sealed whole with [`Keys::seal`]: it then goes to children whole). It must carry
+    /// the next index.
+    pub fn handle_sealed_input(
+        &mut self,
+        chunk: Chunk,
+        cvs: Vec<[u8; 32]>,
+        now: Instant,
+    ) -> Result<(), NodeError> {
         self.clock = now;
         let cs = self.params.chunk_size as usize;
         let Upstream::Input { next, len, done } = &mut self.upstream else {
@@ -605,6 +627,7 @@ impl Node {
         *next += 1;
         *len += chunk.data.len() as u64;
         self.have.insert(chunk.index);
+        self.keep_groups(chunk.index, cvs);
         self.hold(chunk, now);
         Ok(())
     }
@@ -643,6 +666,8 @@ impl Node {
         *last_heard = now;
         match frame {
             Frame::Chunk(c) => self.handle_chunk(c, false, now),
+            Frame::Head(h) => self.handle_head(h, now),
+            Frame::Part(p) => self.handle_part(p, now),
             Frame::End(e) => {
                 if !self.keys.verify_end(self.params.session, &e) {
                     return Err(NodeError::BadEnd);
@@ -684,22 +709,7 @@ impl Node {
     }
 
     fn handle_chunk(&mut self, c: Chunk, verified: bool, now: Instant) -> Result<(), NodeError> {
-        let cs = self.params.chunk_size as usize;
-        if c.data.len() > cs || c.data.is_empty() {
-            return Err(NodeError::Geometry(format!(
-                "chunk {} has {} bytes; chunk size is {cs}",
-                c.index,
-                c.data.len()
-            )));
-        }
-        if let Some(n) = self.known_chunks() {
-            if c.index >= n {
-                return Err(NodeError::Geometry(format!(
-                    "chunk {} is past the end ({n} chunks)",
-                    c.index
-                )));
-            }
-        }
+        self.check_geometry(c.index, c.data.len())?;
         if self.have.contains(c.index) && !self.refetch.contains(&c.index) {
             return Ok(()); // a duplicate (a repair that crossed the original)
         }
@@ -707,15 +717,40 @@ impl Node {
             true => Ok(()),
             false => self.keys.verify(self.params.session, &c),
         } {
-            self.events.push_back(Event::Corrupt {
-                index: c.index,
-                reason: e.to_string(),
-            });
-            self.request(c.index, now);
+            self.corrupt(c.index, e.to_string(), now);
             return Ok(());
         }
-        let over_budget = self.buffered_bytes + cs > self.cfg.buffer_budget;
-        let over_cap = self.buffered_bytes + cs > self.hard_cap();
+        if self.take_arriving(c.index) || self.admit(c.index, c.data.len(), now) {
+            self.accept(c, now);
+        }
+        Ok(())
+    }
+
+    /// A chunk (or a chunk's head) of `len` bytes at `index` fits the session's geometry.
+    fn check_geometry(&self, index: u64, len: usize) -> Result<(), NodeError> {
+        let cs = self.params.chunk_size as usize;
+        if len > cs || len == 0 {
+            return Err(NodeError::Geometry(format!(
+                "chunk {index} has {len} bytes; chunk size is {cs}"
+            )));
+        }
+        match self.known_chunks() {
+            Some(n) if index >= n => Err(NodeError::Geometry(format!(
+                "chunk {index} is past the end ({n} chunks)"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether a verified chunk of `len` bytes at `index` is taken into memory now; if not,
+    /// it is pulled again once there is room.
+    fn admit(&mut self, index: u64, len: usize, now: Instant) -> bool {
+        let over_budget = self.buffered_bytes + len > self.cfg.buffer_budget;
+        let over_cap = self.buffered_bytes + len > self.hard_cap();
+        // A chunk a child is part-way through (its parts stopped when this node dropped a
+        // corrupt one) is taken whatever the budget: that child gets nothing else until it
+        // is whole. At most one such chunk per child.
+        let lowest = index == self.have.prefix() || self.mid_chunk_on(index);
         let Upstream::Parent {
             requested,
             dropped,
@@ -725,30 +760,38 @@ impl Node {
         else {
             unreachable!("chunks come only from a parent")
         };
-        let was_requested = requested.remove(&c.index).is_some();
+        let was_requested = requested.remove(&index).is_some();
         // Memory: new chunks fit in the budget; repairs may use the half above it; the lowest
         // missing chunk is always taken, since it is what lets the buffer drain. Anything else
         // is dropped and pulled again once there is room, so the peak is the hard cap plus one
         // chunk whatever the peers do.
-        let take = !over_budget || (was_requested && (!over_cap || c.index == self.have.prefix()));
-        if !take {
-            if was_requested {
-                requested.insert(c.index, now);
-            } else {
-                dropped.insert(c.index);
-                dropped_retry.get_or_insert(now + self.cfg.request_timeout);
-            }
-            return Ok(());
+        let take = !over_budget || (was_requested && (!over_cap || lowest));
+        if take {
+            dropped.remove(&index);
+        } else if was_requested {
+            requested.insert(index, now);
+        } else {
+            dropped.insert(index);
+            dropped_retry.get_or_insert(now + self.cfg.request_timeout);
         }
-        dropped.remove(&c.index);
+        take
+    }
+
+    /// A verified chunk, taken: held for the children and the local copy.
+    fn accept(&mut self, c: Chunk, now: Instant) {
         self.refetch.remove(&c.index);
-        if let Upstream::Parent { received, .. } = &mut self.upstream {
+        if let Upstream::Parent {
+            received,
+            requested,
+            ..
+        } = &mut self.upstream
+        {
+            requested.remove(&c.index);
             *received += c.data.len() as u64;
         }
         self.have.insert(c.index);
         self.hold(c, now);
         self.deliver_ready();
-        Ok(())
     }
 
     fn handle_child_frame(
@@ -972,5 +1015,6 @@ fn new_child(m: &Member, sub: Vec<Member>, now: Instant) -> Child {
         held: None,
         loads: BTreeSet::new(),
         loaded: BTreeMap::new(),
+        cursor: None,
     }
 }

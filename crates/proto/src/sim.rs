@@ -196,6 +196,8 @@ pub struct SimReport {
     pub elapsed: Duration,
     /// Chunk bytes that crossed each link downwards (`[i]`: into node i).
     pub link_bytes: Vec<u64>,
+    /// Of those, the bytes that went in verified parts (`Part` frames) rather than whole.
+    pub part_bytes: Vec<u64>,
 }
 
 impl SimReport {
@@ -285,6 +287,7 @@ pub struct Sim {
     fed: u64,
     rng: SmallRng,
     link_bytes: Vec<u64>,
+    part_bytes: Vec<u64>,
     keys: Keys,
 }
 
@@ -387,6 +390,7 @@ impl Sim {
         let up = spec.links.iter().map(|l| Pipe::new(*l, start)).collect();
         Self {
             link_bytes: vec![0; n],
+            part_bytes: vec![0; n],
             spec,
             start,
             now: start,
@@ -545,8 +549,13 @@ impl Sim {
                 let Some(f) = self.nodes[i].node.poll_transmit(Link::Child(k)) else {
                     break;
                 };
-                if let Frame::Chunk(ch) = &f {
-                    self.link_bytes[c] += ch.data.len() as u64;
+                match &f {
+                    Frame::Chunk(ch) => self.link_bytes[c] += ch.data.len() as u64,
+                    Frame::Part(p) => {
+                        self.link_bytes[c] += p.data.len() as u64;
+                        self.part_bytes[c] += p.data.len() as u64;
+                    }
+                    _ => {}
                 }
                 self.down[c].push(f.encode().to_vec(), now);
                 busy = true;
@@ -578,9 +587,14 @@ impl Sim {
     }
 
     fn maybe_corrupt(&mut self, i: NodeId, bytes: &mut [u8]) {
-        // Chunk frames: 4 len + 1 type + 8 index + 64 hash/tag, then data.
-        const DATA_AT: usize = 4 + 1 + 8 + 64;
-        if bytes.len() <= DATA_AT || bytes[4] != 0x11 {
+        // Where the data starts: chunk frames have 4 len + 1 type + 8 index + 64 hash and tag
+        // before it; parts of a chunk sent in parts 4 + 1 + 8 index + 4 offset.
+        let data_at = match bytes.get(4) {
+            Some(0x11) => 4 + 1 + 8 + 64,
+            Some(0x18) => 4 + 1 + 8 + 4,
+            _ => return,
+        };
+        if bytes.len() <= data_at {
             return;
         }
         let index = u64::from_be_bytes(bytes[5..13].try_into().expect("8 bytes"));
@@ -589,14 +603,16 @@ impl Sim {
             .corrupt_chunks
             .iter()
             .position(|&(n, c)| n == i && c == index);
-        let random =
-            self.spec.links[i].corrupt > 0.0 && self.rng.gen_bool(self.spec.links[i].corrupt);
+        // `corrupt` is per chunk: a part carries its share of that chance.
+        let share = (bytes.len() - data_at) as f64 / self.spec.chunk_size as f64;
+        let p = (self.spec.links[i].corrupt * share).min(1.0);
+        let random = p > 0.0 && self.rng.gen_bool(p);
         if let Some(p) = scripted {
             self.spec.corrupt_chunks.remove(p);
         } else if !random {
             return;
         }
-        let at = self.rng.gen_range(DATA_AT..bytes.len());
+        let at = self.rng.gen_range(data_at..bytes.len());
         bytes[at] ^= 0x40;
     }
 
@@ -741,6 +757,7 @@ impl Sim {
             finished,
             elapsed,
             link_bytes: self.link_bytes,
+            part_bytes: self.part_bytes,
         }
     }
 }

@@ -10,7 +10,8 @@
 //! error, never a crash or an allocation it chose.
 //!
 //! Message kinds are grouped by exchange: the handshake (`Hello`, then `Noise` messages, or
-//! `Refused`; `Challenge` and `Auth` are protocol version 3's and no longer sent), joining by ticket (`Join`), session set-up (`Open`), data (`Chunk`, `End`),
+//! `Refused`; `Challenge` and `Auth` are protocol version 3's and no longer sent), joining by ticket (`Join`), session set-up (`Open`), data (`Chunk`, or a
+//! chunk in verified parts: `Head` then `Part`s; `End`),
 //! feedback that flows up a tree (`Ack`, `Done`, `Failed`), pulls (`Request`, used for repair
 //! today and by receiver-driven strategies later), network probing for the planner (`Ping`,
 //! `Pong`, `Probe`, `Probed`), multi-stream edges (`Attach` a connection to an edge, `Striped`
@@ -32,8 +33,9 @@ pub const HEADER_LEN: usize = 5;
 /// 2: `Open`'s members carry `uplink_kbps`. 3: manifests carry modes and modification times
 /// for every object, and symlink entries. 4: a receiver answers `Open` with `Have` (what it
 /// already holds, so only the rest moves) and `Done` carries the bytes it received. 5: the
-/// Noise handshake (`Noise` frames) and source-signed chunks.
-pub const VERSION: u16 = 5;
+/// Noise handshake (`Noise` frames) and source-signed chunks. 6: chunks may travel in parts
+/// (`Head`, `Part`), each checked on arrival, so a relay forwards before the chunk is whole.
+pub const VERSION: u16 = 6;
 
 /// Magic bytes at the start of every connection's first frame, so a stray client (an HTTP
 /// probe, a port scanner) is told apart from a peer with the wrong secret.
@@ -87,6 +89,11 @@ pub enum Frame {
     Open(Open),
     /// One chunk of the object.
     Chunk(Chunk),
+    /// A chunk that follows in [`Frame::Part`]s: its header, and the chaining value of each
+    /// of its groups (see [`crate::groups`]), so that every part is verified as it arrives.
+    Head(Head),
+    /// Bytes of a chunk announced by a [`Frame::Head`].
+    Part(Part),
     /// The object ends: sent after the last chunk.
     End(End),
     /// A parent with nothing to send tells its child it is still there (see
@@ -445,6 +452,37 @@ pub struct Chunk {
     pub data: Bytes,
 }
 
+/// The header of a chunk sent in parts: what [`Chunk`] carries but the bytes, plus the
+/// chaining values that let each 16 KiB group be checked on its own ([`crate::groups`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Head {
+    /// Chunk index.
+    pub index: u64,
+    /// Chunk length in bytes.
+    pub len: u32,
+    /// BLAKE3 hash of the chunk's bytes.
+    pub hash: [u8; 32],
+    /// MAC over the session, index, length and hash, as [`Chunk::tag`].
+    pub tag: [u8; 32],
+    /// The source's signature, as [`Chunk::sig`].
+    pub sig: Option<Box<SourceSig>>,
+    /// The chaining value of every group ([`crate::groups::chaining_values`]; empty for a chunk
+    /// of one group).
+    pub cvs: Vec<[u8; 32]>,
+}
+
+/// Bytes `offset..offset + data.len()` of the chunk a [`Head`] announced: whole groups, the
+/// last one of the chunk possibly shorter. Parts of one chunk arrive in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Part {
+    /// Chunk index.
+    pub index: u64,
+    /// Offset in the chunk, a multiple of [`crate::groups::GROUP`].
+    pub offset: u32,
+    /// The bytes.
+    pub data: Bytes,
+}
+
 /// A source's ed25519 signature of a chunk, and the key that made it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SourceSig {
@@ -512,6 +550,8 @@ const T_ATTACH: u8 = 0x13;
 const T_STRIPED: u8 = 0x14;
 const T_IDLE: u8 = 0x15;
 const T_CHUNK_SIGNED: u8 = 0x16;
+const T_HEAD: u8 = 0x17;
+const T_PART: u8 = 0x18;
 const T_ACK: u8 = 0x20;
 const T_DONE: u8 = 0x21;
 const T_FAILED: u8 = 0x22;
@@ -576,6 +616,8 @@ impl Frame {
             Frame::Join { .. } => "Join",
             Frame::Open(_) => "Open",
             Frame::Chunk(_) => "Chunk",
+            Frame::Head(_) => "Head",
+            Frame::Part(_) => "Part",
             Frame::End(_) => "End",
             Frame::Ack { .. } => "Ack",
             Frame::Done { .. } => "Done",
@@ -656,6 +698,13 @@ impl Frame {
                     b.put_slice(&s.sig);
                 }
                 data = c.data.clone();
+            }
+            Frame::Head(h) => put_head(&mut b, h),
+            Frame::Part(p) => {
+                b.put_u8(T_PART);
+                b.put_u64(p.index);
+                b.put_u32(p.offset);
+                data = p.data.clone();
             }
             Frame::End(e) => {
                 b.put_u8(T_END);
@@ -871,6 +920,21 @@ impl Frame {
                     data,
                 }));
             }
+            T_HEAD => {
+                r.what = "Head";
+                Frame::Head(r.head()?)
+            }
+            T_PART => {
+                r.what = "Part";
+                let index = r.u64()?;
+                let offset = r.u32()?;
+                let data = std::mem::take(&mut r.b);
+                return Ok(Frame::Part(Part {
+                    index,
+                    offset,
+                    data,
+                }));
+            }
             T_END => {
                 r.what = "End";
                 Frame::End(End {
@@ -1064,6 +1128,26 @@ pub fn decode_from(buf: &mut BytesMut, max: usize) -> Result<Option<Frame>, Wire
 fn put_str(b: &mut BytesMut, s: &str) {
     b.put_u32(s.len() as u32);
     b.put_slice(s.as_bytes());
+}
+
+fn put_head(b: &mut BytesMut, h: &Head) {
+    b.put_u8(T_HEAD);
+    b.put_u64(h.index);
+    b.put_u32(h.len);
+    b.put_slice(&h.hash);
+    b.put_slice(&h.tag);
+    match &h.sig {
+        Some(s) => {
+            b.put_u8(1);
+            b.put_slice(&s.key);
+            b.put_slice(&s.sig);
+        }
+        None => b.put_u8(0),
+    }
+    b.put_u32(h.cvs.len() as u32);
+    for cv in &h.cvs {
+        b.put_slice(cv);
+    }
 }
 
 fn put_open(b: &mut BytesMut, o: &Open) {
@@ -1264,6 +1348,29 @@ impl Reader {
             return Err(WireError::Truncated(self.what));
         }
         Ok(n)
+    }
+    fn head(&mut self) -> Result<Head, WireError> {
+        let index = self.u64()?;
+        let len = self.u32()?;
+        let hash = self.array()?;
+        let tag = self.array()?;
+        let sig = match self.u8()? {
+            0 => None,
+            _ => Some(Box::new(SourceSig {
+                key: self.array()?,
+                sig: self.array()?,
+            })),
+        };
+        let n = self.count(32)?;
+        let cvs = (0..n).map(|_| self.array()).collect::<Result<_, _>>()?;
+        Ok(Head {
+            index,
+            len,
+            hash,
+            tag,
+            sig,
+            cvs,
+        })
     }
     fn open(&mut self) -> Result<Open, WireError> {
         let session = self.u64()?;

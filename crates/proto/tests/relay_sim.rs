@@ -390,3 +390,62 @@ mod protocol_errors {
         );
     }
 }
+
+#[test]
+fn chunks_travel_in_verified_parts_and_each_hop_adds_a_part_not_a_chunk() {
+    // A chain of 8 at 100 Mbit/s with 1 MiB chunks: forwarding whole chunks, every hop waits
+    // for a chunk (84 ms); in 16 KiB parts, for a part (1.3 ms).
+    let run = |part_bytes: usize| {
+        let mut spec = SimSpec::new(Tree::kary(8, 1), LinkSpec::wan(1, 100.0), 32 * MIB);
+        spec.chunk_size = 1 << 20;
+        spec.node.buffer_budget = 16 << 20;
+        spec.node.part_bytes = part_bytes;
+        let r = Sim::new(spec).run();
+        assert_all_complete(&r);
+        let done = |i: usize| r.nodes[i].done_at.unwrap().as_secs_f64();
+        (done(8) - done(1), r)
+    };
+    let (whole, r) = run(0);
+    assert!(r.part_bytes.iter().all(|&b| b == 0));
+    let (parts, r) = run(16 << 10);
+    for i in 1..=8 {
+        assert_eq!(
+            r.part_bytes[i],
+            32 * MIB,
+            "link into {i} carried whole chunks"
+        );
+        assert_eq!(
+            r.link_bytes[i],
+            32 * MIB,
+            "link into {i} carried something twice"
+        );
+    }
+    assert!(
+        whole > 7.0 * 0.08,
+        "whole chunks: last node {whole:.3}s after the first"
+    );
+    assert!(
+        parts < 7.0 * 0.005,
+        "parts: last node {parts:.3}s after the first"
+    );
+}
+
+#[test]
+fn a_corrupt_part_is_caught_at_the_hop_that_receives_it_and_never_forwarded() {
+    // Chain 0 -> 1 -> 2 -> 3 and a branch 1 -> 4; chunk 5 is corrupted on its way into node 1
+    // (one byte of one of its parts), chunk 9 on its way into node 2.
+    let tree = Tree::from_parents(vec![None, Some(0), Some(1), Some(2), Some(1)]).unwrap();
+    let mut spec = SimSpec::new(tree, LinkSpec::wan(2, 100.0), 4 * MIB);
+    spec.corrupt_chunks = vec![(1, 5), (2, 9)];
+    let r = Sim::new(spec).run();
+    assert_all_complete(&r);
+    assert!(r.part_bytes[1] > 0, "chunks were not sent in parts");
+    let detected: Vec<usize> = r.nodes.iter().map(|n| n.corrupt_detected).collect();
+    assert_eq!(detected, vec![0, 1, 1, 0, 0], "where corruption was caught");
+    for (i, n) in r.nodes.iter().enumerate().skip(1) {
+        assert!(n.data_ok, "node {i} holds wrong bytes");
+    }
+    // Only the repaired chunk crossed a link twice, and only the link it was corrupted on.
+    assert_eq!(r.link_bytes[3], 4 * MIB);
+    assert_eq!(r.link_bytes[4], 4 * MIB);
+}

@@ -4,7 +4,7 @@
 
 use bulkcast_proto::auth::{Keys, Secret};
 use bulkcast_proto::identity::{AllowList, HostKey, Identity, PublicKey, Role};
-use bulkcast_proto::wire::{self, Chunk, Frame, SourceSig, MAX_FRAME, VERSION};
+use bulkcast_proto::wire::{self, Chunk, Frame, Head, Part, SourceSig, MAX_FRAME, VERSION};
 use bytes::{Bytes, BytesMut};
 use proptest::prelude::*;
 
@@ -40,6 +40,39 @@ fn frame() -> impl Strategy<Value = Frame> {
                         sig: s.try_into().unwrap(),
                     })
                 }),
+                data: Bytes::from(data),
+            })),
+        (
+            (
+                any::<u64>(),
+                any::<u32>(),
+                any::<[u8; 32]>(),
+                any::<[u8; 32]>()
+            ),
+            prop::option::of((any::<[u8; 32]>(), prop::collection::vec(any::<u8>(), 64))),
+            prop::collection::vec(any::<[u8; 32]>(), 0..70),
+        )
+            .prop_map(|((index, len, hash, tag), sig, cvs)| Frame::Head(Head {
+                index,
+                len,
+                hash,
+                tag,
+                sig: sig.map(|(key, s)| {
+                    Box::new(SourceSig {
+                        key,
+                        sig: s.try_into().unwrap(),
+                    })
+                }),
+                cvs,
+            })),
+        (
+            any::<u64>(),
+            any::<u32>(),
+            prop::collection::vec(any::<u8>(), 0..2000)
+        )
+            .prop_map(|(index, offset, data)| Frame::Part(Part {
+                index,
+                offset,
                 data: Bytes::from(data),
             })),
         (any::<u32>(), any::<u64>()).prop_map(|(node, upto)| Frame::Ack { node, upto }),

@@ -231,10 +231,14 @@ impl Node {
                 }
                 break; // wait for it, meanwhile the stream goes on
             }
-            if self.refetch.contains(&i) {
+            if self.refetch.contains(&i) || self.arriving.contains_key(&i) {
                 break; // coming from the parent
             }
             self.children[k].requests.pop_front();
+        }
+        if self.mid_chunk(k) {
+            // The rest of a chunk going in parts comes first; nothing else until it is whole.
+            return self.next_part(k);
         }
         let c = &mut self.children[k];
         let held = c.held.as_ref().expect("checked above");
@@ -242,7 +246,7 @@ impl Node {
             c.next += 1;
         }
         let next = c.next;
-        if let Some(f) = self.take_for(k, next) {
+        if let Some(f) = self.start_parts(k, next).or_else(|| self.take_for(k, next)) {
             self.children[k].next += 1;
             return Some(f);
         }

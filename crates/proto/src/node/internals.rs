@@ -9,14 +9,19 @@ use crate::wire::{Chunk, End, Frame};
 
 impl Node {
     pub(super) fn hold(&mut self, chunk: Chunk, now: Instant) {
-        // A child that had everything sent to it acknowledged was not stalled, only idle
-        // (the input paused): its stall clock starts with the first chunk it has to take.
-        for c in self.children.iter_mut().filter(|c| c.acked >= c.next) {
-            c.last_progress = now;
-        }
+        self.wake_idle_children(now);
         self.buffered_bytes += chunk.data.len();
         self.peak_buffered = self.peak_buffered.max(self.buffered_bytes);
         self.buffer.insert(chunk.index, chunk);
+    }
+
+    /// A child that had everything sent to it acknowledged was not stalled, only idle (the
+    /// input paused): its stall clock starts with the first chunk it has to take (whole, or
+    /// its first part).
+    pub(super) fn wake_idle_children(&mut self, now: Instant) {
+        for c in self.children.iter_mut().filter(|c| c.acked >= c.next) {
+            c.last_progress = now;
+        }
     }
 
     pub(super) fn deliver_ready(&mut self) {
@@ -256,6 +261,7 @@ impl Node {
             self.buffered_bytes -= entry.get().data.len();
             entry.remove();
         }
+        self.evict_groups(low);
     }
 
     pub(super) fn any_consumer(&self) -> bool {

@@ -123,8 +123,11 @@ impl Node {
         match &self.upstream {
             Upstream::Input { done, .. } => !done && room && self.any_consumer(),
             // A missing chunk may sit behind new ones: keep reading (dropping what does not
-            // fit, see `handle_chunk`) until it arrives, or the buffer could never drain.
-            Upstream::Parent { requested, .. } => room || !requested.is_empty(),
+            // fit, see `handle_chunk`) until it arrives, or the buffer could never drain. The
+            // parts of a chunk under way fill room already taken for them.
+            Upstream::Parent { requested, .. } => {
+                room || !requested.is_empty() || !self.arriving.is_empty()
+            }
         }
     }
 
