@@ -149,8 +149,10 @@ pub async fn for_send(
                 .collect(),
         };
         let net = Network::from_hosts(&answered, &m.matrix)?;
+        let plan = measured::push_plan(net.clone(), size, chunk, balanced)?;
         return Ok(SendPlan {
-            plan: measured::push_plan(net, size, chunk, balanced)?,
+            longest_hop_rtt_ms: longest_hop(&net, &plan),
+            plan,
             hosts: answered,
             note: m.report.note.clone(),
             probe: Some(m.report),
@@ -158,8 +160,10 @@ pub async fn for_send(
         });
     };
     let net = Network::from_hosts(hosts, &read_matrix(path)?)?;
+    let plan = measured::push_plan(net.clone(), size, chunk, balanced)?;
     Ok(SendPlan {
-        plan: measured::push_plan(net, size, chunk, balanced)?,
+        longest_hop_rtt_ms: longest_hop(&net, &plan),
+        plan,
         hosts: hosts.clone(),
         note: format!("matrix from {}", path.display()),
         probe: None,
@@ -167,10 +171,20 @@ pub async fn for_send(
     })
 }
 
+/// The longest round trip of a hop of any of the plan's trees, in ms.
+fn longest_hop(net: &Network, plan: &bulkcast_planner::Plan) -> f64 {
+    plan.trees
+        .iter()
+        .map(|(t, _)| measured::longest_hop_rtt_ms(net, t))
+        .fold(0.0, f64::max)
+}
+
 /// What [`for_send`] decided.
 pub struct SendPlan {
     /// The plan, over `hosts`.
     pub plan: Plan,
+    /// The longest round trip of a hop of the plan, in ms (what sets the part size).
+    pub longest_hop_rtt_ms: f64,
     /// The hosts the plan spans: those given, less `left_out`.
     pub hosts: HostsFile,
     /// How the round trips were measured (`None`: from a matrix file).

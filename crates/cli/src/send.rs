@@ -13,7 +13,7 @@ use bulkcast_node::{swarm, transport};
 use bulkcast_planner::strategy;
 use bulkcast_proto::auth::{Keys, Secret};
 use bulkcast_proto::hosts::{HostSpec, HostsFile};
-use bulkcast_proto::node::CHUNK_SIZE_RANGE;
+use bulkcast_proto::node::{NodeConfig, CHUNK_SIZE_RANGE};
 use bulkcast_proto::swarm::Strategy as SwarmStrategy;
 use bulkcast_proto::tree::Tree;
 use clap::{Args, ValueEnum};
@@ -247,6 +247,7 @@ pub async fn run(a: SendArgs) -> Result<i32> {
         given: (0..file_len).collect(),
         metrics: endpoint.as_ref().map(|m| m.source()),
         page: None,
+        hop_rtt_ms: None,
     };
     send.check_hosts(&tuning).await?;
     let mut report = match swarm_strategy(a.strategy) {
@@ -400,6 +401,9 @@ struct Send<'a> {
     metrics: Option<std::sync::Arc<bulkcast_node::metrics::SourceMetrics>>,
     /// `--web`: the live page, once the send has started.
     page: Option<crate::web::Page>,
+    /// The longest round trip of a hop of the planned tree, in ms, once planned (it sets the
+    /// size of the chunks' verified parts, `strategy::part_bytes`).
+    hop_rtt_ms: Option<f64>,
 }
 
 impl Send<'_> {
@@ -547,7 +551,10 @@ impl Send<'_> {
             observer: a.edges.observer()?,
             chunk_size,
             stall_timeout: Duration::from_secs(a.stall_timeout.max(1)),
-            node: a.common.node(),
+            node: NodeConfig {
+                part_bytes: strategy::part_bytes(self.hop_rtt_ms),
+                ..a.common.node()
+            },
             tuning,
             strategy,
             uplink_mbps: self.file.source.as_ref().and_then(|s| s.uplink_mbps),
@@ -571,6 +578,7 @@ impl Send<'_> {
         let mut report = result?;
         report.probe = probed;
         report.timeline = timeline;
+        report.part_size = cfg.node.part_bytes;
         self.retry_failed(&mut report, &cfg).await?;
         Ok(report)
     }
@@ -703,6 +711,7 @@ impl Send<'_> {
         }
         // The plan spans the hosts that answered the probe: the send goes to those.
         self.leave_out(sp.left_out)?;
+        self.hop_rtt_ms = Some(sp.longest_hop_rtt_ms);
         debug_assert_eq!(self.file.hosts.len(), sp.hosts.hosts.len());
         Ok((sp.plan, sp.probe))
     }
@@ -920,6 +929,7 @@ mod tests {
             },
             strategy: "flat".into(),
             chunk_size: 1 << 16,
+            part_size: 0,
             seconds: 1.0,
             ok: receivers.iter().all(|r| r.verified),
             aggregate_mbps: 1.0,

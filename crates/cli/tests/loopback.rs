@@ -635,8 +635,40 @@ fn plan_probes_agents_and_send_uses_the_planned_tree() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(report(&out)["strategy"], "tree (planned: dcmst)");
+    let r = report(&out);
+    assert_eq!(r["strategy"], "tree (planned: dcmst)");
+    assert_eq!(r["part_size"], 0, "loopback hops take chunks whole: {r}");
     assert_eq!(hash(&ags[3].dir.join("g.bin")), hash(&src));
+    // Hops of 20 ms: chunks travel in verified 16 KiB parts, forwarded by every relay as
+    // they arrive, and every copy is whole.
+    let mut far: toml::Value = toml::from_str(&std::fs::read_to_string(&m).unwrap()).unwrap();
+    for row in far["rtt_ms"].as_array_mut().unwrap() {
+        for v in row.as_array_mut().unwrap() {
+            if v.as_float() != Some(0.0) {
+                *v = toml::Value::Float(20.0);
+            }
+        }
+    }
+    let m = s.0.join("far.toml");
+    std::fs::write(&m, toml::to_string(&far).unwrap()).unwrap();
+    let out = send(
+        &[
+            src.to_str().unwrap(),
+            "--to",
+            &list,
+            "--matrix",
+            m.to_str().unwrap(),
+            "--name",
+            "parts.bin",
+        ],
+        &key,
+        None,
+    );
+    let r = report_ok(&out);
+    assert_eq!(r["part_size"], 16384, "{r}");
+    for a in &ags {
+        assert_eq!(hash(&a.dir.join("parts.bin")), hash(&src));
+    }
 }
 
 #[test]

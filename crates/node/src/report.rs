@@ -103,6 +103,8 @@ pub struct Report {
     pub strategy: String,
     /// Chunk size in bytes.
     pub chunk_size: u32,
+    /// Largest verified part a chunk travels in, in bytes (0: chunks travel whole).
+    pub part_size: usize,
     /// Seconds from start until the last receiver finished or failed.
     pub seconds: f64,
     /// Every receiver has a verified copy in place.
@@ -401,6 +403,7 @@ impl Report {
             },
             strategy: strategy.into(),
             chunk_size: status.chunk_size,
+            part_size: 0,
             seconds,
             ok: receivers.iter().all(|r| r.verified),
             aggregate_mbps: mbps(delivered, seconds),

@@ -8,6 +8,7 @@
 
 use crate::vivaldi::{self, Sample, VivaldiConfig};
 use crate::{plan, Algorithm, Matrix, MatrixFile, Network, Plan, PlanError, PlanOptions};
+use bulkcast_proto::tree::Tree;
 
 /// Which pairs of hosts to probe for a send to `hosts` receivers: `targets[i]` lists the hosts
 /// (indices into the host list) that host `i` measures; the source measures every host itself.
@@ -99,6 +100,13 @@ pub fn rtt_matrix(
         wan: Vec::new(),
     };
     Ok((file, note))
+}
+
+/// The longest round trip in ms of a hop of `tree` over `net` (0 for a tree of one node).
+pub fn longest_hop_rtt_ms(net: &Network, tree: &Tree) -> f64 {
+    (1..tree.len())
+        .filter_map(|i| tree.parent(i).map(|p| net.rtt(p, i)))
+        .fold(0.0, f64::max)
 }
 
 /// The tree (or trees) a push to `net` runs, for an object of `size` bytes (`None`: a stream)

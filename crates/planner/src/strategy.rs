@@ -101,6 +101,24 @@ pub fn hybrid_chunk_size(len: Option<u64>) -> u32 {
     floor_pow2(len.map_or(MAX, |l| (l / 1000).clamp(MIN, MAX)))
 }
 
+/// The round trip from which a hop counts as long: chunks then travel in verified parts.
+pub const PARTS_FROM_RTT_MS: f64 = 2.0;
+
+/// How big the verified parts of a push's chunks are (`NodeConfig::part_bytes`; 0: whole
+/// chunks), given the longest round trip of a tree hop, where it was measured.
+///
+/// On a long hop a relay that waits for a whole chunk waits several round trips while TCP
+/// ramps up (0.7 s per hop at 200 ms in the lab), so parts of one 16 KiB group go there. On a
+/// LAN or loopback a chunk arrives in milliseconds, while each part costs a frame and often a
+/// system call: on loopback 16 KiB parts took 2.1-3.6 CPU-s per GiB against 1.4-1.6 whole
+/// (`bench/loopback.sh`, two runs each). Where nothing was measured: whole chunks.
+pub fn part_bytes(longest_hop_rtt_ms: Option<f64>) -> usize {
+    match longest_hop_rtt_ms {
+        Some(rtt) if rtt >= PARTS_FROM_RTT_MS => bulkcast_proto::groups::GROUP,
+        _ => 0,
+    }
+}
+
 /// The default piece size of `strategy` for an object of `len` bytes sent over `tree` (the
 /// swarms without a tree pass a flat one).
 pub fn chunk_size(strategy: Strategy, len: Option<u64>, tree: &Tree) -> u32 {
@@ -170,6 +188,9 @@ mod tests {
         assert_eq!(push_chunk_size(Some(8 << 30), &Tree::flat(4)), 1 << 20);
         assert_eq!(push_chunk_size(Some(1 << 10), &chain), 64 << 10);
         assert_eq!(push_chunk_size(None, &chain), 256 << 10);
+        assert_eq!(part_bytes(Some(50.0)), 16 << 10);
+        assert_eq!(part_bytes(Some(0.3)), 0);
+        assert_eq!(part_bytes(None), 0);
     }
 
     #[test]

@@ -437,9 +437,15 @@ mod tests {
         assert!(g.check(0, &c.data[g.range(0)]));
         let mut forged = head.clone();
         forged.cvs[1][0] ^= 1;
-        assert!(matches!(k.verify_head(7, &forged), Err(ChunkError::BadGroups(2, _))));
+        assert!(matches!(
+            k.verify_head(7, &forged),
+            Err(ChunkError::BadGroups(2, _))
+        ));
         let mut retagged = head;
         retagged.len -= 1;
-        assert!(matches!(k.verify_head(7, &retagged), Err(ChunkError::BadTag(2))));
+        assert!(matches!(
+            k.verify_head(7, &retagged),
+            Err(ChunkError::BadTag(2))
+        ));
     }
 }
