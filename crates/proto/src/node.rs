@@ -49,6 +49,7 @@ mod held;
 mod internals;
 mod outputs;
 mod parts;
+pub mod replan;
 pub use held::LOAD_AHEAD;
 
 /// Local settings of a node (session-wide settings arrive in [`Open`]).
@@ -69,6 +70,11 @@ pub struct NodeConfig {
     /// Largest part, in bytes, of a chunk sent to a child in verified parts (see
     /// `node/parts.rs`): how far a hop delays what it forwards. 0: whole chunks only.
     pub part_bytes: usize,
+    /// A child with nodes below it that has sent nothing at all (not even the [`UP_KEEPALIVE`]
+    /// every relay with children sends up) for this long while it had chunks outstanding is
+    /// taken for a stopped or hung process: let go like one that fell behind, and its subtree
+    /// adopted, so that the nodes below it are not held for the stall timeout.
+    pub silent_timeout: Duration,
 }
 
 impl Default for NodeConfig {
@@ -77,6 +83,7 @@ impl Default for NodeConfig {
             buffer_budget: 64 << 20,
             idle_timeout: Duration::from_secs(60),
             lag_timeout: Duration::from_secs(3),
+            silent_timeout: Duration::from_secs(1),
             request_timeout: Duration::from_secs(2),
             part_bytes: crate::groups::GROUP,
         }
@@ -88,6 +95,12 @@ impl Default for NodeConfig {
 /// for a dead parent: at the latest two of these periods pass between frames, well inside
 /// the default [`NodeConfig::idle_timeout`] of 60 s.
 pub const KEEPALIVE: Duration = Duration::from_secs(15);
+
+/// A relay with children that has sent its parent nothing for this long sends it
+/// [`Frame::Idle`]: a running process is never silent for [`NodeConfig::silent_timeout`], so
+/// silence means a stopped or hung one (a relay waiting on a slow child of its own keeps
+/// saying so, and its parent leaves it alone: the deepest culprit is the one let go).
+pub const UP_KEEPALIVE: Duration = Duration::from_millis(250);
 
 /// Session-wide settings chosen by the source.
 #[derive(Debug, Clone)]
@@ -252,6 +265,8 @@ pub struct Child {
     end_sent: bool,
     /// Last time its acknowledgements advanced (or it was created).
     last_progress: Instant,
+    /// Last time any frame came from it (or it was created).
+    last_heard: Instant,
     /// Keepalive: a frame went to it since `quiet_since`, the last check (set by
     /// [`Node::poll_transmit`], cleared by [`Node::handle_timeout`]).
     sent: bool,
@@ -364,6 +379,9 @@ pub struct Node {
     reread: bool,
     /// The latest `now` an input brought (for what [`Node::poll_transmit`] starts).
     clock: Instant,
+    /// A relay: when a frame last went to its parent, and whether an [`UP_KEEPALIVE`] is due.
+    up_last: Instant,
+    up_idle_due: bool,
 }
 
 /// A receiver as the source names it in [`Node::source`].
@@ -523,6 +541,8 @@ impl Node {
             refetch: BTreeSet::new(),
             reread: false,
             clock: now,
+            up_last: now,
+            up_idle_due: false,
         }
     }
 
@@ -808,6 +828,7 @@ impl Node {
         if !child.alive {
             return Ok(()); // already cut off; late frames are ignored
         }
+        child.last_heard = now;
         match frame {
             Frame::Ack { node, upto } => {
                 check_below(child, node, link)?;
@@ -844,6 +865,8 @@ impl Node {
             }
             // Still checking what it holds before its `Have`: alive.
             Frame::Idle if child.held.is_none() => child.last_progress = now,
+            // A relay's keepalive (`UP_KEEPALIVE`): `last_heard`, above, is all it changes.
+            Frame::Idle => {}
             Frame::Request { index } => {
                 if !child.requests.contains(&index) && child.requests.len() < 1024 {
                     child.requests.push_back(index);
@@ -1008,6 +1031,7 @@ fn new_child(m: &Member, sub: Vec<Member>, now: Instant) -> Child {
         requests: VecDeque::new(),
         end_sent: false,
         last_progress: now,
+        last_heard: now,
         sent: false,
         quiet_since: now,
         keepalive_due: false,

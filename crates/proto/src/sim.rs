@@ -83,6 +83,8 @@ pub struct SimSpec {
     pub store_rate: Vec<Option<f64>>,
     /// Nodes that stop reading and storing at the given time (a hung process).
     pub stalls: Vec<(NodeId, Duration)>,
+    /// Stalled nodes that run again at the given time (SIGCONT after SIGSTOP).
+    pub unstalls: Vec<(NodeId, Duration)>,
     /// Nodes whose process dies at the given time: every connection of theirs resets.
     pub kills: Vec<(NodeId, Duration)>,
     /// Nodes whose disk fills after this many bytes.
@@ -125,6 +127,7 @@ impl SimSpec {
             stall_timeout: Duration::from_secs(10),
             store_rate: vec![None; n],
             stalls: Vec::new(),
+            unstalls: Vec::new(),
             kills: Vec::new(),
             disk_full: Vec::new(),
             corrupt_chunks: Vec::new(),
@@ -171,6 +174,8 @@ pub struct NodeReport {
     pub loads: u64,
     /// Chunks it stored, in order of storing (what a crash leaves in its copy's map).
     pub stored_chunks: Vec<u64>,
+    /// Most child links it fed at once (adoption may add some).
+    pub max_children: usize,
     next_deliver: u64,
 }
 
@@ -420,9 +425,9 @@ impl Sim {
                 rate_changes.pop_front();
             }
             for &(i, t) in &self.spec.stalls {
-                if self.start + t <= self.now {
-                    self.nodes[i].stalled = true;
-                }
+                let until = self.spec.unstalls.iter().find(|u| u.0 == i);
+                let over = until.is_some_and(|u| self.start + u.1 <= self.now);
+                self.nodes[i].stalled = self.start + t <= self.now && !over;
             }
             for (i, t) in self.spec.kills.clone() {
                 if self.start + t <= self.now && !self.nodes[i].dead {
@@ -447,6 +452,7 @@ impl Sim {
                     self.spec
                         .stalls
                         .iter()
+                        .chain(&self.spec.unstalls)
                         .chain(&self.spec.kills)
                         .map(|s| self.start + s.1)
                         .filter(|t| *t > self.now),
@@ -519,6 +525,9 @@ impl Sim {
         // Incoming frames: control from children always, data from the parent when wanted.
         for k in 0..self.nodes[i].child_ids.len() {
             let c = self.nodes[i].child_ids[k];
+            if self.nodes[c].parent != Some(i) {
+                continue; // adopted by another node while this one was stalled
+            }
             while self.up[c].ready(now) {
                 let bytes = self.up[c].pop().expect("ready");
                 self.deliver(i, Link::Child(k), bytes);
@@ -545,6 +554,9 @@ impl Sim {
         }
         for k in 0..self.nodes[i].child_ids.len() {
             let c = self.nodes[i].child_ids[k];
+            if self.nodes[c].parent != Some(i) {
+                continue;
+            }
             while self.down[c].has_room() {
                 let Some(f) = self.nodes[i].node.poll_transmit(Link::Child(k)) else {
                     break;
@@ -566,6 +578,8 @@ impl Sim {
             busy = true;
             self.handle_event(i, ev);
         }
+        let sn = &mut self.nodes[i];
+        sn.report.max_children = sn.report.max_children.max(sn.node.live_children());
         // A timer still due after being handled would spin a real driver at full CPU.
         let sn = &self.nodes[i];
         assert!(
@@ -724,7 +738,11 @@ impl Sim {
             if let Some(&(x, _)) = sn.stores.front() {
                 consider(x);
             }
-            for &c in &sn.child_ids {
+            for &c in sn
+                .child_ids
+                .iter()
+                .filter(|&&c| self.nodes[c].parent == Some(i))
+            {
                 if let Some(&(x, _)) = self.up[c].frames.front() {
                     consider(x);
                 }
