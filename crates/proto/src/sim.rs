@@ -91,6 +91,8 @@ pub struct SimSpec {
     pub disk_full: Vec<(NodeId, u64)>,
     /// Chunks corrupted on the way into the given node, once each.
     pub corrupt_chunks: Vec<(NodeId, u64)>,
+    /// Relays that tamper with every n-th chunk they forward ([`NodeConfig::tamper_every`]).
+    pub tamper: Vec<(NodeId, u64)>,
     /// Link rate changes: at time t, the link into node i runs at this many bytes/s.
     pub rate_changes: Vec<(Duration, NodeId, f64)>,
     /// The source's input has nothing to give from the first time to the second (a pipe
@@ -110,6 +112,15 @@ pub struct SimSpec {
 }
 
 impl SimSpec {
+    /// Node `i`'s settings: [`SimSpec::node`], with its fault injection.
+    pub fn node_config(&self, i: NodeId) -> NodeConfig {
+        let mut cfg = self.node.clone();
+        if let Some(&(_, n)) = self.tamper.iter().find(|t| t.0 == i) {
+            cfg.tamper_every = n;
+        }
+        cfg
+    }
+
     /// A plan over `tree` with every link `link`, a `len`-byte file, 64 KiB chunks, a 1 MiB
     /// buffer budget, and no faults.
     pub fn new(tree: Tree, link: LinkSpec, len: u64) -> Self {
@@ -131,6 +142,7 @@ impl SimSpec {
             kills: Vec::new(),
             disk_full: Vec::new(),
             corrupt_chunks: Vec::new(),
+            tamper: Vec::new(),
             rate_changes: Vec::new(),
             input_pause: None,
             held: Vec::new(),
@@ -176,6 +188,8 @@ pub struct NodeReport {
     pub stored_chunks: Vec<u64>,
     /// Most child links it fed at once (adoption may add some).
     pub max_children: usize,
+    /// Nodes that rejected chunks it sent, one entry a chunk, as the source heard it.
+    pub rejected_by: Vec<NodeId>,
     next_deliver: u64,
 }
 
@@ -335,7 +349,7 @@ impl Sim {
         let source = Node::source(
             params,
             keys.clone(),
-            spec.node.clone(),
+            spec.node_config(0),
             &spec.tree,
             &names,
             start,
@@ -359,7 +373,7 @@ impl Sim {
                 else {
                     panic!("Open did not round-trip")
                 };
-                let node = Node::relay(&open, keys.clone(), spec.node.clone(), start)
+                let node = Node::relay(&open, keys.clone(), spec.node_config(child), start)
                     .expect("relay accepts its Open");
                 slots[child] = Some(node);
                 queue.push_back(child);
@@ -703,6 +717,7 @@ impl Sim {
                 self.nodes[node].report.failed.get_or_insert(reason);
             }
             Event::Corrupt { .. } => self.nodes[i].report.corrupt_detected += 1,
+            Event::Rejected { node, from, .. } => self.nodes[from].report.rejected_by.push(node),
             Event::CloseLink(Link::Child(k)) => {
                 let c = self.nodes[i].child_ids[k];
                 self.down[c].closed = true;

@@ -286,3 +286,41 @@ fn a_node_stopped_itself_does_not_take_its_childrens_unread_keepalives_for_silen
         assert_eq!(n.failed, None, "node {i}");
     }
 }
+
+#[test]
+fn a_relay_that_tampers_is_caught_at_the_next_hop_and_named_and_everyone_gets_the_object() {
+    // Node 2 flips a byte in every 4th chunk it forwards (the first time): its children
+    // reject each such chunk, fetch it again, and report who sent it.
+    let len = 4 * MIB;
+    let tree = Tree::kary(12, 3);
+    let mut s = spec(tree.clone(), len);
+    s.tamper = vec![(2, 4)];
+    let budget = s.node.buffer_budget;
+    let chunks = len / s.chunk_size as u64;
+    let r = Sim::new(s).run();
+    assert_only_dead_failed(&r, &[], budget);
+    let kids = tree.children(2);
+    assert!(!kids.is_empty());
+    for &k in &kids {
+        assert_eq!(r.nodes[k].corrupt_detected as u64, chunks / 4, "node {k}");
+    }
+    let mut by = r.nodes[2].rejected_by.clone();
+    by.sort();
+    by.dedup();
+    assert_eq!(by, kids, "the culprit's children name it");
+    for (i, n) in r.nodes.iter().enumerate() {
+        if i != 2 {
+            assert!(
+                n.rejected_by.is_empty(),
+                "node {i} named: {:?}",
+                n.rejected_by
+            );
+        }
+    }
+    // Nobody below the first honest hop saw a bad chunk.
+    for i in 1..r.nodes.len() {
+        if !kids.contains(&i) {
+            assert_eq!(r.nodes[i].corrupt_detected, 0, "node {i}");
+        }
+    }
+}

@@ -203,7 +203,9 @@ impl Node {
                 if !self.children.get(k)?.alive {
                     return None;
                 }
-                let f = self.next_for_child(k, self.clock);
+                let f = self
+                    .next_for_child(k, self.clock)
+                    .map(|f| self.tamper(k, f));
                 let c = &mut self.children[k];
                 if f.is_some() {
                     c.sent = true;
@@ -216,6 +218,25 @@ impl Node {
                 }
                 None
             }
+        }
+    }
+
+    /// [`super::NodeConfig::tamper_every`]: flips a byte of every n-th chunk sent to child `k`
+    /// the first time (fault injection for tests; off by default).
+    fn tamper(&mut self, k: usize, f: Frame) -> Frame {
+        let n = self.cfg.tamper_every;
+        let mut hit = |index: u64| n > 0 && index % n == n - 1 && self.tampered.insert((k, index));
+        // A chunk sent whole, or its first part when it goes in parts.
+        match f {
+            Frame::Chunk(mut c) if hit(c.index) => {
+                c.data = flip(&c.data);
+                Frame::Chunk(c)
+            }
+            Frame::Part(mut p) if p.offset == 0 && hit(p.index) => {
+                p.data = flip(&p.data);
+                Frame::Part(p)
+            }
+            f => f,
         }
     }
 
@@ -328,4 +349,13 @@ impl Node {
         };
         self_done && children_done
     }
+}
+
+/// A copy of `data` with one bit of its middle byte flipped.
+fn flip(data: &bytes::Bytes) -> bytes::Bytes {
+    let mut v = data.to_vec();
+    if let Some(b) = v.get_mut(data.len() / 2) {
+        *b ^= 0x01;
+    }
+    v.into()
 }
