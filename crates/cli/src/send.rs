@@ -946,6 +946,7 @@ mod tests {
             clusters: Vec::new(),
             probe: None,
             timeline: Default::default(),
+            rejected: Vec::new(),
         }
     }
 

@@ -78,7 +78,10 @@ impl Status {
                     r.failed.get_or_insert_with(|| reason.clone());
                 }
             }
-            Event::Rejected { node, from, .. } if *from <= self.receivers.len() => {
+            // Ids outside the session are dropped (the report names nodes by index).
+            Event::Rejected { node, from, .. }
+                if *from <= self.receivers.len() && (1..=self.receivers.len()).contains(node) =>
+            {
                 *self.rejected.entry((*from, *node)).or_default() += 1;
             }
             _ => {}
@@ -497,6 +500,30 @@ mod tests {
                 })
                 .collect(),
         }
+    }
+
+    #[test]
+    fn rejected_chunks_name_the_sender_and_the_node_that_caught_them() {
+        let mut st = status(3);
+        // Node 1 (r0) tampers: node 2 (r1) rejects two of its chunks; a link from the source
+        // corrupts one on its way to node 1; a report about a node that does not exist is
+        // dropped.
+        for (node, from) in [(2, 1), (2, 1), (1, 0), (3, 9), (9, 1)] {
+            st.apply(&Event::Rejected {
+                node,
+                from,
+                index: 7,
+            });
+        }
+        let r = Report::build(&st, 1, "x", "file", "tree");
+        let got: Vec<(&str, &str, u64)> = r
+            .rejected
+            .iter()
+            .map(|x| (x.from.as_str(), x.by.as_str(), x.chunks))
+            .collect();
+        assert_eq!(got, [("source", "r0", 1), ("r0", "r1", 2)]);
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["rejected"][1]["from"], "r0");
     }
 
     #[test]
