@@ -224,9 +224,29 @@ impl Common {
     fn node(&self) -> NodeConfig {
         NodeConfig {
             buffer_budget: (self.budget_mib << 20) as usize,
+            tamper_every: tamper_every(),
             ..NodeConfig::default()
         }
     }
+}
+
+/// Fault injection for `bench/faults` only: in a build with the `fault-injection` feature,
+/// `BULKCAST_FAULT_TAMPER_EVERY=N` makes this process flip a byte of every N-th chunk it
+/// relays (the first time), as a relay that tampers would. Release builds without the feature
+/// ignore the variable.
+#[cfg(feature = "fault-injection")]
+fn tamper_every() -> u64 {
+    let n = std::env::var("BULKCAST_FAULT_TAMPER_EVERY").ok();
+    let n = n.and_then(|v| v.parse().ok()).unwrap_or(0);
+    if n > 0 {
+        tracing::warn!("fault injection: tampering with every {n}th chunk relayed");
+    }
+    n
+}
+
+#[cfg(not(feature = "fault-injection"))]
+fn tamper_every() -> u64 {
+    0
 }
 
 #[derive(Args)]

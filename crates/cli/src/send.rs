@@ -640,6 +640,7 @@ impl Send<'_> {
                 report.receivers[i] = again.receivers[j].clone();
             }
             report.edges.extend(again.edges);
+            report.rejected.extend(again.rejected);
             report.seconds += again.seconds;
             report.ok = report.receivers.iter().all(|r| r.verified);
         }
@@ -829,6 +830,13 @@ pub fn print_report(r: &Report, json: bool) -> Result<()> {
             );
         }
     }
+    for x in &r.rejected {
+        eprintln!(
+            "  {} sent {} chunk(s) that failed verification at {} (tampered with there, or \
+             corrupted on the link): rejected and fetched again",
+            x.from, x.chunks, x.by
+        );
+    }
     for x in &r.object.skipped {
         eprintln!("  not sent: {}: {}", x.path, x.reason);
     }
@@ -938,6 +946,7 @@ mod tests {
             clusters: Vec::new(),
             probe: None,
             timeline: Default::default(),
+            rejected: Vec::new(),
         }
     }
 

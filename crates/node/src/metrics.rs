@@ -431,6 +431,7 @@ mod tests {
             total_len: Some(10_000),
             read: 6000,
             receivers: vec![rx("a", 0, 5), rx("b", 1, 2)],
+            rejected: Default::default(),
         };
         m.observe(&st);
         m.observe(&st);

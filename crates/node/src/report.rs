@@ -19,6 +19,9 @@ pub struct Status {
     pub read: u64,
     /// One entry per receiver (node `i` is `receivers[i - 1]`).
     pub receivers: Vec<ReceiverStatus>,
+    /// Chunks that failed verification at the first hop after the node that sent them:
+    /// (sender, rejecting node) -> chunks (node ids; 0 is the source).
+    pub rejected: std::collections::BTreeMap<(usize, usize), u64>,
 }
 
 /// One receiver, as the source sees it.
@@ -75,6 +78,12 @@ impl Status {
                     r.failed.get_or_insert_with(|| reason.clone());
                 }
             }
+            // Ids outside the session are dropped (the report names nodes by index).
+            Event::Rejected { node, from, .. }
+                if *from <= self.receivers.len() && (1..=self.receivers.len()).contains(node) =>
+            {
+                *self.rejected.entry((*from, *node)).or_default() += 1;
+            }
             _ => {}
         }
     }
@@ -124,6 +133,22 @@ pub struct Report {
     /// Every receiver's verified bytes over time, as the source saw them.
     #[serde(skip_serializing_if = "Timeline::is_empty")]
     pub timeline: Timeline,
+    /// Chunks a node sent that failed verification at the next hop: the culprit (or its
+    /// link) named.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rejected: Vec<RejectedReport>,
+}
+
+/// Chunks one node sent that the node below it rejected (they failed verification: tampered
+/// with at the sender, or corrupted on the link) and fetched again.
+#[derive(Debug, Clone, Serialize)]
+pub struct RejectedReport {
+    /// The node that sent them (`source` for the source).
+    pub from: String,
+    /// The first honest hop, which rejected them.
+    pub by: String,
+    /// How many (each node reports at most `MAX_REJECTED_REPORTS`).
+    pub chunks: u64,
 }
 
 /// Every receiver's verified and stored bytes over time, sampled at the source from the
@@ -412,6 +437,15 @@ impl Report {
             clusters: Vec::new(),
             probe: None,
             timeline: Timeline::default(),
+            rejected: status
+                .rejected
+                .iter()
+                .map(|(&(from, by), &chunks)| RejectedReport {
+                    from: name_of(from),
+                    by: name_of(by),
+                    chunks,
+                })
+                .collect(),
         }
     }
 }
@@ -451,6 +485,7 @@ mod tests {
             chunk_size: 1000,
             total_len: Some(1 << 40),
             read: 0,
+            rejected: Default::default(),
             receivers: (0..n)
                 .map(|i| ReceiverStatus {
                     name: format!("r{i}"),
@@ -465,6 +500,30 @@ mod tests {
                 })
                 .collect(),
         }
+    }
+
+    #[test]
+    fn rejected_chunks_name_the_sender_and_the_node_that_caught_them() {
+        let mut st = status(3);
+        // Node 1 (r0) tampers: node 2 (r1) rejects two of its chunks; a link from the source
+        // corrupts one on its way to node 1; a report about a node that does not exist is
+        // dropped.
+        for (node, from) in [(2, 1), (2, 1), (1, 0), (3, 9), (9, 1)] {
+            st.apply(&Event::Rejected {
+                node,
+                from,
+                index: 7,
+            });
+        }
+        let r = Report::build(&st, 1, "x", "file", "tree");
+        let got: Vec<(&str, &str, u64)> = r
+            .rejected
+            .iter()
+            .map(|x| (x.from.as_str(), x.by.as_str(), x.chunks))
+            .collect();
+        assert_eq!(got, [("source", "r0", 1), ("r0", "r1", 2)]);
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["rejected"][1]["from"], "r0");
     }
 
     #[test]

@@ -81,6 +81,7 @@ pub fn new_status(
         chunk_size,
         total_len,
         read: 0,
+        rejected: Default::default(),
         receivers: hosts
             .iter()
             .enumerate()

@@ -45,49 +45,16 @@ use crate::tree::{NodeId, Tree};
 use crate::wire::{Chunk, End, Frame, Member, Open, SessionId};
 
 mod adopt;
+mod config;
 mod held;
 mod internals;
+mod members;
 mod outputs;
 mod parts;
+pub mod replan;
+pub use config::{NodeConfig, KEEPALIVE, UP_KEEPALIVE};
 pub use held::LOAD_AHEAD;
-
-/// Local settings of a node (session-wide settings arrive in [`Open`]).
-#[derive(Debug, Clone)]
-pub struct NodeConfig {
-    /// Most bytes of chunk data held in memory.
-    pub buffer_budget: usize,
-    /// A relay that hears nothing from its parent for this long while it still needs data
-    /// gives up.
-    pub idle_timeout: Duration,
-    /// An unanswered repair request is repeated after this long.
-    pub request_timeout: Duration,
-    /// A child that holds the others back (this node's buffer is full waiting for its
-    /// acknowledgements, which have not moved for this long while another consumer is ahead of
-    /// it) is let go from the push: reported failed as fallen behind, its children adopted. It
-    /// catches up in a later session (`send --retry`), resuming from what it holds.
-    pub lag_timeout: Duration,
-    /// Largest part, in bytes, of a chunk sent to a child in verified parts (see
-    /// `node/parts.rs`): how far a hop delays what it forwards. 0: whole chunks only.
-    pub part_bytes: usize,
-}
-
-impl Default for NodeConfig {
-    fn default() -> Self {
-        Self {
-            buffer_budget: 64 << 20,
-            idle_timeout: Duration::from_secs(60),
-            lag_timeout: Duration::from_secs(3),
-            request_timeout: Duration::from_secs(2),
-            part_bytes: crate::groups::GROUP,
-        }
-    }
-}
-
-/// A parent that has sent a child nothing for this long sends it [`Frame::Idle`], so a pause
-/// in the source's input (a pipe whose producer waits for its next product) is never taken
-/// for a dead parent: at the latest two of these periods pass between frames, well inside
-/// the default [`NodeConfig::idle_timeout`] of 60 s.
-pub const KEEPALIVE: Duration = Duration::from_secs(15);
+use members::{check_below, check_chunk_size, children_of, new_child, subtree};
 
 /// Session-wide settings chosen by the source.
 #[derive(Debug, Clone)]
@@ -187,6 +154,16 @@ pub enum Event {
         /// What was wrong with it.
         reason: String,
     },
+    /// At the source: node `node` rejected chunk `index` from its parent `from` (0: the
+    /// source), which failed verification: `from` tampered with it, or its link corrupted it.
+    Rejected {
+        /// The node that rejected it (the first honest hop).
+        node: NodeId,
+        /// The node that sent it.
+        from: NodeId,
+        /// Chunk index.
+        index: u64,
+    },
     /// The driver must close this link (its peer was cut off).
     CloseLink(Link),
     /// The driver must connect to child `k` (one adopted from a dead child, see
@@ -252,6 +229,8 @@ pub struct Child {
     end_sent: bool,
     /// Last time its acknowledgements advanced (or it was created).
     last_progress: Instant,
+    /// Last time any frame came from it (or it was created).
+    last_heard: Instant,
     /// Keepalive: a frame went to it since `quiet_since`, the last check (set by
     /// [`Node::poll_transmit`], cleared by [`Node::handle_timeout`]).
     sent: bool,
@@ -364,7 +343,19 @@ pub struct Node {
     reread: bool,
     /// The latest `now` an input brought (for what [`Node::poll_transmit`] starts).
     clock: Instant,
+    /// A relay: when a frame last went to its parent, and whether an [`UP_KEEPALIVE`] is due.
+    up_last: Instant,
+    up_idle_due: bool,
+    /// A relay: its parent's node id (0: the source).
+    parent_node: u32,
+    /// `Rejected` reports sent up so far (at most [`MAX_REJECTED_REPORTS`]).
+    rejected_reports: u32,
+    /// [`NodeConfig::tamper_every`]: (child link, chunk) already tampered with once.
+    tampered: BTreeSet<(usize, u64)>,
 }
+
+/// A node reports at most this many rejected chunks: enough to name the culprit, never a flood.
+pub const MAX_REJECTED_REPORTS: u32 = 64;
 
 /// A receiver as the source names it in [`Node::source`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -484,6 +475,7 @@ impl Node {
         );
         node.children = children_of(me, &open.members[1..], now);
         node.uplink_kbps = open.members[0].uplink_kbps;
+        node.parent_node = open.members[0].parent;
         // Reject a subtree with nodes not reachable from the recipient (a cycle in the Open).
         let reachable: usize = node.children.iter().map(|c| c.members.len()).sum();
         if reachable + 1 != open.members.len() {
@@ -523,6 +515,11 @@ impl Node {
             refetch: BTreeSet::new(),
             reread: false,
             clock: now,
+            up_last: now,
+            up_idle_due: false,
+            parent_node: 0,
+            rejected_reports: 0,
+            tampered: BTreeSet::new(),
         }
     }
 
@@ -808,6 +805,7 @@ impl Node {
         if !child.alive {
             return Ok(()); // already cut off; late frames are ignored
         }
+        child.last_heard = now;
         match frame {
             Frame::Ack { node, upto } => {
                 check_below(child, node, link)?;
@@ -834,6 +832,10 @@ impl Node {
                 child.unresolved.remove(&(node as NodeId));
                 self.report(Frame::Failed { node, reason });
             }
+            Frame::Rejected { node, from, index } => {
+                check_below(child, node, link)?;
+                self.report(Frame::Rejected { node, from, index });
+            }
             Frame::Have {
                 node,
                 complete,
@@ -844,6 +846,8 @@ impl Node {
             }
             // Still checking what it holds before its `Have`: alive.
             Frame::Idle if child.held.is_none() => child.last_progress = now,
+            // A relay's keepalive (`UP_KEEPALIVE`): `last_heard`, above, is all it changes.
+            Frame::Idle => {}
             Frame::Request { index } => {
                 if !child.requests.contains(&index) && child.requests.len() < 1024 {
                     child.requests.push_back(index);
@@ -945,76 +949,5 @@ impl Node {
                 }
             }
         }
-    }
-}
-
-fn check_chunk_size(cs: u32) -> Result<(), NodeError> {
-    if CHUNK_SIZE_RANGE.contains(&cs) {
-        Ok(())
-    } else {
-        Err(NodeError::BadOpen(format!(
-            "chunk size {cs} outside {CHUNK_SIZE_RANGE:?}"
-        )))
-    }
-}
-
-fn check_below(child: &Child, node: u32, link: Link) -> Result<(), NodeError> {
-    if child.members.iter().any(|m| m.node == node) {
-        Ok(())
-    } else {
-        Err(NodeError::NotInSubtree { link, node })
-    }
-}
-
-/// The children of `me` among `members`, each with its own subtree (child first).
-fn children_of(me: u32, members: &[Member], now: Instant) -> Vec<Child> {
-    members
-        .iter()
-        .filter(|m| m.parent == me && m.node != me)
-        .map(|m| new_child(m, subtree(m, members), now))
-        .collect()
-}
-
-/// `m` and every node below it among `members`, `m` first.
-fn subtree(m: &Member, members: &[Member]) -> Vec<Member> {
-    let mut sub = vec![m.clone()];
-    let mut i = 0;
-    while i < sub.len() {
-        let p = sub[i].node;
-        sub.extend(
-            members
-                .iter()
-                .filter(|x| x.parent == p && x.node != p)
-                .cloned(),
-        );
-        i += 1;
-        if sub.len() > members.len() {
-            break; // a cycle; rejected by the caller's count check
-        }
-    }
-    sub
-}
-
-/// A child link to `m`, whose subtree is `sub`.
-fn new_child(m: &Member, sub: Vec<Member>, now: Instant) -> Child {
-    Child {
-        node: m.node as NodeId,
-        name: m.name.clone(),
-        addr: m.addr.clone(),
-        unresolved: sub.iter().map(|x| x.node as NodeId).collect(),
-        members: sub,
-        next: 0,
-        acked: 0,
-        requests: VecDeque::new(),
-        end_sent: false,
-        last_progress: now,
-        sent: false,
-        quiet_since: now,
-        keepalive_due: false,
-        alive: true,
-        held: None,
-        loads: BTreeSet::new(),
-        loaded: BTreeMap::new(),
-        cursor: None,
     }
 }

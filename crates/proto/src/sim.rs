@@ -83,12 +83,16 @@ pub struct SimSpec {
     pub store_rate: Vec<Option<f64>>,
     /// Nodes that stop reading and storing at the given time (a hung process).
     pub stalls: Vec<(NodeId, Duration)>,
+    /// Stalled nodes that run again at the given time (SIGCONT after SIGSTOP).
+    pub unstalls: Vec<(NodeId, Duration)>,
     /// Nodes whose process dies at the given time: every connection of theirs resets.
     pub kills: Vec<(NodeId, Duration)>,
     /// Nodes whose disk fills after this many bytes.
     pub disk_full: Vec<(NodeId, u64)>,
     /// Chunks corrupted on the way into the given node, once each.
     pub corrupt_chunks: Vec<(NodeId, u64)>,
+    /// Relays that tamper with every n-th chunk they forward ([`NodeConfig::tamper_every`]).
+    pub tamper: Vec<(NodeId, u64)>,
     /// Link rate changes: at time t, the link into node i runs at this many bytes/s.
     pub rate_changes: Vec<(Duration, NodeId, f64)>,
     /// The source's input has nothing to give from the first time to the second (a pipe
@@ -108,6 +112,15 @@ pub struct SimSpec {
 }
 
 impl SimSpec {
+    /// Node `i`'s settings: [`SimSpec::node`], with its fault injection.
+    pub fn node_config(&self, i: NodeId) -> NodeConfig {
+        let mut cfg = self.node.clone();
+        if let Some(&(_, n)) = self.tamper.iter().find(|t| t.0 == i) {
+            cfg.tamper_every = n;
+        }
+        cfg
+    }
+
     /// A plan over `tree` with every link `link`, a `len`-byte file, 64 KiB chunks, a 1 MiB
     /// buffer budget, and no faults.
     pub fn new(tree: Tree, link: LinkSpec, len: u64) -> Self {
@@ -125,9 +138,11 @@ impl SimSpec {
             stall_timeout: Duration::from_secs(10),
             store_rate: vec![None; n],
             stalls: Vec::new(),
+            unstalls: Vec::new(),
             kills: Vec::new(),
             disk_full: Vec::new(),
             corrupt_chunks: Vec::new(),
+            tamper: Vec::new(),
             rate_changes: Vec::new(),
             input_pause: None,
             held: Vec::new(),
@@ -171,6 +186,10 @@ pub struct NodeReport {
     pub loads: u64,
     /// Chunks it stored, in order of storing (what a crash leaves in its copy's map).
     pub stored_chunks: Vec<u64>,
+    /// Most child links it fed at once (adoption may add some).
+    pub max_children: usize,
+    /// Nodes that rejected chunks it sent, one entry a chunk, as the source heard it.
+    pub rejected_by: Vec<NodeId>,
     next_deliver: u64,
 }
 
@@ -330,7 +349,7 @@ impl Sim {
         let source = Node::source(
             params,
             keys.clone(),
-            spec.node.clone(),
+            spec.node_config(0),
             &spec.tree,
             &names,
             start,
@@ -354,7 +373,7 @@ impl Sim {
                 else {
                     panic!("Open did not round-trip")
                 };
-                let node = Node::relay(&open, keys.clone(), spec.node.clone(), start)
+                let node = Node::relay(&open, keys.clone(), spec.node_config(child), start)
                     .expect("relay accepts its Open");
                 slots[child] = Some(node);
                 queue.push_back(child);
@@ -420,9 +439,9 @@ impl Sim {
                 rate_changes.pop_front();
             }
             for &(i, t) in &self.spec.stalls {
-                if self.start + t <= self.now {
-                    self.nodes[i].stalled = true;
-                }
+                let until = self.spec.unstalls.iter().find(|u| u.0 == i);
+                let over = until.is_some_and(|u| self.start + u.1 <= self.now);
+                self.nodes[i].stalled = self.start + t <= self.now && !over;
             }
             for (i, t) in self.spec.kills.clone() {
                 if self.start + t <= self.now && !self.nodes[i].dead {
@@ -447,6 +466,7 @@ impl Sim {
                     self.spec
                         .stalls
                         .iter()
+                        .chain(&self.spec.unstalls)
                         .chain(&self.spec.kills)
                         .map(|s| self.start + s.1)
                         .filter(|t| *t > self.now),
@@ -519,6 +539,9 @@ impl Sim {
         // Incoming frames: control from children always, data from the parent when wanted.
         for k in 0..self.nodes[i].child_ids.len() {
             let c = self.nodes[i].child_ids[k];
+            if self.nodes[c].parent != Some(i) {
+                continue; // adopted by another node while this one was stalled
+            }
             while self.up[c].ready(now) {
                 let bytes = self.up[c].pop().expect("ready");
                 self.deliver(i, Link::Child(k), bytes);
@@ -545,6 +568,9 @@ impl Sim {
         }
         for k in 0..self.nodes[i].child_ids.len() {
             let c = self.nodes[i].child_ids[k];
+            if self.nodes[c].parent != Some(i) {
+                continue;
+            }
             while self.down[c].has_room() {
                 let Some(f) = self.nodes[i].node.poll_transmit(Link::Child(k)) else {
                     break;
@@ -566,6 +592,8 @@ impl Sim {
             busy = true;
             self.handle_event(i, ev);
         }
+        let sn = &mut self.nodes[i];
+        sn.report.max_children = sn.report.max_children.max(sn.node.live_children());
         // A timer still due after being handled would spin a real driver at full CPU.
         let sn = &self.nodes[i];
         assert!(
@@ -689,6 +717,7 @@ impl Sim {
                 self.nodes[node].report.failed.get_or_insert(reason);
             }
             Event::Corrupt { .. } => self.nodes[i].report.corrupt_detected += 1,
+            Event::Rejected { node, from, .. } => self.nodes[from].report.rejected_by.push(node),
             Event::CloseLink(Link::Child(k)) => {
                 let c = self.nodes[i].child_ids[k];
                 self.down[c].closed = true;
@@ -724,7 +753,11 @@ impl Sim {
             if let Some(&(x, _)) = sn.stores.front() {
                 consider(x);
             }
-            for &c in &sn.child_ids {
+            for &c in sn
+                .child_ids
+                .iter()
+                .filter(|&&c| self.nodes[c].parent == Some(i))
+            {
                 if let Some(&(x, _)) = self.up[c].frames.front() {
                     consider(x);
                 }

@@ -98,7 +98,8 @@ pub enum Frame {
     End(End),
     /// A parent with nothing to send tells its child it is still there (see
     /// [`crate::node::KEEPALIVE`]): a stream's input may pause for longer than the child's
-    /// idle timeout, and the child must not take the pause for a dead parent.
+    /// idle timeout, and the child must not take the pause for a dead parent. Upwards, a relay
+    /// with children says it runs (see [`crate::node::UP_KEEPALIVE`]).
     Idle,
     /// Node `node` has verified and stored every chunk below `upto`.
     Ack {
@@ -131,6 +132,17 @@ pub enum Frame {
         node: u32,
         /// What went wrong, for the sender's report.
         reason: String,
+    },
+    /// Node `node` rejected chunk `index` from its parent `from`: it failed verification
+    /// (tampered with, or corrupted on the way). Travels up to the source, which names the
+    /// culprit in its report.
+    Rejected {
+        /// Node that rejected the chunk (the first honest hop).
+        node: u32,
+        /// Its parent, which sent the chunk.
+        from: u32,
+        /// Chunk index.
+        index: u64,
     },
     /// Ask the peer for chunk `index` (repair, and later receiver-driven pulls).
     Request {
@@ -557,6 +569,7 @@ const T_DONE: u8 = 0x21;
 const T_FAILED: u8 = 0x22;
 const T_GOT: u8 = 0x23;
 const T_HAVE: u8 = 0x24;
+const T_REJECTED: u8 = 0x25;
 const T_REQUEST: u8 = 0x30;
 const T_PING: u8 = 0x40;
 const T_PONG: u8 = 0x41;
@@ -623,6 +636,7 @@ impl Frame {
             Frame::Done { .. } => "Done",
             Frame::Have { .. } => "Have",
             Frame::Failed { .. } => "Failed",
+            Frame::Rejected { .. } => "Rejected",
             Frame::Request { .. } => "Request",
             Frame::Ping { .. } => "Ping",
             Frame::Pong { .. } => "Pong",
@@ -740,6 +754,12 @@ impl Frame {
                 b.put_u8(T_FAILED);
                 b.put_u32(*node);
                 put_str(&mut b, reason);
+            }
+            Frame::Rejected { node, from, index } => {
+                b.put_u8(T_REJECTED);
+                b.put_u32(*node);
+                b.put_u32(*from);
+                b.put_u64(*index);
             }
             Frame::Request { index } => {
                 b.put_u8(T_REQUEST);
@@ -983,6 +1003,14 @@ impl Frame {
                 Frame::Failed {
                     node: r.u32()?,
                     reason: r.string()?,
+                }
+            }
+            T_REJECTED => {
+                r.what = "Rejected";
+                Frame::Rejected {
+                    node: r.u32()?,
+                    from: r.u32()?,
+                    index: r.u64()?,
                 }
             }
             T_REQUEST => {
@@ -1701,6 +1729,11 @@ mod tests {
             Frame::Failed {
                 node: 5,
                 reason: "disk full".into(),
+            },
+            Frame::Rejected {
+                node: 5,
+                from: 2,
+                index: 9,
             },
             Frame::Request { index: 11 },
             Frame::Ping { nonce: 3 },

@@ -29,6 +29,17 @@ fn assert_only_dead_failed(r: &SimReport, dead: &[usize], budget: usize) {
     }
 }
 
+/// No node fed more children at once than `fanout` (adoption re-plans, it does not pile up).
+fn assert_fanout(r: &SimReport, fanout: usize) {
+    for (i, n) in r.nodes.iter().enumerate() {
+        assert!(
+            n.max_children <= fanout,
+            "node {i} fed {} children at once, fan-out {fanout}",
+            n.max_children
+        );
+    }
+}
+
 fn spec(tree: Tree, len: u64) -> SimSpec {
     let mut s = SimSpec::new(tree, LinkSpec::wan(2, 200.0), len);
     s.stall_timeout = Duration::from_secs(5);
@@ -46,6 +57,7 @@ fn a_relay_dying_mid_transfer_in_a_tree_of_30_takes_only_itself_down() {
         let budget = s.node.buffer_budget;
         let r = Sim::new(s).run();
         assert_only_dead_failed(&r, &[dead], budget);
+        assert_fanout(&r, 2);
         // The dead relay's children resumed: their links did not carry the object twice.
         for c in Tree::kary(30, 2).children(dead) {
             assert!(
@@ -77,6 +89,7 @@ fn two_relays_on_one_path_dying_take_only_themselves_down() {
         let r = Sim::new(s).run();
         let dead: Vec<usize> = kills.iter().map(|k| k.0).collect();
         assert_only_dead_failed(&r, &dead, budget);
+        assert_fanout(&r, 2);
     }
 }
 
@@ -89,7 +102,34 @@ fn a_relay_dying_in_a_chain_leaves_the_rest_complete() {
         let budget = s.node.buffer_budget;
         let r = Sim::new(s).run();
         assert_only_dead_failed(&r, &[dead], budget);
+        assert_fanout(&r, 1);
     }
+}
+
+#[test]
+fn the_orphans_of_a_dead_relay_in_a_fan_out_2_tree_are_spread_not_piled_on_the_adopter() {
+    // bench/faults' relay-30-fanout2 row: 16 receivers, fan-out 2, node 2 (a child of the
+    // source) dies at about 30%. Its children 5 and 6 and their four children all finish, and
+    // the source still feeds two children, so its uplink is shared as before.
+    let len = 8 * MIB;
+    let tree = Tree::kary(16, 2);
+    let mut s = spec(tree.clone(), len);
+    s.kills = vec![(2, Duration::from_millis(110))];
+    let budget = s.node.buffer_budget;
+    let r = Sim::new(s).run();
+    assert_only_dead_failed(&r, &[2], budget);
+    assert_fanout(&r, 2);
+    assert_eq!(r.nodes[0].max_children, 2);
+    // The orphans resumed: no link into them carried much more than the object once.
+    for c in tree.subtree(2).into_iter().filter(|&c| c != 2) {
+        assert!(
+            r.link_bytes[c] <= len + len / 10,
+            "link into {c}: {}",
+            r.link_bytes[c]
+        );
+    }
+    // It really died mid-transfer: its children held part of the object then.
+    assert!(r.nodes[5].acked_at(Duration::from_millis(100)) > 0);
 }
 
 #[test]
@@ -165,4 +205,122 @@ fn a_child_checking_its_copy_is_not_cut_while_it_says_so() {
         cut[0].1.contains("did not answer the session set-up"),
         "{cut:?}"
     );
+}
+
+/// bench/faults' sigstop row on the simulated clock: a chain of 16 on 100 Mbit/s links, a
+/// buffer budget larger than the object (so no buffer ever fills and the lag rule never
+/// fires), node 8 stopped (SIGSTOP) at about 30% for 10 s.
+fn sigstop_spec() -> SimSpec {
+    let len = 8 * MIB;
+    let mut s = SimSpec::new(Tree::kary(16, 1), LinkSpec::wan(1, 100.0), len);
+    s.node.buffer_budget = 2 * len as usize;
+    s.stall_timeout = Duration::from_secs(30);
+    s
+}
+
+#[test]
+fn a_stopped_relay_is_let_go_within_the_silent_timeout_and_the_rest_finish_at_full_rate() {
+    let base = Sim::new(sigstop_spec()).run();
+    assert!(base.incomplete().is_empty(), "{:#?}", base.nodes);
+    let last = |r: &SimReport| {
+        (1..r.nodes.len())
+            .filter(|&i| i != 8)
+            .map(|i| r.nodes[i].done_at.expect("done"))
+            .max()
+            .unwrap()
+    };
+    let t_base = last(&base);
+    let mut s = sigstop_spec();
+    let at = t_base * 3 / 10;
+    s.stalls = vec![(8, at)];
+    s.unstalls = vec![(8, at + Duration::from_secs(10))];
+    let silent = s.node.silent_timeout;
+    let budget = s.node.buffer_budget;
+    let r = Sim::new(s).run();
+    assert!(r.finished);
+    let why = r.nodes[8].failed.as_deref().unwrap_or_default();
+    assert!(
+        why.starts_with("fell behind") && why.contains("sent nothing"),
+        "node 8: {why:?}"
+    );
+    let mut incomplete = r.incomplete();
+    incomplete.retain(|&i| i != 8);
+    assert_eq!(incomplete, Vec::<usize>::new(), "{:#?}", r.nodes);
+    for (i, n) in r.nodes.iter().enumerate() {
+        assert!(n.peak_buffered <= budget + budget / 2, "node {i}");
+        if i != 8 {
+            assert_eq!(n.failed, None, "node {i}");
+        }
+    }
+    // Nodes 1-7 never waited; 9-16 lost the silent timeout and a re-open, not the 10 s stop
+    // or the 30 s stall timeout.
+    let t = last(&r);
+    assert!(
+        t <= t_base + silent + Duration::from_millis(300),
+        "others finished at {t:?}, {t_base:?} without the stop"
+    );
+    for i in 1..8 {
+        assert!(
+            r.nodes[i].done_at.unwrap() <= t_base + Duration::from_millis(50),
+            "node {i}"
+        );
+    }
+    // The adopted chain is still a chain.
+    assert_fanout(&r, 1);
+}
+
+#[test]
+fn a_node_stopped_itself_does_not_take_its_childrens_unread_keepalives_for_silence() {
+    // The source stops for 3 s: when it runs again its timers are long past, and what its
+    // relay child sent meanwhile is still unread. Nobody is let go.
+    let mut s = sigstop_spec();
+    s.tree = Tree::kary(4, 1);
+    s.links.truncate(5);
+    s.store_rate.truncate(5);
+    s.stalls = vec![(0, Duration::from_millis(200))];
+    s.unstalls = vec![(0, Duration::from_millis(3200))];
+    let r = Sim::new(s).run();
+    assert!(r.finished);
+    assert!(r.incomplete().is_empty(), "{:#?}", r.nodes);
+    for (i, n) in r.nodes.iter().enumerate().skip(1) {
+        assert_eq!(n.failed, None, "node {i}");
+    }
+}
+
+#[test]
+fn a_relay_that_tampers_is_caught_at_the_next_hop_and_named_and_everyone_gets_the_object() {
+    // Node 2 flips a byte in every 4th chunk it forwards (the first time): its children
+    // reject each such chunk, fetch it again, and report who sent it.
+    let len = 4 * MIB;
+    let tree = Tree::kary(12, 3);
+    let mut s = spec(tree.clone(), len);
+    s.tamper = vec![(2, 4)];
+    let budget = s.node.buffer_budget;
+    let chunks = len / s.chunk_size as u64;
+    let r = Sim::new(s).run();
+    assert_only_dead_failed(&r, &[], budget);
+    let kids = tree.children(2);
+    assert!(!kids.is_empty());
+    for &k in &kids {
+        assert_eq!(r.nodes[k].corrupt_detected as u64, chunks / 4, "node {k}");
+    }
+    let mut by = r.nodes[2].rejected_by.clone();
+    by.sort();
+    by.dedup();
+    assert_eq!(by, kids, "the culprit's children name it");
+    for (i, n) in r.nodes.iter().enumerate() {
+        if i != 2 {
+            assert!(
+                n.rejected_by.is_empty(),
+                "node {i} named: {:?}",
+                n.rejected_by
+            );
+        }
+    }
+    // Nobody below the first honest hop saw a bad chunk.
+    for i in 1..r.nodes.len() {
+        if !kids.contains(&i) {
+            assert_eq!(r.nodes[i].corrupt_detected, 0, "node {i}");
+        }
+    }
 }

@@ -3,10 +3,11 @@
 //! Every node knows its whole subtree with addresses (its `Open` carries it), so when the link
 //! to a child closes (reset, end of stream, a protocol error) or the child is cut off for a
 //! stall, the node knows its grandchildren. The default policy: only the dead child is reported
-//! failed; each of its children whose subtree still has work left becomes a child of this node
-//! ([`Event::Connect`]: the driver dials it and sends it a new `Open` for the same session).
-//! The adopted node resumes from what its copy holds (its `Have`), so only missing chunks
-//! move, and its own subtree is set up again below it the same way.
+//! failed; one of its children takes its place as a child of this node ([`Event::Connect`]: the
+//! driver dials it and sends it a new `Open` for the same session), with the other orphans
+//! re-planned below it so that no node gets more children than the plan's fan-out (the policy
+//! is `node/replan.rs`). The adopted node resumes from what its copy holds (its `Have`), so
+//! only missing chunks move, and its own subtree is set up again below it the same way.
 //!
 //! What the adopted subtree lacks below what this node still keeps in memory comes from its
 //! local copy (a relay, [`Event::Load`]), from the input read again (a source whose input is a
@@ -19,7 +20,7 @@
 use std::collections::BTreeSet;
 use std::time::Instant;
 
-use super::{new_child, subtree, Event, Link, Node, NodeId, Upstream};
+use super::{new_child, Event, Link, Node, NodeId, Upstream};
 use crate::wire::Frame;
 
 impl Node {
@@ -46,21 +47,16 @@ impl Node {
         if unresolved.contains(&(dead as NodeId)) {
             self.report(Frame::Failed { node: dead, reason });
         }
-        for m in members
-            .iter()
-            .filter(|m| m.parent == dead && m.node != dead)
-        {
-            let sub = subtree(m, &members);
-            let open: BTreeSet<NodeId> = sub
+        // One new child in the dead one's place, its orphans re-planned below it
+        // (`replan.rs`), so this node's uplink is shared as before.
+        let plan = super::replan::replan_orphans(&members, &unresolved, self.id as u32);
+        if let Some(root) = plan.first() {
+            let open: BTreeSet<NodeId> = plan
                 .iter()
                 .map(|x| x.node as NodeId)
                 .filter(|n| unresolved.contains(n))
                 .collect();
-            if open.is_empty() {
-                continue;
-            }
-            let mut child = new_child(m, sub, now);
-            child.members[0].parent = self.id as u32;
+            let mut child = new_child(root, plan.clone(), now);
             child.unresolved = open;
             self.children.push(child);
             self.events

@@ -235,6 +235,11 @@ impl Node {
                     node: node as NodeId,
                     reason,
                 },
+                Frame::Rejected { node, from, index } => Event::Rejected {
+                    node: node as NodeId,
+                    from: from as NodeId,
+                    index,
+                },
                 _ => return,
             }),
         }

@@ -33,6 +33,21 @@ impl Node {
             };
             self.lose_child(k, reason, now);
         }
+        for k in self.silent_children(now) {
+            let c = &self.children[k];
+            let reason = format!(
+                "fell behind: {} sent nothing for {:.0?} (at chunk {}) while nodes below it \
+                 waited; let go from the push, send again to catch up",
+                c.name,
+                now.duration_since(c.last_heard),
+                c.acked
+            );
+            self.lose_child(k, reason, now);
+        }
+        if self.up_keepalive_at().is_some_and(|t| now >= t) {
+            self.up_idle_due = true;
+            self.up_last = now;
+        }
         let lag = self.cfg.lag_timeout;
         for k in self.holding_back() {
             let c = &self.children[k];
@@ -114,6 +129,43 @@ impl Node {
             .collect()
     }
 
+    /// Children with nodes below them still waiting that sent nothing at all for
+    /// [`NodeConfig::silent_timeout`] while they had chunks outstanding: a stopped process
+    /// (a running relay sends [`super::UP_KEEPALIVE`]s), holding back every node below it.
+    ///
+    /// Only a timer that fires about when it was set counts: one that fires much later means
+    /// this process was not running itself (stopped, starved of CPU), and what its children
+    /// sent meanwhile may still be unread, so they get a fresh period instead.
+    fn silent_children(&mut self, now: Instant) -> Vec<usize> {
+        let grace = self.cfg.silent_timeout / 2;
+        let mut silent = Vec::new();
+        for k in 0..self.children.len() {
+            match self.silent_since(k) {
+                Some(t) if now >= t + grace => self.children[k].last_heard = now,
+                Some(t) if now >= t => silent.push(k),
+                _ => {}
+            }
+        }
+        silent
+    }
+
+    /// When child `k` counts as silent if nothing comes from it first (`None`: it cannot).
+    fn silent_since(&self, k: usize) -> Option<Instant> {
+        let c = &self.children[k];
+        let below_waits = c.unresolved.iter().any(|&n| n != c.node);
+        (c.alive && c.held.is_some() && c.acked < c.next && below_waits)
+            .then(|| c.last_heard + self.cfg.silent_timeout)
+    }
+
+    /// A relay with children: when its next [`super::UP_KEEPALIVE`] is due (`None`: none is).
+    fn up_keepalive_at(&self) -> Option<Instant> {
+        let Upstream::Parent { have_sent, .. } = &self.upstream else {
+            return None;
+        };
+        (*have_sent && !self.up_idle_due && self.any_consumer())
+            .then(|| self.up_last + super::UP_KEEPALIVE)
+    }
+
     // ----- outputs ------------------------------------------------------------------------
 
     /// Whether the driver may read more from upstream (input at the source, the parent link
@@ -136,32 +188,24 @@ impl Node {
     pub fn poll_transmit(&mut self, link: Link) -> Option<Frame> {
         match link {
             Link::Parent => {
-                if let Some(have) = self.take_have() {
-                    return Some(have);
+                let f = self.next_for_parent();
+                if f.is_some() {
+                    self.up_last = self.clock;
+                    self.up_idle_due = false;
+                    return f;
                 }
-                let Upstream::Parent {
-                    up_requests,
-                    up_reports,
-                    up_acks,
-                    ..
-                } = &mut self.upstream
-                else {
-                    return None;
-                };
-                if let Some(index) = up_requests.pop_front() {
-                    return Some(Frame::Request { index });
-                }
-                // Acks before reports, so a node's final ack precedes its Done.
-                if let Some((node, upto)) = up_acks.pop_first() {
-                    return Some(Frame::Ack { node, upto });
-                }
-                up_reports.pop_front()
+                std::mem::take(&mut self.up_idle_due).then(|| {
+                    self.up_last = self.clock;
+                    Frame::Idle
+                })
             }
             Link::Child(k) => {
                 if !self.children.get(k)?.alive {
                     return None;
                 }
-                let f = self.next_for_child(k, self.clock);
+                let f = self
+                    .next_for_child(k, self.clock)
+                    .map(|f| self.tamper(k, f));
                 let c = &mut self.children[k];
                 if f.is_some() {
                     c.sent = true;
@@ -175,6 +219,49 @@ impl Node {
                 None
             }
         }
+    }
+
+    /// [`super::NodeConfig::tamper_every`]: flips a byte of every n-th chunk sent to child `k`
+    /// the first time (fault injection for tests; off by default).
+    fn tamper(&mut self, k: usize, f: Frame) -> Frame {
+        let n = self.cfg.tamper_every;
+        let mut hit = |index: u64| n > 0 && index % n == n - 1 && self.tampered.insert((k, index));
+        // A chunk sent whole, or its first part when it goes in parts.
+        match f {
+            Frame::Chunk(mut c) if hit(c.index) => {
+                c.data = flip(&c.data);
+                Frame::Chunk(c)
+            }
+            Frame::Part(mut p) if p.offset == 0 && hit(p.index) => {
+                p.data = flip(&p.data);
+                Frame::Part(p)
+            }
+            f => f,
+        }
+    }
+
+    /// The next frame for the parent link, keepalives aside.
+    fn next_for_parent(&mut self) -> Option<Frame> {
+        if let Some(have) = self.take_have() {
+            return Some(have);
+        }
+        let Upstream::Parent {
+            up_requests,
+            up_reports,
+            up_acks,
+            ..
+        } = &mut self.upstream
+        else {
+            return None;
+        };
+        if let Some(index) = up_requests.pop_front() {
+            return Some(Frame::Request { index });
+        }
+        // Acks before reports, so a node's final ack precedes its Done.
+        if let Some((node, upto)) = up_acks.pop_first() {
+            return Some(Frame::Ack { node, upto });
+        }
+        up_reports.pop_front()
     }
 
     /// The next event for the driver.
@@ -201,6 +288,8 @@ impl Node {
                     .into_iter()
                     .map(|k| self.children[k].last_progress + self.cfg.lag_timeout),
             )
+            .chain((0..self.children.len()).filter_map(|k| self.silent_since(k)))
+            .chain(self.up_keepalive_at())
             .min();
         if let Upstream::Parent {
             last_heard,
@@ -219,6 +308,11 @@ impl Node {
             t = Some(t.map_or(at, |t| t.min(at)));
         }
         t
+    }
+
+    /// Child links still in use: neither cut off nor with every node below them resolved.
+    pub fn live_children(&self) -> usize {
+        self.children.iter().filter(|c| !c.is_resolved()).count()
     }
 
     /// For a relay: whether its own copy is complete and in place.
@@ -255,4 +349,13 @@ impl Node {
         };
         self_done && children_done
     }
+}
+
+/// A copy of `data` with one bit of its middle byte flipped.
+fn flip(data: &bytes::Bytes) -> bytes::Bytes {
+    let mut v = data.to_vec();
+    if let Some(b) = v.get_mut(data.len() / 2) {
+        *b ^= 0x01;
+    }
+    v.into()
 }

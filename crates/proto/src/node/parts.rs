@@ -198,6 +198,15 @@ impl Node {
     /// A chunk or part failed verification: it goes no further, and is asked for again.
     pub(super) fn corrupt(&mut self, index: u64, reason: String, now: Instant) {
         self.events.push_back(Event::Corrupt { index, reason });
+        // The source hears who sent it (`Rejected`), a bounded number of times.
+        if self.rejected_reports < super::MAX_REJECTED_REPORTS {
+            self.rejected_reports += 1;
+            self.report(Frame::Rejected {
+                node: self.id as u32,
+                from: self.parent_node,
+                index,
+            });
+        }
         // At once, even if it was a repair that came corrupt: waiting for the request's
         // timeout would hold up everything behind it.
         if let Upstream::Parent { requested, .. } = &mut self.upstream {

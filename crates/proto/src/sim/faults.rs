@@ -66,7 +66,7 @@ impl Sim {
     /// resumes from what `g`'s copy holds, and opens the session below it the same way.
     fn instantiate(&mut self, p: NodeId, g: NodeId, open: &Open) {
         let now = self.now;
-        let mut node = Node::relay(open, self.keys.clone(), self.spec.node.clone(), now)
+        let mut node = Node::relay(open, self.keys.clone(), self.spec.node_config(g), now)
             .expect("relay accepts its Open");
         let sn = &mut self.nodes[g];
         let held: ChunkMap = sn.stored_set.clone();
