@@ -177,6 +177,7 @@ pub mod msg;
 mod peers;
 mod pull;
 mod receive;
+pub mod session;
 pub mod sim;
 
 use std::collections::VecDeque;

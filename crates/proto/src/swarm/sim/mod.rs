@@ -31,6 +31,7 @@ use bytes::{Bytes, BytesMut};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
+use super::session::{Outcome, SourceSession};
 use super::{Strategy, SwarmConfig, SwarmEvent, SwarmNode, Transmit};
 use crate::auth::{Keys, Secret};
 use crate::tree::{NodeId, Tree};
@@ -56,6 +57,14 @@ pub struct SwarmSimSpec {
     pub wan_changes: Vec<WanChange>,
     /// Members that disappear at the given times.
     pub lost: Vec<(Duration, NodeId)>,
+    /// Members that stop at the given times with their connections up: they read, answer
+    /// and send nothing more (a hung process).
+    pub frozen: Vec<(Duration, NodeId)>,
+    /// Run the source's [`SourceSession`] with this stall timeout: the run then ends when
+    /// the session does, as the driver's does. Receivers' progress and reports reach it at
+    /// once (the set-up connections are not simulated). `None`: no session, the run ends
+    /// when the completion tree is done.
+    pub stall_timeout: Option<Duration>,
     /// Move real sealed bytes and verify them at every hop.
     pub data: bool,
     /// Seed for the data and the strategy's random choices.
@@ -77,6 +86,8 @@ impl SwarmSimSpec {
             tree,
             wan_changes: Vec::new(),
             lost: Vec::new(),
+            frozen: Vec::new(),
+            stall_timeout: None,
             data: false,
             seed: 1,
             time_limit: Duration::from_secs(3600),
@@ -117,6 +128,9 @@ pub struct SwarmSimReport {
     pub duplicates: u64,
     /// Bytes of control frames sent.
     pub control_bytes: u64,
+    /// With [`SwarmSimSpec::stall_timeout`]: what the source's session made of each
+    /// receiver (index 0, the source, stays `None`); empty without.
+    pub outcomes: Vec<Option<Outcome>>,
 }
 
 impl SwarmSimReport {
@@ -187,11 +201,16 @@ enum Ev {
     HopDone(usize),
     Arrive(usize),
     Timer(NodeId),
+    Freeze(usize),
+    /// The source session's stall timer.
+    Stall,
 }
 
 struct SimNode {
     node: SwarmNode,
     alive: bool,
+    /// Hung: it handles nothing more, its connections stay up.
+    frozen: bool,
     timer: Option<Instant>,
     store: Vec<Option<Chunk>>,
 }
@@ -219,6 +238,10 @@ struct Sim {
     dirty_list: Vec<NodeId>,
     object: Vec<u8>,
     report: SwarmSimReport,
+    /// The source's session (with [`SwarmSimSpec::stall_timeout`]).
+    session: Option<SourceSession>,
+    /// When the stall timer is set for.
+    stall_at: Option<Instant>,
 }
 
 impl Sim {
@@ -264,6 +287,7 @@ impl Sim {
                 SimNode {
                     node,
                     alive: true,
+                    frozen: false,
                     timer: None,
                     store,
                 }
@@ -308,7 +332,9 @@ impl Sim {
             verified: vec![false; n],
             duplicates: 0,
             control_bytes: 0,
+            outcomes: Vec::new(),
         };
+        let session = spec.stall_timeout.map(|t| SourceSession::new(n, t, start));
         Self {
             spec,
             start,
@@ -326,6 +352,8 @@ impl Sim {
             dirty_list: Vec::new(),
             object,
             report,
+            session,
+            stall_at: None,
         }
     }
 
@@ -355,6 +383,10 @@ impl Sim {
             let t = self.start + self.spec.lost[i].0;
             self.at(t, Ev::Loss(i));
         }
+        for i in 0..self.spec.frozen.len() {
+            let t = self.start + self.spec.frozen[i].0;
+            self.at(t, Ev::Freeze(i));
+        }
         self.report.done_at[0] = Some(Duration::ZERO);
         for a in 0..n {
             for b in self.nodes[a].node.connect_to().to_vec() {
@@ -366,7 +398,7 @@ impl Sim {
         }
         self.settle();
         let limit = self.start + self.spec.time_limit;
-        while !self.report.all_done {
+        while !self.over() {
             let Some(Reverse((t, _, ev))) = self.heap.pop() else {
                 break;
             };
@@ -377,8 +409,25 @@ impl Sim {
             self.now = self.now.max(t);
             self.event(ev);
             self.settle();
+            self.set_stall_timer();
         }
         self.finish()
+    }
+
+    /// The source's part is over: its session (if it runs one) or the completion tree.
+    fn over(&self) -> bool {
+        match &self.session {
+            Some(s) => s.is_over(self.report.all_done),
+            None => self.report.all_done,
+        }
+    }
+
+    fn set_stall_timer(&mut self) {
+        let t = self.session.as_ref().and_then(SourceSession::poll_timeout);
+        if let Some(at) = t.filter(|_| t != self.stall_at) {
+            self.stall_at = t;
+            self.at(at, Ev::Stall);
+        }
     }
 
     fn connect(&mut self, a: NodeId, b: NodeId) {
@@ -419,6 +468,9 @@ impl Sim {
                 if k < self.nodes.len() && self.nodes[k].alive {
                     self.nodes[k].alive = false;
                     self.report.lost[k] = true;
+                    if let Some(s) = &mut self.session {
+                        s.handle_lost(k, "lost".into());
+                    }
                     let now = self.now;
                     for j in 0..self.nodes.len() {
                         if self.nodes[j].alive {
@@ -459,10 +511,21 @@ impl Sim {
                     self.serve(server);
                 }
             }
+            Ev::Freeze(i) => {
+                let (_, k) = self.spec.frozen[i];
+                if let Some(sn) = self.nodes.get_mut(k) {
+                    sn.frozen = true;
+                }
+            }
+            Ev::Stall => {
+                if let Some(s) = &mut self.session {
+                    s.handle_timeout(self.now);
+                }
+            }
             Ev::Timer(k) => {
                 let now = self.now;
                 let sn = &mut self.nodes[k];
-                if sn.alive && sn.timer.is_some_and(|t| t <= now) {
+                if sn.alive && !sn.frozen && sn.timer.is_some_and(|t| t <= now) {
                     sn.timer = None;
                     sn.node.handle_timeout(now);
                     self.mark(k);
@@ -562,6 +625,10 @@ impl Sim {
         };
         self.free.push(m);
         let (a, b) = (msg.from, msg.to);
+        if self.nodes[b].frozen {
+            // Never read: what it was sent stays in flight, the sender's window full.
+            return;
+        }
         if let Some(x) = self.inflight.get_mut(&(a, b)) {
             *x = x.saturating_sub(msg.bytes);
         }
@@ -580,6 +647,9 @@ impl Sim {
             }
             Payload::Piece(i, chunk) => {
                 let len = self.piece_len(i);
+                if let Some(s) = &mut self.session {
+                    s.handle_progress(b, now);
+                }
                 *self.report.received_from[b].entry(a).or_insert(0) += len;
                 let (x, y) = (self.cluster(a), self.cluster(b));
                 if x != y {
@@ -616,7 +686,7 @@ impl Sim {
     }
 
     fn pump(&mut self, k: NodeId) {
-        if !self.nodes[k].alive {
+        if !self.nodes[k].alive || self.nodes[k].frozen {
             return;
         }
         let now = self.now;
@@ -675,6 +745,13 @@ impl Sim {
             SwarmEvent::Connect { peer } => self.connect(k, peer),
             SwarmEvent::Complete => {
                 self.report.done_at[k].get_or_insert(self.now - self.start);
+                if let Some(s) = &mut self.session {
+                    let received = self.report.received_from[k]
+                        .iter()
+                        .map(|(&p, &b)| (p as u32, b))
+                        .collect();
+                    s.handle_report(k, received, self.now);
+                }
             }
             SwarmEvent::AllDone => {
                 let root = (0..self.nodes.len()).find(|&j| self.nodes[j].alive);
@@ -687,6 +764,11 @@ impl Sim {
 
     fn finish(mut self) -> SwarmSimReport {
         self.report.elapsed = self.now - self.start;
+        if let Some(s) = &self.session {
+            self.report.outcomes = (0..self.nodes.len())
+                .map(|j| s.outcome(j).cloned())
+                .collect();
+        }
         let pl = self.spec.piece_len as usize;
         for (k, sn) in self.nodes.iter().enumerate() {
             self.report.duplicates += sn.node.duplicates();
