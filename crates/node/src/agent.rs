@@ -344,7 +344,7 @@ async fn session_admitted(
             let counted = crate::metrics::global().session_started();
             crate::swarm::serve(stream, *open, cfg)
                 .await
-                .map_err(|e| SessionError::Aborted(session, e))?;
+                .map_err(|e| SessionError::Aborted(session, e.to_string()))?;
             counted.done(true);
             return Ok(Served::Session(session));
         }
@@ -352,7 +352,7 @@ async fn session_admitted(
             cfg.swarms
                 .deliver(session, node, stream)
                 .await
-                .map_err(SessionError::Refused)?;
+                .map_err(|e| SessionError::Refused(e.to_string()))?;
             return Ok(Served::Attached);
         }
         Frame::BwProbe { target, millis } if expect.is_none() => {

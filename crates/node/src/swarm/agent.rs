@@ -10,10 +10,12 @@ pub async fn serve(
     stream: Stream,
     open: SwarmOpen,
     cfg: &crate::agent::AgentConfig,
-) -> Result<(), String> {
+) -> Result<(), SwarmError> {
     let me = open.node as NodeId;
     if me == 0 || me >= open.members.len() {
-        return Err(format!("set-up names this agent node {me}"));
+        return Err(SwarmError::SetUp(format!(
+            "set-up names this agent node {me}"
+        )));
     }
     let (_registered, mut peers_rx) = cfg.swarms.register(open.session);
     let (mut net, mut store_rx) = open_session(&open, me, cfg)?;
@@ -88,11 +90,10 @@ pub async fn serve(
     net.close().await;
     match outcome {
         Ok(()) if ok => Ok(()),
-        Ok(()) => Err(net
-            .copy_failed
-            .clone()
-            .unwrap_or_else(|| "the session ended before the copy was complete".into())),
-        Err(e) => Err(e),
+        Ok(()) => Err(SwarmError::Failed(net.copy_failed.clone().unwrap_or_else(
+            || "the session ended before the copy was complete".into(),
+        ))),
+        Err(e) => Err(SwarmError::Failed(e)),
     }
 }
 
@@ -102,15 +103,15 @@ fn open_session(
     open: &SwarmOpen,
     me: NodeId,
     cfg: &crate::agent::AgentConfig,
-) -> Result<(Net, mpsc::UnboundedReceiver<StoreEvent>), String> {
+) -> Result<(Net, mpsc::UnboundedReceiver<StoreEvent>), SwarmError> {
     open.manifest
         .validate()
-        .map_err(|e| format!("bad manifest: {e}"))?;
+        .map_err(|e| SwarmError::SetUp(format!("bad manifest: {e}")))?;
     if !CHUNK_SIZE_RANGE.contains(&open.chunk_size) {
-        return Err(format!(
+        return Err(SwarmError::SetUp(format!(
             "chunk size {} outside {CHUNK_SIZE_RANGE:?}",
             open.chunk_size
-        ));
+        )));
     }
     // Agents store into a directory: a one-file object has a file to serve pieces from.
     check_size(&open.manifest, open.manifest.kind == ObjectKind::File)?;
@@ -124,7 +125,7 @@ fn open_session(
         store_tx,
         cfg.stored.clone(),
     )
-    .map_err(|e| format!("cannot store the object: {e}"))?;
+    .map_err(|e| SwarmError::Store(e.to_string()))?;
     let mut net = Net::new(
         open,
         me,

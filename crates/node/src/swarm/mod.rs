@@ -115,9 +115,6 @@ pub struct SwarmSessions(Arc<Mutex<HashMap<SessionId, PeerSender>>>);
 /// Where a session takes the connections of its peers.
 type PeerSender = mpsc::UnboundedSender<(NodeId, Stream)>;
 
-/// What became of a receiver: the bytes it got per peer, or why it failed.
-type Outcome = Option<Result<Vec<(u32, u64)>, String>>;
-
 impl std::fmt::Debug for SwarmSessions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("SwarmSessions")
@@ -132,7 +129,7 @@ impl SwarmSessions {
         session: SessionId,
         node: u32,
         stream: Stream,
-    ) -> Result<(), String> {
+    ) -> Result<(), SwarmError> {
         let until = Instant::now() + EARLY_PEER_WAIT;
         let mut stream = Some(stream);
         loop {
@@ -142,11 +139,11 @@ impl SwarmSessions {
                     let s = stream.take().expect("delivered once");
                     return tx
                         .send((node as NodeId, s))
-                        .map_err(|_| format!("swarm session {session:016x} has ended"));
+                        .map_err(|_| SwarmError::Ended(session));
                 }
             }
             if Instant::now() >= until {
-                return Err(format!("no swarm session {session:016x} here"));
+                return Err(SwarmError::NoSession(session));
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -229,23 +226,51 @@ pub fn cluster_labels(source: Option<&SourceSpec>, hosts: &[HostSpec]) -> (Vec<u
 /// The object's length, when a swarm can take it: of known length, and within
 /// [`MAX_SWARM_BYTES`] unless it is one file (`from_disk`: pieces served from the file, not
 /// held in memory).
-fn check_size(manifest: &Manifest, from_disk: bool) -> Result<u64, String> {
+fn check_size(manifest: &Manifest, from_disk: bool) -> Result<u64, SwarmError> {
     let Some(len) = manifest.total_len else {
-        return Err(
-            "the swarm strategies need an input of known length (not a stream): use tree or flat"
-                .into(),
-        );
+        return Err(SwarmError::UnknownLength);
     };
     if len > MAX_SWARM_BYTES && !from_disk {
-        return Err(format!(
-            "the swarm strategies hold a directory in memory on every member and take at most \
-             {} MiB of it; this one is {} MiB: send it as one file (e.g. a tar), or use tree or \
-             balanced",
-            MAX_SWARM_BYTES >> 20,
-            len >> 20
-        ));
+        return Err(SwarmError::TooLarge(len));
     }
     Ok(len)
+}
+
+/// Why a swarm session failed, at the source or at an agent.
+#[derive(Debug, thiserror::Error)]
+pub enum SwarmError {
+    /// A stream: the swarm strategies need the object's length before they start.
+    #[error("the swarm strategies need an input of known length (not a stream): use tree or flat")]
+    UnknownLength,
+    /// A directory of this many bytes, above [`MAX_SWARM_BYTES`] (every member would hold it
+    /// in memory).
+    #[error(
+        "the swarm strategies hold a directory in memory on every member and take at most \
+         {} MiB of it; this one is {} MiB: send it as one file (e.g. a tar), or use tree or \
+         balanced",
+        MAX_SWARM_BYTES >> 20,
+        .0 >> 20
+    )]
+    TooLarge(u64),
+    /// The source could not read its input, or the input changed while it was read.
+    #[error("{0}")]
+    Input(String),
+    /// The set-up does not hold together (tree, members, manifest, chunk size, node id).
+    #[error("{0}")]
+    SetUp(String),
+    /// An agent could not create its copy.
+    #[error("cannot store the object: {0}")]
+    Store(String),
+    /// The session ran and this member failed: the source or a peer broke the protocol or
+    /// ended the session, nothing was heard for the stall timeout, or the copy failed.
+    #[error("{0}")]
+    Failed(String),
+    /// A member's connection named a session that did not start here in time.
+    #[error("no swarm session {0:016x} here")]
+    NoSession(SessionId),
+    /// A member's connection named a session that has ended here.
+    #[error("swarm session {0:016x} has ended")]
+    Ended(SessionId),
 }
 
 fn kind_name(kind: ObjectKind) -> &'static str {

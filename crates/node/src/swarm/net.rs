@@ -130,7 +130,7 @@ impl Net {
         keys: Keys,
         tuning: TcpTuning,
         held: Vec<Option<Held>>,
-    ) -> Result<Net, String> {
+    ) -> Result<Net, SwarmError> {
         let n = open.members.len();
         if open
             .members
@@ -138,7 +138,9 @@ impl Net {
             .enumerate()
             .any(|(i, m)| m.node as usize != i)
         {
-            return Err("members out of order in the set-up".into());
+            return Err(SwarmError::SetUp(
+                "members out of order in the set-up".into(),
+            ));
         }
         let labels: Vec<u32> = open.members.iter().map(|m| m.cluster).collect();
         let tree = if open.members.iter().all(|m| m.parent == NO_PARENT) {
@@ -149,14 +151,17 @@ impl Net {
                 .iter()
                 .map(|m| (m.parent != NO_PARENT).then_some(m.parent as NodeId))
                 .collect();
-            Some(Tree::from_parents(parents).map_err(|e| format!("bad tree in the set-up: {e}"))?)
+            Some(
+                Tree::from_parents(parents)
+                    .map_err(|e| SwarmError::SetUp(format!("bad tree in the set-up: {e}")))?,
+            )
         };
         let pieces = open.manifest.chunks(open.chunk_size).unwrap_or(0);
         let mut cfg = SwarmConfig::new(open.strategy, open.session, pieces);
         cfg.seed = open.seed;
         let now = Instant::now();
         let node = SwarmNode::new(cfg.clone(), keys.clone(), &labels, me, tree.as_ref(), now)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| SwarmError::SetUp(e.to_string()))?;
         // Every member's initial connections, worked out as each member works them out.
         let mut linked = vec![false; n];
         for &j in node.connect_to() {
@@ -164,7 +169,7 @@ impl Net {
         }
         for j in (0..n).filter(|&j| j != me) {
             let other = SwarmNode::new(cfg.clone(), keys.clone(), &labels, j, tree.as_ref(), now)
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| SwarmError::SetUp(e.to_string()))?;
             if other.connect_to().contains(&me) {
                 linked[j] = true;
             }

@@ -3,6 +3,7 @@
 
 use super::net::{with_queued, Ev, Held, Net};
 use super::*;
+use bulkcast_proto::swarm::session::{Outcome, SourceSession};
 
 /// Sends `input` to `hosts` (node `i` is `hosts[i - 1]`) by `cfg.strategy`; `tree` (over the
 /// source and the hosts) is needed by the strategies that push. Returns the report once every
@@ -17,12 +18,13 @@ pub async fn send(
     session: SessionId,
     cfg: &SwarmSendConfig,
     status: Arc<Mutex<Status>>,
-) -> Result<Report, String> {
+) -> Result<Report, SwarmError> {
     let manifest = input.manifest.clone();
     // A one-file object is served from the file (page cache) once sealed; a tree is held.
     let disk = match input.single_file() {
         Some(p) => Some(Disk::Cached(Arc::new(
-            std::fs::File::open(p).map_err(|e| format!("{}: {e}", p.display()))?,
+            std::fs::File::open(p)
+                .map_err(|e| SwarmError::Input(format!("{}: {e}", p.display())))?,
         ))),
         None => None,
     };
@@ -31,7 +33,10 @@ pub async fn send(
     let n = hosts.len() + 1;
     if let Some(t) = tree {
         if t.len() != n {
-            return Err(format!("the tree has {} nodes, the session {n}", t.len()));
+            return Err(SwarmError::SetUp(format!(
+                "the tree has {} nodes, the session {n}",
+                t.len()
+            )));
         }
     }
     let open = session_open(source, hosts, tree, &labels, session, cfg, &manifest);
@@ -44,22 +49,23 @@ pub async fn send(
     }
     let mut net = Net::new(&open, 0, keys.clone(), cfg.tuning.clone(), held)?;
     net.disk = disk;
-    let mut reports: Vec<Outcome> = vec![None; n];
+    let mut watch = SourceSession::new(n, cfg.stall_timeout, Instant::now());
+    let mut unreachable = Vec::new();
     for (j, r) in dial_members(&open, hosts, &keys, &cfg.tuning).await? {
         match r {
             Ok(s) => net.add_conn(j, s),
             Err(e) => {
                 status.lock().expect("status lock").receivers[j - 1].failed = Some(e.clone());
-                reports[j] = Some(Err(e));
+                watch.handle_lost(j, e);
+                unreachable.push(j);
             }
         }
     }
-    let unreachable: Vec<NodeId> = (1..n).filter(|&j| reports[j].is_some()).collect();
     for j in unreachable {
         net.member_lost(j, Instant::now());
     }
     let pieces = open.manifest.chunks(cfg.chunk_size).unwrap_or(0);
-    run(&mut net, &mut reports, &status, cfg.stall_timeout, pieces).await?;
+    run(&mut net, &mut watch, &status, pieces).await?;
     net.close().await;
     let st = status.lock().expect("status lock");
     let mut report = Report::build(
@@ -76,7 +82,7 @@ pub async fn send(
             r.parent = "-".into();
         }
     }
-    per_peer_bytes(&mut report, &open, &reports, &labels, &sites, len);
+    per_peer_bytes(&mut report, &open, &watch, &labels, &sites, len);
     Ok(report)
 }
 
@@ -132,7 +138,7 @@ async fn read_pieces(
     keys: &Keys,
     session: SessionId,
     len: u64,
-) -> Result<Vec<Option<Held>>, String> {
+) -> Result<Vec<Option<Held>>, SwarmError> {
     let pieces = input.manifest.chunks(chunk_size).unwrap_or(0);
     let mut rx = input.spawn(chunk_size as usize, keys.clone(), session);
     let mut held: Vec<Option<Held>> = Vec::with_capacity(pieces as usize);
@@ -143,15 +149,17 @@ async fn read_pieces(
                 None => Held::Mem(c),
             })),
             Some(InputEvent::End) => break,
-            Some(InputEvent::Failed(e)) => return Err(format!("reading the input: {e}")),
-            None => return Err("the input reader stopped".into()),
+            Some(InputEvent::Failed(e)) => {
+                return Err(SwarmError::Input(format!("reading the input: {e}")))
+            }
+            None => return Err(SwarmError::Input("the input reader stopped".into())),
         }
     }
     if held.len() as u64 != pieces {
-        return Err(format!(
+        return Err(SwarmError::Input(format!(
             "the input changed while it was read ({} chunks, {pieces} expected for {len} bytes)",
             held.len()
-        ));
+        )));
     }
     Ok(held)
 }
@@ -163,7 +171,7 @@ async fn dial_members(
     hosts: &[HostSpec],
     keys: &Keys,
     tuning: &TcpTuning,
-) -> Result<Vec<(NodeId, Result<Stream, String>)>, String> {
+) -> Result<Vec<(NodeId, Result<Stream, String>)>, SwarmError> {
     let mut dials = Vec::new();
     for j in 1..hosts.len() + 1 {
         let mut o = open.clone();
@@ -184,38 +192,21 @@ async fn dial_members(
     }
     let mut out = Vec::with_capacity(dials.len());
     for d in dials {
-        out.push(d.await.map_err(|e| e.to_string())?);
+        out.push(d.await.map_err(|e| SwarmError::Failed(e.to_string()))?);
     }
     Ok(out)
 }
 
-/// The source's loop: serves its peers and follows every agent's progress until each one
-/// reported or failed and the completion tree is done, a member failed, or nothing moved for
-/// `stall`.
+/// The source's loop: serves its peers and follows every agent until the session is over
+/// (see [`SourceSession::is_over`]); its stall timer gives up on the agents still pending.
 async fn run(
     net: &mut Net,
-    reports: &mut [Outcome],
+    watch: &mut SourceSession,
     status: &Mutex<Status>,
-    stall: Duration,
     pieces: u64,
-) -> Result<(), String> {
-    let n = reports.len();
-    let mut last_progress = Instant::now();
-    let mut timer = tokio::time::interval(Duration::from_millis(100));
+) -> Result<(), SwarmError> {
     loop {
-        let pending = (1..n).any(|j| reports[j].is_none());
-        let failed = (1..n).any(|j| matches!(reports[j], Some(Err(_))));
-        if !pending && (net.node.is_all_done() || failed) {
-            return Ok(());
-        }
-        if last_progress.elapsed() > stall {
-            for (j, r) in reports.iter_mut().enumerate().skip(1) {
-                if r.is_none() {
-                    let e = format!("no progress for {} s", stall.as_secs());
-                    status.lock().expect("status lock").receivers[j - 1].failed = Some(e.clone());
-                    *r = Some(Err(e));
-                }
-            }
+        if watch.is_over(net.node.is_all_done()) {
             return Ok(());
         }
         let deadline = net.node.poll_timeout();
@@ -223,33 +214,39 @@ async fn run(
             Some(ev) = net.ev_rx.recv() => {
                 let batch = with_queued(ev, &mut net.ev_rx);
                 for ev in batch {
-                    if from_member(net, reports, status, ev, pieces) {
-                        last_progress = Instant::now();
-                    }
+                    from_member(net, watch, status, ev, pieces);
                 }
             }
             _ = sleep_until_opt(deadline) => net.node.handle_timeout(Instant::now()),
-            _ = timer.tick() => {}
+            _ = sleep_until_opt(watch.poll_timeout()) => {
+                for j in watch.handle_timeout(Instant::now()) {
+                    if let Some(Outcome::Failed(e)) = watch.outcome(j) {
+                        status.lock().expect("status lock").receivers[j - 1].failed =
+                            Some(e.clone());
+                    }
+                }
+            }
         }
         net.after_input(Instant::now());
         if let Some(e) = net.fatal.take() {
-            return Err(e);
+            return Err(SwarmError::Failed(e));
         }
     }
 }
 
-/// One event at the source: an agent's progress, report or failure is recorded (returns
-/// whether it was one), anything else goes to the swarm.
+/// One event at the source: an agent's progress, report or failure goes to `watch` (and the
+/// status), anything else to the swarm.
 fn from_member(
     net: &mut Net,
-    reports: &mut [Outcome],
+    watch: &mut SourceSession,
     status: &Mutex<Status>,
     ev: Ev,
     pieces: u64,
-) -> bool {
+) {
     let now = Instant::now();
     match ev {
         Ev::Frame(j, Frame::Ack { node, upto }) if node as usize == j => {
+            watch.handle_progress(j, now);
             let mut st = status.lock().expect("status lock");
             let r = &mut st.receivers[j - 1];
             r.chunks = r.chunks.max(upto);
@@ -257,52 +254,46 @@ fn from_member(
         Ev::Frame(j, Frame::SwarmSetup(SwarmSetup::Report { node, received }))
             if node as usize == j =>
         {
+            watch.handle_report(j, received, now);
             let mut st = status.lock().expect("status lock");
             let t = st.started.elapsed();
             let r = &mut st.receivers[j - 1];
             r.chunks = pieces;
             r.done.get_or_insert(t);
-            reports[j].get_or_insert(Ok(received));
         }
         Ev::Frame(j, Frame::Failed { node, reason }) if node as usize == j => {
             status.lock().expect("status lock").receivers[j - 1].failed = Some(reason.clone());
-            if reports[j].is_none() {
-                reports[j] = Some(Err(reason));
+            if watch.handle_failed(j, reason, now) {
                 net.member_lost(j, now);
             }
         }
-        Ev::Closed(j, reason) if reports[j].is_none() => {
+        Ev::Closed(j, reason) if j != 0 && watch.outcome(j).is_none() => {
             net.handle(Ev::Closed(j, reason.clone()), now);
             let e = format!("connection lost: {reason}");
             status.lock().expect("status lock").receivers[j - 1].failed = Some(e.clone());
-            reports[j] = Some(Err(e));
+            watch.handle_lost(j, e);
             net.member_lost(j, now);
-            return false;
         }
-        ev => {
-            net.handle(ev, now);
-            return false;
-        }
+        ev => net.handle(ev, now),
     }
-    true
 }
 
 /// Bytes each receiver got from each peer, and the WAN bytes into each cluster.
 fn per_peer_bytes(
     report: &mut Report,
     open: &SwarmOpen,
-    reports: &[Outcome],
+    watch: &SourceSession,
     labels: &[u32],
     sites: &[String],
     len: u64,
 ) {
-    let n = reports.len();
+    let n = open.members.len();
     let name_of = |i: usize| open.members[i].name.clone();
     let mut wan = vec![0u64; sites.len()];
-    for (j, r) in reports.iter().enumerate().skip(1) {
+    for j in 1..n {
         let rr = &mut report.receivers[j - 1];
         rr.site = Some(sites[labels[j] as usize].clone());
-        if let Some(Ok(received)) = r {
+        if let Some(Outcome::Reported(received)) = watch.outcome(j) {
             for &(peer, bytes) in received {
                 let p = peer as usize;
                 if p < n && labels[p] != labels[j] {
