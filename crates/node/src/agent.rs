@@ -112,7 +112,7 @@ pub async fn serve(
     cfg: Arc<AgentConfig>,
     once: bool,
     shutdown: impl std::future::Future<Output = ()>,
-) -> Option<Result<SessionId, String>> {
+) -> Option<Result<SessionId, SessionError>> {
     tokio::pin!(shutdown);
     // One accept loop per address (an agent may listen on its main and its path addresses).
     let (acc_tx, mut acc_rx) = mpsc::channel::<std::io::Result<(Stream, std::net::SocketAddr)>>(16);
@@ -143,7 +143,7 @@ pub async fn serve(
     let _accepting = AbortAll(accepting);
     // Outcomes: an object id and how many sessions make it up (one, or one per tree).
     let (done_tx, mut done_rx) =
-        tokio::sync::mpsc::channel::<Result<(SessionId, usize), String>>(16);
+        tokio::sync::mpsc::channel::<Result<(SessionId, usize), SessionError>>(16);
     let mut finished: std::collections::HashMap<SessionId, usize> = Default::default();
     let gate = crate::gate::Gate::default();
     loop {
@@ -201,7 +201,7 @@ pub async fn serve(
                             }
                             Err(e) => {
                                 tracing::warn!("connection from {peer}: {e}");
-                                Err(e.to_string())
+                                Err(e)
                             }
                         };
                         let _ = done.send(outcome).await;
@@ -329,7 +329,7 @@ async fn session_admitted(
             cfg.attachments
                 .deliver(session, token, conn, stream)
                 .await
-                .map_err(SessionError::Refused)?;
+                .map_err(|e| SessionError::Refused(e.to_string()))?;
             return Ok(Served::Attached);
         }
         // Swarm sessions: the source's set-up, or another member's connection.

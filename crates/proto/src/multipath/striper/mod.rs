@@ -122,7 +122,7 @@ impl StriperConfig {
 
 /// A mistake of the driver or the peer, reported instead of corrupting the state.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
-pub enum StripeError {
+pub enum StriperError {
     /// An acknowledgement for an item not in flight on that connection.
     #[error("item {index} is not in flight on connection {conn}")]
     NotInFlight {
@@ -380,9 +380,9 @@ impl Striper {
 
     /// A new item of `len` bytes from upstream; returns its index (items are numbered from 0
     /// in input order).
-    pub fn handle_input(&mut self, len: u32, now: Instant) -> Result<u64, StripeError> {
+    pub fn handle_input(&mut self, len: u32, now: Instant) -> Result<u64, StriperError> {
         if !self.wants_input() {
-            return Err(StripeError::WindowFull);
+            return Err(StriperError::WindowFull);
         }
         let item = Item {
             index: self.next_index,
@@ -445,18 +445,18 @@ impl Striper {
         conn: ConnId,
         index: u64,
         now: Instant,
-    ) -> Result<(), StripeError> {
+    ) -> Result<(), StriperError> {
         let tau = self.config.rate_tau.as_secs_f64();
         let c = self
             .conns
             .get_mut(conn)
-            .ok_or(StripeError::UnknownConn(conn))?;
+            .ok_or(StriperError::UnknownConn(conn))?;
         let pos = c
             .inflight
             .iter()
             .position(|s| s.item.index == index)
             .filter(|_| c.alive)
-            .ok_or(StripeError::NotInFlight { conn, index })?;
+            .ok_or(StriperError::NotInFlight { conn, index })?;
         let sent = c.inflight.remove(pos).expect("position is in range");
         let len = u64::from(sent.item.len);
         c.inflight_bytes -= len;
@@ -506,11 +506,11 @@ impl Striper {
 
     /// `conn` failed: its unacknowledged and dealt items are handed out again, first, to the
     /// other connections (the receiver drops any second copy).
-    pub fn handle_conn_lost(&mut self, conn: ConnId, now: Instant) -> Result<(), StripeError> {
+    pub fn handle_conn_lost(&mut self, conn: ConnId, now: Instant) -> Result<(), StriperError> {
         let c = self
             .conns
             .get_mut(conn)
-            .ok_or(StripeError::UnknownConn(conn))?;
+            .ok_or(StriperError::UnknownConn(conn))?;
         if !c.alive {
             return Ok(());
         }

@@ -206,7 +206,7 @@ fn input_stops_at_the_window_past_the_oldest_unacknowledged_item() {
     let (mut s, now) = striper(Scheduler::Pull, 4, 2);
     fill(&mut s, now);
     assert_eq!(s.items_in(), 4);
-    assert_eq!(s.handle_input(1000, now), Err(StripeError::WindowFull));
+    assert_eq!(s.handle_input(1000, now), Err(StriperError::WindowFull));
     let a = s.poll_assign(0, now).expect("item 0");
     let b = s.poll_assign(1, now).expect("item 1");
     assert_eq!((a.index, b.index), (0, 1));
@@ -226,9 +226,9 @@ fn acknowledgements_must_match_what_is_in_flight() {
     let a = s.poll_assign(0, now).expect("item");
     assert_eq!(
         s.handle_acked(1, a.index, now),
-        Err(StripeError::NotInFlight { conn: 1, index: 0 })
+        Err(StriperError::NotInFlight { conn: 1, index: 0 })
     );
-    assert_eq!(s.handle_acked(7, 0, now), Err(StripeError::UnknownConn(7)));
+    assert_eq!(s.handle_acked(7, 0, now), Err(StriperError::UnknownConn(7)));
     s.handle_acked(0, a.index, now).expect("in flight");
     assert!(
         s.handle_acked(0, a.index, now).is_err(),
