@@ -18,31 +18,15 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{hash, make_file, root_test_cannot_run, Scratch};
+use common::{
+    first_line, hash, listen_addrs, make_file, root_test_cannot_run, secret, spawn_agent, Agent,
+    Scratch,
+};
 
 const BIN: &str = env!("CARGO_BIN_EXE_bulkcast");
 const MIB: u64 = 1 << 20;
 
-/// An agent process, killed on drop.
-struct Agent {
-    child: Child,
-    addr: String,
-    /// Further addresses it listens on.
-    paths: Vec<String>,
-    dir: PathBuf,
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn secret(b: u8) -> String {
-    format!("{b:02x}").repeat(32)
-}
-
+/// An agent on an ephemeral loopback port.
 fn agent(dir: &Path, secret: &str) -> Agent {
     agent_on(dir, secret, &["127.0.0.1:0"])
 }
@@ -54,49 +38,16 @@ fn agent_on(dir: &Path, secret: &str, listen: &[&str]) -> Agent {
 
 /// [`agent_on`] with further options.
 fn agent_with(dir: &Path, secret: &str, listen: &[&str], extra: &[&str]) -> Agent {
-    let mut child = Command::new(BIN)
-        .arg("agent")
-        .args(listen.iter().flat_map(|l| ["--listen", l]))
-        .args(extra)
-        .arg("--dir")
-        .arg(dir)
-        .env("BULKCAST_SECRET", secret)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut addrs = listen_addrs(&first_line(child.stdout.as_mut().unwrap()));
-    let addr = addrs.remove(0);
-    Agent {
-        child,
-        addr,
-        paths: addrs,
-        dir: dir.to_path_buf(),
-    }
+    spawn_agent(dir, listen, |c| {
+        c.args(extra)
+            .env("BULKCAST_SECRET", secret)
+            .stderr(Stdio::piped());
+    })
 }
 
 /// The address an agent says it listens on (the first line of its stdout).
 fn listen_addr(agent: &mut Child) -> String {
     listen_addrs(&first_line(agent.stdout.as_mut().unwrap()))[0].clone()
-}
-
-/// The addresses in "... listening on A, B, storing into ...".
-fn listen_addrs(line: &str) -> Vec<String> {
-    let rest = line.split(" listening on ").nth(1).unwrap();
-    rest.split(", ")
-        .take_while(|w| !w.starts_with("storing"))
-        .map(str::to_string)
-        .collect()
-}
-
-/// Reads one line byte by byte, leaving the rest of the stream unread.
-fn first_line(r: &mut impl Read) -> String {
-    let mut line = Vec::new();
-    let mut b = [0u8; 1];
-    while r.read(&mut b).unwrap() == 1 && b[0] != b'\n' {
-        line.push(b[0]);
-    }
-    String::from_utf8(line).unwrap()
 }
 
 fn agents(root: &Path, n: usize, secret: &str) -> Vec<Agent> {

@@ -8,73 +8,17 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// A scratch directory of this test process, removed on drop (also when an assertion fails).
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        let p = std::env::temp_dir().join(format!("bulkcast-it-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Scratch(p)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+mod common;
+use common::{first_line, secret, spawn_agent, Agent, Scratch};
 
 const BIN: &str = env!("CARGO_BIN_EXE_bulkcast");
 const MIB: u64 = 1 << 20;
 
-/// An agent process, killed on drop.
-struct Agent {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn secret(b: u8) -> String {
-    format!("{b:02x}").repeat(32)
-}
-
-/// Reads one line byte by byte, leaving the rest of the stream unread.
-fn first_line(r: &mut impl Read) -> String {
-    let mut line = Vec::new();
-    let mut b = [0u8; 1];
-    while r.read(&mut b).unwrap() == 1 && b[0] != b'\n' {
-        line.push(b[0]);
-    }
-    String::from_utf8(line).unwrap()
-}
-
 /// An agent on an ephemeral loopback port, with further arguments.
 fn agent(dir: &Path, secret: &str, extra: &[&str]) -> Agent {
-    let mut child = Command::new(BIN)
-        .args(["agent", "--listen", "127.0.0.1:0", "--dir"])
-        .arg(dir)
-        .args(extra)
-        .env("BULKCAST_SECRET", secret)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let line = first_line(child.stdout.as_mut().unwrap());
-    let addr = line
-        .split(" listening on ")
-        .nth(1)
-        .and_then(|r| r.split([',', ' ']).next())
-        .unwrap_or_else(|| panic!("agent said {line:?}"))
-        .to_string();
-    Agent { child, addr }
+    spawn_agent(dir, &["127.0.0.1:0"], |c| {
+        c.args(extra).env("BULKCAST_SECRET", secret);
+    })
 }
 
 fn agents(root: &Path, n: usize, secret: &str) -> Vec<Agent> {
@@ -626,6 +570,9 @@ fn agent_from_a_config_file_receives_a_send_to_a_slurm_host_list() {
     let _agent = Agent {
         child,
         addr: format!("127.0.0.1:{port}"),
+        paths: Vec::new(),
+        // Its directory is in the config file.
+        dir: PathBuf::new(),
     };
     let hostfile = s.0.join("nodes");
     std::fs::write(&hostfile, "# the job's nodes\n127.0.0.[1]\n").unwrap();

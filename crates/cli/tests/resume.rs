@@ -2,60 +2,23 @@
 //! what it verified, and the next send moves only the rest; an unchanged object moves nothing;
 //! `--retry` finishes what a fault left.
 
-use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 // The root-test helper in `common` is not used here.
 #[allow(dead_code, unused_imports)]
 mod common;
-use common::{hash, make_file, Scratch};
+use common::{hash, make_file, secret, spawn_agent, Agent, Scratch};
 
 const BIN: &str = env!("CARGO_BIN_EXE_bulkcast");
 const MIB: u64 = 1 << 20;
 
-/// An agent process, killed on drop.
-struct Agent {
-    child: Child,
-    addr: String,
-    dir: PathBuf,
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn secret(b: u8) -> String {
-    format!("{b:02x}").repeat(32)
-}
-
+/// An agent on an ephemeral loopback port.
 fn agent(dir: &Path, secret: &str) -> Agent {
-    let mut child = Command::new(BIN)
-        .args(["agent", "--listen", "127.0.0.1:0", "--dir"])
-        .arg(dir)
-        .env("BULKCAST_SECRET", secret)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = Vec::new();
-    let mut b = [0u8; 1];
-    let out = child.stdout.as_mut().unwrap();
-    while out.read(&mut b).unwrap() == 1 && b[0] != b'\n' {
-        line.push(b[0]);
-    }
-    let line = String::from_utf8(line).unwrap();
-    let rest = line.split(" listening on ").nth(1).unwrap();
-    let addr = rest.split([',', ' ']).next().unwrap().to_string();
-    Agent {
-        child,
-        addr,
-        dir: dir.to_path_buf(),
-    }
+    spawn_agent(dir, &["127.0.0.1:0"], |c| {
+        c.env("BULKCAST_SECRET", secret);
+    })
 }
 
 fn send_cmd(src: &Path, to: &str, extra: &[&str], secret: &str) -> Command {

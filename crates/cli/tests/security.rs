@@ -1,66 +1,31 @@
 //! Hostile peers on loopback: connection floods, oversized frames before authentication,
 //! tickets, keys and forged data. Every test runs real processes and needs no root.
 
-use std::io::Read;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use bulkcast_proto::wire::{Frame, VERSION};
 
 #[allow(dead_code, unused_imports)]
 mod common;
-use common::{hash, make_file, Scratch};
+use common::{first_line, hash, make_file, secret, spawn_agent, Agent, Scratch};
 
 const BIN: &str = env!("CARGO_BIN_EXE_bulkcast");
 const MIB: u64 = 1 << 20;
 
-/// A process killed on drop.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn secret(b: u8) -> String {
-    format!("{b:02x}").repeat(32)
-}
-
-/// Reads one line byte by byte, leaving the rest of the stream unread.
-fn first_line(r: &mut impl Read) -> String {
-    let mut line = Vec::new();
-    let mut b = [0u8; 1];
-    while r.read(&mut b).unwrap() == 1 && b[0] != b'\n' {
-        line.push(b[0]);
-    }
-    String::from_utf8(line).unwrap()
-}
-
 /// An agent on loopback with `extra` options; its log goes to `log` (a pipe nobody reads
 /// would stall it once full). Returns the process and its TCP address.
-fn agent(dir: &Path, env: &[(&str, &str)], extra: &[&str], log: &Path) -> (Proc, String) {
-    let mut child = Command::new(BIN)
-        .args(["agent", "--listen", "127.0.0.1:0", "--dir"])
-        .arg(dir)
-        .args(extra)
-        .env_remove("BULKCAST_SECRET")
-        .envs(env.iter().copied())
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .unwrap();
-    let line = first_line(child.stdout.as_mut().unwrap());
-    let addr = line
-        .split(" listening on ")
-        .nth(1)
-        .and_then(|r| r.split([',', ' ']).next())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_string();
-    (Proc(child), addr)
+fn agent(dir: &Path, env: &[(&str, &str)], extra: &[&str], log: &Path) -> (Agent, String) {
+    let a = spawn_agent(dir, &["127.0.0.1:0"], |c| {
+        c.args(extra)
+            .env_remove("BULKCAST_SECRET")
+            .envs(env.iter().copied())
+            .stderr(std::fs::File::create(log).unwrap());
+    });
+    let addr = a.addr.clone();
+    (a, addr)
 }
 
 fn send(args: &[&str], env: &[(&str, &str)]) -> Output {
@@ -133,7 +98,7 @@ fn a_flood_before_authentication_neither_stops_a_send_nor_grows_the_agent() {
     let key = secret(0x32);
     let env = [("BULKCAST_SECRET", key.as_str())];
     let (a, addr) = agent(&s.0.join("a"), &env, &[], &s.0.join("agent.log"));
-    let pid = a.0.id();
+    let pid = a.child.id();
     let base = peak_rss(pid);
     let to: SocketAddr = addr.parse().unwrap();
     let src = s.0.join("f.bin");

@@ -112,7 +112,7 @@ pub async fn serve(
     cfg: Arc<AgentConfig>,
     once: bool,
     shutdown: impl std::future::Future<Output = ()>,
-) -> Option<Result<SessionId, String>> {
+) -> Option<Result<SessionId, SessionError>> {
     tokio::pin!(shutdown);
     // One accept loop per address (an agent may listen on its main and its path addresses).
     let (acc_tx, mut acc_rx) = mpsc::channel::<std::io::Result<(Stream, std::net::SocketAddr)>>(16);
@@ -143,7 +143,7 @@ pub async fn serve(
     let _accepting = AbortAll(accepting);
     // Outcomes: an object id and how many sessions make it up (one, or one per tree).
     let (done_tx, mut done_rx) =
-        tokio::sync::mpsc::channel::<Result<(SessionId, usize), String>>(16);
+        tokio::sync::mpsc::channel::<Result<(SessionId, usize), SessionError>>(16);
     let mut finished: std::collections::HashMap<SessionId, usize> = Default::default();
     let gate = crate::gate::Gate::default();
     loop {
@@ -201,7 +201,7 @@ pub async fn serve(
                             }
                             Err(e) => {
                                 tracing::warn!("connection from {peer}: {e}");
-                                Err(e.to_string())
+                                Err(e)
                             }
                         };
                         let _ = done.send(outcome).await;
@@ -329,7 +329,7 @@ async fn session_admitted(
             cfg.attachments
                 .deliver(session, token, conn, stream)
                 .await
-                .map_err(SessionError::Refused)?;
+                .map_err(|e| SessionError::Refused(e.to_string()))?;
             return Ok(Served::Attached);
         }
         // Swarm sessions: the source's set-up, or another member's connection.
@@ -344,7 +344,7 @@ async fn session_admitted(
             let counted = crate::metrics::global().session_started();
             crate::swarm::serve(stream, *open, cfg)
                 .await
-                .map_err(|e| SessionError::Aborted(session, e))?;
+                .map_err(|e| SessionError::Aborted(session, e.to_string()))?;
             counted.done(true);
             return Ok(Served::Session(session));
         }
@@ -352,7 +352,7 @@ async fn session_admitted(
             cfg.swarms
                 .deliver(session, node, stream)
                 .await
-                .map_err(SessionError::Refused)?;
+                .map_err(|e| SessionError::Refused(e.to_string()))?;
             return Ok(Served::Attached);
         }
         Frame::BwProbe { target, millis } if expect.is_none() => {
@@ -372,25 +372,7 @@ pub async fn serve_open(
     cfg: &AgentConfig,
     expect: Option<(SessionId, Target)>,
 ) -> Result<Served, SessionError> {
-    let target = match &expect {
-        Some((id, _)) if *id != open.session => {
-            let reason = format!(
-                "this receiver joined session {id:016x}, not {:016x}",
-                open.session
-            );
-            let _ = transport::write_frame(
-                &mut stream,
-                &Frame::Error {
-                    reason: reason.clone(),
-                },
-            )
-            .await;
-            return Err(SessionError::Refused(reason));
-        }
-        Some((_, t)) => t.clone(),
-        None if cfg.stdout => Target::Stdout,
-        None => Target::Dir(cfg.dir.clone()),
-    };
+    let target = session_target(&mut stream, &open, cfg, &expect).await?;
     // With host keys, only chunks its source signed: a relay cannot forge any.
     let keys = cfg.keys.clone().requiring_source();
     let parent = stream
@@ -414,36 +396,10 @@ pub async fn serve_open(
     let instance = cfg.running.take_over(open.session).await;
     // Verifying a partial copy reads it whole, which can outlast the parent's patience for our
     // `Have`: `Idle` tells it we are still here.
-    let copy = local_copy(&open, target, cfg);
-    tokio::pin!(copy);
-    let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
-    tick.tick().await;
-    let copy = loop {
-        tokio::select! {
-            r = &mut copy => break r,
-            _ = tick.tick() => {
-                if let Err(e) = transport::write_frame(&mut stream, &Frame::Idle).await {
-                    tracing::debug!("session {:016x}: parent gone while resuming: {e}", open.session);
-                }
-            }
-        }
-    };
+    let copy = keep_parent_waiting(&mut stream, open.session, local_copy(&open, target, cfg)).await;
     let store = match copy {
         Ok((copy, rx, resumed)) => {
-            if resumed.complete {
-                tracing::info!(
-                    "session {:016x}: an identical {:?} is in place already",
-                    open.session,
-                    open.manifest.name
-                );
-            } else if !resumed.held.is_empty() {
-                tracing::info!(
-                    "session {:016x}: resuming {:?} with {} verified chunks",
-                    open.session,
-                    open.manifest.name,
-                    resumed.held.len()
-                );
-            }
+            log_resumed(&open, &resumed);
             node.resume(resumed.held, resumed.complete, Instant::now());
             (copy, rx)
         }
@@ -509,6 +465,75 @@ pub async fn serve_open(
         },
         None => Served::Session(session),
     })
+}
+
+/// Where a session's copy goes: the ticket's target for a ticket receiver (refusing another
+/// session), else the agent's directory or standard output.
+async fn session_target(
+    stream: &mut Stream,
+    open: &Open,
+    cfg: &AgentConfig,
+    expect: &Option<(SessionId, Target)>,
+) -> Result<Target, SessionError> {
+    Ok(match expect {
+        Some((id, _)) if *id != open.session => {
+            let reason = format!(
+                "this receiver joined session {id:016x}, not {:016x}",
+                open.session
+            );
+            let _ = transport::write_frame(
+                stream,
+                &Frame::Error {
+                    reason: reason.clone(),
+                },
+            )
+            .await;
+            return Err(SessionError::Refused(reason));
+        }
+        Some((_, t)) => t.clone(),
+        None if cfg.stdout => Target::Stdout,
+        None => Target::Dir(cfg.dir.clone()),
+    })
+}
+
+/// Runs `work` (verifying a partial copy reads it whole, which can outlast the parent's
+/// patience for our `Have`), telling the parent every 5 s with `Idle` that we are still here.
+async fn keep_parent_waiting<F: std::future::Future>(
+    stream: &mut Stream,
+    session: SessionId,
+    work: F,
+) -> F::Output {
+    tokio::pin!(work);
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            r = &mut work => return r,
+            _ = tick.tick() => {
+                if let Err(e) = transport::write_frame(stream, &Frame::Idle).await {
+                    tracing::debug!("session {session:016x}: parent gone while resuming: {e}");
+                }
+            }
+        }
+    }
+}
+
+/// Logs what an earlier copy of the object left to resume from.
+fn log_resumed(open: &Open, resumed: &crate::store::Resumed) {
+    if resumed.complete {
+        tracing::info!(
+            "session {:016x}: an identical {:?} is in place already",
+            open.session,
+            open.manifest.name
+        );
+    } else if !resumed.held.is_empty() {
+        tracing::info!(
+            "session {:016x}: resuming {:?} with {} verified chunks",
+            open.session,
+            open.manifest.name,
+            resumed.held.len()
+        );
+    }
 }
 
 /// The local copy a session writes into (its own store, resumed where an earlier session of

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use crate::transport::Stream;
 use bulkcast_proto::multipath::grow::{start_for, Decision, Grow};
 use bulkcast_proto::multipath::{
-    ConnStats, JoinError, Joiner, Scheduler, StripeError, Striper, StriperConfig,
+    ConnStats, JoinError, Joiner, Scheduler, Striper, StriperConfig, StriperError,
 };
 use bulkcast_proto::node::{Link, Node};
 use bulkcast_proto::wire::{EdgeMode, EdgeScheduler, Frame, SessionId};
@@ -372,13 +372,13 @@ impl OutEdge {
     }
 
     /// The child took frame `seq` from connection `conn`.
-    pub fn handle_got(&mut self, conn: u16, seq: u64, now: Instant) -> Result<(), StripeError> {
+    pub fn handle_got(&mut self, conn: u16, seq: u64, now: Instant) -> Result<(), StriperError> {
         let c = self
             .conns
             .get(conn as usize)
-            .ok_or(StripeError::UnknownConn(conn as usize))?;
+            .ok_or(StriperError::UnknownConn(conn as usize))?;
         let Some(id) = c.id.filter(|&id| id != usize::MAX) else {
-            return Err(StripeError::UnknownConn(conn as usize));
+            return Err(StriperError::UnknownConn(conn as usize));
         };
         if c.tx.is_none() {
             // A connection lost or retired: its frames were handed to the others, and what it
@@ -396,7 +396,7 @@ impl OutEdge {
 
     /// Moves frames from the node into the striper while the window allows, and from the
     /// striper to every connection whose writer has room.
-    pub fn pump(&mut self, node: &mut Node, link: Link, now: Instant) -> Result<(), StripeError> {
+    pub fn pump(&mut self, node: &mut Node, link: Link, now: Instant) -> Result<(), StriperError> {
         if self.closed {
             return Ok(());
         }
@@ -669,20 +669,16 @@ impl Attachments {
         token: u64,
         conn: u16,
         stream: Stream,
-    ) -> Result<(), String> {
+    ) -> Result<(), AttachError> {
         let deadline = Instant::now() + ATTACH_WAIT;
         let mut stream = Some(stream);
         loop {
             if let Some(tx) = self.lock().get(&(session, token)) {
                 let s = stream.take().expect("sent once");
-                return tx
-                    .send((conn, s))
-                    .map_err(|_| format!("session {session:016x} has ended"));
+                return tx.send((conn, s)).map_err(|_| AttachError::Ended(session));
             }
             if Instant::now() >= deadline {
-                return Err(format!(
-                    "no session {session:016x} with that edge here (connection {conn})"
-                ));
+                return Err(AttachError::NoSession(session, conn));
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -691,4 +687,15 @@ impl Attachments {
     fn lock(&self) -> std::sync::MutexGuard<'_, Waiting> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// Why a further connection of a striped edge found no session to join.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    /// No session with that edge registered here in time (connection number given).
+    #[error("no session {0:016x} with that edge here (connection {1})")]
+    NoSession(SessionId, u16),
+    /// The session has ended.
+    #[error("session {0:016x} has ended")]
+    Ended(SessionId),
 }

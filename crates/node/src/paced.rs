@@ -284,80 +284,12 @@ async fn drive(
         let now = Instant::now();
         if now >= next_log && tracing::enabled!(tracing::Level::DEBUG) {
             next_log = now + Duration::from_secs(1);
-            let st = shared.lock();
-            let (c, rc) = (st.conn.stats(), st.conn.controller());
-            tracing::debug!(
-                "paced {peer}: rate {:.1} Mbit/s window {} (path {:.1} Mbit/s x{:.2}) inflight {} \
-                 srtt {:?} min {:?} queue {:?} {:?}; sent {} lost {} resent {} B acked {} B",
-                rc.rate() * 8e-6,
-                rc.window(),
-                rc.path_rate() * 8e-6,
-                rc.boost(),
-                st.conn.inflight(),
-                c.srtt,
-                rc.min_rtt(),
-                rc.queue(),
-                rc.phase(),
-                c.packets_sent,
-                c.packets_lost,
-                c.bytes_resent,
-                c.bytes_acked
-            );
+            log_stats(&shared, peer);
         }
-        let deadline = {
-            let mut st = shared.lock();
-            // Send what is due, the stash of a full socket buffer first.
-            let mut blocked = false;
-            if let Some(d) = stash.take() {
-                match send(&sock, &d, peer, connected) {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        stash = Some(d);
-                        blocked = true;
-                    }
-                    Err(k) => st.io_error = Some(k),
-                }
-            }
-            while !blocked && st.io_error.is_none() && st.conn.poll_transmit(now, &mut out) {
-                match send(&sock, &out, peer, connected) {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        stash = Some(out.clone());
-                        blocked = true;
-                    }
-                    Err(k) => st.io_error = Some(k),
-                }
-            }
-            let failed = st.io_error.is_some() || st.conn.error().is_some();
-            if st.conn.readable() > 0 || st.conn.recv_finished() || failed {
-                if let Some(w) = st.read_waker.take() {
-                    w.wake();
-                }
-            }
-            if st.conn.send_room() > 0 || failed {
-                if let Some(w) = st.write_waker.take() {
-                    w.wake();
-                }
-            }
-            shared.changed.notify_waiters();
-            if let Some(t) = st.dropped {
-                if !failed && !st.conn.is_done() && (st.conn.send_finished() || now > t + LINGER) {
-                    // Nobody reads any more: tell the peer to stop, once.
-                    st.conn.close(CloseCode::Aborted);
-                    if st.conn.poll_transmit(now, &mut out) {
-                        let _ = send(&sock, &out, peer, connected);
-                    }
-                }
-                if failed || st.conn.is_done() || st.conn.error().is_some() {
-                    break;
-                }
-                Some(st.conn.poll_timeout())
-            } else if failed {
-                // Wait for the stream to be dropped, answering nothing.
-                None
-            } else {
-                Some(st.conn.poll_timeout())
-            }
+        let deadline = match send_due(&shared, &sock, &mut stash, &mut out, peer, connected, now) {
+            Due::Done => break,
+            Due::Idle => None,
+            Due::Next(t) => Some(t),
         };
         let Some(deadline) = deadline else {
             shared.wake_driver.notified().await;
@@ -410,6 +342,105 @@ async fn drive(
     shared.changed.notify_waiters();
     if let Some((tx, id)) = closed {
         let _ = tx.send((peer, id));
+    }
+}
+
+/// One debug line on the connection's rate controller and counters.
+fn log_stats(shared: &Shared, peer: SocketAddr) {
+    let st = shared.lock();
+    let (c, rc) = (st.conn.stats(), st.conn.controller());
+    tracing::debug!(
+        "paced {peer}: rate {:.1} Mbit/s window {} (path {:.1} Mbit/s x{:.2}) inflight {} \
+             srtt {:?} min {:?} queue {:?} {:?}; sent {} lost {} resent {} B acked {} B",
+        rc.rate() * 8e-6,
+        rc.window(),
+        rc.path_rate() * 8e-6,
+        rc.boost(),
+        st.conn.inflight(),
+        c.srtt,
+        rc.min_rtt(),
+        rc.queue(),
+        rc.phase(),
+        c.packets_sent,
+        c.packets_lost,
+        c.bytes_resent,
+        c.bytes_acked
+    );
+}
+
+/// What the driver waits for after [`send_due`].
+enum Due {
+    /// The connection is over.
+    Done,
+    /// Nothing until the application acts (the stream dropped).
+    Idle,
+    /// The connection's next timer, if any.
+    Next(Option<Instant>),
+}
+
+/// Sends what is due (the stash of a full socket buffer first) and wakes the application's
+/// reader and writer where they can move.
+fn send_due(
+    shared: &Shared,
+    sock: &UdpSocket,
+    stash: &mut Option<Vec<u8>>,
+    out: &mut Vec<u8>,
+    peer: SocketAddr,
+    connected: bool,
+    now: Instant,
+) -> Due {
+    let mut st = shared.lock();
+    // Send what is due, the stash of a full socket buffer first.
+    let mut blocked = false;
+    if let Some(d) = stash.take() {
+        match send(sock, &d, peer, connected) {
+            Ok(true) => {}
+            Ok(false) => {
+                *stash = Some(d);
+                blocked = true;
+            }
+            Err(k) => st.io_error = Some(k),
+        }
+    }
+    while !blocked && st.io_error.is_none() && st.conn.poll_transmit(now, out) {
+        match send(sock, out, peer, connected) {
+            Ok(true) => {}
+            Ok(false) => {
+                *stash = Some(out.clone());
+                blocked = true;
+            }
+            Err(k) => st.io_error = Some(k),
+        }
+    }
+    let failed = st.io_error.is_some() || st.conn.error().is_some();
+    if st.conn.readable() > 0 || st.conn.recv_finished() || failed {
+        if let Some(w) = st.read_waker.take() {
+            w.wake();
+        }
+    }
+    if st.conn.send_room() > 0 || failed {
+        if let Some(w) = st.write_waker.take() {
+            w.wake();
+        }
+    }
+    shared.changed.notify_waiters();
+    if let Some(t) = st.dropped {
+        if !failed && !st.conn.is_done() && (st.conn.send_finished() || now > t + LINGER) {
+            // Nobody reads any more: tell the peer to stop, once.
+            st.conn.close(CloseCode::Aborted);
+            if st.conn.poll_transmit(now, out) {
+                let _ = send(sock, out, peer, connected);
+            }
+        }
+        if failed || st.conn.is_done() || st.conn.error().is_some() {
+            return Due::Done;
+        }
+        Due::Next(st.conn.poll_timeout())
+    } else if failed {
+        // Wait for the stream to be dropped, answering nothing.
+        Due::Idle
+    } else {
+        Due::Next(st.conn.poll_timeout())
     }
 }
 

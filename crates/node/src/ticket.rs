@@ -256,7 +256,7 @@ async fn route(
             .attachments
             .deliver(session, token, conn, s)
             .await
-            .map_err(SessionError::Refused),
+            .map_err(|e| SessionError::Refused(e.to_string())),
         // The source asks relays to open their children's connections early; a ticket
         // receiver serves one session and dials its children when that session's `Open`
         // arrives, so the request has nothing to speed up.

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use bulkcast_proto::auth::{Keys, Secret};
 use bulkcast_proto::swarm::mob::ShareLayout;
+use bulkcast_proto::swarm::session::Outcome;
 use bulkcast_proto::swarm::sim::{
     self, plan_tree, Condition, SwarmSimReport, SwarmSimSpec, Topology, WanChange,
 };
@@ -742,4 +743,87 @@ fn hybrid_members_share_the_dealt_pieces_by_stripes_so_each_fetches_from_the_sta
     // Blocks (MOB's): its share is pieces 200..300, so it has nothing to fetch until the deal
     // gets there, half-way through.
     assert_eq!(asked(ShareLayout::Blocks), Vec::<u64>::new());
+}
+
+/// The source's session timer on the simulated clock: a member that hangs with its
+/// connections up (it reads and sends nothing) is given up once nothing moved for the stall
+/// timeout, and the session ends then.
+#[test]
+fn the_source_session_gives_up_on_a_hung_member_after_the_stall_timeout() {
+    let hung: NodeId = 6;
+    let stall = Duration::from_secs(5);
+    let mut s = spec(Strategy::Mob, 8 * MIB, Condition::FastLinks);
+    s.time_limit = Duration::from_secs(120);
+    s.frozen = vec![(Duration::from_millis(300), hung)];
+    // Without the session nothing gives up on it: the run only stops when nothing is left to
+    // happen (a driver would wait for ever).
+    let without = sim::run(s.clone());
+    assert!(!without.all_done);
+    assert!(without.incomplete().contains(&hung));
+    assert!(without.outcomes.is_empty());
+    s.stall_timeout = Some(stall);
+    let r = sim::run(s);
+    let no_progress = Outcome::Failed("no progress for 5 s".into());
+    assert_eq!(r.outcomes[hung], Some(no_progress.clone()));
+    assert!(r.done_at[hung].is_none());
+    // Every other member reported, or was given up with it when it too stopped moving.
+    let mut last_move = Duration::ZERO;
+    for j in (1..r.outcomes.len()).filter(|&j| j != hung) {
+        match (&r.outcomes[j], r.done_at[j]) {
+            (Some(Outcome::Reported(got)), Some(t)) => {
+                assert!(got.iter().map(|&(_, b)| b).sum::<u64>() >= r.object_len);
+                last_move = last_move.max(t);
+            }
+            (o, None) => assert_eq!(o.as_ref(), Some(&no_progress), "node {j}"),
+            (o, t) => panic!("node {j}: {o:?} done at {t:?}"),
+        }
+    }
+    assert!(r.elapsed >= last_move + stall, "{:?}", r.elapsed);
+    assert!(r.elapsed < Duration::from_secs(60), "{:?}", r.elapsed);
+}
+
+/// Nothing stalls: the session ends with the completion tree, every receiver's report in,
+/// at the same simulated time as a run without it.
+#[test]
+fn the_source_session_ends_with_the_tree_when_every_member_reports() {
+    for strategy in Strategy::ALL {
+        let s = spec(strategy, 6 * MIB, Condition::FastLinks);
+        let plain = sim::run(s.clone());
+        let mut with = s;
+        with.stall_timeout = Some(Duration::from_secs(5));
+        let r = sim::run(with);
+        assert_all_done(&r, strategy.name());
+        assert_eq!(r.elapsed, plain.elapsed, "{}", strategy.name());
+        assert!(r.outcomes[0].is_none());
+        for (j, o) in r.outcomes.iter().enumerate().skip(1) {
+            assert!(
+                matches!(o, Some(Outcome::Reported(_))),
+                "{}: node {j}: {o:?}",
+                strategy.name()
+            );
+        }
+    }
+}
+
+/// Pure push cannot route around a lost relay: with the session, its stranded subtree is
+/// given up after the stall timeout (the driver's end), not left for the run to run dry.
+#[test]
+fn the_source_session_gives_up_a_lost_relays_stranded_subtree() {
+    let topo = Topology::four_clusters([4; 4], Duration::from_millis(20));
+    let tree = plan_tree(&topo);
+    let lost: NodeId = 5;
+    let mut s = spec(Strategy::TreePush, 8 * MIB, Condition::FastLinks);
+    s.lost = vec![(Duration::from_millis(700), lost)];
+    s.stall_timeout = Some(Duration::from_secs(5));
+    let r = sim::run(s);
+    assert_eq!(r.outcomes[lost], Some(Outcome::Failed("lost".into())));
+    for n in tree.subtree(lost).into_iter().filter(|&n| n != lost) {
+        assert_eq!(
+            r.outcomes[n],
+            Some(Outcome::Failed("no progress for 5 s".into())),
+            "node {n}"
+        );
+    }
+    let last = (1..r.done_at.len()).filter_map(|j| r.done_at[j]).max();
+    assert_eq!(r.elapsed, last.unwrap() + Duration::from_secs(5));
 }

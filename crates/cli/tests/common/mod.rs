@@ -23,9 +23,22 @@ impl Drop for Scratch {
     }
 }
 
+#[allow(dead_code)] // not every test binary starts agents
+mod agent;
+#[allow(unused_imports)]
+pub use agent::{first_line, listen_addrs, spawn_agent, Agent};
+
 #[path = "../../../lab/tests/support/root.rs"]
+#[allow(dead_code)] // only the binaries with root tests use it
 mod root;
+#[allow(unused_imports)] // only the binaries with root tests use it
 pub use root::root_test_cannot_run;
+
+/// A 32-byte fleet secret in hex, every byte `b`.
+#[allow(dead_code)] // not every test binary starts agents
+pub fn secret(b: u8) -> String {
+    format!("{b:02x}").repeat(32)
+}
 
 /// Writes `len` pseudo-random bytes (the same for the same `seed`).
 #[allow(dead_code)] // not every test binary makes files

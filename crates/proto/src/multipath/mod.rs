@@ -118,7 +118,7 @@ mod striper;
 
 pub use joiner::{Accepted, JoinError, Joiner};
 pub use striper::{
-    ConnStats, ControllerStats, Phase, Scheduler, StripeError, Striper, StriperConfig,
+    ConnStats, ControllerStats, Phase, Scheduler, Striper, StriperConfig, StriperError,
     WeightedConfig,
 };
 

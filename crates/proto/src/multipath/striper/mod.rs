@@ -5,6 +5,9 @@ use std::time::{Duration, Instant};
 
 use super::{ConnId, Item};
 
+mod weighted;
+use weighted::Controller;
+
 /// Pull: a connection is judged at least this fraction as fast as the mean of the others on
 /// its path ([`Striper::add_conn_on`]): half, because TCP flows sharing one bottleneck settle
 /// within a factor of two of each other, so a connection slower than that is in a transient.
@@ -119,7 +122,7 @@ impl StriperConfig {
 
 /// A mistake of the driver or the peer, reported instead of corrupting the state.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
-pub enum StripeError {
+pub enum StriperError {
     /// An acknowledgement for an item not in flight on that connection.
     #[error("item {index} is not in flight on connection {conn}")]
     NotInFlight {
@@ -268,21 +271,6 @@ impl Conn {
     }
 }
 
-#[derive(Debug)]
-struct Controller {
-    phase: Phase,
-    /// When `Settle` ends, and the phase after it.
-    settle_until: Option<(Instant, Phase)>,
-    /// Mean and standard deviation of the sojourn times with equal blocks.
-    equal: Option<(f64, f64)>,
-    /// An early re-weighting (3.1) was already made in this cycle.
-    early_done: bool,
-    /// Mean sojourn times of the last three measurements in `Track`.
-    history: VecDeque<f64>,
-    last_reweight: Option<Instant>,
-    stats: ControllerStats,
-}
-
 /// Deals a stream of items to N connections and tracks them until acknowledged.
 ///
 /// Driver loop, per edge:
@@ -392,9 +380,9 @@ impl Striper {
 
     /// A new item of `len` bytes from upstream; returns its index (items are numbered from 0
     /// in input order).
-    pub fn handle_input(&mut self, len: u32, now: Instant) -> Result<u64, StripeError> {
+    pub fn handle_input(&mut self, len: u32, now: Instant) -> Result<u64, StriperError> {
         if !self.wants_input() {
-            return Err(StripeError::WindowFull);
+            return Err(StriperError::WindowFull);
         }
         let item = Item {
             index: self.next_index,
@@ -457,18 +445,18 @@ impl Striper {
         conn: ConnId,
         index: u64,
         now: Instant,
-    ) -> Result<(), StripeError> {
+    ) -> Result<(), StriperError> {
         let tau = self.config.rate_tau.as_secs_f64();
         let c = self
             .conns
             .get_mut(conn)
-            .ok_or(StripeError::UnknownConn(conn))?;
+            .ok_or(StriperError::UnknownConn(conn))?;
         let pos = c
             .inflight
             .iter()
             .position(|s| s.item.index == index)
             .filter(|_| c.alive)
-            .ok_or(StripeError::NotInFlight { conn, index })?;
+            .ok_or(StriperError::NotInFlight { conn, index })?;
         let sent = c.inflight.remove(pos).expect("position is in range");
         let len = u64::from(sent.item.len);
         c.inflight_bytes -= len;
@@ -518,11 +506,11 @@ impl Striper {
 
     /// `conn` failed: its unacknowledged and dealt items are handed out again, first, to the
     /// other connections (the receiver drops any second copy).
-    pub fn handle_conn_lost(&mut self, conn: ConnId, now: Instant) -> Result<(), StripeError> {
+    pub fn handle_conn_lost(&mut self, conn: ConnId, now: Instant) -> Result<(), StriperError> {
         let c = self
             .conns
             .get_mut(conn)
-            .ok_or(StripeError::UnknownConn(conn))?;
+            .ok_or(StriperError::UnknownConn(conn))?;
         if !c.alive {
             return Ok(());
         }
@@ -761,222 +749,6 @@ impl Striper {
         }
         late.map(|s| (s.item, s.dealt_at))
     }
-
-    /// The fork (weighted and equal): deals waiting input, in order, into the connections'
-    /// buffers of `B * w_i` bytes. As in the paper, it blocks on the next connection in the
-    /// deal order while that one's buffer is still full, however much room the others have:
-    /// this is what makes equal blocks run at N times the slowest rate (eq. 1).
-    fn fork(&mut self, now: Instant) {
-        if self.config.scheduler == Scheduler::Pull || !self.conns.iter().any(|c| c.alive) {
-            return;
-        }
-        let block = self.config.weighted.block as f64;
-        while let Some(&(item, _)) = self.pending.front() {
-            let t = self.deal_target(item.len);
-            let c = &mut self.conns[t];
-            let room = (block * c.weight).max(f64::from(item.len)) as u64;
-            if !c.dealt.is_empty() && c.dealt_bytes + u64::from(item.len) > room {
-                return;
-            }
-            c.deficit -= f64::from(item.len);
-            c.dealt.push_back((item, now));
-            c.dealt_bytes += u64::from(item.len);
-            self.pending.pop_front();
-            self.pending_bytes -= u64::from(item.len);
-        }
-    }
-
-    /// Deficit round robin over the live connections with quantum `B * w_i`: the fixed,
-    /// weighted deal order of the fork. Returns the connection the next item of `len` bytes
-    /// goes to without charging it, so asking again gives the same answer.
-    fn deal_target(&mut self, len: u32) -> usize {
-        let n = self.conns.len();
-        let block = self.config.weighted.block.max(1) as f64;
-        let len = f64::from(len);
-        if !self.arrived {
-            let c = &mut self.conns[self.cursor];
-            if c.alive {
-                c.deficit += block * c.weight;
-            }
-            self.arrived = true;
-        }
-        loop {
-            let c = &mut self.conns[self.cursor];
-            if c.alive && c.deficit >= len {
-                return self.cursor;
-            }
-            self.cursor = (self.cursor + 1) % n;
-            let c = &mut self.conns[self.cursor];
-            if c.alive {
-                c.deficit += block * c.weight;
-            }
-        }
-    }
-
-    fn set_weights(&mut self, weights: impl Fn(&Conn) -> f64) {
-        for c in &mut self.conns {
-            c.weight = weights(c);
-            c.deficit = 0.0;
-        }
-        // A new round from the first connection.
-        self.cursor = 0;
-        self.arrived = false;
-        self.normalize_weights();
-    }
-
-    /// The fastest live connection at weight 1, none under the minimum.
-    fn normalize_weights(&mut self) {
-        let max = self
-            .conns
-            .iter()
-            .filter(|c| c.alive)
-            .map(|c| c.weight)
-            .fold(0.0, f64::max);
-        let min = self.config.weighted.min_weight;
-        for c in &mut self.conns {
-            c.weight = if max > 0.0 {
-                (c.weight / max).max(min)
-            } else {
-                1.0
-            };
-        }
-    }
-
-    fn reset_periods(&mut self) {
-        for c in &mut self.conns {
-            c.reset_period();
-        }
-    }
-
-    fn restart_measure(&mut self, now: Instant) {
-        self.set_weights(|_| 1.0);
-        self.reset_periods();
-        let ctl = &mut self.controller;
-        ctl.phase = Phase::Measure;
-        ctl.settle_until = None;
-        ctl.early_done = false;
-        ctl.history.clear();
-        ctl.last_reweight = Some(now);
-    }
-
-    /// Eq. 2 from the last measurement: `B_i = B * r_i / r_max`.
-    fn reweight(&mut self, rates: &[Option<f64>], now: Instant) {
-        self.set_weights(|_| 0.0);
-        for (c, r) in self.conns.iter_mut().zip(rates) {
-            c.weight = r.unwrap_or(0.0);
-        }
-        self.normalize_weights();
-        self.reset_periods();
-        let ctl = &mut self.controller;
-        ctl.stats.reweights += 1;
-        ctl.last_reweight = Some(now);
-    }
-
-    fn settle(&mut self, then: Phase, now: Instant) {
-        self.controller.phase = Phase::Settle;
-        self.controller.settle_until = Some((now + self.config.weighted.settle, then));
-    }
-
-    /// The controller of section 3, run on every acknowledgement.
-    fn control(&mut self, now: Instant) {
-        let cfg = &self.config.weighted;
-        if let Some((until, then)) = self.controller.settle_until {
-            if now >= until {
-                self.controller.settle_until = None;
-                self.controller.phase = then;
-                self.reset_periods();
-            }
-            return;
-        }
-        if self.controller.phase == Phase::Track {
-            if let (Some(alarm), Some(last)) = (cfg.alarm, self.controller.last_reweight) {
-                if now >= last + alarm {
-                    self.controller.stats.alarms += 1;
-                    self.restart_measure(now);
-                    return;
-                }
-            }
-        }
-        let live = self.conns.iter().filter(|c| c.alive).count() as u64;
-        if live == 0 {
-            return;
-        }
-        let steps = u64::from(cfg.steps).div_ceil(live).max(2);
-        let period = steps * live * cfg.block.max(1);
-        let acked: u64 = self.conns.iter().map(|c| c.p_bytes).sum();
-        if acked < period {
-            return;
-        }
-        // The measurement: per-connection rate (bytes per busy second) and mean sojourn time
-        // (fork to join: dealt to acknowledged).
-        let rates: Vec<Option<f64>> = self
-            .conns
-            .iter()
-            .map(|c| {
-                (c.alive && c.p_service > 0.0)
-                    .then(|| c.p_rate_bytes as f64 / c.p_service)
-                    .or_else(|| (c.alive && c.rate() > 0.0).then(|| c.rate()))
-            })
-            .collect();
-        let sojourns: Vec<f64> = self
-            .conns
-            .iter()
-            .filter(|c| c.alive && c.p_items > 0)
-            .map(|c| c.p_sojourn / c.p_items as f64)
-            .collect();
-        let n = sojourns.len().max(1) as f64;
-        let mean = sojourns.iter().sum::<f64>() / n;
-        let sd = (sojourns.iter().map(|s| (s - mean).powi(2)).sum::<f64>() / n).sqrt();
-        self.controller.stats.mean_sojourn = Some(Duration::from_secs_f64(mean));
-        let threshold = cfg.threshold;
-        match self.controller.phase {
-            Phase::Measure => {
-                self.controller.equal = Some((mean, sd));
-                self.reweight(&rates, now);
-                self.settle(Phase::Check, now);
-            }
-            Phase::Check => {
-                let (eq_mean, eq_sd) = self.controller.equal.unwrap_or((mean, sd));
-                if mean > eq_mean && sd > eq_sd {
-                    // Worse on both counts: keep equal blocks.
-                    self.controller.stats.reverted += 1;
-                    self.set_weights(|_| 1.0);
-                    self.reset_periods();
-                    self.controller.history = VecDeque::from([eq_mean]);
-                    self.controller.phase = Phase::Track;
-                } else if mean > eq_mean && !self.controller.early_done {
-                    // Only the mean is worse: re-weight early from this measurement.
-                    self.controller.early_done = true;
-                    self.reweight(&rates, now);
-                    self.settle(Phase::Track, now);
-                } else {
-                    self.reset_periods();
-                    self.controller.history = VecDeque::from([mean]);
-                    self.controller.phase = Phase::Track;
-                }
-            }
-            Phase::Track => {
-                let h = &self.controller.history;
-                let reference = if h.is_empty() {
-                    mean
-                } else {
-                    h.iter().sum::<f64>() / h.len() as f64
-                };
-                if mean > (1.0 + threshold) * reference {
-                    self.controller.stats.triggered += 1;
-                    self.restart_measure(now);
-                } else {
-                    let h = &mut self.controller.history;
-                    h.push_back(mean);
-                    if h.len() > 3 {
-                        h.pop_front();
-                    }
-                    self.reset_periods();
-                }
-            }
-            Phase::Settle | Phase::Off => self.reset_periods(),
-        }
-    }
 }
 
 /// The shorter of two round trips, either of which may be unknown.
@@ -988,328 +760,4 @@ fn shorter(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn striper(scheduler: Scheduler, window: u64, conns: usize) -> (Striper, Instant) {
-        let now = Instant::now();
-        let mut s = Striper::new(StriperConfig {
-            window,
-            ..StriperConfig::with(scheduler)
-        });
-        for _ in 0..conns {
-            s.add_conn(now);
-        }
-        (s, now)
-    }
-
-    /// Pull: two items per connection, acknowledged 10 and 20 ms later, so that each has a
-    /// rate (100 kB/s) and may take more. Returns the acknowledged items and the new time.
-    fn prime(s: &mut Striper, now: Instant) -> (Vec<u64>, Instant) {
-        let n = s.stats().len();
-        let items: Vec<(usize, Item)> = (0..n)
-            .flat_map(|c| [c, c])
-            .map(|c| (c, s.poll_assign(c, now).expect("a first item")))
-            .collect();
-        for (k, (c, i)) in items.iter().enumerate() {
-            let at = now + Duration::from_millis(10 * (1 + k as u64 % 2));
-            s.handle_acked(*c, i.index, at).expect("in flight");
-        }
-        let done = items.iter().map(|(_, i)| i.index).collect();
-        (done, now + Duration::from_millis(20))
-    }
-
-    fn fill(s: &mut Striper, now: Instant) {
-        while s.wants_input() {
-            s.handle_input(1000, now).expect("wanted");
-        }
-    }
-
-    #[test]
-    fn pull_sends_a_late_oldest_item_again_on_another_connection_once() {
-        let ms = Duration::from_millis;
-        for late_copy_arrives in [true, false] {
-            let (mut s, now) = striper(Scheduler::Pull, 64, 2);
-            fill(&mut s, now);
-            // Each connection: 100 kB/s, 10 ms round trip; a 1000-byte item usually takes 20 ms.
-            let (_, now) = prime(&mut s, now);
-            fill(&mut s, now);
-            let stuck = s.poll_assign(0, now).expect("an item");
-            assert_eq!(stuck.index, s.acked_below(), "the oldest");
-            let mut t = now;
-            let mut delivered = vec![stuck.index];
-            // Connection 1 delivers the next items while connection 0 holds the oldest.
-            for _ in 0..4 {
-                let i = s.poll_assign(1, t).expect("an item");
-                assert_ne!(i.index, stuck.index, "not late yet at {:?}", t - now);
-                t += ms(10);
-                s.handle_acked(1, i.index, t).expect("in flight");
-                delivered.push(i.index);
-            }
-            assert_eq!(s.hedges(), 0);
-            // At 100 ms it is five times late: connection 1 sends it again, once.
-            t = now + ms(100);
-            let again = s.poll_assign(1, t).expect("an item");
-            assert_eq!(again, stuck);
-            assert_eq!(s.hedges(), 1);
-            s.handle_acked(1, stuck.index, t + ms(10))
-                .expect("in flight");
-            assert_eq!(s.acked_below(), stuck.index + 5, "the join moves on");
-            if late_copy_arrives {
-                // The first copy arrives after all: acknowledged, nothing else changes.
-                s.handle_acked(0, stuck.index, t + ms(20))
-                    .expect("first copy in flight");
-            } else {
-                // Connection 0 fails with the first copy: it is not handed out a third time.
-                s.handle_conn_lost(0, t).expect("known");
-            }
-            let rest: Vec<u64> = std::iter::from_fn(|| s.poll_assign(1, t + ms(30)))
-                .map(|i| i.index)
-                .collect();
-            assert!(!rest.contains(&stuck.index), "{rest:?}");
-            delivered.extend(rest);
-            delivered.sort();
-            assert_eq!(
-                delivered,
-                (stuck.index..s.items_in()).collect::<Vec<_>>(),
-                "each item handed out, the late one twice only"
-            );
-        }
-    }
-
-    #[test]
-    fn pull_judges_a_laggard_by_the_others_on_its_path() {
-        let ms = Duration::from_millis;
-        for same_path in [true, false] {
-            let now = Instant::now();
-            let mut s = Striper::new(StriperConfig {
-                window: 16,
-                ..StriperConfig::with(Scheduler::Pull)
-            });
-            for path in 0..3 {
-                s.add_conn_on(if same_path { 0 } else { path }, now);
-            }
-            fill(&mut s, now);
-            // Connections 0 and 1 deliver two items each within 20 ms (100 kB/s); connection
-            // 2 takes a second per item (a timeout in its first round trips): 1 kB/s.
-            for (c, gap) in [(0, ms(10)), (1, ms(10)), (2, ms(1000))] {
-                let a = s.poll_assign(c, now).expect("a first item");
-                let b = s.poll_assign(c, now).expect("a second item");
-                s.handle_acked(c, a.index, now + gap).expect("in flight");
-                s.handle_acked(c, b.index, now + 2 * gap)
-                    .expect("in flight");
-            }
-            fill(&mut s, now + ms(2000));
-            // At its own rate, its next item would take a second, while the others run
-            // through the whole window in 80 ms: left idle. On the others' path it is judged
-            // at half their rate, and takes it.
-            let took = s.poll_assign(2, now + ms(2000)).is_some();
-            assert_eq!(took, same_path, "same path: {same_path}");
-        }
-    }
-
-    #[test]
-    fn pull_judges_a_new_connection_by_the_measured_ones_on_its_path() {
-        for same_path in [true, false] {
-            let (mut s, now) = striper(Scheduler::Pull, 64, 2);
-            fill(&mut s, now);
-            let (_, now) = prime(&mut s, now);
-            let new = s.add_conn_on(if same_path { 0 } else { 1 }, now);
-            fill(&mut s, now);
-            // Unmeasured: two items, for a rate sample; but on a path whose connections
-            // deliver 100 kB/s it is judged at half that from the start.
-            let took = std::iter::from_fn(|| s.poll_assign(new, now)).count();
-            if same_path {
-                assert!(took > 2, "took {took}");
-            } else {
-                assert_eq!(took, 2);
-            }
-        }
-    }
-
-    #[test]
-    fn pull_measures_a_rate_when_one_item_fills_the_minimum_cap() {
-        // Items as large as `pull_min_inflight`: one alone would reach the cap, and a
-        // connection that only ever has one item in flight never gets a rate sample.
-        let (mut s, t0) = striper(Scheduler::Pull, 64, 1);
-        for _ in 0..4 {
-            s.handle_input((256 << 10) + 96, t0).unwrap();
-        }
-        let first = s.poll_assign(0, t0).expect("first item");
-        let second = s.poll_assign(0, t0).expect("a second item in flight");
-        s.handle_acked(0, first.index, t0 + Duration::from_millis(5))
-            .unwrap();
-        s.handle_acked(0, second.index, t0 + Duration::from_millis(7))
-            .unwrap();
-        assert!(s.stats()[0].rate > 0.0, "{:?}", s.stats()[0]);
-    }
-
-    #[test]
-    fn a_small_item_after_large_ones_is_taken_by_some_connection() {
-        // Two measured connections, one ten times faster, then a window of large items and a
-        // small one last (an end marker). Judged by its own length, the window ahead of the
-        // small item is a few hundred bytes, which no connection could deliver within; the
-        // fastest must take it anyway, or the edge stalls.
-        let (mut s, t0) = striper(Scheduler::Pull, 8, 2);
-        for _ in 0..4 {
-            s.handle_input(256 << 10, t0).expect("wanted");
-        }
-        let a = [s.poll_assign(0, t0).unwrap(), s.poll_assign(0, t0).unwrap()];
-        let b = [s.poll_assign(1, t0).unwrap(), s.poll_assign(1, t0).unwrap()];
-        for (k, i) in a.iter().enumerate() {
-            s.handle_acked(0, i.index, t0 + Duration::from_millis(20 * (k as u64 + 1)))
-                .unwrap();
-        }
-        for (k, i) in b.iter().enumerate() {
-            s.handle_acked(1, i.index, t0 + Duration::from_millis(2 * (k as u64 + 1)))
-                .unwrap();
-        }
-        let now = t0 + Duration::from_millis(50);
-        while s.items_in() < s.acked_below() + 7 {
-            s.handle_input(256 << 10, now).unwrap();
-        }
-        let small = s.handle_input(64, now).unwrap();
-        assert!(!s.wants_input(), "the window is full");
-        let mut sent = Vec::new();
-        for _ in 0..16 {
-            for c in 0..2 {
-                if let Some(i) = s.poll_assign(c, now) {
-                    sent.push((c, i.index));
-                }
-            }
-        }
-        // Acknowledge all but the small one, then it must go.
-        for &(c, i) in &sent {
-            s.handle_acked(c, i, now + Duration::from_millis(60))
-                .unwrap();
-        }
-        let later = now + Duration::from_millis(60);
-        let took: Vec<_> = (0..2)
-            .filter_map(|c| s.poll_assign(c, later).map(|i| (c, i.index)))
-            .chain(sent.iter().copied())
-            .filter(|&(_, i)| i == small)
-            .collect();
-        assert_eq!(took.len(), 1, "the small item went out once: {took:?}");
-    }
-
-    #[test]
-    fn input_stops_at_the_window_past_the_oldest_unacknowledged_item() {
-        let (mut s, now) = striper(Scheduler::Pull, 4, 2);
-        fill(&mut s, now);
-        assert_eq!(s.items_in(), 4);
-        assert_eq!(s.handle_input(1000, now), Err(StripeError::WindowFull));
-        let a = s.poll_assign(0, now).expect("item 0");
-        let b = s.poll_assign(1, now).expect("item 1");
-        assert_eq!((a.index, b.index), (0, 1));
-        // Acknowledging item 1 does not move the window; item 0 does, past both.
-        s.handle_acked(1, 1, now).expect("in flight");
-        assert!(!s.wants_input());
-        s.handle_acked(0, 0, now).expect("in flight");
-        assert_eq!(s.acked_below(), 2);
-        fill(&mut s, now);
-        assert_eq!(s.items_in(), 6);
-    }
-
-    #[test]
-    fn acknowledgements_must_match_what_is_in_flight() {
-        let (mut s, now) = striper(Scheduler::Pull, 8, 2);
-        fill(&mut s, now);
-        let a = s.poll_assign(0, now).expect("item");
-        assert_eq!(
-            s.handle_acked(1, a.index, now),
-            Err(StripeError::NotInFlight { conn: 1, index: 0 })
-        );
-        assert_eq!(s.handle_acked(7, 0, now), Err(StripeError::UnknownConn(7)));
-        s.handle_acked(0, a.index, now).expect("in flight");
-        assert!(
-            s.handle_acked(0, a.index, now).is_err(),
-            "acknowledged twice"
-        );
-    }
-
-    #[test]
-    fn a_lost_connection_hands_its_items_to_the_others_oldest_first() {
-        for scheduler in [Scheduler::Pull, Scheduler::Weighted, Scheduler::Equal] {
-            let (mut s, now) = striper(scheduler, 64, 2);
-            fill(&mut s, now);
-            let (mut done, now) = if scheduler == Scheduler::Pull {
-                prime(&mut s, now)
-            } else {
-                (Vec::new(), now)
-            };
-            fill(&mut s, now);
-            let mut on0 = Vec::new();
-            while let Some(i) = s.poll_assign(0, now) {
-                on0.push(i.index);
-                if on0.len() == 5 {
-                    break;
-                }
-            }
-            assert!(!on0.is_empty(), "{scheduler:?}");
-            s.handle_acked(0, on0[0], now).expect("in flight");
-            s.handle_conn_lost(0, now).expect("known");
-            assert_eq!(s.poll_assign(0, now), None, "{scheduler:?}: lost");
-            // Connection 1 now gets connection 0's unacknowledged items first, in order.
-            let again: Vec<u64> = (1..on0.len())
-                .map(|_| s.poll_assign(1, now).expect("reassigned").index)
-                .collect();
-            assert_eq!(again, on0[1..].to_vec(), "{scheduler:?}");
-            // Then everything else, each index once.
-            let mut rest: Vec<u64> = std::iter::from_fn(|| s.poll_assign(1, now))
-                .map(|i| i.index)
-                .collect();
-            rest.extend(on0);
-            rest.append(&mut done);
-            rest.sort();
-            assert_eq!(rest, (0..s.items_in()).collect::<Vec<_>>(), "{scheduler:?}");
-        }
-    }
-
-    #[test]
-    fn equal_dealing_is_round_robin_in_blocks_and_blocks_on_a_full_buffer() {
-        let (mut s, now) = striper(Scheduler::Equal, 1000, 2);
-        // 512 KiB blocks of 64 KiB items: 8 items per connection per round.
-        for _ in 0..40 {
-            s.handle_input(64 << 10, now).expect("wanted");
-        }
-        let st = s.stats();
-        // The fork filled one buffer each and waits for connection 0 to take from its own.
-        assert_eq!((st[0].queued_items, st[1].queued_items), (8, 8));
-        let on1: Vec<u64> = std::iter::from_fn(|| s.poll_assign(1, now))
-            .map(|i| i.index)
-            .collect();
-        assert_eq!(on1, (8..16).collect::<Vec<_>>());
-        let on0: Vec<u64> = std::iter::from_fn(|| s.poll_assign(0, now))
-            .map(|i| i.index)
-            .take(9)
-            .collect();
-        assert_eq!(on0, (0..8).chain(16..17).collect::<Vec<_>>());
-    }
-
-    #[test]
-    fn pull_caps_what_a_connection_has_in_flight() {
-        let (mut s, now) = striper(Scheduler::Pull, 1000, 1);
-        fill(&mut s, now);
-        // Without a rate estimate: two items at a time.
-        assert!(s.poll_assign(0, now).is_some());
-        assert!(s.poll_assign(0, now).is_some());
-        assert!(s.poll_assign(0, now).is_none());
-        // The first acknowledgement after idle gives no rate, the second does: 100 kB/s.
-        s.handle_acked(0, 0, now + Duration::from_millis(20))
-            .expect("in flight");
-        assert_eq!(s.stats()[0].rate, 0.0);
-        let now = now + Duration::from_millis(30);
-        s.handle_acked(0, 1, now).expect("in flight");
-        assert!(
-            (s.stats()[0].rate - 1e5).abs() < 1.0,
-            "{}",
-            s.stats()[0].rate
-        );
-        fill(&mut s, now);
-        let cap = s.config().pull_min_inflight;
-        let taken = std::iter::from_fn(|| s.poll_assign(0, now)).count() as u64;
-        assert_eq!(taken, cap.div_ceil(1000));
-        let st = &s.stats()[0];
-        assert_eq!(st.inflight_bytes, taken * 1000);
-    }
-}
+mod tests;

@@ -1,0 +1,142 @@
+//! An agent's side of a swarm session.
+
+use super::net::{with_queued, Ev, Net};
+use super::*;
+
+/// An agent's side of a swarm session: `stream` is the source's connection, its `Open`
+/// already read. Stores the object into the agent's directory; returns once the copy is in
+/// place and the session over, or with why it failed.
+pub async fn serve(
+    stream: Stream,
+    open: SwarmOpen,
+    cfg: &crate::agent::AgentConfig,
+) -> Result<(), SwarmError> {
+    let me = open.node as NodeId;
+    if me == 0 || me >= open.members.len() {
+        return Err(SwarmError::SetUp(format!(
+            "set-up names this agent node {me}"
+        )));
+    }
+    let (_registered, mut peers_rx) = cfg.swarms.register(open.session);
+    let (mut net, mut store_rx) = open_session(&open, me, cfg)?;
+    net.add_conn(0, stream);
+    // Dial the peers with a higher id (the lower id of each pair dials).
+    for j in (me + 1)..open.members.len() {
+        if net.linked[j] {
+            net.dial(j, open.members[j].addr.clone());
+        }
+    }
+    let stall = Duration::from_millis(open.stall_timeout_ms as u64).max(Duration::from_secs(1));
+    let mut last_heard = Instant::now();
+    let mut progress = tokio::time::interval(PROGRESS_EVERY);
+    let mut sent_upto = u64::MAX;
+    let mut peer_log = tokio::time::interval(PEER_LOG_EVERY);
+    let mut logged = net.received.clone();
+    let outcome = loop {
+        if net.finished() {
+            break Ok(());
+        }
+        if let Some(e) = net.fatal.take() {
+            break Err(e);
+        }
+        // Once the copy is in place, only the source decides that the session is over.
+        if last_heard.elapsed() > stall && !net.finalized {
+            break Err(format!("nothing heard for {} s", stall.as_secs()));
+        }
+        let deadline = net.node.poll_timeout();
+        tokio::select! {
+            // A disk slower than the network: the readers wait (and TCP holds the peers back)
+            // until the store catches up, so memory stays bounded.
+            Some(ev) = net.ev_rx.recv(), if net.unstored < UNSTORED_BUDGET => {
+                let batch = with_queued(ev, &mut net.ev_rx);
+                for ev in batch {
+                    if matches!(ev, Ev::Frame(..) | Ev::Verified(..)) {
+                        last_heard = Instant::now();
+                    }
+                    net.handle(ev, Instant::now());
+                }
+            }
+            Some((j, s)) = peers_rx.recv() => {
+                if j == 0 || j >= net.members.len() || j == me || net.conns.contains_key(&j) {
+                    tracing::warn!("swarm session {:016x}: refused a connection claiming node {j}", open.session);
+                } else {
+                    net.add_conn(j, s);
+                    net.link(j, Instant::now());
+                }
+            }
+            Some(ev) = store_rx.recv() => net.handle_store(ev),
+            _ = sleep_until_opt(deadline) => net.node.handle_timeout(Instant::now()),
+            _ = progress.tick() => {
+                let upto = net.node.have().len();
+                if upto != sent_upto && !net.reported {
+                    sent_upto = upto;
+                    net.tell_source(Frame::Ack { node: me as u32, upto });
+                }
+            }
+            _ = peer_log.tick(), if tracing::enabled!(tracing::Level::DEBUG) => {
+                net.log_peers(&mut logged, Instant::now());
+            }
+        }
+        net.after_input(Instant::now());
+    };
+    let ok = outcome.is_ok() && net.finalized;
+    if let Err(e) = &outcome {
+        net.tell_source(Frame::Failed {
+            node: me as u32,
+            reason: e.clone(),
+        });
+        net.after_input(Instant::now());
+    }
+    net.close().await;
+    match outcome {
+        Ok(()) if ok => Ok(()),
+        Ok(()) => Err(SwarmError::Failed(net.copy_failed.clone().unwrap_or_else(
+            || "the session ended before the copy was complete".into(),
+        ))),
+        Err(e) => Err(SwarmError::Failed(e)),
+    }
+}
+
+/// Checks the set-up (everything the store relies on, before a file is created), then opens
+/// the store and the member's connections state.
+fn open_session(
+    open: &SwarmOpen,
+    me: NodeId,
+    cfg: &crate::agent::AgentConfig,
+) -> Result<(Net, mpsc::UnboundedReceiver<StoreEvent>), SwarmError> {
+    open.manifest
+        .validate()
+        .map_err(|e| SwarmError::SetUp(format!("bad manifest: {e}")))?;
+    if !CHUNK_SIZE_RANGE.contains(&open.chunk_size) {
+        return Err(SwarmError::SetUp(format!(
+            "chunk size {} outside {CHUNK_SIZE_RANGE:?}",
+            open.chunk_size
+        )));
+    }
+    // Agents store into a directory: a one-file object has a file to serve pieces from.
+    check_size(&open.manifest, open.manifest.kind == ObjectKind::File)?;
+    let pieces = open.manifest.chunks(open.chunk_size).unwrap_or(0);
+    let (store_tx, store_rx) = mpsc::unbounded_channel();
+    let store = Store::open(
+        Target::Dir(cfg.dir.clone()),
+        &open.manifest,
+        open.session,
+        cfg.io,
+        store_tx,
+        cfg.stored.clone(),
+    )
+    .map_err(|e| SwarmError::Store(e.to_string()))?;
+    let mut net = Net::new(
+        open,
+        me,
+        cfg.keys.clone(),
+        cfg.tuning.clone(),
+        vec![None; pieces as usize],
+    )?;
+    net.disk = store.reader();
+    if net.disk.is_some() {
+        crate::input::install_sigbus_message();
+    }
+    net.store = Some(store);
+    Ok((net, store_rx))
+}

@@ -1,0 +1,328 @@
+//! The source's side of a swarm session: every piece read and sealed, a set-up connection to
+//! every agent, the loop until every agent reported, and the report.
+
+use super::net::{with_queued, Ev, Held, Net};
+use super::*;
+use bulkcast_proto::swarm::session::{Outcome, SourceSession};
+
+/// Sends `input` to `hosts` (node `i` is `hosts[i - 1]`) by `cfg.strategy`; `tree` (over the
+/// source and the hosts) is needed by the strategies that push. Returns the report once every
+/// receiver finished or failed.
+#[allow(clippy::too_many_arguments)]
+pub async fn send(
+    input: Input,
+    source: Option<&SourceSpec>,
+    hosts: &[HostSpec],
+    tree: Option<&Tree>,
+    keys: Keys,
+    session: SessionId,
+    cfg: &SwarmSendConfig,
+    status: Arc<Mutex<Status>>,
+) -> Result<Report, SwarmError> {
+    let manifest = input.manifest.clone();
+    // A one-file object is served from the file (page cache) once sealed; a tree is held.
+    let disk = match input.single_file() {
+        Some(p) => Some(Disk::Cached(Arc::new(
+            std::fs::File::open(p)
+                .map_err(|e| SwarmError::Input(format!("{}: {e}", p.display())))?,
+        ))),
+        None => None,
+    };
+    let len = check_size(&manifest, disk.is_some())?;
+    let (labels, sites) = cluster_labels(source, hosts);
+    let n = hosts.len() + 1;
+    if let Some(t) = tree {
+        if t.len() != n {
+            return Err(SwarmError::SetUp(format!(
+                "the tree has {} nodes, the session {n}",
+                t.len()
+            )));
+        }
+    }
+    let open = session_open(source, hosts, tree, &labels, session, cfg, &manifest);
+    let held = read_pieces(input, &disk, cfg.chunk_size, &keys, session, len).await?;
+    {
+        let mut st = status.lock().expect("status lock");
+        st.started = Instant::now();
+        st.total_len = Some(len);
+        st.read = len;
+    }
+    let mut net = Net::new(&open, 0, keys.clone(), cfg.tuning.clone(), held)?;
+    net.disk = disk;
+    let mut watch = SourceSession::new(n, cfg.stall_timeout, Instant::now());
+    let mut unreachable = Vec::new();
+    for (j, r) in dial_members(&open, hosts, &keys, &cfg.tuning).await? {
+        match r {
+            Ok(s) => net.add_conn(j, s),
+            Err(e) => {
+                status.lock().expect("status lock").receivers[j - 1].failed = Some(e.clone());
+                watch.handle_lost(j, e);
+                unreachable.push(j);
+            }
+        }
+    }
+    for j in unreachable {
+        net.member_lost(j, Instant::now());
+    }
+    let pieces = open.manifest.chunks(cfg.chunk_size).unwrap_or(0);
+    run(&mut net, &mut watch, &status, pieces).await?;
+    net.close().await;
+    let st = status.lock().expect("status lock");
+    let mut report = Report::build(
+        &st,
+        session,
+        &manifest.name,
+        kind_name(manifest.kind),
+        cfg.strategy.name(),
+    );
+    // Tree edges say little here (pieces come from any peer): per-peer bytes replace them.
+    report.edges.clear();
+    if tree.is_none() {
+        for r in &mut report.receivers {
+            r.parent = "-".into();
+        }
+    }
+    per_peer_bytes(&mut report, &open, &watch, &labels, &sites, len);
+    Ok(report)
+}
+
+/// The set-up every agent is sent (with its own node id): the session's settings and every
+/// member.
+fn session_open(
+    source: Option<&SourceSpec>,
+    hosts: &[HostSpec],
+    tree: Option<&Tree>,
+    labels: &[u32],
+    session: SessionId,
+    cfg: &SwarmSendConfig,
+    manifest: &Manifest,
+) -> SwarmOpen {
+    let source_name = source.map_or("source".to_string(), |s| s.name.clone());
+    let members: Vec<SwarmMember> = (0..hosts.len() + 1)
+        .map(|i| SwarmMember {
+            node: i as u32,
+            parent: tree
+                .and_then(|t| t.parent(i))
+                .map_or(NO_PARENT, |p| p as u32),
+            cluster: labels[i],
+            name: if i == 0 {
+                source_name.clone()
+            } else {
+                hosts[i - 1].name.clone()
+            },
+            addr: if i == 0 {
+                String::new()
+            } else {
+                hosts[i - 1].addr.clone()
+            },
+        })
+        .collect();
+    SwarmOpen {
+        session,
+        node: 0,
+        chunk_size: cfg.chunk_size,
+        stall_timeout_ms: cfg.stall_timeout.as_millis().min(u32::MAX as u128) as u32,
+        strategy: cfg.strategy,
+        seed: cfg.seed,
+        manifest: manifest.clone(),
+        members,
+    }
+}
+
+/// Every piece sealed once, then held (a one-file object, served from `disk`: only its hash
+/// and tag).
+async fn read_pieces(
+    input: Input,
+    disk: &Option<Disk>,
+    chunk_size: u32,
+    keys: &Keys,
+    session: SessionId,
+    len: u64,
+) -> Result<Vec<Option<Held>>, SwarmError> {
+    let pieces = input.manifest.chunks(chunk_size).unwrap_or(0);
+    let mut rx = input.spawn(chunk_size as usize, keys.clone(), session);
+    let mut held: Vec<Option<Held>> = Vec::with_capacity(pieces as usize);
+    loop {
+        match rx.recv().await {
+            Some(InputEvent::Data(c, _)) => held.push(Some(match disk {
+                Some(_) => Held::on_disk(&c),
+                None => Held::Mem(c),
+            })),
+            Some(InputEvent::End) => break,
+            Some(InputEvent::Failed(e)) => {
+                return Err(SwarmError::Input(format!("reading the input: {e}")))
+            }
+            None => return Err(SwarmError::Input("the input reader stopped".into())),
+        }
+    }
+    if held.len() as u64 != pieces {
+        return Err(SwarmError::Input(format!(
+            "the input changed while it was read ({} chunks, {pieces} expected for {len} bytes)",
+            held.len()
+        )));
+    }
+    Ok(held)
+}
+
+/// The set-up connections, all dialled at once: per agent, the connection (its `Open` sent)
+/// or why it could not be made.
+async fn dial_members(
+    open: &SwarmOpen,
+    hosts: &[HostSpec],
+    keys: &Keys,
+    tuning: &TcpTuning,
+) -> Result<Vec<(NodeId, Result<Stream, String>)>, SwarmError> {
+    let mut dials = Vec::new();
+    for j in 1..hosts.len() + 1 {
+        let mut o = open.clone();
+        o.node = j as u32;
+        let addr = hosts[j - 1].addr.clone();
+        let (keys, tuning) = (keys.clone(), tuning.clone());
+        dials.push(tokio::spawn(async move {
+            let r = async {
+                let s = transport::connect(&addr, &tuning).await?;
+                let mut s = transport::handshake_connect(s, &keys).await?;
+                transport::write_frame(&mut s, &Frame::SwarmSetup(SwarmSetup::Open(Box::new(o))))
+                    .await?;
+                Ok::<_, transport::ConnError>(s)
+            }
+            .await;
+            (j, r.map_err(|e| format!("{addr}: {e}")))
+        }));
+    }
+    let mut out = Vec::with_capacity(dials.len());
+    for d in dials {
+        out.push(d.await.map_err(|e| SwarmError::Failed(e.to_string()))?);
+    }
+    Ok(out)
+}
+
+/// The source's loop: serves its peers and follows every agent until the session is over
+/// (see [`SourceSession::is_over`]); its stall timer gives up on the agents still pending.
+async fn run(
+    net: &mut Net,
+    watch: &mut SourceSession,
+    status: &Mutex<Status>,
+    pieces: u64,
+) -> Result<(), SwarmError> {
+    loop {
+        if watch.is_over(net.node.is_all_done()) {
+            return Ok(());
+        }
+        let deadline = net.node.poll_timeout();
+        tokio::select! {
+            Some(ev) = net.ev_rx.recv() => {
+                let batch = with_queued(ev, &mut net.ev_rx);
+                for ev in batch {
+                    from_member(net, watch, status, ev, pieces);
+                }
+            }
+            _ = sleep_until_opt(deadline) => net.node.handle_timeout(Instant::now()),
+            _ = sleep_until_opt(watch.poll_timeout()) => {
+                for j in watch.handle_timeout(Instant::now()) {
+                    if let Some(Outcome::Failed(e)) = watch.outcome(j) {
+                        status.lock().expect("status lock").receivers[j - 1].failed =
+                            Some(e.clone());
+                    }
+                }
+            }
+        }
+        net.after_input(Instant::now());
+        if let Some(e) = net.fatal.take() {
+            return Err(SwarmError::Failed(e));
+        }
+    }
+}
+
+/// One event at the source: an agent's progress, report or failure goes to `watch` (and the
+/// status), anything else to the swarm.
+fn from_member(
+    net: &mut Net,
+    watch: &mut SourceSession,
+    status: &Mutex<Status>,
+    ev: Ev,
+    pieces: u64,
+) {
+    let now = Instant::now();
+    match ev {
+        Ev::Frame(j, Frame::Ack { node, upto }) if node as usize == j => {
+            watch.handle_progress(j, now);
+            let mut st = status.lock().expect("status lock");
+            let r = &mut st.receivers[j - 1];
+            r.chunks = r.chunks.max(upto);
+        }
+        Ev::Frame(j, Frame::SwarmSetup(SwarmSetup::Report { node, received }))
+            if node as usize == j =>
+        {
+            watch.handle_report(j, received, now);
+            let mut st = status.lock().expect("status lock");
+            let t = st.started.elapsed();
+            let r = &mut st.receivers[j - 1];
+            r.chunks = pieces;
+            r.done.get_or_insert(t);
+        }
+        Ev::Frame(j, Frame::Failed { node, reason }) if node as usize == j => {
+            status.lock().expect("status lock").receivers[j - 1].failed = Some(reason.clone());
+            if watch.handle_failed(j, reason, now) {
+                net.member_lost(j, now);
+            }
+        }
+        Ev::Closed(j, reason) if j != 0 && watch.outcome(j).is_none() => {
+            net.handle(Ev::Closed(j, reason.clone()), now);
+            let e = format!("connection lost: {reason}");
+            status.lock().expect("status lock").receivers[j - 1].failed = Some(e.clone());
+            watch.handle_lost(j, e);
+            net.member_lost(j, now);
+        }
+        ev => net.handle(ev, now),
+    }
+}
+
+/// Bytes each receiver got from each peer, and the WAN bytes into each cluster.
+fn per_peer_bytes(
+    report: &mut Report,
+    open: &SwarmOpen,
+    watch: &SourceSession,
+    labels: &[u32],
+    sites: &[String],
+    len: u64,
+) {
+    let n = open.members.len();
+    let name_of = |i: usize| open.members[i].name.clone();
+    let mut wan = vec![0u64; sites.len()];
+    for j in 1..n {
+        let rr = &mut report.receivers[j - 1];
+        rr.site = Some(sites[labels[j] as usize].clone());
+        if let Some(Outcome::Reported(received)) = watch.outcome(j) {
+            for &(peer, bytes) in received {
+                let p = peer as usize;
+                if p < n && labels[p] != labels[j] {
+                    wan[labels[j] as usize] += bytes;
+                }
+                rr.received_from.push(PeerBytes {
+                    peer: if p < n {
+                        name_of(p)
+                    } else {
+                        format!("node {p}")
+                    },
+                    bytes,
+                });
+            }
+        }
+    }
+    report.clusters = sites
+        .iter()
+        .enumerate()
+        .map(|(c, site)| ClusterReport {
+            site: site.clone(),
+            receivers: (1..n).filter(|&j| labels[j] as usize == c).count(),
+            has_source: labels[0] as usize == c,
+            wan_bytes_in: wan[c],
+            copies: if len > 0 {
+                wan[c] as f64 / len as f64
+            } else {
+                0.0
+            },
+        })
+        .collect();
+}
