@@ -617,16 +617,7 @@ impl Send<'_> {
         let tree = self.push(input, tuning).await;
         self.file.hosts = hosts;
         self.given = given;
-        let tree = tree?;
-        for r in tree.receivers {
-            if let Some(x) = report.receivers.iter_mut().find(|x| x.addr == r.addr) {
-                *x = r;
-            }
-        }
-        report.strategy = format!("{}; {} by {}", report.strategy, fallback.len(), tree.strategy);
-        report.seconds += tree.seconds;
-        report.edges = tree.edges;
-        report.ok = report.receivers.iter().all(|r| r.verified);
+        crate::send_mcast::merge_tree(&mut report, tree?, fallback.len());
         Ok(report)
     }
 

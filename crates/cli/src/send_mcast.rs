@@ -83,7 +83,10 @@ pub async fn send(
         stall_timeout: stall,
     };
     if !quiet {
-        eprintln!("multicast: group {} at {rate:.1} Mbit/s ({why})", a.mcast_group);
+        eprintln!(
+            "multicast: group {} at {rate:.1} Mbit/s ({why})",
+            a.mcast_group
+        );
     }
     let addrs: Vec<String> = file.hosts.iter().map(|h| h.addr.clone()).collect();
     let mode = meta.permissions().mode() & 0o777;
@@ -113,7 +116,11 @@ pub async fn send(
                 parent: "source (multicast)".into(),
                 bytes: if verified { bytes } else { 0 },
                 seconds,
-                rate_mbps: if seconds > 0.0 { bytes as f64 * 8.0 / seconds / 1e6 } else { 0.0 },
+                rate_mbps: if seconds > 0.0 {
+                    bytes as f64 * 8.0 / seconds / 1e6
+                } else {
+                    0.0
+                },
                 verified,
                 held_bytes: 0,
                 already_in_place: false,
@@ -160,4 +167,17 @@ pub async fn send(
         timeline: Default::default(),
     };
     Ok((report, fallback))
+}
+
+/// Puts the tree's report lines for the receivers multicast missed into `report`.
+pub fn merge_tree(report: &mut Report, tree: Report, fell_back: usize) {
+    for r in tree.receivers {
+        if let Some(x) = report.receivers.iter_mut().find(|x| x.addr == r.addr) {
+            *x = r;
+        }
+    }
+    report.strategy = format!("{}; {fell_back} by {}", report.strategy, tree.strategy);
+    report.seconds += tree.seconds;
+    report.edges = tree.edges;
+    report.ok = report.receivers.iter().all(|r| r.verified);
 }

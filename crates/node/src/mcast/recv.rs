@@ -194,7 +194,11 @@ fn receive(
         let now = super::micros(epoch);
         match sock.recv(&mut buf) {
             Ok(n) => rx.handle_datagram(now, &buf[..n]),
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
             Err(e) => break Err(format!("multicast socket: {e}")),
         }
         let mut stop = None;

@@ -149,12 +149,29 @@ pub async fn send(
     drop(up_tx);
     let sock = super::sender_socket(iface, cfg.ttl)?;
     let group = SocketAddr::V4(cfg.group);
-    detect(&sock, group, session, cfg.detect, &mut up_rx, &mut outcomes, &mut writers).await;
+    detect(
+        &sock,
+        group,
+        session,
+        cfg.detect,
+        &mut up_rx,
+        &mut outcomes,
+        &mut writers,
+    )
+    .await;
     let active: Vec<usize> = (0..n).filter(|&i| outcomes[i].is_none()).collect();
     let mut stats = SenderStats::default();
     if !active.is_empty() {
         stats = data(
-            sock, group, file, layout, session, cfg, &mut up_rx, &mut outcomes, &mut writers,
+            sock,
+            group,
+            file,
+            layout,
+            session,
+            cfg,
+            &mut up_rx,
+            &mut outcomes,
+            &mut writers,
         )
         .await;
     }
@@ -181,7 +198,9 @@ async fn futures_connect(
             let (a, keys, tuning) = (a.clone(), keys.clone(), tuning.clone());
             let open = Frame::Mcast(McastMsg::Open(Box::new(open.clone())));
             tokio::spawn(async move {
-                let s = transport::connect(&a, &tuning).await.map_err(|e| e.to_string())?;
+                let s = transport::connect(&a, &tuning)
+                    .await
+                    .map_err(|e| e.to_string())?;
                 let mut s = transport::handshake_connect(s, &keys)
                     .await
                     .map_err(|e| e.to_string())?;
@@ -236,7 +255,10 @@ async fn detect(
     datagram(session, DgramKind::Hello, 0, 0, &mut buf);
     loop {
         let waiting = (0..n).any(|i| outcomes[i].is_none() && !heard[i]);
-        if !waiting || Instant::now() >= deadline || hello_until.is_some_and(|t| Instant::now() >= t) {
+        if !waiting
+            || Instant::now() >= deadline
+            || hello_until.is_some_and(|t| Instant::now() >= t)
+        {
             break;
         }
         // Hellos start once every receiver has joined (or failed to), so none is missed.
@@ -264,10 +286,19 @@ async fn detect(
     for i in 0..n {
         if outcomes[i].is_none() && !heard[i] {
             let why = match joined[i] {
-                true => format!("heard nothing from the group within {:.1} s", wait.as_secs_f64()),
+                true => format!(
+                    "heard nothing from the group within {:.1} s",
+                    wait.as_secs_f64()
+                ),
                 false => "did not join the group".to_string(),
             };
-            tell(&mut writers[i], McastMsg::Cancel { reason: why.clone() }).await;
+            tell(
+                &mut writers[i],
+                McastMsg::Cancel {
+                    reason: why.clone(),
+                },
+            )
+            .await;
             outcomes[i] = Some(RxOutcome::NoMulticast(why));
         }
     }
@@ -365,7 +396,13 @@ async fn data(
     }
     let _ = ctl_tx.send(Ctl::Stop);
     for w in writers.iter_mut() {
-        tell(w, McastMsg::Cancel { reason: "the send is over".into() }).await;
+        tell(
+            w,
+            McastMsg::Cancel {
+                reason: "the send is over".into(),
+            },
+        )
+        .await;
     }
     worker.await.unwrap_or_default()
 }

@@ -328,7 +328,9 @@ impl Receiver {
                 seen: 0,
                 last_nak: None,
             });
-            if p.last_nak.is_some_and(|t| now.saturating_sub(t) < self.cfg.renak) {
+            if p.last_nak
+                .is_some_and(|t| now.saturating_sub(t) < self.cfg.renak)
+            {
                 continue;
             }
             p.last_nak = Some(now);

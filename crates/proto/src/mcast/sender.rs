@@ -233,7 +233,12 @@ impl CodedBlock {
     }
 
     /// The bytes of symbol `index` (parity computed on first use).
-    pub fn symbol(&mut self, layout: &Layout, block: u32, index: u32) -> Result<&[u8], fec::FecError> {
+    pub fn symbol(
+        &mut self,
+        layout: &Layout,
+        block: u32,
+        index: u32,
+    ) -> Result<&[u8], fec::FecError> {
         let s = layout.symbol as usize;
         match layout.slot(block, index) {
             Slot::Source(i) => Ok(&self.data[i as usize * s..(i as usize + 1) * s]),
@@ -277,23 +282,71 @@ mod tests {
         assert_eq!(first.len(), 9, "two blocks of four and an end: {first:?}");
         assert!(s.pass_done());
         // Two receivers lost two and one symbols of block 0: two parity symbols serve both.
-        s.handle_nak(now, Nak { block: 0, seen: 4, need: 2 });
-        s.handle_nak(now, Nak { block: 0, seen: 4, need: 1 });
+        s.handle_nak(
+            now,
+            Nak {
+                block: 0,
+                seen: 4,
+                need: 2,
+            },
+        );
+        s.handle_nak(
+            now,
+            Nak {
+                block: 0,
+                seen: 4,
+                need: 1,
+            },
+        );
         let r = drain(&mut s, now);
-        assert_eq!(r, vec![Tx::Data { block: 0, index: 4 }, Tx::Data { block: 0, index: 5 }]);
+        assert_eq!(
+            r,
+            vec![
+                Tx::Data { block: 0, index: 4 },
+                Tx::Data { block: 0, index: 5 }
+            ]
+        );
         // A request that crossed them in flight gets nothing more...
-        s.handle_nak(now + 100, Nak { block: 0, seen: 4, need: 2 });
+        s.handle_nak(
+            now + 100,
+            Nak {
+                block: 0,
+                seen: 4,
+                need: 2,
+            },
+        );
         assert!(drain(&mut s, now + 100).is_empty());
         // ...but once they are stale, they were lost: two new ones.
-        s.handle_nak(now + 1_000, Nak { block: 0, seen: 4, need: 2 });
+        s.handle_nak(
+            now + 1_000,
+            Nak {
+                block: 0,
+                seen: 4,
+                need: 2,
+            },
+        );
         // (Repairs go first; the end marker is due again too.)
         let r = drain(&mut s, now + 1_000);
-        let want = vec![Tx::Data { block: 0, index: 6 }, Tx::Data { block: 0, index: 7 }, Tx::End];
+        let want = vec![
+            Tx::Data { block: 0, index: 6 },
+            Tx::Data { block: 0, index: 7 },
+            Tx::End,
+        ];
         assert_eq!(r, want);
         // Past the parity, source symbols again.
-        assert_eq!(Layout::new(32, 4, 4, 4).unwrap().slot(0, 8), Slot::Source(0));
+        assert_eq!(
+            Layout::new(32, 4, 4, 4).unwrap().slot(0, 8),
+            Slot::Source(0)
+        );
         // Requests for blocks out of range are ignored.
-        s.handle_nak(now + 2_000, Nak { block: 9, seen: 0, need: 4 });
+        s.handle_nak(
+            now + 2_000,
+            Nak {
+                block: 9,
+                seen: 0,
+                need: 4,
+            },
+        );
         assert_eq!(drain(&mut s, now + 2_000), vec![Tx::End]);
     }
 

@@ -89,7 +89,13 @@ impl Sim {
             Tx::End => (DgramKind::End, self.layout.blocks() as u32, 0),
         };
         let mut d = vec![0u8; DGRAM_HEADER];
-        DgramHeader { session: 9, kind, block, index }.write(&mut d);
+        DgramHeader {
+            session: 9,
+            kind,
+            block,
+            index,
+        }
+        .write(&mut d);
         if kind == DgramKind::Data {
             let (l, file) = (self.layout, &self.file);
             let c = self.cache.entry(block).or_insert_with(|| {
@@ -127,9 +133,9 @@ impl Sim {
                 match self.events.remove(&id) {
                     Some(Ev::Dgram(r, d)) => self.rx[r].handle_datagram(now, &d),
                     Some(Ev::ToRx(r, m)) => self.rx[r].handle_msg(now, m),
-                    Some(Ev::ToTx(McastMsg::Nak(list))) => {
-                        list.into_iter().for_each(|k| self.sender.handle_nak(now, k))
-                    }
+                    Some(Ev::ToTx(McastMsg::Nak(list))) => list
+                        .into_iter()
+                        .for_each(|k| self.sender.handle_nak(now, k)),
                     _ => {}
                 }
             }
@@ -147,7 +153,12 @@ impl Sim {
             now = next.max(now + 1);
         }
         Outcome {
-            finish: self.done.iter().map(|d| d.unwrap_or(Micros::MAX)).max().unwrap_or(0),
+            finish: self
+                .done
+                .iter()
+                .map(|d| d.unwrap_or(Micros::MAX))
+                .max()
+                .unwrap_or(0),
             cost: self.datagrams as f64 / self.sender.stats.first_pass.max(1) as f64,
         }
     }
