@@ -78,8 +78,10 @@ pub async fn send(
         ttl: a.mcast_ttl,
         detect: Duration::from_millis(a.mcast_detect_ms),
         symbol: LAN_SYMBOL,
+        // Parity for a quarter of a block: past 25% loss a block's repairs are its own
+        // symbols again. Coding cost grows with k + m, and the source codes inline.
         k: 256,
-        m: 256,
+        m: 64,
         stall_timeout: stall,
     };
     if !quiet {

@@ -276,7 +276,8 @@ async fn detect(
                 }
             }
             Ok(Some((i, Some(McastMsg::Heard)))) => heard[i] = true,
-            Ok(Some((i, None))) => {
+            // A receiver that could not join closes after saying so: that stands.
+            Ok(Some((i, None))) if outcomes[i].is_none() => {
                 outcomes[i] = Some(RxOutcome::Failed("the connection closed".into()));
             }
             Ok(None) => break,
