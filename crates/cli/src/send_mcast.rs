@@ -54,6 +54,7 @@ fn rate_mbps(a: &McastArgs, file: &HostsFile) -> (f64, &'static str) {
 
 /// The multicast part of a send: every receiver's report line in `file`'s order, and the
 /// receivers (by index) that multicast did not reach, with why.
+#[allow(clippy::too_many_arguments)]
 pub async fn send(
     a: &McastArgs,
     path: &std::path::Path,
@@ -69,7 +70,7 @@ pub async fn send(
     }
     let meta = std::fs::metadata(path).with_context(|| format!("{}", path.display()))?;
     let (rate, why) = rate_mbps(a, file);
-    if !(rate > 0.0) {
+    if rate.is_nan() || rate <= 0.0 {
         bail!("--mcast-rate must be positive");
     }
     let cfg = McastConfig {

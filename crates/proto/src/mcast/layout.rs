@@ -33,7 +33,7 @@ pub const MAX_SYMBOLS: u32 = 32_768;
 impl Layout {
     /// A layout, or why the numbers are unusable.
     pub fn new(size: u64, symbol: u32, k: u32, m: u32) -> Result<Self, &'static str> {
-        if symbol == 0 || symbol % 2 != 0 || symbol > 65_000 {
+        if symbol == 0 || !symbol.is_multiple_of(2) || symbol > 65_000 {
             return Err("symbol size must be even and between 2 and 65000");
         }
         if k == 0 || m == 0 || k > MAX_SYMBOLS || m > MAX_SYMBOLS {
