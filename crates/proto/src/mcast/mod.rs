@@ -15,7 +15,7 @@
 //!   and the datagram header.
 //! - [`sender`]: the source: pacing, first pass, parity granted on requests, end markers.
 //! - [`receiver`]: a receiver: assembly, decoding, per-block hash checks, repair requests.
-//! - [`sim`]: a seeded simulation of a source and many receivers on a lossy LAN (tests).
+//! - `sim`: a seeded simulation of a source and many receivers on a lossy LAN (tests).
 //!
 //! Integrity: the datagrams are not authenticated (a LAN peer could forge one), but every
 //! block's BLAKE3 hash travels on the authenticated connection and a block is written only
