@@ -154,6 +154,7 @@ pub async fn send(
         },
         strategy,
         chunk_size: LAN_SYMBOL,
+        part_size: 0,
         seconds: r.seconds,
         ok: receivers.iter().all(|x| x.verified),
         aggregate_mbps: if slowest > 0.0 {
