@@ -12,6 +12,7 @@ mod plan;
 mod progress;
 mod report;
 mod send;
+mod send_mcast;
 mod ssh;
 mod web;
 

@@ -127,6 +127,8 @@ pub struct SendArgs {
     #[command(flatten)]
     edges: EdgeArgs,
     #[command(flatten)]
+    mcast: crate::send_mcast::McastArgs,
+    #[command(flatten)]
     common: Common,
 }
 
@@ -155,6 +157,9 @@ enum Strategy {
     /// lack, and push runs down the planned tree (or `--fanout`) inside each site. Same size
     /// limits as `mob`.
     Hybrid,
+    /// One file by IP multicast on a LAN, lost datagrams repaired with erasure-coded parity;
+    /// receivers the group does not reach get it by the tree (see `--mcast-*`).
+    Multicast,
 }
 
 impl Strategy {
@@ -163,7 +168,7 @@ impl Strategy {
         match self {
             Strategy::Auto => strategy::Strategy::Auto,
             Strategy::Flat => strategy::Strategy::Flat,
-            Strategy::Tree => strategy::Strategy::Tree,
+            Strategy::Tree | Strategy::Multicast => strategy::Strategy::Tree,
             Strategy::Balanced => strategy::Strategy::Balanced,
             Strategy::Mob => strategy::Strategy::Mob,
             Strategy::Swarm => strategy::Strategy::Swarm,
@@ -252,6 +257,7 @@ pub async fn run(a: SendArgs) -> Result<i32> {
     send.check_hosts(&tuning).await?;
     let mut report = match swarm_strategy(a.strategy) {
         Some(strategy) => send.swarm(input, strategy, tuning).await?,
+        None if a.strategy == Strategy::Multicast => send.multicast(input, tuning).await?,
         None => send.push(input, tuning).await?,
     };
     report.object.skipped = skipped;
@@ -583,6 +589,38 @@ impl Send<'_> {
         Ok(report)
     }
 
+    /// `--strategy multicast`; the receivers the group does not reach get the file by the
+    /// tree, said on one line.
+    async fn multicast(&mut self, input: Input, tuning: transport::TcpTuning) -> Result<Report> {
+        let a = self.a;
+        let stall = Duration::from_secs(a.stall_timeout.max(1));
+        let (mut report, fallback) = crate::send_mcast::send(
+            &a.mcast, &a.path, &input, &self.file, self.keys, &tuning, stall, a.quiet,
+        )
+        .await?;
+        if fallback.is_empty() {
+            return Ok(report);
+        }
+        let names: Vec<String> = fallback
+            .iter()
+            .map(|(i, e)| format!("{} ({e})", self.file.hosts[*i].name))
+            .collect();
+        eprintln!(
+            "multicast does not reach {} of {} receivers; sending to them by the tree: {}",
+            fallback.len(),
+            self.file.hosts.len(),
+            names.join(", ")
+        );
+        let (hosts, given) = (self.file.hosts.clone(), self.given.clone());
+        self.file.hosts = fallback.iter().map(|(i, _)| hosts[*i].clone()).collect();
+        self.given = fallback.iter().map(|(i, _)| given[*i]).collect();
+        let tree = self.push(input, tuning).await;
+        self.file.hosts = hosts;
+        self.given = given;
+        crate::send_mcast::merge_tree(&mut report, tree?, fallback.len());
+        Ok(report)
+    }
+
     /// `--retry`: sends again to the receivers that failed, each time a new session with only
     /// those hanging off the source, until every one has its copy or the retries are spent; each
     /// one's line in `report` is replaced by its latest. A receiver let go from the push because
@@ -735,7 +773,11 @@ fn swarm_strategy(s: Strategy) -> Option<SwarmStrategy> {
         Strategy::Mob => Some(SwarmStrategy::Mob),
         Strategy::Swarm => Some(SwarmStrategy::Swarm),
         Strategy::Hybrid => Some(SwarmStrategy::Hybrid),
-        Strategy::Auto | Strategy::Flat | Strategy::Tree | Strategy::Balanced => None,
+        Strategy::Auto
+        | Strategy::Flat
+        | Strategy::Tree
+        | Strategy::Balanced
+        | Strategy::Multicast => None,
     }
 }
 

@@ -348,6 +348,10 @@ async fn session_admitted(
             counted.done(true);
             return Ok(Served::Session(session));
         }
+        // A multicast send: the file comes on the group; a cancelled one is not a session.
+        Frame::Mcast(bulkcast_proto::mcast::McastMsg::Open(open)) if expect.is_none() => {
+            return crate::mcast::recv::serve_agent(stream, *open, cfg).await;
+        }
         Frame::SwarmSetup(SwarmSetup::Peer { session, node }) if expect.is_none() => {
             cfg.swarms
                 .deliver(session, node, stream)

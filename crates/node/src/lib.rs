@@ -30,6 +30,7 @@ pub mod feed;
 pub mod gate;
 pub mod input;
 pub mod mapped;
+pub mod mcast;
 pub mod measure;
 pub mod metrics;
 pub mod paced;

@@ -35,6 +35,7 @@ pub mod groups;
 pub mod hosts;
 pub mod identity;
 pub mod manifest;
+pub mod mcast;
 pub mod multipath;
 pub mod node;
 pub mod paced;

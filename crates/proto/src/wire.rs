@@ -244,6 +244,8 @@ pub enum Frame {
     /// Swarm sessions on the network: the source's set-up, the first frame of a connection
     /// between two members, a member's final report (see [`SwarmSetup`]).
     SwarmSetup(SwarmSetup),
+    /// A multicast send's control message (see [`crate::mcast::msg`]).
+    Mcast(crate::mcast::McastMsg),
     /// A fatal error; the sender of this frame closes the connection after it.
     Error {
         /// Human-readable reason.
@@ -582,6 +584,7 @@ const T_SINKREPORT: u8 = 0x47;
 const T_DIAL: u8 = 0x48;
 const T_SWARM: u8 = 0x50;
 const T_SWARM_SETUP: u8 = 0x51;
+const T_MCAST: u8 = 0x52;
 const T_ERROR: u8 = 0x7f;
 
 /// An RTT that could not be measured, in a `Probed` frame.
@@ -652,6 +655,7 @@ impl Frame {
             Frame::Striped { .. } => "Striped",
             Frame::Got { .. } => "Got",
             Frame::Swarm(_) => "Swarm",
+            Frame::Mcast(_) => "Mcast",
             Frame::SwarmSetup(_) => "SwarmSetup",
             Frame::Error { .. } => "Error",
         }
@@ -844,6 +848,10 @@ impl Frame {
             }
             Frame::Swarm(m) => {
                 b.put_u8(T_SWARM);
+                m.encode(&mut b);
+            }
+            Frame::Mcast(m) => {
+                b.put_u8(T_MCAST);
                 m.encode(&mut b);
             }
             Frame::SwarmSetup(s) => {
@@ -1107,6 +1115,10 @@ impl Frame {
             T_SWARM => {
                 r.what = "Swarm";
                 Frame::Swarm(crate::swarm::SwarmMsg::decode(&mut r.b)?)
+            }
+            T_MCAST => {
+                r.what = "Mcast";
+                Frame::Mcast(crate::mcast::McastMsg::decode(&mut r.b)?)
             }
             T_SWARM_SETUP => {
                 r.what = "SwarmSetup";

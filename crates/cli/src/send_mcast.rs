@@ -1,0 +1,187 @@
+//! `bulkcast send --strategy multicast`: one file by IP multicast with erasure-coded repair
+//! on a LAN ([`bulkcast_node::mcast`]); receivers the group does not reach get it by the tree.
+
+use std::net::SocketAddrV4;
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use bulkcast_node::input::Input;
+use bulkcast_node::mcast::send::{self as mcast, McastConfig, RxOutcome};
+use bulkcast_node::report::{ObjectReport, ReceiverReport, Report};
+use bulkcast_node::transport::TcpTuning;
+use bulkcast_proto::hosts::HostsFile;
+use bulkcast_proto::mcast::msg::LAN_SYMBOL;
+use clap::Args;
+
+/// The multicast strategy's options.
+#[derive(Args, Debug, Clone)]
+pub struct McastArgs {
+    /// `--strategy multicast`: the group, `ADDR:PORT` (an administratively scoped 239.x
+    /// address by default).
+    #[arg(long, default_value = "239.255.66.1:7391")]
+    mcast_group: SocketAddrV4,
+    /// `--strategy multicast`: sending rate in Mbit/s on the wire (default: 0.98 of the
+    /// slowest of the source's uplink and the receivers' downlinks in the hosts file, else
+    /// 100).
+    #[arg(long, value_name = "MBIT")]
+    mcast_rate: Option<f64>,
+    /// `--strategy multicast`: TTL of the datagrams (1: this LAN only).
+    #[arg(long, default_value_t = 1)]
+    mcast_ttl: u32,
+    /// `--strategy multicast`: milliseconds receivers have to hear the group before they
+    /// are sent the file by the tree instead.
+    #[arg(long, default_value_t = 1000)]
+    mcast_detect_ms: u64,
+}
+
+/// Rate in Mbit/s: the flag, else 0.98 of the slowest link the hosts file gives.
+fn rate_mbps(a: &McastArgs, file: &HostsFile) -> (f64, &'static str) {
+    if let Some(r) = a.mcast_rate {
+        return (r, "--mcast-rate");
+    }
+    let links = file
+        .source
+        .as_ref()
+        .and_then(|s| s.uplink_mbps)
+        .into_iter()
+        .chain(file.hosts.iter().filter_map(|h| h.downlink_mbps));
+    match links.min_by(f64::total_cmp) {
+        Some(l) => (0.98 * l, "0.98 of the slowest link in the hosts file"),
+        None => (100.0, "default; give --mcast-rate"),
+    }
+}
+
+/// The multicast part of a send: every receiver's report line in `file`'s order, and the
+/// receivers (by index) that multicast did not reach, with why.
+#[allow(clippy::too_many_arguments)]
+pub async fn send(
+    a: &McastArgs,
+    path: &std::path::Path,
+    input: &Input,
+    file: &HostsFile,
+    keys: &bulkcast_proto::auth::Keys,
+    tuning: &TcpTuning,
+    stall: Duration,
+    quiet: bool,
+) -> Result<(Report, Vec<(usize, String)>)> {
+    if input.single_file().is_none() {
+        bail!("--strategy multicast sends one regular file (not a directory or stdin)");
+    }
+    let meta = std::fs::metadata(path).with_context(|| format!("{}", path.display()))?;
+    let (rate, why) = rate_mbps(a, file);
+    if rate.is_nan() || rate <= 0.0 {
+        bail!("--mcast-rate must be positive");
+    }
+    let cfg = McastConfig {
+        group: a.mcast_group,
+        rate_bps: (rate * 1e6) as u64,
+        ttl: a.mcast_ttl,
+        detect: Duration::from_millis(a.mcast_detect_ms),
+        symbol: LAN_SYMBOL,
+        // Parity for a quarter of a block: past 25% loss a block's repairs are its own
+        // symbols again. Coding cost grows with k + m, and the source codes inline.
+        k: 256,
+        m: 64,
+        stall_timeout: stall,
+    };
+    if !quiet {
+        eprintln!(
+            "multicast: group {} at {rate:.1} Mbit/s ({why})",
+            a.mcast_group
+        );
+    }
+    let addrs: Vec<String> = file.hosts.iter().map(|h| h.addr.clone()).collect();
+    let mode = meta.permissions().mode() & 0o777;
+    let name = &input.manifest.name;
+    let r = mcast::send(path, name, mode, &addrs, keys, tuning, &cfg)
+        .await
+        .context("multicast send")?;
+    let bytes = meta.len();
+    let mut fallback = Vec::new();
+    let receivers = file
+        .hosts
+        .iter()
+        .zip(&r.outcomes)
+        .enumerate()
+        .map(|(i, (h, o))| {
+            let (verified, seconds, error) = match o {
+                RxOutcome::Done { seconds, .. } => (true, *seconds, None),
+                RxOutcome::NoMulticast(e) => {
+                    fallback.push((i, e.clone()));
+                    (false, 0.0, Some(format!("no multicast: {e}")))
+                }
+                RxOutcome::Failed(e) => (false, 0.0, Some(e.clone())),
+            };
+            ReceiverReport {
+                name: h.name.clone(),
+                addr: h.addr.clone(),
+                parent: "source (multicast)".into(),
+                bytes: if verified { bytes } else { 0 },
+                seconds,
+                rate_mbps: if seconds > 0.0 {
+                    bytes as f64 * 8.0 / seconds / 1e6
+                } else {
+                    0.0
+                },
+                verified,
+                held_bytes: 0,
+                already_in_place: false,
+                received_bytes: None,
+                error,
+                site: h.site.clone(),
+                received_from: Vec::new(),
+            }
+        })
+        .collect::<Vec<_>>();
+    let s = r.stats;
+    let strategy = format!(
+        "multicast ({:.0} Mbit/s, {} repair datagrams for {} sent)",
+        rate, s.repair, s.first_pass
+    );
+    let slowest = receivers
+        .iter()
+        .filter(|x| x.verified)
+        .map(|x| x.seconds)
+        .fold(0.0, f64::max);
+    let report = Report {
+        session: String::new(),
+        object: ObjectReport {
+            name: name.clone(),
+            kind: "file".into(),
+            bytes,
+            skipped: Vec::new(),
+        },
+        strategy,
+        chunk_size: LAN_SYMBOL,
+        part_size: 0,
+        seconds: r.seconds,
+        ok: receivers.iter().all(|x| x.verified),
+        aggregate_mbps: if slowest > 0.0 {
+            receivers.iter().filter(|x| x.verified).count() as f64 * bytes as f64 * 8.0
+                / slowest
+                / 1e6
+        } else {
+            0.0
+        },
+        receivers,
+        edges: Vec::new(),
+        clusters: Vec::new(),
+        probe: None,
+        timeline: Default::default(),
+    };
+    Ok((report, fallback))
+}
+
+/// Puts the tree's report lines for the receivers multicast missed into `report`.
+pub fn merge_tree(report: &mut Report, tree: Report, fell_back: usize) {
+    for r in tree.receivers {
+        if let Some(x) = report.receivers.iter_mut().find(|x| x.addr == r.addr) {
+            *x = r;
+        }
+    }
+    report.strategy = format!("{}; {fell_back} by {}", report.strategy, tree.strategy);
+    report.seconds += tree.seconds;
+    report.edges = tree.edges;
+    report.ok = report.receivers.iter().all(|r| r.verified);
+}

@@ -1,0 +1,218 @@
+//! `bulkcast send --strategy multicast` as real processes: exact copies over the group on
+//! loopback, the fallback to the tree where the group cannot be joined, and (as root, in a
+//! namespace of its own) repair of real random loss and the fallback where a firewall drops
+//! the group.
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+
+mod common;
+use common::{hash, make_file, root_test_cannot_run, Scratch};
+
+const BIN: &str = env!("CARGO_BIN_EXE_bulkcast");
+const SECRET: &str = "6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b";
+
+/// An agent process, killed on drop.
+struct Agent {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The binary, inside network namespace `ns` if given.
+fn bin(ns: Option<&str>) -> Command {
+    match ns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns, BIN]);
+            c
+        }
+        None => Command::new(BIN),
+    }
+}
+
+fn agent(ns: Option<&str>, dir: &Path) -> Agent {
+    let mut child = bin(ns)
+        .args(["agent", "--listen", "127.0.0.1:0", "--dir"])
+        .arg(dir)
+        .env("BULKCAST_SECRET", SECRET)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = Vec::new();
+    let mut b = [0u8; 1];
+    let out = child.stdout.as_mut().unwrap();
+    while std::io::Read::read(out, &mut b).unwrap() == 1 && b[0] != b'\n' {
+        line.push(b[0]);
+    }
+    // "bulkcast agent listening on ADDR, storing into DIR"
+    let line = String::from_utf8(line).unwrap();
+    let addr = line
+        .split(" listening on ")
+        .nth(1)
+        .and_then(|r| r.split(',').next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+    Agent { child, addr }
+}
+
+fn send(ns: Option<&str>, file: &Path, agents: &[Agent], extra: &[&str]) -> Output {
+    let to: Vec<&str> = agents.iter().map(|a| a.addr.as_str()).collect();
+    bin(ns)
+        .arg("send")
+        .arg(file)
+        .args(["--to", &to.join(","), "--strategy", "multicast", "--json"])
+        .args(extra)
+        .env("BULKCAST_SECRET", SECRET)
+        .output()
+        .unwrap()
+}
+
+/// Checks every agent's copy and returns the report and the stderr.
+fn check(out: &Output, file: &Path, dirs: &[std::path::PathBuf]) -> (serde_json::Value, String) {
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "send failed: {err}");
+    let want = hash(file);
+    for d in dirs {
+        assert_eq!(
+            hash(&d.join("obj.bin")),
+            want,
+            "copy in {}: {err}",
+            d.display()
+        );
+    }
+    (serde_json::from_slice(&out.stdout).unwrap(), err)
+}
+
+#[test]
+fn multicast_send_delivers_exact_copies_on_loopback() {
+    let s = Scratch::new("mcast-lo");
+    let file = s.0.join("obj.bin");
+    make_file(&file, (3 << 20) + 777, b"mcast");
+    let dirs: Vec<_> = (0..3).map(|i| s.0.join(format!("r{i}"))).collect();
+    let agents: Vec<Agent> = dirs.iter().map(|d| agent(None, d)).collect();
+    let group = format!("239.255.77.1:{}", 20_000 + std::process::id() % 20_000);
+    let out = send(
+        None,
+        &file,
+        &agents,
+        &["--mcast-rate", "300", "--mcast-group", &group],
+    );
+    let (report, err) = check(&out, &file, &dirs);
+    assert!(
+        report["strategy"]
+            .as_str()
+            .unwrap()
+            .starts_with("multicast"),
+        "{report}"
+    );
+    assert!(!err.contains("does not reach"), "{err}");
+    for r in report["receivers"].as_array().unwrap() {
+        assert_eq!(r["parent"], "source (multicast)");
+        assert_eq!(r["verified"], true);
+    }
+}
+
+#[test]
+fn multicast_falls_back_to_the_tree_where_the_group_cannot_be_joined() {
+    let s = Scratch::new("mcast-fb");
+    let file = s.0.join("obj.bin");
+    make_file(&file, 1 << 20, b"fallback");
+    let dirs: Vec<_> = (0..2).map(|i| s.0.join(format!("r{i}"))).collect();
+    let agents: Vec<Agent> = dirs.iter().map(|d| agent(None, d)).collect();
+    // Not a multicast address: every receiver refuses to join, and says why.
+    let out = send(None, &file, &agents, &["--mcast-group", "127.0.0.1:9"]);
+    let (report, err) = check(&out, &file, &dirs);
+    assert!(
+        err.contains("multicast does not reach 2 of 2 receivers; sending to them by the tree")
+            && err.contains("is not a multicast address"),
+        "{err}"
+    );
+    assert!(
+        report["strategy"].as_str().unwrap().contains("2 by tree"),
+        "{report}"
+    );
+}
+
+/// A network namespace with only `lo`, deleted on drop.
+struct Netns(String);
+
+impl Netns {
+    fn new(tag: &str) -> Netns {
+        let name = format!("bcmc2-{tag}-{}", std::process::id());
+        let _ = Command::new("ip").args(["netns", "del", &name]).output();
+        let made = Command::new("ip").args(["netns", "add", &name]).status();
+        if !made.is_ok_and(|s| s.success()) {
+            root_test_cannot_run("multicast send in a namespace", "cannot create a namespace");
+        }
+        let ns = Netns(name);
+        assert!(ns.run(&["ip", "link", "set", "lo", "up"]));
+        ns
+    }
+
+    fn run(&self, args: &[&str]) -> bool {
+        Command::new("ip")
+            .args(["netns", "exec", &self.0])
+            .args(args)
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
+    }
+}
+
+#[cfg_attr(
+    not(bulkcast_root_tests),
+    ignore = "needs root (network namespaces, iptables): run as root, or set BULKCAST_REQUIRE_ROOT=1 to make it fail instead"
+)]
+#[test]
+fn multicast_repairs_real_loss_and_falls_back_where_a_firewall_drops_the_group() {
+    let s = Scratch::new("mcast-ns");
+    let ns = Netns::new("loss");
+    let n = Some(ns.0.as_str());
+    let drop_group = |p: &str| {
+        let mut a = vec!["iptables", "-A", "INPUT", "-d", "239.255.78.0/24"];
+        if p != "1" {
+            a.extend(["-m", "statistic", "--mode", "random", "--probability", p]);
+        }
+        a.extend(["-j", "DROP"]);
+        ns.run(&a)
+    };
+    // 3% of the group's datagrams lost on arrival.
+    if !drop_group("0.03") {
+        root_test_cannot_run("multicast send in a namespace", "iptables is not available");
+    }
+    let file = s.0.join("obj.bin");
+    make_file(&file, 8 << 20, b"lossy");
+    let dirs: Vec<_> = (0..3).map(|i| s.0.join(format!("l{i}"))).collect();
+    let agents: Vec<Agent> = dirs.iter().map(|d| agent(n, d)).collect();
+    let g = ["--mcast-rate", "200", "--mcast-group", "239.255.78.1:17931"];
+    let (report, err) = check(&send(n, &file, &agents, &g), &file, &dirs);
+    let strategy = report["strategy"].as_str().unwrap();
+    assert!(!strategy.contains(" 0 repair datagrams"), "{strategy}");
+    assert!(!err.contains("does not reach"), "{err}");
+    drop(agents);
+    // Every datagram of the group dropped: the receivers hear nothing and get the file by
+    // the tree, with a line that says so.
+    assert!(ns.run(&["iptables", "-F", "INPUT"]) && drop_group("1"));
+    let dirs: Vec<_> = (0..2).map(|i| s.0.join(format!("b{i}"))).collect();
+    let agents: Vec<Agent> = dirs.iter().map(|d| agent(n, d)).collect();
+    let (report, err) = check(&send(n, &file, &agents, &g), &file, &dirs);
+    assert!(
+        err.contains("multicast does not reach 2 of 2 receivers")
+            && err.contains("heard nothing from the group within 1.0 s"),
+        "{err}"
+    );
+    assert!(report["ok"].as_bool().unwrap());
+}

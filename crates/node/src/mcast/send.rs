@@ -1,0 +1,513 @@
+//! The source of a multicast send.
+//!
+//! 1. A TCP connection (handshake, encryption) to every receiver's agent, an `Open` on it;
+//!    each joins the group and says so.
+//! 2. Hello datagrams on the group until every receiver has heard one, at most `detect`: a
+//!    receiver that did not (no multicast route, a switch or firewall that drops it) is
+//!    cancelled and reported, for the caller to send it the file another way.
+//! 3. A thread paces the datagrams ([`Sender`]), reading blocks as it goes; block hashes go to
+//!    every receiver on its connection, repair requests come back on it, until every
+//!    receiver says its copy is in place.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::net::{SocketAddr, SocketAddrV4, UdpSocket};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::mpsc as std_mpsc;
+use std::time::{Duration, Instant};
+
+use bulkcast_proto::auth::Keys;
+use bulkcast_proto::mcast::msg::{DgramHeader, DgramKind, McastOpen, Nak, DGRAM_HEADER};
+use bulkcast_proto::mcast::sender::{CodedBlock, Sender, SenderConfig, SenderStats, Tx};
+use bulkcast_proto::mcast::{Layout, McastMsg};
+use bulkcast_proto::wire::{self, Frame};
+use tokio::sync::mpsc;
+
+use crate::transport::{self, TcpTuning, WriteHalf};
+
+/// Settings of a multicast send.
+#[derive(Debug, Clone)]
+pub struct McastConfig {
+    /// The group, `ADDR:PORT`.
+    pub group: SocketAddrV4,
+    /// Bits per second on the wire.
+    pub rate_bps: u64,
+    /// Multicast TTL (1: this LAN only).
+    pub ttl: u32,
+    /// How long receivers have to hear the group before they are sent to another way.
+    pub detect: Duration,
+    /// Bytes per symbol, symbols per block, most parity per block.
+    pub symbol: u32,
+    /// Source symbols per block.
+    pub k: u32,
+    /// Most parity symbols per block.
+    pub m: u32,
+    /// A receiver silent this long after the source's last datagram fails.
+    pub stall_timeout: Duration,
+}
+
+/// How one receiver fared.
+#[derive(Debug, Clone)]
+pub enum RxOutcome {
+    /// Its copy is verified and in place.
+    Done {
+        /// From the start of the data to its report.
+        seconds: f64,
+        /// Datagrams it took.
+        datagrams: u64,
+        /// Blocks it rebuilt with parity.
+        decoded: u64,
+    },
+    /// Multicast does not reach it (or it could not join): send it another way.
+    NoMulticast(String),
+    /// It failed.
+    Failed(String),
+}
+
+/// The result of a multicast send.
+#[derive(Debug)]
+pub struct McastResult {
+    /// Per receiver, in the order given.
+    pub outcomes: Vec<RxOutcome>,
+    /// The source's counters.
+    pub stats: SenderStats,
+    /// Seconds from the first connection to the last receiver's end.
+    pub seconds: f64,
+}
+
+enum Ctl {
+    Nak(Nak),
+    Stop,
+}
+
+enum Up {
+    Hashes(u32, Vec<[u8; 32]>),
+    PassDone(u32),
+    Failed(String),
+}
+
+/// Sends `path` as `name` to the agents at `addrs`.
+pub async fn send(
+    path: &Path,
+    name: &str,
+    mode: u32,
+    addrs: &[String],
+    keys: &Keys,
+    tuning: &TcpTuning,
+    cfg: &McastConfig,
+) -> std::io::Result<McastResult> {
+    let start = Instant::now();
+    let file = File::open(path)?;
+    let size = file.metadata()?.len();
+    let layout = Layout::new(size, cfg.symbol, cfg.k, cfg.m)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let session: u64 = rand::random();
+    let open = McastOpen {
+        session,
+        group: cfg.group.to_string(),
+        name: name.to_string(),
+        size,
+        mode,
+        symbol: cfg.symbol,
+        k: cfg.k,
+        m: cfg.m,
+        renak_ms: 40,
+    };
+    let n = addrs.len();
+    let mut outcomes: Vec<Option<RxOutcome>> = vec![None; n];
+    let (up_tx, mut up_rx) = mpsc::unbounded_channel::<(usize, Option<McastMsg>)>();
+    let mut writers: Vec<Option<WriteHalf>> = (0..n).map(|_| None).collect();
+    let mut iface = None;
+    let conns = futures_connect(addrs, keys, tuning, &open).await;
+    for (i, c) in conns.into_iter().enumerate() {
+        match c {
+            Ok(s) => {
+                iface = iface.or_else(|| super::v4(s.local_addr()));
+                let (mut rd, wr) = s.into_split();
+                writers[i] = Some(wr);
+                let tx = up_tx.clone();
+                tokio::spawn(async move {
+                    loop {
+                        match transport::read_frame(&mut rd, wire::MAX_FRAME).await {
+                            Ok(Some(Frame::Mcast(m))) => {
+                                if tx.send((i, Some(m))).is_err() {
+                                    return;
+                                }
+                            }
+                            _ => {
+                                let _ = tx.send((i, None));
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+            Err(e) => outcomes[i] = Some(RxOutcome::Failed(e)),
+        }
+    }
+    drop(up_tx);
+    let sock = super::sender_socket(iface, cfg.ttl)?;
+    let group = SocketAddr::V4(cfg.group);
+    detect(
+        &sock,
+        group,
+        session,
+        cfg.detect,
+        &mut up_rx,
+        &mut outcomes,
+        &mut writers,
+    )
+    .await;
+    let active: Vec<usize> = (0..n).filter(|&i| outcomes[i].is_none()).collect();
+    let mut stats = SenderStats::default();
+    if !active.is_empty() {
+        stats = data(
+            sock,
+            group,
+            file,
+            layout,
+            session,
+            cfg,
+            &mut up_rx,
+            &mut outcomes,
+            &mut writers,
+        )
+        .await;
+    }
+    Ok(McastResult {
+        outcomes: outcomes
+            .into_iter()
+            .map(|o| o.unwrap_or_else(|| RxOutcome::Failed("no report".into())))
+            .collect(),
+        stats,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// Connects to every agent at once and sends the `Open`.
+async fn futures_connect(
+    addrs: &[String],
+    keys: &Keys,
+    tuning: &TcpTuning,
+    open: &McastOpen,
+) -> Vec<Result<transport::Stream, String>> {
+    let tasks: Vec<_> = addrs
+        .iter()
+        .map(|a| {
+            let (a, keys, tuning) = (a.clone(), keys.clone(), tuning.clone());
+            let open = Frame::Mcast(McastMsg::Open(Box::new(open.clone())));
+            tokio::spawn(async move {
+                let s = transport::connect(&a, &tuning)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let mut s = transport::handshake_connect(s, &keys)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                transport::write_frame(&mut s, &open)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(s)
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap_or_else(|e| Err(e.to_string())));
+    }
+    out
+}
+
+async fn tell(w: &mut Option<WriteHalf>, m: McastMsg) -> bool {
+    match w {
+        Some(w) => transport::write_frame(w, &Frame::Mcast(m)).await.is_ok(),
+        None => false,
+    }
+}
+
+fn datagram(session: u64, kind: DgramKind, block: u32, index: u32, buf: &mut Vec<u8>) {
+    buf.resize(DGRAM_HEADER, 0);
+    DgramHeader {
+        session,
+        kind,
+        block,
+        index,
+    }
+    .write(buf);
+}
+
+/// Hello datagrams until every receiver that joined has heard one, at most `wait`.
+async fn detect(
+    sock: &UdpSocket,
+    group: SocketAddr,
+    session: u64,
+    wait: Duration,
+    up: &mut mpsc::UnboundedReceiver<(usize, Option<McastMsg>)>,
+    outcomes: &mut [Option<RxOutcome>],
+    writers: &mut [Option<WriteHalf>],
+) {
+    let n = outcomes.len();
+    let mut joined = vec![false; n];
+    let mut heard = vec![false; n];
+    let deadline = Instant::now() + wait + Duration::from_secs(5);
+    let mut hello_until = None;
+    let mut buf = Vec::new();
+    datagram(session, DgramKind::Hello, 0, 0, &mut buf);
+    loop {
+        let waiting = (0..n).any(|i| outcomes[i].is_none() && !heard[i]);
+        if !waiting
+            || Instant::now() >= deadline
+            || hello_until.is_some_and(|t| Instant::now() >= t)
+        {
+            break;
+        }
+        // Hellos start once every receiver has joined (or failed to), so none is missed.
+        if hello_until.is_none() && (0..n).all(|i| outcomes[i].is_some() || joined[i]) {
+            hello_until = Some(Instant::now() + wait);
+        }
+        if hello_until.is_some() {
+            let _ = sock.send_to(&buf, group);
+        }
+        match tokio::time::timeout(Duration::from_millis(10), up.recv()).await {
+            Ok(Some((i, Some(McastMsg::Ready { joined: ok, reason })))) => {
+                joined[i] = ok;
+                if !ok {
+                    outcomes[i] = Some(RxOutcome::NoMulticast(reason));
+                }
+            }
+            Ok(Some((i, Some(McastMsg::Heard)))) => heard[i] = true,
+            // A receiver that could not join closes after saying so: that stands.
+            Ok(Some((i, None))) if outcomes[i].is_none() => {
+                outcomes[i] = Some(RxOutcome::Failed("the connection closed".into()));
+            }
+            Ok(None) => break,
+            _ => {}
+        }
+    }
+    for i in 0..n {
+        if outcomes[i].is_none() && !heard[i] {
+            let why = match joined[i] {
+                true => format!(
+                    "heard nothing from the group within {:.1} s",
+                    wait.as_secs_f64()
+                ),
+                false => "did not join the group".to_string(),
+            };
+            tell(
+                &mut writers[i],
+                McastMsg::Cancel {
+                    reason: why.clone(),
+                },
+            )
+            .await;
+            outcomes[i] = Some(RxOutcome::NoMulticast(why));
+        }
+    }
+}
+
+/// The data: a pacing thread, hashes and ends out, repair requests in, until every active
+/// receiver is done or failed.
+#[allow(clippy::too_many_arguments)]
+async fn data(
+    sock: UdpSocket,
+    group: SocketAddr,
+    file: File,
+    layout: Layout,
+    session: u64,
+    cfg: &McastConfig,
+    up: &mut mpsc::UnboundedReceiver<(usize, Option<McastMsg>)>,
+    outcomes: &mut [Option<RxOutcome>],
+    writers: &mut [Option<WriteHalf>],
+) -> SenderStats {
+    let start = Instant::now();
+    let (ctl_tx, ctl_rx) = std_mpsc::channel();
+    let (hash_tx, mut hash_rx) = mpsc::unbounded_channel();
+    let scfg = SenderConfig {
+        rate: cfg.rate_bps / 8,
+        end_interval: 20_000,
+        stale: 20_000,
+    };
+    let worker = tokio::task::spawn_blocking(move || {
+        pace(sock, group, file, layout, session, scfg, ctl_rx, hash_tx)
+    });
+    let active = |o: &[Option<RxOutcome>]| o.iter().any(Option::is_none);
+    let mut last_heard = Instant::now();
+    let mut pass_over: Option<Instant> = None;
+    while active(outcomes) {
+        let tick = tokio::time::sleep(Duration::from_millis(200));
+        tokio::select! {
+            m = up.recv() => match m {
+                Some((i, Some(McastMsg::Nak(list)))) => {
+                    last_heard = Instant::now();
+                    for k in list {
+                        let _ = ctl_tx.send(Ctl::Nak(k));
+                    }
+                    let _ = i;
+                }
+                Some((i, Some(McastMsg::Done { ok, reason, datagrams, decoded }))) => {
+                    last_heard = Instant::now();
+                    outcomes[i] = Some(match ok {
+                        true => RxOutcome::Done {
+                            seconds: start.elapsed().as_secs_f64(),
+                            datagrams,
+                            decoded,
+                        },
+                        false => RxOutcome::Failed(reason),
+                    });
+                    writers[i] = None;
+                }
+                Some((i, None)) if outcomes[i].is_none() => {
+                    outcomes[i] = Some(RxOutcome::Failed("the connection closed".into()));
+                }
+                Some(_) => {}
+                None => break,
+            },
+            h = hash_rx.recv() => {
+                let msg = match h {
+                    Some(Up::Hashes(first, hashes)) => McastMsg::Hashes { first, hashes },
+                    Some(Up::PassDone(blocks)) => {
+                        pass_over = Some(Instant::now());
+                        McastMsg::End { blocks }
+                    }
+                    other => {
+                        let e = match other {
+                            Some(Up::Failed(e)) => e,
+                            _ => "the sending thread ended".to_string(),
+                        };
+                        for o in outcomes.iter_mut().filter(|o| o.is_none()) {
+                            *o = Some(RxOutcome::Failed(e.clone()));
+                        }
+                        break;
+                    }
+                };
+                for i in 0..writers.len() {
+                    if outcomes[i].is_none() && !tell(&mut writers[i], msg.clone()).await {
+                        outcomes[i] = Some(RxOutcome::Failed("the connection closed".into()));
+                    }
+                }
+            },
+            _ = tick => {}
+        }
+        // After the pass, receivers that neither ask nor finish for a while are stuck.
+        if pass_over.is_some_and(|_| last_heard.elapsed() > cfg.stall_timeout) {
+            for o in outcomes.iter_mut().filter(|o| o.is_none()) {
+                *o = Some(RxOutcome::Failed("no progress (stalled)".into()));
+            }
+        }
+    }
+    let _ = ctl_tx.send(Ctl::Stop);
+    for w in writers.iter_mut() {
+        tell(
+            w,
+            McastMsg::Cancel {
+                reason: "the send is over".into(),
+            },
+        )
+        .await;
+    }
+    worker.await.unwrap_or_default()
+}
+
+/// The pacing thread: runs the [`Sender`], reading (and hashing) each block as its first
+/// pass starts and keeping the last few for repairs.
+#[allow(clippy::too_many_arguments)]
+fn pace(
+    sock: UdpSocket,
+    group: SocketAddr,
+    file: File,
+    layout: Layout,
+    session: u64,
+    cfg: SenderConfig,
+    ctl: std_mpsc::Receiver<Ctl>,
+    up: mpsc::UnboundedSender<Up>,
+) -> SenderStats {
+    let epoch = Instant::now();
+    let mut s = Sender::new(layout, cfg);
+    let mut cache: VecDeque<(u32, CodedBlock)> = VecDeque::new();
+    let mut hashed = 0u32;
+    let mut buf = Vec::with_capacity(DGRAM_HEADER + layout.symbol as usize);
+    let mut told_end = false;
+    loop {
+        let now = super::micros(epoch);
+        match s.poll_transmit(now) {
+            Some(Tx::Data { block, index }) => {
+                datagram(session, DgramKind::Data, block, index, &mut buf);
+                // Each block is hashed when its first pass starts (its first read).
+                let fresh = |data: &[u8]| {
+                    if block == hashed {
+                        hashed += 1;
+                        let _ = up.send(Up::Hashes(block, vec![*blake3::hash(data).as_bytes()]));
+                    }
+                };
+                let c = match coded(&mut cache, &file, &layout, block, fresh) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let _ = up.send(Up::Failed(format!("reading the file: {e}")));
+                        return s.stats;
+                    }
+                };
+                match c.symbol(&layout, block, index) {
+                    Ok(sym) => buf.extend_from_slice(sym),
+                    Err(e) => {
+                        let _ = up.send(Up::Failed(e.to_string()));
+                        return s.stats;
+                    }
+                }
+                // A full queue blocks (the socket is blocking): that paces too.
+                let _ = sock.send_to(&buf, group);
+            }
+            Some(Tx::End) => {
+                datagram(session, DgramKind::End, layout.blocks() as u32, 0, &mut buf);
+                let _ = sock.send_to(&buf, group);
+            }
+            None => {
+                if s.pass_done() && !told_end {
+                    told_end = true;
+                    let _ = up.send(Up::PassDone(layout.blocks() as u32));
+                }
+                let wait = s.poll_timeout().saturating_sub(now).min(5_000);
+                match ctl.recv_timeout(Duration::from_micros(wait)) {
+                    Ok(Ctl::Nak(n)) => s.handle_nak(super::micros(epoch), n),
+                    Ok(Ctl::Stop) | Err(std_mpsc::RecvTimeoutError::Disconnected) => {
+                        return s.stats
+                    }
+                    Err(std_mpsc::RecvTimeoutError::Timeout) => {}
+                }
+            }
+        }
+        while let Ok(c) = ctl.try_recv() {
+            match c {
+                Ctl::Nak(n) => s.handle_nak(super::micros(epoch), n),
+                Ctl::Stop => return s.stats,
+            }
+        }
+    }
+}
+
+/// Blocks kept for repairs (about 24 MiB at 256 symbols of 1450 bytes).
+const CACHED_BLOCKS: usize = 64;
+
+/// Block `b`, coded, from the cache or read from the file (`fresh` sees the bytes read).
+fn coded<'a>(
+    cache: &'a mut VecDeque<(u32, CodedBlock)>,
+    file: &File,
+    layout: &Layout,
+    b: u32,
+    mut fresh: impl FnMut(&[u8]),
+) -> std::io::Result<&'a mut CodedBlock> {
+    let pos = match cache.iter().position(|(x, _)| *x == b) {
+        Some(p) => p,
+        None => {
+            let (off, len) = layout.block_range(b);
+            let mut data = vec![0u8; len as usize];
+            file.read_exact_at(&mut data, off)?;
+            fresh(&data);
+            if cache.len() >= CACHED_BLOCKS {
+                cache.pop_front();
+            }
+            cache.push_back((b, CodedBlock::new(layout, b, data)));
+            cache.len() - 1
+        }
+    };
+    Ok(&mut cache[pos].1)
+}

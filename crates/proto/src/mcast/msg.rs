@@ -1,0 +1,432 @@
+//! Control messages (inside a [`crate::wire::Frame::Mcast`] on the TCP connection from the
+//! source to each receiver) and the multicast datagram header.
+//!
+//! ```text
+//! msg    = sub:u8 | body
+//! Open   = 0x01 | session:u64 | group | name | size:u64 | mode:u32 | symbol:u32 | k:u32
+//!               | m:u32 | renak_ms:u32
+//! Ready  = 0x02 | joined:u8 | reason
+//! Heard  = 0x03
+//! Hashes = 0x04 | first:u32 | count:u32 | hash[32]*
+//! Nak    = 0x05 | count:u32 | (block:u32 | seen:u32 | need:u32)*
+//! End    = 0x06 | blocks:u32
+//! Done   = 0x07 | ok:u8 | reason | datagrams:u64 | decoded:u64
+//! Cancel = 0x08 | reason
+//! string = len:u16 | utf-8
+//!
+//! datagram = "BCM1" | session:u64 | kind:u8 (0 data, 1 end, 2 hello) | block:u32
+//!            | index:u32 | symbol bytes (data only)
+//! ```
+
+use bytes::{Buf, BufMut, Bytes};
+
+use crate::wire::WireError;
+
+/// The set-up of a multicast send, source to receiver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct McastOpen {
+    /// Session id (every datagram carries it).
+    pub session: u64,
+    /// The group, `ADDR:PORT`.
+    pub group: String,
+    /// The file's name at the receiver (one path component).
+    pub name: String,
+    /// File size.
+    pub size: u64,
+    /// Permission bits.
+    pub mode: u32,
+    /// Bytes per symbol.
+    pub symbol: u32,
+    /// Source symbols per block.
+    pub k: u32,
+    /// Most parity symbols per block.
+    pub m: u32,
+    /// Milliseconds between repeated requests for a block without progress.
+    pub renak_ms: u32,
+}
+
+/// One block's repair request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Nak {
+    /// The block.
+    pub block: u32,
+    /// One past the highest symbol index the receiver has seen of it.
+    pub seen: u32,
+    /// Symbols it still needs.
+    pub need: u32,
+}
+
+/// A control message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum McastMsg {
+    /// Source to receiver: join the group and take this file.
+    Open(Box<McastOpen>),
+    /// Receiver to source: joined the group, or could not (and why).
+    Ready {
+        /// Joined.
+        joined: bool,
+        /// Why not.
+        reason: String,
+    },
+    /// Receiver to source: a datagram of the group arrived (multicast works here).
+    Heard,
+    /// Source to receiver: BLAKE3 hashes of blocks `first..first + hashes.len()`.
+    Hashes {
+        /// First block.
+        first: u32,
+        /// Their hashes.
+        hashes: Vec<[u8; 32]>,
+    },
+    /// Receiver to source: blocks that need more symbols.
+    Nak(Vec<Nak>),
+    /// Source to receiver: the first pass is over (`blocks` in all).
+    End {
+        /// Blocks in the file.
+        blocks: u32,
+    },
+    /// Receiver to source: the copy is in place (or failed, and why).
+    Done {
+        /// Verified and in place.
+        ok: bool,
+        /// Why not.
+        reason: String,
+        /// Datagrams taken.
+        datagrams: u64,
+        /// Blocks rebuilt with parity.
+        decoded: u64,
+    },
+    /// Source to receiver: the send goes on without this receiver's multicast (it heard
+    /// nothing, or the send was stopped).
+    Cancel {
+        /// Why.
+        reason: String,
+    },
+}
+
+const WHAT: &str = "Mcast";
+/// Most entries in one `Nak` or `Hashes`.
+pub const MAX_LIST: u32 = 1 << 16;
+
+impl McastMsg {
+    /// Appends the message (sub-type and body) to a frame under construction.
+    pub fn encode<B: BufMut>(&self, b: &mut B) {
+        match self {
+            McastMsg::Open(o) => {
+                b.put_u8(1);
+                b.put_u64(o.session);
+                put_str(b, &o.group);
+                put_str(b, &o.name);
+                b.put_u64(o.size);
+                for v in [o.mode, o.symbol, o.k, o.m, o.renak_ms] {
+                    b.put_u32(v);
+                }
+            }
+            McastMsg::Ready { joined, reason } => {
+                b.put_u8(2);
+                b.put_u8(u8::from(*joined));
+                put_str(b, reason);
+            }
+            McastMsg::Heard => b.put_u8(3),
+            McastMsg::Hashes { first, hashes } => {
+                b.put_u8(4);
+                b.put_u32(*first);
+                b.put_u32(hashes.len() as u32);
+                hashes.iter().for_each(|h| b.put_slice(h));
+            }
+            McastMsg::Nak(list) => {
+                b.put_u8(5);
+                b.put_u32(list.len() as u32);
+                for n in list {
+                    b.put_u32(n.block);
+                    b.put_u32(n.seen);
+                    b.put_u32(n.need);
+                }
+            }
+            McastMsg::End { blocks } => {
+                b.put_u8(6);
+                b.put_u32(*blocks);
+            }
+            McastMsg::Done {
+                ok,
+                reason,
+                datagrams,
+                decoded,
+            } => {
+                b.put_u8(7);
+                b.put_u8(u8::from(*ok));
+                put_str(b, reason);
+                b.put_u64(*datagrams);
+                b.put_u64(*decoded);
+            }
+            McastMsg::Cancel { reason } => {
+                b.put_u8(8);
+                put_str(b, reason);
+            }
+        }
+    }
+
+    /// Decodes a message from the rest of a frame body, consuming what it reads.
+    pub fn decode(b: &mut Bytes) -> Result<McastMsg, WireError> {
+        Ok(match get_u8(b)? {
+            1 => {
+                let session = get_u64(b)?;
+                let group = get_str(b)?;
+                let name = get_str(b)?;
+                let size = get_u64(b)?;
+                let mut v = [0u32; 5];
+                for x in &mut v {
+                    *x = get_u32(b)?;
+                }
+                McastMsg::Open(Box::new(McastOpen {
+                    session,
+                    group,
+                    name,
+                    size,
+                    mode: v[0],
+                    symbol: v[1],
+                    k: v[2],
+                    m: v[3],
+                    renak_ms: v[4],
+                }))
+            }
+            2 => McastMsg::Ready {
+                joined: get_u8(b)? != 0,
+                reason: get_str(b)?,
+            },
+            3 => McastMsg::Heard,
+            4 => {
+                let first = get_u32(b)?;
+                let n = count(b, 32)?;
+                let mut hashes = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let mut h = [0u8; 32];
+                    b.copy_to_slice(&mut h);
+                    hashes.push(h);
+                }
+                McastMsg::Hashes { first, hashes }
+            }
+            5 => {
+                let n = count(b, 12)?;
+                let list = (0..n)
+                    .map(|_| Nak {
+                        block: b.get_u32(),
+                        seen: b.get_u32(),
+                        need: b.get_u32(),
+                    })
+                    .collect();
+                McastMsg::Nak(list)
+            }
+            6 => McastMsg::End {
+                blocks: get_u32(b)?,
+            },
+            7 => McastMsg::Done {
+                ok: get_u8(b)? != 0,
+                reason: get_str(b)?,
+                datagrams: get_u64(b)?,
+                decoded: get_u64(b)?,
+            },
+            8 => McastMsg::Cancel {
+                reason: get_str(b)?,
+            },
+            _ => return Err(WireError::BadValue(WHAT, "unknown multicast message")),
+        })
+    }
+}
+
+/// A list's length, checked against the limit and the bytes left (`each` bytes an entry).
+fn count(b: &mut Bytes, each: usize) -> Result<usize, WireError> {
+    let n = get_u32(b)?;
+    if n > MAX_LIST {
+        return Err(WireError::BadValue(WHAT, "list too long"));
+    }
+    let n = n as usize;
+    if b.remaining() < n * each {
+        return Err(WireError::Truncated(WHAT));
+    }
+    Ok(n)
+}
+
+fn need(b: &Bytes, n: usize) -> Result<(), WireError> {
+    if b.remaining() < n {
+        Err(WireError::Truncated(WHAT))
+    } else {
+        Ok(())
+    }
+}
+
+fn get_u8(b: &mut Bytes) -> Result<u8, WireError> {
+    need(b, 1)?;
+    Ok(b.get_u8())
+}
+
+fn get_u32(b: &mut Bytes) -> Result<u32, WireError> {
+    need(b, 4)?;
+    Ok(b.get_u32())
+}
+
+fn get_u64(b: &mut Bytes) -> Result<u64, WireError> {
+    need(b, 8)?;
+    Ok(b.get_u64())
+}
+
+fn put_str<B: BufMut>(b: &mut B, s: &str) {
+    let s = &s.as_bytes()[..s.len().min(u16::MAX as usize)];
+    b.put_u16(s.len() as u16);
+    b.put_slice(s);
+}
+
+fn get_str(b: &mut Bytes) -> Result<String, WireError> {
+    need(b, 2)?;
+    let n = b.get_u16() as usize;
+    need(b, n)?;
+    String::from_utf8(b.split_to(n).to_vec())
+        .map_err(|_| WireError::BadValue(WHAT, "string not UTF-8"))
+}
+
+/// Magic at the start of every datagram.
+pub const DGRAM_MAGIC: [u8; 4] = *b"BCM1";
+/// Bytes of a datagram's header.
+pub const DGRAM_HEADER: usize = 21;
+/// Symbol bytes that fill a 1500-byte Ethernet frame (1472 bytes of UDP payload), even.
+pub const LAN_SYMBOL: u32 = 1450;
+
+/// What a datagram carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DgramKind {
+    /// A symbol of a block.
+    Data,
+    /// The first pass is over (`block`: blocks in all).
+    End,
+    /// A probe before the data: multicast reaches this receiver.
+    Hello,
+}
+
+/// A datagram's header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DgramHeader {
+    /// Session.
+    pub session: u64,
+    /// What it carries.
+    pub kind: DgramKind,
+    /// Block (or block count for `End`).
+    pub block: u32,
+    /// Symbol index in the block.
+    pub index: u32,
+}
+
+impl DgramHeader {
+    /// Writes the header into the first [`DGRAM_HEADER`] bytes of `out`.
+    pub fn write(&self, out: &mut [u8]) {
+        out[..4].copy_from_slice(&DGRAM_MAGIC);
+        out[4..12].copy_from_slice(&self.session.to_be_bytes());
+        out[12] = match self.kind {
+            DgramKind::Data => 0,
+            DgramKind::End => 1,
+            DgramKind::Hello => 2,
+        };
+        out[13..17].copy_from_slice(&self.block.to_be_bytes());
+        out[17..21].copy_from_slice(&self.index.to_be_bytes());
+    }
+
+    /// Reads a header; `None` for anything that is not one of ours.
+    pub fn read(d: &[u8]) -> Option<(DgramHeader, &[u8])> {
+        if d.len() < DGRAM_HEADER || d[..4] != DGRAM_MAGIC {
+            return None;
+        }
+        let kind = match d[12] {
+            0 => DgramKind::Data,
+            1 => DgramKind::End,
+            2 => DgramKind::Hello,
+            _ => return None,
+        };
+        let u32_at = |i: usize| u32::from_be_bytes([d[i], d[i + 1], d[i + 2], d[i + 3]]);
+        let mut s = [0u8; 8];
+        s.copy_from_slice(&d[4..12]);
+        Some((
+            DgramHeader {
+                session: u64::from_be_bytes(s),
+                kind,
+                block: u32_at(13),
+                index: u32_at(17),
+            },
+            &d[DGRAM_HEADER..],
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::BytesMut;
+
+    fn round(m: McastMsg) {
+        let mut b = BytesMut::new();
+        m.encode(&mut b);
+        let mut bytes = b.freeze();
+        assert_eq!(McastMsg::decode(&mut bytes).unwrap(), m);
+        assert!(bytes.is_empty());
+    }
+
+    #[test]
+    fn messages_round_trip_and_bad_input_is_an_error() {
+        round(McastMsg::Open(Box::new(McastOpen {
+            session: 7,
+            group: "239.1.2.3:7390".into(),
+            name: "f.bin".into(),
+            size: 1 << 33,
+            mode: 0o644,
+            symbol: 1450,
+            k: 256,
+            m: 256,
+            renak_ms: 30,
+        })));
+        round(McastMsg::Ready {
+            joined: false,
+            reason: "no route".into(),
+        });
+        round(McastMsg::Heard);
+        round(McastMsg::Hashes {
+            first: 3,
+            hashes: vec![[1; 32], [2; 32]],
+        });
+        round(McastMsg::Nak(vec![Nak {
+            block: 1,
+            seen: 300,
+            need: 4,
+        }]));
+        round(McastMsg::End { blocks: 9 });
+        round(McastMsg::Done {
+            ok: true,
+            reason: String::new(),
+            datagrams: 5,
+            decoded: 2,
+        });
+        round(McastMsg::Cancel { reason: "x".into() });
+        // A list longer than its bytes, and an unknown type: errors.
+        let mut b = Bytes::from_static(&[5, 0, 0, 0, 9, 0, 0]);
+        assert!(McastMsg::decode(&mut b).is_err());
+        let mut b = Bytes::from_static(&[99]);
+        assert!(McastMsg::decode(&mut b).is_err());
+        let mut b = Bytes::from_static(&[]);
+        assert!(McastMsg::decode(&mut b).is_err());
+    }
+
+    #[test]
+    fn datagram_headers_round_trip() {
+        let h = DgramHeader {
+            session: 0xabcdef,
+            kind: DgramKind::Data,
+            block: 5,
+            index: 300,
+        };
+        let mut d = vec![0u8; DGRAM_HEADER + 3];
+        h.write(&mut d);
+        d[DGRAM_HEADER..].copy_from_slice(b"xyz");
+        let (r, body) = DgramHeader::read(&d).unwrap();
+        assert_eq!((r, body), (h, &b"xyz"[..]));
+        assert!(DgramHeader::read(&d[..10]).is_none());
+        d[0] = b'X';
+        assert!(DgramHeader::read(&d).is_none());
+        assert_eq!(LAN_SYMBOL as usize + DGRAM_HEADER, 1471);
+    }
+}

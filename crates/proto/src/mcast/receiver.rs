@@ -1,0 +1,376 @@
+//! A receiver of a multicast send: symbols assembled per block, blocks rebuilt from any `k`
+//! symbols, checked against their hashes and handed to the shell to write; requests for the
+//! symbols still missing once the source has moved past a block.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use super::layout::{Layout, Slot};
+use super::msg::{DgramHeader, DgramKind, McastMsg, Nak};
+use super::{fec, Micros};
+
+/// Timers and limits.
+#[derive(Debug, Clone, Copy)]
+pub struct ReceiverConfig {
+    /// A block's request is repeated after this long without it being complete.
+    pub renak: Micros,
+    /// Most bytes held in incomplete blocks; past it the receiver gives up (it cannot keep
+    /// up with the source).
+    pub max_held: u64,
+}
+
+impl Default for ReceiverConfig {
+    fn default() -> Self {
+        Self {
+            renak: 40_000,
+            max_held: 512 << 20,
+        }
+    }
+}
+
+/// What the shell must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RxEvent {
+    /// Write these verified bytes at `offset`.
+    Write {
+        /// Where in the file.
+        offset: u64,
+        /// The block's bytes.
+        data: Vec<u8>,
+    },
+    /// Every block is written: the copy is whole.
+    Complete,
+    /// The receiver gave up.
+    Failed(String),
+}
+
+/// Counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RxStats {
+    /// Datagrams of this session taken.
+    pub datagrams: u64,
+    /// Symbols that were already here.
+    pub duplicates: u64,
+    /// Blocks rebuilt with parity.
+    pub decoded: u64,
+    /// Blocks whose hash did not match (asked for again).
+    pub corrupt: u64,
+    /// Block requests sent.
+    pub naks: u64,
+}
+
+#[derive(Debug)]
+struct Partial {
+    syms: Vec<Option<Box<[u8]>>>,
+    have: u32,
+    seen: u32,
+    last_nak: Option<Micros>,
+}
+
+/// One receiver's state.
+#[derive(Debug)]
+pub struct Receiver {
+    layout: Layout,
+    session: u64,
+    cfg: ReceiverConfig,
+    blocks: u32,
+    done: Vec<bool>,
+    done_count: u32,
+    /// Lowest block not done.
+    low: u32,
+    partial: BTreeMap<u32, Partial>,
+    held: u64,
+    hashes: BTreeMap<u32, [u8; 32]>,
+    waiting: BTreeMap<u32, Vec<u8>>,
+    /// Blocks below this are due: the source has sent a later one (or its end marker).
+    reached: u32,
+    heard: bool,
+    failed: bool,
+    out: VecDeque<McastMsg>,
+    events: VecDeque<RxEvent>,
+    /// Counters.
+    pub stats: RxStats,
+}
+
+impl Receiver {
+    /// A receiver of `session`'s file cut as `layout`.
+    pub fn new(layout: Layout, session: u64, cfg: ReceiverConfig) -> Self {
+        let blocks = layout.blocks() as u32;
+        let mut r = Self {
+            layout,
+            session,
+            cfg,
+            blocks,
+            done: vec![false; blocks as usize],
+            done_count: 0,
+            low: 0,
+            partial: BTreeMap::new(),
+            held: 0,
+            hashes: BTreeMap::new(),
+            waiting: BTreeMap::new(),
+            reached: 0,
+            heard: false,
+            failed: false,
+            out: VecDeque::new(),
+            events: VecDeque::new(),
+            stats: RxStats::default(),
+        };
+        if blocks == 0 {
+            r.events.push_back(RxEvent::Complete);
+        }
+        r
+    }
+
+    /// True once every block is written.
+    pub fn complete(&self) -> bool {
+        self.done_count == self.blocks
+    }
+
+    /// Bytes of verified blocks.
+    pub fn bytes_done(&self) -> u64 {
+        u64::from(self.done_count) * self.layout.block_bytes()
+    }
+
+    /// A datagram from the group (any content: what is not this session's is ignored).
+    pub fn handle_datagram(&mut self, now: Micros, d: &[u8]) {
+        let _ = now;
+        let Some((h, body)) = DgramHeader::read(d) else {
+            return;
+        };
+        if h.session != self.session || self.failed {
+            return;
+        }
+        if !self.heard {
+            self.heard = true;
+            self.out.push_back(McastMsg::Heard);
+        }
+        self.stats.datagrams += 1;
+        match h.kind {
+            DgramKind::Hello => {}
+            DgramKind::End => self.reached = self.blocks,
+            DgramKind::Data => self.symbol(h.block, h.index, body),
+        }
+    }
+
+    fn symbol(&mut self, b: u32, index: u32, body: &[u8]) {
+        if b >= self.blocks || body.len() != self.layout.symbol as usize {
+            return;
+        }
+        self.reached = self.reached.max(b);
+        if self.done[b as usize] || self.waiting.contains_key(&b) {
+            self.stats.duplicates += 1;
+            return;
+        }
+        let (k, m) = (self.layout.k_of(b), self.layout.m);
+        let at = match self.layout.slot(b, index) {
+            Slot::Source(i) => i,
+            Slot::Parity(j) => k + j,
+        } as usize;
+        if self.held + u64::from(self.layout.symbol) > self.cfg.max_held {
+            self.fail(format!(
+                "more than {} MiB of incomplete blocks held: this receiver cannot keep up",
+                self.cfg.max_held >> 20
+            ));
+            return;
+        }
+        let p = self.partial.entry(b).or_insert_with(|| Partial {
+            syms: vec![None; (k + m) as usize],
+            have: 0,
+            seen: 0,
+            last_nak: None,
+        });
+        p.seen = p.seen.max(index.saturating_add(1));
+        if p.syms[at].is_some() {
+            self.stats.duplicates += 1;
+            return;
+        }
+        p.syms[at] = Some(body.into());
+        p.have += 1;
+        self.held += u64::from(self.layout.symbol);
+        if p.have >= k {
+            self.rebuild(b);
+        }
+    }
+
+    fn fail(&mut self, why: String) {
+        if !self.failed {
+            self.failed = true;
+            self.events.push_back(RxEvent::Failed(why));
+        }
+    }
+
+    /// Block `b` has `k` symbols: rebuild it and check it (or hold it for its hash).
+    fn rebuild(&mut self, b: u32) {
+        let Some(p) = self.partial.remove(&b) else {
+            return;
+        };
+        self.held -= u64::from(p.have) * u64::from(self.layout.symbol);
+        let (k, m, s) = (
+            self.layout.k_of(b) as usize,
+            self.layout.m as usize,
+            self.layout.symbol as usize,
+        );
+        let mut src: Vec<Option<Box<[u8]>>> = p.syms[..k].to_vec();
+        if src.iter().any(Option::is_none) {
+            let have: Vec<(usize, &[u8])> = src
+                .iter()
+                .enumerate()
+                .filter_map(|(i, x)| x.as_deref().map(|x| (i, x)))
+                .collect();
+            let par: Vec<(usize, &[u8])> = p.syms[k..]
+                .iter()
+                .enumerate()
+                .filter_map(|(j, x)| x.as_deref().map(|x| (j, x)))
+                .collect();
+            match fec::decode(k, m, s, &have, &par) {
+                Ok(restored) => {
+                    for (i, v) in restored {
+                        if i < k {
+                            src[i] = Some(v.into_boxed_slice());
+                        }
+                    }
+                    self.stats.decoded += 1;
+                }
+                Err(_) => return self.corrupt(b, p.seen),
+            }
+        }
+        let len = self.layout.block_range(b).1 as usize;
+        let mut data = Vec::with_capacity(k * s);
+        for x in &src {
+            match x {
+                Some(x) => data.extend_from_slice(x),
+                None => return self.corrupt(b, p.seen),
+            }
+        }
+        data.truncate(len);
+        match self.hashes.get(&b) {
+            Some(h) => {
+                let h = *h;
+                self.check(b, data, &h, p.seen);
+            }
+            None => {
+                self.waiting.insert(b, data);
+            }
+        }
+    }
+
+    fn check(&mut self, b: u32, data: Vec<u8>, hash: &[u8; 32], seen: u32) {
+        if blake3::hash(&data).as_bytes() != hash {
+            return self.corrupt(b, seen);
+        }
+        self.hashes.remove(&b);
+        self.done[b as usize] = true;
+        self.done_count += 1;
+        while self.low < self.blocks && self.done[self.low as usize] {
+            self.low += 1;
+        }
+        let offset = self.layout.block_range(b).0;
+        self.events.push_back(RxEvent::Write { offset, data });
+        if self.complete() {
+            self.events.push_back(RxEvent::Complete);
+        }
+    }
+
+    /// A block that did not rebuild or match its hash (a forged or corrupt datagram): start
+    /// it again, asking for a whole block's worth of new symbols.
+    fn corrupt(&mut self, b: u32, seen: u32) {
+        self.stats.corrupt += 1;
+        let (k, m) = (self.layout.k_of(b), self.layout.m);
+        self.partial.insert(
+            b,
+            Partial {
+                syms: vec![None; (k + m) as usize],
+                have: 0,
+                seen,
+                last_nak: None,
+            },
+        );
+    }
+
+    /// A control message from the source.
+    pub fn handle_msg(&mut self, now: Micros, msg: McastMsg) {
+        let _ = now;
+        match msg {
+            McastMsg::Hashes { first, hashes } => {
+                for (i, h) in hashes.into_iter().enumerate() {
+                    let Some(b) = first.checked_add(i as u32).filter(|b| *b < self.blocks) else {
+                        break;
+                    };
+                    if self.done[b as usize] {
+                        continue;
+                    }
+                    self.hashes.insert(b, h);
+                    if let Some(data) = self.waiting.remove(&b) {
+                        self.check(b, data, &h, 0);
+                    }
+                }
+            }
+            McastMsg::End { .. } => self.reached = self.blocks,
+            _ => {}
+        }
+    }
+
+    /// Timers: requests for the blocks the source has moved past.
+    pub fn handle_timeout(&mut self, now: Micros) {
+        if self.failed {
+            return;
+        }
+        let mut naks = Vec::new();
+        let limit = self.reached;
+        for b in self.low..limit {
+            if self.done[b as usize] || self.waiting.contains_key(&b) {
+                continue;
+            }
+            let (k, m) = (self.layout.k_of(b), self.layout.m);
+            // A block never seen at all gets its place now (it holds no symbol yet).
+            let p = self.partial.entry(b).or_insert_with(|| Partial {
+                syms: vec![None; (k + m) as usize],
+                have: 0,
+                seen: 0,
+                last_nak: None,
+            });
+            if p.last_nak
+                .is_some_and(|t| now.saturating_sub(t) < self.cfg.renak)
+            {
+                continue;
+            }
+            p.last_nak = Some(now);
+            naks.push(Nak {
+                block: b,
+                seen: p.seen,
+                need: k - p.have.min(k),
+            });
+            if naks.len() as u32 >= super::msg::MAX_LIST {
+                break;
+            }
+        }
+        if !naks.is_empty() {
+            self.stats.naks += naks.len() as u64;
+            self.out.push_back(McastMsg::Nak(naks));
+        }
+    }
+
+    /// When [`Receiver::handle_timeout`] has work next.
+    pub fn poll_timeout(&self) -> Micros {
+        let mut t = Micros::MAX;
+        for b in self.low..self.reached {
+            if self.done[b as usize] || self.waiting.contains_key(&b) {
+                continue;
+            }
+            match self.partial.get(&b).and_then(|p| p.last_nak) {
+                Some(n) => t = t.min(n + self.cfg.renak),
+                None => return 0,
+            }
+        }
+        t
+    }
+
+    /// The next message for the source.
+    pub fn poll_msg(&mut self) -> Option<McastMsg> {
+        self.out.pop_front()
+    }
+
+    /// The next thing for the shell to do.
+    pub fn poll_event(&mut self) -> Option<RxEvent> {
+        self.events.pop_front()
+    }
+}

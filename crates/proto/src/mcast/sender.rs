@@ -1,0 +1,388 @@
+//! The source of a multicast send: the first pass over every block, then parity granted on
+//! requests, paced at a rate; end markers until every receiver is done.
+//!
+//! Repairs go before new blocks, so a receiver's incomplete blocks stay few. A request says
+//! how many symbols a receiver still needs of a block and how far into the block's symbol
+//! indexes it has seen; the source grants that many symbols past everything it already sent
+//! or queued for the block, less those that may still be on their way: the ones queued, and
+//! the ones sent within `stale` (a request that crossed them in flight). Receivers missing
+//! different symbols of a block thus share the same new parity symbols: a block costs the
+//! worst receiver's loss, not the sum.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::layout::{Layout, Slot};
+use super::msg::{Nak, DGRAM_HEADER};
+use super::{fec, Micros};
+
+/// Pacing and timers.
+#[derive(Debug, Clone, Copy)]
+pub struct SenderConfig {
+    /// Bytes per second on the wire (Ethernet, IP and UDP headers included).
+    pub rate: u64,
+    /// Period of the end marker once the first pass is over.
+    pub end_interval: Micros,
+    /// Symbols sent longer ago than this are taken as lost by a request that asks past
+    /// them (shorter than the receivers' `renak`).
+    pub stale: Micros,
+}
+
+/// What the shell sends next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tx {
+    /// Symbol `index` of block `block` (see [`CodedBlock::symbol`]).
+    Data {
+        /// Block.
+        block: u32,
+        /// Symbol index.
+        index: u32,
+    },
+    /// The end marker.
+    End,
+}
+
+/// Bytes a datagram costs on an Ethernet LAN beyond its symbol.
+pub const OVERHEAD: u64 = 14 + 20 + 8 + DGRAM_HEADER as u64;
+/// Credit the pacer may bank when polled late, so timer granularity costs no rate.
+const BURST: Micros = 2_000;
+
+#[derive(Debug, Clone, Copy)]
+struct Repair {
+    /// Next index to send.
+    sent: u32,
+    /// Send up to (not including) this index.
+    target: u32,
+    /// When `sent` last reached `target`.
+    caught_up: Micros,
+}
+
+/// Counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SenderStats {
+    /// Symbols of the first pass.
+    pub first_pass: u64,
+    /// Symbols sent as repairs.
+    pub repair: u64,
+    /// End markers.
+    pub ends: u64,
+    /// Requests taken.
+    pub naks: u64,
+}
+
+/// The source's state.
+#[derive(Debug)]
+pub struct Sender {
+    layout: Layout,
+    cfg: SenderConfig,
+    blocks: u32,
+    next_send: Micros,
+    pass: (u32, u32),
+    repairs: BTreeMap<u32, Repair>,
+    due: BTreeSet<u32>,
+    last_end: Option<Micros>,
+    stopped: bool,
+    /// Counters.
+    pub stats: SenderStats,
+}
+
+impl Sender {
+    /// A sender of a file cut as `layout`.
+    pub fn new(layout: Layout, cfg: SenderConfig) -> Self {
+        Self {
+            layout,
+            cfg,
+            blocks: layout.blocks() as u32,
+            next_send: 0,
+            pass: (0, 0),
+            repairs: BTreeMap::new(),
+            due: BTreeSet::new(),
+            last_end: None,
+            stopped: false,
+            stats: SenderStats::default(),
+        }
+    }
+
+    /// True once every block's source symbols went out once.
+    pub fn pass_done(&self) -> bool {
+        self.pass.0 >= self.blocks
+    }
+
+    /// Blocks whose first pass has started (their hashes are due at the receivers).
+    pub fn started_blocks(&self) -> u32 {
+        (self.pass.0 + u32::from(self.pass.1 > 0)).min(self.blocks)
+    }
+
+    /// Sends nothing more (every receiver is done, or the send was given up).
+    pub fn stop(&mut self) {
+        self.stopped = true;
+    }
+
+    /// Changes the rate (bytes per second on the wire).
+    pub fn set_rate(&mut self, rate: u64) {
+        self.cfg.rate = rate.max(1);
+    }
+
+    /// The next datagram, if the pacer allows one now.
+    pub fn poll_transmit(&mut self, now: Micros) -> Option<Tx> {
+        if self.stopped || now < self.next_send {
+            return None;
+        }
+        let tx = self.next_tx(now)?;
+        let bytes = match tx {
+            Tx::Data { .. } => u64::from(self.layout.symbol) + OVERHEAD,
+            Tx::End => OVERHEAD,
+        };
+        let cost = bytes * 1_000_000 / self.cfg.rate.max(1);
+        self.next_send = self.next_send.max(now.saturating_sub(BURST)) + cost;
+        Some(tx)
+    }
+
+    fn next_tx(&mut self, now: Micros) -> Option<Tx> {
+        if let Some(&block) = self.due.first() {
+            let r = self.repairs.get_mut(&block)?;
+            let index = r.sent;
+            r.sent += 1;
+            if r.sent >= r.target {
+                r.caught_up = now;
+                self.due.remove(&block);
+            }
+            self.stats.repair += 1;
+            return Some(Tx::Data { block, index });
+        }
+        if !self.pass_done() {
+            let (block, index) = self.pass;
+            self.pass = if index + 1 >= self.layout.k_of(block) {
+                (block + 1, 0)
+            } else {
+                (block, index + 1)
+            };
+            self.stats.first_pass += 1;
+            return Some(Tx::Data { block, index });
+        }
+        if self
+            .last_end
+            .is_none_or(|t| now.saturating_sub(t) >= self.cfg.end_interval)
+        {
+            self.last_end = Some(now);
+            self.stats.ends += 1;
+            return Some(Tx::End);
+        }
+        None
+    }
+
+    /// A receiver's request for more symbols of a block.
+    pub fn handle_nak(&mut self, now: Micros, nak: Nak) {
+        let b = nak.block;
+        // A block whose first pass is not over is not late yet.
+        if b >= self.blocks || (b >= self.pass.0 && !self.pass_done()) {
+            return;
+        }
+        self.stats.naks += 1;
+        let k = self.layout.k_of(b);
+        let need = nak.need.min(k);
+        let r = self.repairs.entry(b).or_insert(Repair {
+            sent: k,
+            target: k,
+            caught_up: 0,
+        });
+        let seen = nak.seen.min(r.sent);
+        // Queued symbols reach it; sent ones past what it saw may still be in flight.
+        let mut coming = r.target - r.sent;
+        let sending = r.target > r.sent;
+        if sending || now.saturating_sub(r.caught_up) < self.cfg.stale {
+            coming += r.sent - seen;
+        }
+        if need > coming {
+            r.target = r.target.saturating_add(need - coming);
+            self.due.insert(b);
+        }
+    }
+
+    /// When [`Sender::poll_transmit`] may next return something.
+    pub fn poll_timeout(&self) -> Micros {
+        if self.stopped {
+            return Micros::MAX;
+        }
+        if !self.due.is_empty() || !self.pass_done() {
+            return self.next_send;
+        }
+        let end = self.last_end.map_or(0, |t| t + self.cfg.end_interval);
+        self.next_send.max(end)
+    }
+}
+
+/// One block's bytes, zero-padded to whole symbols, and its parity once some is asked for:
+/// what the shell keeps of a recent block to answer [`Tx::Data`].
+#[derive(Debug)]
+pub struct CodedBlock {
+    k: u32,
+    data: Vec<u8>,
+    parity: Option<Vec<Vec<u8>>>,
+}
+
+impl CodedBlock {
+    /// Block `block` of `layout` from its bytes (`data`, the block's length).
+    pub fn new(layout: &Layout, block: u32, mut data: Vec<u8>) -> Self {
+        let k = layout.k_of(block);
+        data.resize(k as usize * layout.symbol as usize, 0);
+        Self {
+            k,
+            data,
+            parity: None,
+        }
+    }
+
+    /// The bytes of symbol `index` (parity computed on first use).
+    pub fn symbol(
+        &mut self,
+        layout: &Layout,
+        block: u32,
+        index: u32,
+    ) -> Result<&[u8], fec::FecError> {
+        let s = layout.symbol as usize;
+        match layout.slot(block, index) {
+            Slot::Source(i) => Ok(&self.data[i as usize * s..(i as usize + 1) * s]),
+            Slot::Parity(j) => {
+                if self.parity.is_none() {
+                    let src: Vec<&[u8]> = self.data.chunks(s).take(self.k as usize).collect();
+                    self.parity = Some(fec::encode(&src, layout.m as usize, s)?);
+                }
+                let p = self.parity.as_ref().map(|p| p[j as usize].as_slice());
+                Ok(p.unwrap_or_default())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sender(size: u64) -> Sender {
+        let l = Layout::new(size, 4, 4, 4).unwrap();
+        Sender::new(
+            l,
+            SenderConfig {
+                rate: 1_000_000,
+                end_interval: 1_000,
+                stale: 500,
+            },
+        )
+    }
+
+    fn drain(s: &mut Sender, now: Micros) -> Vec<Tx> {
+        std::iter::from_fn(|| s.poll_transmit(now)).collect()
+    }
+
+    #[test]
+    fn repairs_are_shared_and_in_flight_ones_not_granted_twice() {
+        let mut s = sender(32);
+        let now = 10_000_000;
+        let first = drain(&mut s, now);
+        assert_eq!(first.len(), 9, "two blocks of four and an end: {first:?}");
+        assert!(s.pass_done());
+        // Two receivers lost two and one symbols of block 0: two parity symbols serve both.
+        s.handle_nak(
+            now,
+            Nak {
+                block: 0,
+                seen: 4,
+                need: 2,
+            },
+        );
+        s.handle_nak(
+            now,
+            Nak {
+                block: 0,
+                seen: 4,
+                need: 1,
+            },
+        );
+        let r = drain(&mut s, now);
+        assert_eq!(
+            r,
+            vec![
+                Tx::Data { block: 0, index: 4 },
+                Tx::Data { block: 0, index: 5 }
+            ]
+        );
+        // A request that crossed them in flight gets nothing more...
+        s.handle_nak(
+            now + 100,
+            Nak {
+                block: 0,
+                seen: 4,
+                need: 2,
+            },
+        );
+        assert!(drain(&mut s, now + 100).is_empty());
+        // ...but once they are stale, they were lost: two new ones.
+        s.handle_nak(
+            now + 1_000,
+            Nak {
+                block: 0,
+                seen: 4,
+                need: 2,
+            },
+        );
+        // (Repairs go first; the end marker is due again too.)
+        let r = drain(&mut s, now + 1_000);
+        let want = vec![
+            Tx::Data { block: 0, index: 6 },
+            Tx::Data { block: 0, index: 7 },
+            Tx::End,
+        ];
+        assert_eq!(r, want);
+        // Past the parity, source symbols again.
+        assert_eq!(
+            Layout::new(32, 4, 4, 4).unwrap().slot(0, 8),
+            Slot::Source(0)
+        );
+        // Requests for blocks out of range are ignored.
+        s.handle_nak(
+            now + 2_000,
+            Nak {
+                block: 9,
+                seen: 0,
+                need: 4,
+            },
+        );
+        assert_eq!(drain(&mut s, now + 2_000), vec![Tx::End]);
+    }
+
+    #[test]
+    fn paces_at_the_rate() {
+        let mut s = sender(4000);
+        let mut now = 0;
+        let mut n = 0;
+        while now < 1_000_000 {
+            while s.poll_transmit(now).is_some() {
+                n += 1;
+            }
+            now = s.poll_timeout().max(now + 1);
+        }
+        // 1 MB/s at 4 + 63 bytes a datagram: about 14,900 in a second (the file is 1,000).
+        assert_eq!(s.stats.first_pass, 1000);
+        assert!(n >= 1000 && s.stats.ends > 0, "{n}");
+        let mut s = sender(400_000);
+        let mut now = 0;
+        while now < 100_000 {
+            while s.poll_transmit(now).is_some() {}
+            now = s.poll_timeout().max(now + 1);
+        }
+        let sent = s.stats.first_pass;
+        assert!((1_400..=1_560).contains(&sent), "{sent} in 0.1 s");
+    }
+
+    #[test]
+    fn coded_blocks_give_padded_source_and_parity() {
+        let l = Layout::new(10, 4, 4, 4).unwrap();
+        let mut c = CodedBlock::new(&l, 0, (1..=10).collect());
+        assert_eq!(c.symbol(&l, 0, 2).unwrap(), &[9, 10, 0, 0]);
+        let p = c.symbol(&l, 0, 3).unwrap().to_vec();
+        assert_eq!(p.len(), 4);
+        let src = [[1u8, 2, 3, 4], [5, 6, 7, 8], [9, 10, 0, 0]];
+        let refs: Vec<&[u8]> = src.iter().map(|s| &s[..]).collect();
+        assert_eq!(p, fec::encode(&refs, 4, 4).unwrap()[0]);
+    }
+}

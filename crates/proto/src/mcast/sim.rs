@@ -1,0 +1,295 @@
+//! A seeded simulation of one multicast source and many receivers on a LAN: every datagram
+//! goes to every receiver after `delay` unless that receiver's loss model drops it; control
+//! messages arrive after `delay` without loss (TCP). Time is simulated; tests check
+//! byte-exact delivery and count what the repairs cost.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use super::msg::{DgramHeader, DgramKind, McastMsg, DGRAM_HEADER};
+use super::receiver::{Receiver, ReceiverConfig, RxEvent};
+use super::sender::{CodedBlock, Sender, SenderConfig, Tx};
+use super::{Layout, Micros};
+
+/// Decides whether receiver `r` loses the `n`th datagram.
+type Loss = Box<dyn FnMut(usize, u64) -> bool>;
+
+enum Ev {
+    Dgram(usize, Vec<u8>),
+    ToRx(usize, McastMsg),
+    ToTx(McastMsg),
+}
+
+struct Sim {
+    layout: Layout,
+    file: Vec<u8>,
+    delay: Micros,
+    sender: Sender,
+    rx: Vec<Receiver>,
+    copies: Vec<Vec<u8>>,
+    done: Vec<Option<Micros>>,
+    queue: BinaryHeap<Reverse<(Micros, u64)>>,
+    events: HashMap<u64, Ev>,
+    seq: u64,
+    cache: HashMap<u32, CodedBlock>,
+    hashed: u32,
+    datagrams: u64,
+}
+
+struct Outcome {
+    /// When the last receiver was done.
+    finish: Micros,
+    /// Data datagrams sent per source symbol.
+    cost: f64,
+}
+
+impl Sim {
+    fn new(size: usize, layout: (u32, u32, u32), n: usize, rate: u64, seed: u64) -> Self {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let file: Vec<u8> = (0..size).map(|_| rng.gen()).collect();
+        let layout = Layout::new(size as u64, layout.0, layout.1, layout.2).unwrap();
+        let cfg = SenderConfig {
+            rate,
+            end_interval: 20_000,
+            stale: 15_000,
+        };
+        let rcfg = ReceiverConfig {
+            renak: 40_000,
+            max_held: 64 << 20,
+        };
+        Self {
+            layout,
+            delay: 200,
+            sender: Sender::new(layout, cfg),
+            rx: (0..n).map(|_| Receiver::new(layout, 9, rcfg)).collect(),
+            copies: vec![vec![0; size]; n],
+            done: vec![None; n],
+            queue: BinaryHeap::new(),
+            events: HashMap::new(),
+            seq: 0,
+            cache: HashMap::new(),
+            hashed: 0,
+            datagrams: 0,
+            file,
+        }
+    }
+
+    fn at(&mut self, t: Micros, ev: Ev) {
+        self.seq += 1;
+        self.queue.push(Reverse((t, self.seq)));
+        self.events.insert(self.seq, ev);
+    }
+
+    fn datagram(&mut self, tx: Tx) -> Vec<u8> {
+        let (kind, block, index) = match tx {
+            Tx::Data { block, index } => (DgramKind::Data, block, index),
+            Tx::End => (DgramKind::End, self.layout.blocks() as u32, 0),
+        };
+        let mut d = vec![0u8; DGRAM_HEADER];
+        DgramHeader {
+            session: 9,
+            kind,
+            block,
+            index,
+        }
+        .write(&mut d);
+        if kind == DgramKind::Data {
+            let (l, file) = (self.layout, &self.file);
+            let c = self.cache.entry(block).or_insert_with(|| {
+                let (off, len) = l.block_range(block);
+                CodedBlock::new(&l, block, file[off as usize..(off + len) as usize].to_vec())
+            });
+            d.extend_from_slice(c.symbol(&l, block, index).unwrap());
+        }
+        d
+    }
+
+    /// Runs until every receiver is done or `limit`; `loss` decides drops.
+    fn run(&mut self, mut loss: Loss, limit: Micros) -> Outcome {
+        let mut now: Micros = 0;
+        let n = self.rx.len();
+        let mut end_told = false;
+        while now < limit && self.done.iter().any(Option::is_none) {
+            while let Some(tx) = self.sender.poll_transmit(now) {
+                let d = self.datagram(tx);
+                if matches!(tx, Tx::Data { .. }) {
+                    self.datagrams += 1;
+                }
+                for r in 0..n {
+                    if !loss(r, self.datagrams) {
+                        self.at(now + self.delay, Ev::Dgram(r, d.clone()));
+                    }
+                }
+            }
+            self.control(now, &mut end_told);
+            while let Some(&Reverse((t, id))) = self.queue.peek() {
+                if t > now {
+                    break;
+                }
+                self.queue.pop();
+                match self.events.remove(&id) {
+                    Some(Ev::Dgram(r, d)) => self.rx[r].handle_datagram(now, &d),
+                    Some(Ev::ToRx(r, m)) => self.rx[r].handle_msg(now, m),
+                    Some(Ev::ToTx(McastMsg::Nak(list))) => list
+                        .into_iter()
+                        .for_each(|k| self.sender.handle_nak(now, k)),
+                    _ => {}
+                }
+            }
+            self.receivers(now);
+            if self.done.iter().all(Option::is_some) {
+                self.sender.stop();
+            }
+            let mut next = self.sender.poll_timeout();
+            for r in &self.rx {
+                next = next.min(r.poll_timeout());
+            }
+            if let Some(Reverse((t, _))) = self.queue.peek() {
+                next = next.min(*t);
+            }
+            now = next.max(now + 1);
+        }
+        Outcome {
+            finish: self
+                .done
+                .iter()
+                .map(|d| d.unwrap_or(Micros::MAX))
+                .max()
+                .unwrap_or(0),
+            cost: self.datagrams as f64 / self.sender.stats.first_pass.max(1) as f64,
+        }
+    }
+
+    /// Hashes of the blocks started and the end of the pass, to every receiver by "TCP".
+    fn control(&mut self, now: Micros, end_told: &mut bool) {
+        let started = self.sender.started_blocks();
+        if started > self.hashed {
+            let hashes: Vec<[u8; 32]> = (self.hashed..started)
+                .map(|b| {
+                    let (off, len) = self.layout.block_range(b);
+                    *blake3::hash(&self.file[off as usize..(off + len) as usize]).as_bytes()
+                })
+                .collect();
+            for r in 0..self.rx.len() {
+                let m = McastMsg::Hashes {
+                    first: self.hashed,
+                    hashes: hashes.clone(),
+                };
+                self.at(now + self.delay, Ev::ToRx(r, m));
+            }
+            self.hashed = started;
+        }
+        if self.sender.pass_done() && !*end_told {
+            *end_told = true;
+            let blocks = self.layout.blocks() as u32;
+            for r in 0..self.rx.len() {
+                self.at(now + self.delay, Ev::ToRx(r, McastMsg::End { blocks }));
+            }
+        }
+    }
+
+    fn receivers(&mut self, now: Micros) {
+        for r in 0..self.rx.len() {
+            self.rx[r].handle_timeout(now);
+            while let Some(m) = self.rx[r].poll_msg() {
+                self.at(now + self.delay, Ev::ToTx(m));
+            }
+            while let Some(ev) = self.rx[r].poll_event() {
+                match ev {
+                    RxEvent::Write { offset, data } => {
+                        let o = offset as usize;
+                        self.copies[r][o..o + data.len()].copy_from_slice(&data);
+                    }
+                    RxEvent::Complete => self.done[r] = Some(now),
+                    RxEvent::Failed(e) => panic!("receiver {r} failed: {e}"),
+                }
+            }
+        }
+    }
+
+    fn assert_exact(&self) {
+        for (r, c) in self.copies.iter().enumerate() {
+            assert!(c == &self.file, "receiver {r}'s copy differs");
+            assert!(self.rx[r].complete());
+        }
+    }
+}
+
+fn random_loss(p: f64, seed: u64) -> Loss {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    Box::new(move |_, _| rng.gen_bool(p))
+}
+
+/// 4 MiB in 64-byte symbols, blocks of 256 with up to 256 parity: the LAN's shape, small.
+const SHAPE: (u32, u32, u32) = (64, 256, 256);
+const SIZE: usize = (4 << 20) + 1234;
+/// 1 MB/s on the wire: 14,200 datagrams a second.
+const RATE: u64 = 1_000_000;
+
+#[test]
+fn every_receiver_gets_an_exact_copy_at_0_1_and_5_percent_loss() {
+    for (p, n, max_cost) in [(0.0, 4, 1.0), (0.01, 16, 1.05), (0.05, 16, 1.15)] {
+        let mut sim = Sim::new(SIZE, SHAPE, n, RATE, 1);
+        let out = sim.run(random_loss(p, 7), 600_000_000);
+        sim.assert_exact();
+        // The first pass alone, at the rate: the floor.
+        let floor = sim.sender.stats.first_pass * (64 + super::sender::OVERHEAD) * 1_000_000 / RATE;
+        let eff = floor as f64 / out.finish as f64;
+        assert!(
+            out.cost <= max_cost,
+            "{p} loss, {n} receivers: {:.3} datagrams per symbol",
+            out.cost
+        );
+        // Targets of issue 31 (the LAN's 0.85 at 5%, 0.92 at 1%) as the share of the time
+        // the first pass alone would take.
+        let want = if p > 0.02 { 0.86 } else { 0.93 };
+        assert!(eff >= want, "{p} loss, {n} receivers: {eff:.3} of the rate");
+        if p > 0.0 {
+            assert!(sim.rx.iter().all(|r| r.stats.decoded > 0));
+        }
+    }
+}
+
+#[test]
+fn a_receiver_that_misses_whole_blocks_catches_up() {
+    let mut sim = Sim::new(SIZE, SHAPE, 3, RATE, 2);
+    // Receiver 1 loses datagrams 5,000-6,999 (eight blocks whole), receiver 2 every tenth.
+    let out = sim.run(
+        Box::new(|r, n| (r == 1 && (5_000..7_000).contains(&n)) || (r == 2 && n % 10 == 0)),
+        600_000_000,
+    );
+    sim.assert_exact();
+    assert!(out.finish < 10_000_000, "finished at {} us", out.finish);
+    assert!(sim.rx[1].stats.naks > 0);
+}
+
+#[test]
+fn a_forged_symbol_is_caught_by_the_block_hash() {
+    let mut sim = Sim::new(1 << 20, SHAPE, 2, RATE, 3);
+    // A forged datagram for block 3 at receiver 0 before anything else: its block does not
+    // match its hash, and is asked for again.
+    let mut d = vec![0u8; DGRAM_HEADER + 64];
+    DgramHeader {
+        session: 9,
+        kind: DgramKind::Data,
+        block: 3,
+        index: 5,
+    }
+    .write(&mut d);
+    sim.at(0, Ev::Dgram(0, d));
+    sim.run(random_loss(0.0, 1), 600_000_000);
+    sim.assert_exact();
+    assert_eq!(sim.rx[0].stats.corrupt, 1);
+    assert_eq!(sim.rx[1].stats.corrupt, 0);
+}
+
+#[test]
+fn an_empty_file_completes_at_once() {
+    let mut sim = Sim::new(0, SHAPE, 2, RATE, 4);
+    let out = sim.run(random_loss(0.5, 1), 1_000_000);
+    sim.assert_exact();
+    assert_eq!(out.finish, 0);
+}
