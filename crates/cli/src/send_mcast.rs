@@ -167,6 +167,7 @@ pub async fn send(
         receivers,
         edges: Vec::new(),
         clusters: Vec::new(),
+        rejected: Vec::new(),
         probe: None,
         timeline: Default::default(),
     };
