@@ -56,7 +56,7 @@ use bulkcast_proto::node::CHUNK_SIZE_RANGE;
 use bulkcast_proto::swarm::{Strategy, SwarmConfig, SwarmEvent, SwarmNode, Transmit};
 use bulkcast_proto::tree::{NodeId, Tree};
 use bulkcast_proto::wire::{
-    self, Chunk, Frame, SessionId, SwarmMember, SwarmOpen, SwarmSetup, NO_PARENT,
+    self, Chunk, Frame, SessionId, SourceSig, SwarmMember, SwarmOpen, SwarmSetup, NO_PARENT,
 };
 use tokio::io::{AsyncRead, AsyncWriteExt, BufWriter};
 use tokio::sync::mpsc;
@@ -278,6 +278,7 @@ pub async fn send(
         seed: cfg.seed,
         manifest: manifest.clone(),
         members,
+        sig: keys.sign_open(session, cfg.chunk_size, &manifest, None),
     };
     // Every piece sealed once, then held (a one-file object: only its hash and tag).
     let pieces = manifest.chunks(cfg.chunk_size).unwrap_or(0);
@@ -471,6 +472,13 @@ pub async fn send(
     Ok(report)
 }
 
+/// The peer at the other end of `s`, for messages that name a culprit.
+fn peer_name(s: &Stream) -> String {
+    s.tcp()
+        .and_then(|t| t.peer_addr().ok())
+        .map_or_else(|| "the source's connection".to_string(), |a| a.to_string())
+}
+
 /// The object's length, when a swarm can take it: of known length, and within
 /// [`MAX_SWARM_BYTES`] unless it is one file (`from_disk`: pieces served from the file, not
 /// held in memory).
@@ -525,6 +533,20 @@ pub async fn serve(
     }
     // Agents store into a directory: a one-file object has a file to serve pieces from.
     check_size(&open.manifest, open.manifest.kind == ObjectKind::File)?;
+    // With host keys: a set-up its source signed, and then only pieces that source signed,
+    // whichever peer serves them (from memory or from its disk).
+    let keys = cfg.keys.clone().requiring_source();
+    let keys = match keys.verify_setup(
+        open.session,
+        open.chunk_size,
+        &open.manifest,
+        None,
+        open.sig.as_deref(),
+    ) {
+        Ok(Some(source)) => keys.for_source(source),
+        Ok(None) => keys,
+        Err(e) => return Err(format!("{e} (sent by {})", peer_name(&stream))),
+    };
     let (_registered, mut peers_rx) = cfg.swarms.register(open.session);
     let pieces = open.manifest.chunks(open.chunk_size).unwrap_or(0);
     let (store_tx, mut store_rx) = mpsc::unbounded_channel();
@@ -540,7 +562,7 @@ pub async fn serve(
     let mut net = Net::new(
         &open,
         me,
-        cfg.keys.clone(),
+        keys,
         cfg.tuning.clone(),
         vec![None; pieces as usize],
     )?;
@@ -669,6 +691,8 @@ enum Held {
     Disk {
         hash: [u8; 32],
         tag: [u8; 32],
+        /// The source's signature, served with the piece: peers take no piece without it.
+        sig: Option<Box<SourceSig>>,
         len: u32,
     },
 }
@@ -678,6 +702,7 @@ impl Held {
         Held::Disk {
             hash: c.hash,
             tag: c.tag,
+            sig: c.sig.clone(),
             len: c.data.len() as u32,
         }
     }
@@ -694,9 +719,14 @@ fn piece(
     let Some(h) = held.get(i as usize).and_then(|h| h.as_ref()) else {
         return Ok(None);
     };
-    let (hash, tag, len) = match h {
+    let (hash, tag, sig, len) = match h {
         Held::Mem(c) => return Ok(Some(c.clone())),
-        Held::Disk { hash, tag, len } => (*hash, *tag, *len as usize),
+        Held::Disk {
+            hash,
+            tag,
+            sig,
+            len,
+        } => (*hash, *tag, sig.clone(), *len as usize),
     };
     let at = i * chunk_size as u64;
     let data = match disk.as_ref().ok_or("a stored piece without a file")? {
@@ -712,7 +742,7 @@ fn piece(
         index: i,
         hash,
         tag,
-        sig: None,
+        sig,
         data,
     }))
 }
