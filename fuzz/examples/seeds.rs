@@ -43,6 +43,7 @@ fn open(m: Manifest) -> Open {
         }],
         stripe: None,
         edges: Default::default(),
+        sig: None,
     }
 }
 
@@ -103,6 +104,10 @@ fn main() {
             reason: "no".into(),
         },
         Frame::Open(open(tree.clone())),
+        Frame::Open(Open {
+            sig: keys.sign_open(7, 1 << 16, &tree, None),
+            ..open(tree.clone())
+        }),
         Frame::Chunk(keys.seal(7, 0, Bytes::from_static(b"signed"))),
         Frame::End(keys.seal_end(7, 1, 6)),
         Frame::Dial {

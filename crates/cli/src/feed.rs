@@ -11,7 +11,7 @@ use bulkcast_node::feed::serve::{self, ServeConfig};
 use bulkcast_node::feed::{now_us, DEFAULT_PORT};
 use bulkcast_proto::auth::Keys;
 use bulkcast_proto::feed::msg::Start;
-use bulkcast_proto::feed::product::{AllowRule, ProductAuth, SecretAuth};
+use bulkcast_proto::feed::product::{AllowRule, ProductAuth, SecretAuth, SignedAuth};
 use bulkcast_proto::feed::push::PushConfig;
 use bulkcast_proto::feed::queue::QueueLimits;
 use bulkcast_proto::feed::receiver::ReceiverConfig;
@@ -165,8 +165,15 @@ pub async fn run(cmd: FeedCmd) -> Result<i32> {
 
 fn auth(c: &Common) -> Result<(Keys, Arc<dyn ProductAuth>)> {
     let secret = c.require_secret()?;
-    // The seam for per-host keys: an ed25519 ProductAuth replaces the secret's MAC here.
-    Ok((Keys::derive(&secret), Arc::new(SecretAuth::new(&secret))))
+    // With --key/--allow-keys, connections admit only listed keys and products are signed by
+    // the source's key (subscribers take them only from a key allowed to push); otherwise the
+    // secret's MAC. Feed connections are not encrypted yet, whatever --plaintext says.
+    let keys = c.keys(&secret)?;
+    let auth: Arc<dyn ProductAuth> = match keys.identity() {
+        Some(id) => Arc::new(SignedAuth::new(id.clone())),
+        None => Arc::new(SecretAuth::new(&secret)),
+    };
+    Ok((keys, auth))
 }
 
 async fn run_serve(a: ServeArgs) -> Result<i32> {

@@ -2,7 +2,7 @@
 
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use bulkcast_proto::identity::{AllowList, HostKey, Identity};
@@ -39,11 +39,38 @@ pub fn load(key: &Path, allow: &Path) -> Result<Identity> {
     let text = std::fs::read_to_string(key)
         .with_context(|| format!("reading key file {}", key.display()))?;
     let key = HostKey::from_hex(&text).with_context(|| format!("key file {}", key.display()))?;
-    let list = std::fs::read_to_string(allow)
-        .with_context(|| format!("reading allow list {}", allow.display()))?;
-    let allow = AllowList::parse(&list).with_context(|| format!("{}", allow.display()))?;
+    let allow = load_allow(allow)?;
+    Ok(Identity { key, allow })
+}
+
+/// Reads an allow list file; one that admits nobody is refused.
+pub fn load_allow(path: &Path) -> Result<AllowList> {
+    let list = std::fs::read_to_string(path)
+        .with_context(|| format!("reading allow list {}", path.display()))?;
+    let allow = AllowList::parse(&list).with_context(|| format!("{}", path.display()))?;
     if allow.is_empty() {
         bail!("the allow list admits nobody: add the public keys of the hosts this one talks to");
     }
-    Ok(Identity { key, allow })
+    Ok(allow)
+}
+
+/// Reloads `list` from `path` at every SIGHUP, for as long as the process runs: the agent's
+/// next handshakes (and its signature checks) use the new list, so a key taken off the file
+/// is refused without a restart. A file that does not parse (or admits nobody) leaves the
+/// list as it was, with an error in the log.
+pub fn reload_on_hangup(path: PathBuf, list: AllowList) -> Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            match load_allow(&path) {
+                Ok(new) => {
+                    list.replace(&new);
+                    tracing::info!("allow list {} reloaded: {} keys", path.display(), new.len());
+                }
+                Err(e) => tracing::error!("{e:#}; the previous allow list stays in force"),
+            }
+        }
+    });
+    Ok(())
 }

@@ -95,7 +95,8 @@ pub struct Common {
     #[arg(long, env = "BULKCAST_KEY", requires = "allow_keys")]
     key: Option<PathBuf>,
     /// Allow list: the public keys (one per line, optionally followed by a name) of the hosts
-    /// this one talks to. Removing a line revokes that host at its next connection.
+    /// this one talks to. Removing a line revokes that host at its next connection; an agent
+    /// rereads the file on SIGHUP (`kill -HUP`), without a restart.
     #[arg(long, env = "BULKCAST_ALLOW_KEYS", requires = "key")]
     allow_keys: Option<PathBuf>,
     /// Agree to run connections unencrypted, for trusted networks: a connection is left in
@@ -447,6 +448,10 @@ async fn run_agent(a: AgentArgs) -> Result<i32> {
     let freed = cfg.partials.clean(&cfg.dir);
     if freed > 0 {
         tracing::info!("removed {freed} bytes of stale partial copies");
+    }
+    // `kill -HUP` reloads the allow list: revoking a key needs no restart.
+    if let (Some(path), Some(id)) = (&a.common.allow_keys, cfg.keys.identity()) {
+        keygen::reload_on_hangup(path.clone(), id.allow.clone())?;
     }
     let cfg = Arc::new(cfg);
     match agent::serve(listeners, cfg, a.once, shutdown_signal()).await {

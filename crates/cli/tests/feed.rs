@@ -545,3 +545,90 @@ fn multicast_repairs_real_loss_and_falls_back_where_it_cannot_go() {
     assert_eq!(delivered(&v).len(), 40);
     same_files(&s.0.join("src"), &s.0.join("fb"), &names);
 }
+
+fn keygen(path: &Path) -> String {
+    let out = Command::new(BIN).arg("keygen").arg(path).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// Issue 32: with host keys a feed admits only the keys on its allow list, and its products
+/// are signed by its key (subscribers check them against theirs).
+#[test]
+fn host_keys_admit_feed_subscribers_by_key() {
+    let s = Scratch::new("feed-keys");
+    let key = |n: &str| {
+        let p = s.0.join(format!("{n}.key"));
+        (keygen(&p), p)
+    };
+    let ((srv_pub, srv_key), (sub_pub, sub_key), (_, stranger_key)) =
+        (key("srv"), key("sub"), key("stranger"));
+    let list = |name: &str, text: String| {
+        let p = s.0.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    // The server admits the subscriber (which also inserts); both clients list the server.
+    let srv_allow = list("srv.allow", format!("{sub_pub} sub\n"));
+    let to_srv = list("clients.allow", format!("{srv_pub} feed\n"));
+    let id = |k: &Path, a: &Path| {
+        vec![
+            "--key".to_string(),
+            k.to_str().unwrap().to_string(),
+            "--allow-keys".to_string(),
+            a.to_str().unwrap().to_string(),
+        ]
+    };
+    let srv_id = id(&srv_key, &srv_allow);
+    let srv_args: Vec<&str> = srv_id.iter().map(String::as_str).collect();
+    let server = serve(&s.0.join("q"), "127.0.0.1:0", &srv_args);
+    let names: Vec<String> = vec!["a".into()];
+    let files = write_files(&s.0.join("src"), &names, |_| 3000);
+    let sub_id = id(&sub_key, &to_srv);
+    let out = bin(None)
+        .args([
+            "feed",
+            "insert",
+            "--server",
+            &server.addr,
+            "--feedtype",
+            "IDS",
+        ])
+        .args(&files)
+        .args(&sub_id)
+        .env("BULKCAST_SECRET", SECRET)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "insert: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sub = |k: &Path, dir: &str| {
+        let mut args = vec!["--feedtype", "ANY", "--from", "1", "--duration", "3"];
+        let ident = id(k, &to_srv);
+        args.extend(ident.iter().map(String::as_str));
+        subscribe(&server.addr, &s.0.join(dir), &args)
+            .wait_with_output()
+            .unwrap()
+    };
+    // On the list: the signed product arrives intact.
+    let out = sub(&sub_key, "r1");
+    assert_eq!(
+        delivered(&lines(&out)),
+        vec![1],
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    same_files(&s.0.join("src"), &s.0.join("r1"), &names);
+    // Not on the list: refused before anything moves.
+    let out = sub(&stranger_key, "r2");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("allow list"), "{err}");
+    assert!(!s.0.join("r2/a").exists());
+}

@@ -210,9 +210,9 @@ fn keygen(path: &Path) -> String {
 }
 
 /// Issue 32: per-host keys. An agent admits only the keys on its allow list: a sender whose
-/// key is not on it is refused and nothing is written; a key removed from the list (the agent
-/// restarted with the new list) is refused from then on; an agent refuses a sender that has
-/// the secret but no key.
+/// key is not on it is refused and nothing is written; a key removed from the list is refused
+/// once the agent rereads it (SIGHUP, no restart), and a list that does not parse leaves the
+/// old one in force; an agent refuses a sender that has the secret but no key.
 #[test]
 fn host_keys_admit_the_allowed_refuse_others_and_revocation_holds() {
     use std::os::unix::fs::PermissionsExt;
@@ -301,13 +301,48 @@ fn host_keys_admit_the_allowed_refuse_others_and_revocation_holds() {
     );
     assert_eq!(hash(&dir.join("f.bin")), hash(&src));
     std::fs::remove_file(dir.join("f.bin")).unwrap();
-    drop(a);
-    // Revoked: the source's line removed, the agent restarted with the list.
-    let revoked = write("agent.allow", &[&format!("{stranger_pub} someone else")]);
-    let (_a, addr) = start(&revoked);
+    // Revoked without a restart: the source's line removed, the agent told by SIGHUP.
+    let hup = |what: &str| {
+        let pid = a.child.id().to_string();
+        assert!(Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .unwrap()
+            .success());
+        wait_for_log(&s.0.join("agent.log"), what);
+    };
+    // A list that does not parse is not taken: the old one stays, the source still admitted.
+    write("agent.allow", &["not a key"]);
+    hup("the previous allow list stays in force");
+    let out = push(&src_key, &addr);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_file(dir.join("f.bin")).unwrap();
+    write("agent.allow", &[&format!("{stranger_pub} someone else")]);
+    hup("reloaded: 1 keys");
     let out = push(&src_key, &addr);
     assert!(!out.status.success());
+    let err =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("allow list"), "{err}");
     assert!(!dir.join("f.bin").exists(), "a revoked key wrote");
+    drop(a);
+}
+
+/// Waits (at most 10 s) until `log` contains `what`.
+fn wait_for_log(log: &Path, what: &str) {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if text.contains(what) {
+            return;
+        }
+        assert!(Instant::now() < until, "no {what:?} in the log:\n{text}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// A key file that others can read is refused, as ssh does.
@@ -333,4 +368,83 @@ fn a_key_file_readable_by_others_is_refused() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("readable by others"), "{err}");
+}
+
+/// Issue 32, swarms: with host keys the agents take the swarm set-up and every piece only
+/// with the source's signature, including pieces their peers serve back from disk; agents
+/// listed as relays only, so a piece any of them made up would be refused.
+#[test]
+fn a_swarm_with_host_keys_delivers_source_signed_pieces_from_peers() {
+    let s = Scratch::new("swarm-keys");
+    let fleet = secret(0x5b);
+    let src_key = s.0.join("src.key");
+    let src_pub = keygen(&src_key);
+    let keys: Vec<(std::path::PathBuf, String)> = (0..3)
+        .map(|i| {
+            let p = s.0.join(format!("a{i}.key"));
+            let public = keygen(&p);
+            (p, public)
+        })
+        .collect();
+    let mut agent_list = format!("{src_pub} push source\n");
+    for (i, (_, public)) in keys.iter().enumerate() {
+        agent_list += &format!("{public} relay a{i}\n");
+    }
+    let agent_allow = s.0.join("agent.allow");
+    std::fs::write(&agent_allow, agent_list).unwrap();
+    let src_allow = s.0.join("src.allow");
+    let listed: Vec<&str> = keys.iter().map(|(_, p)| p.as_str()).collect();
+    std::fs::write(&src_allow, listed.join("\n")).unwrap();
+    let agents: Vec<(Agent, String)> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, (key, _))| {
+            agent(
+                &s.0.join(format!("r{i}")),
+                &[("BULKCAST_SECRET", fleet.as_str())],
+                &[
+                    "--key",
+                    key.to_str().unwrap(),
+                    "--allow-keys",
+                    agent_allow.to_str().unwrap(),
+                ],
+                &s.0.join(format!("a{i}.log")),
+            )
+        })
+        .collect();
+    let to: Vec<&str> = agents.iter().map(|(_, a)| a.as_str()).collect();
+    let to = to.join(",");
+    let src = s.0.join("obj.bin");
+    make_file(&src, 3 * MIB + 777, b"swarm-keys");
+    for strategy in ["mob", "swarm"] {
+        let out = send(
+            &[
+                src.to_str().unwrap(),
+                "--to",
+                &to,
+                "--strategy",
+                strategy,
+                "--chunk-kib",
+                "64",
+                "--stall-timeout",
+                "10",
+                "--key",
+                src_key.to_str().unwrap(),
+                "--allow-keys",
+                src_allow.to_str().unwrap(),
+            ],
+            &[("BULKCAST_SECRET", fleet.as_str())],
+        );
+        assert!(
+            out.status.success(),
+            "{strategy}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for i in 0..3 {
+            let got = s.0.join(format!("r{i}/obj.bin"));
+            assert_eq!(hash(&got), hash(&src), "{strategy}: agent {i}");
+            std::fs::remove_file(got).unwrap();
+        }
+    }
 }

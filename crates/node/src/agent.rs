@@ -377,13 +377,14 @@ pub async fn serve_open(
     expect: Option<(SessionId, Target)>,
 ) -> Result<Served, SessionError> {
     let target = session_target(&mut stream, &open, cfg, &expect).await?;
-    // With host keys, only chunks its source signed: a relay cannot forge any.
+    // With host keys, only a set-up, chunks and an end its source signed: a relay can forge
+    // none of them (the node checks the `Open` and binds its keys to that source).
     let keys = cfg.keys.clone().requiring_source();
     let parent = stream
         .tcp()
         .and_then(|t| t.peer_addr().ok())
         .map_or_else(|| "the parent".to_string(), |a| a.to_string());
-    let mut node = match Node::relay(&open, keys.clone(), cfg.node.clone(), Instant::now()) {
+    let mut node = match Node::relay(&open, keys, cfg.node.clone(), Instant::now()) {
         Ok(n) => n,
         Err(e) => {
             let _ = transport::write_frame(
@@ -393,9 +394,10 @@ pub async fn serve_open(
                 },
             )
             .await;
-            return Err(SessionError::Refused(e.to_string()));
+            return Err(SessionError::Refused(format!("{e} (sent by {parent})")));
         }
     };
+    let keys = node.keys().clone();
     // Dropped after the driver (declared before it), so the copy is released first.
     let instance = cfg.running.take_over(open.session).await;
     // Verifying a partial copy reads it whole, which can outlast the parent's patience for our
@@ -456,6 +458,10 @@ pub async fn serve_open(
     };
     r.map_err(|e| match &culprit {
         Some(c) => SessionError::Aborted(session, format!("{e} ({c})")),
+        // A forged `End` (or any other breach) came over the parent's link: name it.
+        None if e.starts_with("parent broke") => {
+            SessionError::Aborted(session, format!("{e} (parent {parent})"))
+        }
         None => SessionError::Aborted(session, e),
     })?;
     counted.done(driver.node().local_done());
@@ -597,9 +603,10 @@ async fn run_without_copy(
 ) -> Result<Served, SessionError> {
     let session = node.params().session;
     node.handle_store_failed(reason, Instant::now());
+    let keys = node.keys().clone();
     let mut driver = Driver::new(
         node,
-        cfg.keys.clone().requiring_source(),
+        keys,
         cfg.tuning.clone(),
         Upstream::Parent(stream),
         None,

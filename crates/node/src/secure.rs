@@ -98,7 +98,7 @@ fn allowed(hs: &snow::HandshakeState, keys: &Keys) -> Result<String, AuthError> 
     let id = keys.identity().ok_or(AuthError::Mode("no host key"))?;
     let remote = hs.get_remote_static().unwrap_or_default();
     match id.allow.find_x25519(remote) {
-        Some((k, "")) => Ok(k.to_string()),
+        Some((k, name)) if name.is_empty() => Ok(k.to_string()),
         Some((k, name)) => Ok(format!("{name} ({k})")),
         None => Err(AuthError::NotAllowed(
             remote

@@ -340,6 +340,7 @@ mod tests {
                 members: vec![],
                 stripe: None,
                 edges: Default::default(),
+                sig: None,
             });
             transport::write_frame(&mut o, &open).await.unwrap();
             (j, a, o)

@@ -9,24 +9,33 @@ use bulkcast_node::transport::{self, Stream};
 use bulkcast_proto::auth::{Keys, Secret};
 use bulkcast_proto::identity::{AllowList, HostKey, Identity, Role};
 use bulkcast_proto::manifest::{Manifest, ObjectKind};
-use bulkcast_proto::wire::{Frame, Member, Open};
+use bulkcast_proto::wire::{End, Frame, Member, Open};
 use bytes::Bytes;
 
-fn open(session: u64, len: u64) -> Open {
+fn manifest(name: &str, kind: ObjectKind, len: u64) -> Manifest {
+    Manifest {
+        name: name.into(),
+        kind,
+        total_len: (kind == ObjectKind::File).then_some(len),
+        entries: vec![],
+        mode: 0o644,
+        mtime: None,
+    }
+}
+
+const SESSION: u64 = 0xf0;
+const CHUNK: u32 = 1 << 16;
+
+/// The set-up of [`SESSION`] for `manifest`, signed by `signer` (`None`: unsigned).
+fn open(manifest: Manifest, signer: Option<&Keys>) -> Open {
     Open {
-        session,
+        session: SESSION,
         node: 1,
-        chunk_size: 1 << 16,
+        chunk_size: CHUNK,
         stall_timeout_ms: 1000,
         cc: String::new(),
-        manifest: Manifest {
-            name: "forged.bin".into(),
-            kind: ObjectKind::File,
-            total_len: Some(len),
-            entries: vec![],
-            mode: 0o644,
-            mtime: None,
-        },
+        sig: signer.and_then(|k| k.sign_open(SESSION, CHUNK, &manifest, None)),
+        manifest,
         members: vec![Member {
             node: 1,
             parent: 0,
@@ -39,20 +48,22 @@ fn open(session: u64, len: u64) -> Open {
     }
 }
 
-/// Runs one session from a parent holding `parent_key` that sends `chunk` (sealed by
-/// `sealer`) to an agent whose allow list is `allow`; returns the agent's outcome.
-async fn push(
+fn secret() -> Secret {
+    Secret::from_bytes([0x32; 32])
+}
+
+/// Runs one session from a parent holding `parent_key` that sends `frames` to an agent
+/// whose allow list is `allow`; returns the agent's outcome.
+async fn push_frames(
     dir: &std::path::Path,
     parent_key: &HostKey,
     allow: &AllowList,
-    sealer: &Keys,
-    data: &'static [u8],
+    frames: Vec<Frame>,
 ) -> Result<agent::Served, SessionError> {
-    let secret = Secret::from_bytes([0x32; 32]);
     let agent_key = HostKey::from_seed([9; 32]);
     let cfg = AgentConfig {
         dir: dir.to_path_buf(),
-        keys: Keys::derive(&secret).with_identity(Identity {
+        keys: Keys::derive(&secret()).with_identity(Identity {
             key: agent_key.clone(),
             allow: allow.clone(),
         }),
@@ -68,7 +79,7 @@ async fn push(
         partials: Default::default(),
         running: Default::default(),
     };
-    let parent_keys = Keys::derive(&secret).with_identity(Identity {
+    let parent_keys = Keys::derive(&secret()).with_identity(Identity {
         key: parent_key.clone(),
         allow: AllowList::of([agent_key.public()]),
     });
@@ -79,17 +90,11 @@ async fn push(
         let mut s = transport::handshake_connect(Stream::Tcp(s), &parent_keys)
             .await
             .unwrap();
-        transport::write_frame(&mut s, &Frame::Open(open(0xf0, data.len() as u64)))
-            .await
-            .unwrap();
-        let c = sealer.seal(0xf0, 0, Bytes::from_static(data));
-        transport::write_frame(&mut s, &Frame::Chunk(c))
-            .await
-            .unwrap();
-        let end = sealer.seal_end(0xf0, 1, data.len() as u64);
-        transport::write_frame(&mut s, &Frame::End(end))
-            .await
-            .unwrap();
+        for f in &frames {
+            if transport::write_frame(&mut s, f).await.is_err() {
+                break; // refused early
+            }
+        }
         // Answer nothing the agent asks again; hold the connection until it gives up.
         let _ = tokio::time::timeout(Duration::from_secs(3), async {
             while let Ok(Some(_)) = transport::read_frame(&mut s, 1 << 20).await {}
@@ -104,22 +109,57 @@ async fn push(
     r
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_relay_without_the_source_key_cannot_make_an_agent_accept_a_forged_chunk() {
-    let dir = std::env::temp_dir().join(format!("bulkcast-forgery-{}", std::process::id()));
+/// One chunk of `data` sealed by `sealer`, as a file, in a set-up the source signed.
+async fn push(
+    dir: &std::path::Path,
+    parent_key: &HostKey,
+    allow: &AllowList,
+    sealer: &Keys,
+    data: &'static [u8],
+) -> Result<agent::Served, SessionError> {
+    let m = manifest("forged.bin", ObjectKind::File, data.len() as u64);
+    let frames = vec![
+        Frame::Open(open(m, Some(&as_key(&source())))),
+        Frame::Chunk(sealer.seal(SESSION, 0, Bytes::from_static(data))),
+        Frame::End(sealer.seal_end(SESSION, 1, data.len() as u64)),
+    ];
+    push_frames(dir, parent_key, allow, frames).await
+}
+
+fn source() -> HostKey {
+    HostKey::from_seed([1; 32])
+}
+
+fn relay() -> HostKey {
+    HostKey::from_seed([2; 32])
+}
+
+fn allow() -> AllowList {
+    AllowList::with_roles([
+        (source().public(), Role::Push),
+        (relay().public(), Role::Relay),
+    ])
+}
+
+fn as_key(k: &HostKey) -> Keys {
+    Keys::derive(&secret()).with_identity(Identity {
+        key: k.clone(),
+        allow: AllowList::default(),
+    })
+}
+
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("bulkcast-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let source = HostKey::from_seed([1; 32]);
-    let relay = HostKey::from_seed([2; 32]);
-    let allow =
-        AllowList::with_roles([(source.public(), Role::Push), (relay.public(), Role::Relay)]);
-    let secret = Secret::from_bytes([0x32; 32]);
-    let as_key = |k: &HostKey| {
-        Keys::derive(&secret).with_identity(Identity {
-            key: k.clone(),
-            allow: AllowList::default(),
-        })
-    };
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_without_the_source_key_cannot_make_an_agent_accept_a_forged_chunk() {
+    let dir = scratch("forgery");
+    let (source, relay, allow) = (source(), relay(), allow());
+    let secret = secret();
 
     // The relay is admitted (it may relay), holds the session secret and MAC key, and signs
     // its forgery with its own key: refused, nothing written, the sender named.
@@ -149,5 +189,78 @@ async fn a_relay_without_the_source_key_cannot_make_an_agent_accept_a_forged_chu
         std::fs::read(dir.join("forged.bin")).unwrap(),
         b"real bytes"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_cannot_forge_the_end_or_the_manifest_and_is_named() {
+    let dir = scratch("forged-end");
+    let (source, relay, allow) = (source(), relay(), allow());
+    let data = Bytes::from_static(b"the first of many chunks");
+    let real = manifest("stream.bin", ObjectKind::Stream, 0);
+    let chunk = as_key(&source).seal(SESSION, 0, data.clone());
+    let with_end = |end: End| {
+        vec![
+            Frame::Open(open(real.clone(), Some(&as_key(&source)))),
+            Frame::Chunk(chunk.clone()),
+            Frame::End(end),
+        ]
+    };
+    // A stream cut short by the relay: an `End` it sealed (MAC-valid: it holds the secret)
+    // and signed itself, or left unsigned. Refused, the relay named, nothing in place.
+    let len = data.len() as u64;
+    for (sealer, want) in [
+        (as_key(&relay), "may not push"),
+        (Keys::derive(&secret()), "not signed by its source"),
+    ] {
+        let end = sealer.seal_end(SESSION, 1, len);
+        let r = push_frames(&dir, &relay, &allow, with_end(end)).await;
+        let e = r.expect_err("a forged end was accepted").to_string();
+        assert!(e.contains("end of the object"), "{e}");
+        assert!(e.contains(want), "{e}");
+        assert!(
+            e.contains("parent 127.0.0.1:"),
+            "the culprit is not named: {e}"
+        );
+        assert!(
+            !dir.join("stream.bin").exists(),
+            "a cut stream was put in place"
+        );
+    }
+
+    // The file list: renamed (and retargeted) by the relay under the source's signature,
+    // signed by the relay, or unsigned. Refused before anything is created.
+    let clean = scratch("forged-open");
+    let renamed = manifest("elsewhere.bin", ObjectKind::File, len);
+    let mut moved = open(renamed.clone(), None);
+    moved.sig = open(real.clone(), Some(&as_key(&source))).sig;
+    for (o, want) in [
+        (moved, "signature does not match"),
+        (open(renamed.clone(), Some(&as_key(&relay))), "may not push"),
+        (open(renamed.clone(), None), "not signed by its source"),
+    ] {
+        let frames = vec![
+            Frame::Open(o),
+            Frame::Chunk(chunk.clone()),
+            Frame::End(as_key(&source).seal_end(SESSION, 1, len)),
+        ];
+        let r = push_frames(&clean, &relay, &allow, frames).await;
+        let e = r.expect_err("a forged set-up was accepted").to_string();
+        assert!(e.contains("session set-up"), "{e}");
+        assert!(e.contains(want), "{e}");
+        assert!(
+            e.contains("sent by 127.0.0.1:"),
+            "the culprit is not named: {e}"
+        );
+        let written = std::fs::read_dir(&clean).unwrap().count();
+        assert_eq!(written, 0, "something was written");
+    }
+    let _ = std::fs::remove_dir_all(&clean);
+
+    // Everything the source's: delivered through the same relay.
+    let end = as_key(&source).seal_end(SESSION, 1, len);
+    let r = push_frames(&dir, &relay, &allow, with_end(end)).await;
+    assert!(r.is_ok(), "{r:?}");
+    assert_eq!(std::fs::read(dir.join("stream.bin")).unwrap(), data);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -11,15 +11,24 @@
 //!   chunk is never written; `End` is authenticated the same way so a cut stream is never
 //!   complete.
 //!
-//! Every session member holds the secret, so members trust each other: an insider could forge
-//! chunks (docs/DESIGN.md, threat model). Per-source signatures would close that with a longer
-//! tag.
+//! - **Source signatures** (with host keys): the source also signs each chunk's hash, the
+//!   session set-up (session, chunk size, manifest, stripe: what lands on disk and where; see
+//!   [`Keys::sign_open`]) and the `End`. A receiver that requires them
+//!   ([`Keys::requiring_source`]) takes the set-up and every chunk only when a key allowed to
+//!   push here signed it, and the `End` only from the key that signed the set-up
+//!   ([`Keys::for_source`]). So a relaying member with the relay role, which holds the secret
+//!   and the MAC key, can neither forge data, nor rename or re-list the object, nor cut it
+//!   short.
+//!
+//! In secret mode (no host keys) every member holds every key: members trust each other and an
+//! insider could forge chunks (docs/DESIGN.md, threat model).
 
 use std::sync::Arc;
 
 use crate::groups::{self, GroupError, Groups};
 use crate::identity::{Identity, PublicKey, Role};
-use crate::wire::{Chunk, End, Head, SessionId, SourceSig, VERSION};
+use crate::manifest::Manifest;
+use crate::wire::{object_id, Chunk, End, Head, Open, SessionId, SourceSig, StripeInfo, VERSION};
 use bytes::Bytes;
 
 /// The session secret (32 bytes; written as 64 hex digits).
@@ -71,6 +80,8 @@ pub struct Keys {
     identity: Option<Arc<Identity>>,
     plaintext: bool,
     require_source: bool,
+    /// The session's source, once its signed set-up was accepted: only its signatures count.
+    source: Option<PublicKey>,
 }
 
 impl std::fmt::Debug for Keys {
@@ -133,6 +144,23 @@ pub enum ChunkError {
     BadGroups(u64, GroupError),
 }
 
+/// Why a session set-up or an `End` did not carry an acceptable source signature.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SignedError {
+    /// No signature, where this host requires one.
+    #[error("{0} not signed by its source")]
+    Unsigned(&'static str),
+    /// Signed by a key that may not push here (relay-only, or not on the list).
+    #[error("{0} signed by {1}, which may not push to this host")]
+    NotASource(&'static str, String),
+    /// Signed by a key that may push here, but not by this session's source.
+    #[error("{0} signed by {1}, not by this session's source")]
+    OtherSource(&'static str, String),
+    /// The signature does not match what it came with (forged, or altered on the way).
+    #[error("{0}: the source's signature does not match")]
+    BadSignature(&'static str),
+}
+
 impl Keys {
     /// Derives the keys from the secret.
     pub fn derive(secret: &Secret) -> Self {
@@ -142,6 +170,7 @@ impl Keys {
             identity: None,
             plaintext: false,
             require_source: false,
+            source: None,
         }
     }
 
@@ -154,6 +183,23 @@ impl Keys {
             require_source: self.identity.is_some(),
             ..self
         }
+    }
+
+    /// Accepts, from now on, only `source`'s signature (the key that signed the session's
+    /// set-up, as [`Keys::verify_open`] returned it) on the session's `End`: another key allowed
+    /// to push here cannot end a session it did not start. (Chunks are taken signed by any key
+    /// with the push role: a relay that holds one re-seals what it reads back from its own
+    /// earlier copy.)
+    pub fn for_source(self, source: PublicKey) -> Self {
+        Self {
+            source: Some(source),
+            ..self
+        }
+    }
+
+    /// Whether this host takes only data its source signed (see [`Keys::requiring_source`]).
+    pub fn requires_source(&self) -> bool {
+        self.require_source
     }
 
     /// With a host key and an allow list: handshakes then also prove each end's key, and admit
@@ -292,18 +338,117 @@ impl Keys {
         Ok(())
     }
 
-    /// The authenticated end of an object.
+    /// Checks `sig` over `msg`: a key allowed to push here (with `pinned`, the session's
+    /// source, once there is one) made it.
+    fn check_signer(
+        &self,
+        sig: Option<&SourceSig>,
+        msg: &[u8],
+        pinned: bool,
+    ) -> Result<PublicKey, Signer> {
+        let (Some(id), Some(sig)) = (&self.identity, sig) else {
+            return Err(Signer::Missing);
+        };
+        let key = PublicKey::from_bytes(&sig.key).map_err(|_| Signer::Bad)?;
+        if id.allow.role(&key) != Some(Role::Push) {
+            return Err(Signer::NotASource(key.to_string()));
+        }
+        if pinned && self.source.is_some_and(|s| s != key) {
+            return Err(Signer::Other(key.to_string()));
+        }
+        if !key.verify(msg, &sig.sig) {
+            return Err(Signer::Bad);
+        }
+        Ok(key)
+    }
+
+    fn signed_error(what: &'static str, e: Signer) -> SignedError {
+        match e {
+            Signer::Missing => SignedError::Unsigned(what),
+            Signer::NotASource(k) => SignedError::NotASource(what, k),
+            Signer::Other(k) => SignedError::OtherSource(what, k),
+            Signer::Bad => SignedError::BadSignature(what),
+        }
+    }
+
+    /// This host's signature, as a source, of a session's set-up (nothing without a host key):
+    /// over the session, the chunk size, the manifest and the stripe, which decide what is
+    /// written where. (Node ids, the subtree, timeouts and transport tuning differ per hop or
+    /// do not touch the data, and are left out.)
+    pub fn sign_open(
+        &self,
+        session: SessionId,
+        chunk_size: u32,
+        manifest: &Manifest,
+        stripe: Option<&StripeInfo>,
+    ) -> Option<Box<SourceSig>> {
+        let id = self.identity.as_ref()?;
+        let msg = open_signed(session, chunk_size, manifest, stripe);
+        Some(Box::new(SourceSig {
+            key: id.key.public().to_bytes(),
+            sig: id.key.sign(&msg),
+        }))
+    }
+
+    /// Checks an `Open`'s source signature where this host requires one: returns the key
+    /// that signed it (pin it with [`Keys::for_source`]), or `None` when none is required.
+    pub fn verify_open(&self, open: &Open) -> Result<Option<PublicKey>, SignedError> {
+        self.verify_setup(
+            open.session,
+            open.chunk_size,
+            &open.manifest,
+            open.stripe.as_deref(),
+            open.sig.as_deref(),
+        )
+    }
+
+    /// [`Keys::verify_open`] for any set-up (a swarm's too): the signed fields and the signature.
+    pub fn verify_setup(
+        &self,
+        session: SessionId,
+        chunk_size: u32,
+        manifest: &Manifest,
+        stripe: Option<&StripeInfo>,
+        sig: Option<&SourceSig>,
+    ) -> Result<Option<PublicKey>, SignedError> {
+        if !self.require_source {
+            return Ok(None);
+        }
+        let msg = open_signed(session, chunk_size, manifest, stripe);
+        self.check_signer(sig, &msg, true)
+            .map(Some)
+            .map_err(|e| Self::signed_error("the session set-up was", e))
+    }
+
+    /// The authenticated end of an object (signed too, with a host key).
     pub fn seal_end(&self, session: SessionId, chunks: u64, total_len: u64) -> End {
+        let sig = self.identity.as_ref().map(|id| SourceSig {
+            key: id.key.public().to_bytes(),
+            sig: id.key.sign(&end_signed(session, chunks, total_len)),
+        });
         End {
             chunks,
             total_len,
             tag: self.end_tag(session, chunks, total_len),
+            sig,
         }
     }
 
     /// True when `end` was made by a holder of the secret for this session.
     pub fn verify_end(&self, session: SessionId, end: &End) -> bool {
         ct_eq(&self.end_tag(session, end.chunks, end.total_len), &end.tag)
+    }
+
+    /// Where this host requires it, the source's signature of `end` (after
+    /// [`Keys::verify_end`]): a relay cannot end an object early or late.
+    pub fn verify_end_source(&self, session: SessionId, end: &End) -> Result<(), SignedError> {
+        if !self.require_source {
+            return Ok(());
+        }
+        let msg = end_signed(session, end.chunks, end.total_len);
+        self.check_signer(end.sig.as_ref(), &msg, true)
+            .map(|_| ())
+            .map_err(|e| Self::signed_error("the end of the object was", e))
     }
 
     fn chunk_tag(&self, session: SessionId, index: u64, len: u64, hash: &[u8; 32]) -> [u8; 32] {
@@ -335,6 +480,58 @@ fn signed(session: SessionId, index: u64, len: u64, hash: &[u8; 32]) -> [u8; 69]
     m[21..29].copy_from_slice(&len.to_be_bytes());
     m[29..61].copy_from_slice(hash);
     m[61..69].copy_from_slice(b"bcsig v1");
+    m
+}
+
+/// Why [`Keys::check_signer`] refused a signature.
+enum Signer {
+    Missing,
+    /// The key, as text (the error names it).
+    NotASource(String),
+    Other(String),
+    Bad,
+}
+
+/// What a source signs for a session's set-up: a digest of the fields that decide what is
+/// written where.
+fn open_signed(
+    session: SessionId,
+    chunk_size: u32,
+    manifest: &Manifest,
+    stripe: Option<&StripeInfo>,
+) -> [u8; 44] {
+    let mut h = blake3::Hasher::new_derive_key("bulkcast 2026-11 signed open v1");
+    h.update(&session.to_be_bytes());
+    h.update(&chunk_size.to_be_bytes());
+    h.update(&object_id(manifest));
+    match stripe {
+        None => h.update(&[0]),
+        Some(st) => {
+            h.update(&[1]);
+            h.update(&st.group.to_be_bytes());
+            h.update(&st.tree.to_be_bytes());
+            h.update(&(st.pattern.len() as u64).to_be_bytes());
+            for t in &st.pattern {
+                h.update(&t.to_be_bytes());
+            }
+            h.update(&object_id(&st.object))
+        }
+    };
+    let mut m = [0u8; 44];
+    m[..4].copy_from_slice(b"open");
+    m[4..36].copy_from_slice(h.finalize().as_bytes());
+    m[36..].copy_from_slice(b"bcsig v1");
+    m
+}
+
+/// What a source signs for the end of an object.
+fn end_signed(session: SessionId, chunks: u64, total_len: u64) -> [u8; 35] {
+    let mut m = [0u8; 35];
+    m[..3].copy_from_slice(b"end");
+    m[3..11].copy_from_slice(&session.to_be_bytes());
+    m[11..19].copy_from_slice(&chunks.to_be_bytes());
+    m[19..27].copy_from_slice(&total_len.to_be_bytes());
+    m[27..].copy_from_slice(b"bcsig v1");
     m
 }
 
@@ -410,6 +607,113 @@ mod tests {
         assert_eq!(receiver.verify(8, &good), Err(ChunkError::BadTag(0)));
         // Without the requirement (secret mode) a MAC is enough, as before.
         assert_eq!(with(&relay).verify(7, &unsigned), Ok(()));
+    }
+
+    /// The set-up and the end are the source's too: a relay can neither re-list, rename or
+    /// re-cut the object nor end it early, and once a set-up is accepted only its signer counts.
+    #[test]
+    fn a_relay_cannot_forge_the_set_up_or_the_end() {
+        use crate::identity::{AllowList, HostKey};
+        use crate::manifest::{Manifest, ObjectKind};
+        let (source, relay, other) = (
+            HostKey::from_seed([1; 32]),
+            HostKey::from_seed([2; 32]),
+            HostKey::from_seed([5; 32]),
+        );
+        let allow = AllowList::with_roles([
+            (source.public(), Role::Push),
+            (relay.public(), Role::Relay),
+            (other.public(), Role::Push),
+        ]);
+        let with = |k: &HostKey| {
+            keys(3).with_identity(Identity {
+                key: k.clone(),
+                allow: allow.clone(),
+            })
+        };
+        let receiver = with(&HostKey::from_seed([4; 32])).requiring_source();
+        let manifest = Manifest {
+            name: "data.bin".into(),
+            kind: ObjectKind::File,
+            total_len: Some(100),
+            entries: vec![],
+            mode: 0o644,
+            mtime: None,
+        };
+        let open = |sig| Open {
+            session: 7,
+            node: 1,
+            chunk_size: 1 << 16,
+            stall_timeout_ms: 1000,
+            cc: String::new(),
+            manifest: manifest.clone(),
+            members: vec![],
+            stripe: None,
+            edges: Default::default(),
+            sig,
+        };
+        let signed = open(with(&source).sign_open(7, 1 << 16, &manifest, None));
+        assert_eq!(receiver.verify_open(&signed), Ok(Some(source.public())));
+        // Fields outside the signature (per hop) may change; those inside may not.
+        let hop = Open {
+            node: 3,
+            stall_timeout_ms: 5,
+            ..signed.clone()
+        };
+        assert!(receiver.verify_open(&hop).is_ok());
+        let mut renamed = signed.clone();
+        renamed.manifest.name = "../evil".into();
+        let e = receiver.verify_open(&renamed).unwrap_err();
+        assert_eq!(e, SignedError::BadSignature("the session set-up was"));
+        let recut = Open {
+            chunk_size: 1 << 12,
+            ..signed.clone()
+        };
+        assert!(receiver.verify_open(&recut).is_err());
+        assert_eq!(
+            receiver.verify_open(&open(None)),
+            Err(SignedError::Unsigned("the session set-up was"))
+        );
+        let by_relay = open(with(&relay).sign_open(7, 1 << 16, &manifest, None));
+        assert!(matches!(
+            receiver.verify_open(&by_relay),
+            Err(SignedError::NotASource(..))
+        ));
+        // Without the requirement nothing is checked (secret mode).
+        assert_eq!(with(&relay).verify_open(&open(None)), Ok(None));
+
+        // The end: signed by the source, checked once pinned to it.
+        let pinned = receiver.clone().for_source(source.public());
+        let end = with(&source).seal_end(7, 2, 100);
+        assert!(pinned.verify_end(7, &end));
+        assert_eq!(pinned.verify_end_source(7, &end), Ok(()));
+        // A relay's early end: MAC-valid (it holds the secret), not the source's.
+        let early = with(&relay).seal_end(7, 1, 50);
+        assert!(pinned.verify_end(7, &early));
+        assert!(matches!(
+            pinned.verify_end_source(7, &early),
+            Err(SignedError::NotASource(..))
+        ));
+        let moved = End {
+            sig: end.sig,
+            ..keys(3).seal_end(7, 1, 50)
+        };
+        assert_eq!(
+            pinned.verify_end_source(7, &moved),
+            Err(SignedError::BadSignature("the end of the object was"))
+        );
+        assert!(matches!(
+            pinned.verify_end_source(7, &keys(3).seal_end(7, 2, 100)),
+            Err(SignedError::Unsigned(_))
+        ));
+        // Another source that may push here cannot end this source's session.
+        assert!(matches!(
+            pinned.verify_end_source(7, &with(&other).seal_end(7, 2, 100)),
+            Err(SignedError::OtherSource(..))
+        ));
+        // Its chunks pass (a push-role relay re-seals chunks it reads back from disk).
+        let theirs = with(&other).seal(7, 0, Bytes::from_static(b"x"));
+        assert_eq!(pinned.verify(7, &theirs), Ok(()));
     }
 
     #[test]

@@ -7,8 +7,13 @@
 //! Text forms: a key file holds the 32-byte secret seed as 64 hex digits; a public key is
 //! 64 hex digits; an allow list has one public key per line, optionally followed by a name,
 //! with `#` comments.
+//!
+//! An allow list is one shared list: its clones (in every copy of a host's keys, in running
+//! sessions) see [`AllowList::replace`], so an agent reloads its list without a restart and a
+//! removed key is refused from its next connection (and signatures by it from then on).
 
 use std::fmt;
+use std::sync::{Arc, RwLock};
 
 use ed25519_dalek::{SigningKey, VerifyingKey};
 
@@ -149,11 +154,23 @@ pub enum Role {
     Relay,
 }
 
-/// The public keys a host admits, each with its role and an optional name for logs.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// One allowed key: the key, its role, its name for logs.
+type Allowed = (PublicKey, Role, String);
+
+/// The public keys a host admits, each with its role and an optional name for logs. Clones
+/// share the list (see [`AllowList::replace`]).
+#[derive(Debug, Clone, Default)]
 pub struct AllowList {
-    keys: Vec<(PublicKey, Role, String)>,
+    keys: Arc<RwLock<Vec<Allowed>>>,
 }
+
+impl PartialEq for AllowList {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.keys, &other.keys) || *self.read() == *other.read()
+    }
+}
+
+impl Eq for AllowList {}
 
 impl AllowList {
     /// Parses the text of an allow list: `KEY [push|relay] [NAME]` per line (role `push` when
@@ -178,7 +195,26 @@ impl AllowList {
             };
             keys.push((key, role, name.trim().to_string()));
         }
-        Ok(Self { keys })
+        Ok(Self::from_vec(keys))
+    }
+
+    fn from_vec(keys: Vec<Allowed>) -> Self {
+        Self {
+            keys: Arc::new(RwLock::new(keys)),
+        }
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Vec<Allowed>> {
+        // A panic while the list was being swapped cannot leave it half-written (the swap is
+        // one assignment), so a poisoned lock still holds a whole list.
+        self.keys.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes this list (and every clone of it) hold `new`'s keys: the next handshake and the
+    /// next signature check use them. A key left out is revoked.
+    pub fn replace(&self, new: &AllowList) {
+        let keys = new.read().clone();
+        *self.keys.write().unwrap_or_else(|e| e.into_inner()) = keys;
     }
 
     /// A list of these keys, each allowed to push.
@@ -188,25 +224,24 @@ impl AllowList {
 
     /// A list of these keys with these roles.
     pub fn with_roles(keys: impl IntoIterator<Item = (PublicKey, Role)>) -> Self {
-        Self {
-            keys: keys
-                .into_iter()
+        Self::from_vec(
+            keys.into_iter()
                 .map(|(k, r)| (k, r, String::new()))
                 .collect(),
-        }
+        )
     }
 
     /// The allowed key whose X25519 form is `x`, with its name.
-    pub fn find_x25519(&self, x: &[u8]) -> Option<(&PublicKey, &str)> {
-        self.keys
+    pub fn find_x25519(&self, x: &[u8]) -> Option<(PublicKey, String)> {
+        self.read()
             .iter()
             .find(|(k, _, _)| k.x25519() == x)
-            .map(|(k, _, n)| (k, n.as_str()))
+            .map(|(k, _, n)| (*k, n.clone()))
     }
 
     /// The role of `key`, if it is on the list.
     pub fn role(&self, key: &PublicKey) -> Option<Role> {
-        self.keys
+        self.read()
             .iter()
             .find(|(k, _, _)| k == key)
             .map(|(_, r, _)| *r)
@@ -214,12 +249,12 @@ impl AllowList {
 
     /// How many keys are allowed.
     pub fn len(&self) -> usize {
-        self.keys.len()
+        self.read().len()
     }
 
     /// True when no key is allowed.
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
+        self.read().is_empty()
     }
 }
 
@@ -262,6 +297,12 @@ mod tests {
         assert_eq!(l.role(&b), Some(Role::Push));
         let c = HostKey::from_seed([3; 32]).public();
         assert!(l.find_x25519(&c.x25519()).is_none());
+        // Replaced in place: every clone sees the new list; a key left out is gone.
+        let held = l.clone();
+        l.replace(&AllowList::of([c]));
+        assert!(held.find_x25519(&a.x25519()).is_none());
+        assert_eq!(held.role(&c), Some(Role::Push));
+        assert_eq!(held.len(), 1);
         assert_eq!(
             AllowList::parse(&format!("{a}\nzz")),
             Err(KeyError::Line {

@@ -38,11 +38,11 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use crate::auth::Keys;
+use crate::auth::{Keys, SignedError};
 use crate::chunkmap::ChunkMap;
 use crate::manifest::{Manifest, ManifestError};
 use crate::tree::{NodeId, Tree};
-use crate::wire::{Chunk, End, Frame, Member, Open, SessionId};
+use crate::wire::{Chunk, End, Frame, Member, Open, SessionId, SourceSig};
 
 mod adopt;
 mod config;
@@ -207,6 +207,9 @@ pub enum NodeError {
     /// The manifest is not acceptable.
     #[error(transparent)]
     Manifest(#[from] ManifestError),
+    /// The set-up or the end lacks the source's signature where this host requires it.
+    #[error(transparent)]
+    Source(#[from] SignedError),
 }
 
 /// A child link's state.
@@ -352,6 +355,8 @@ pub struct Node {
     rejected_reports: u32,
     /// [`NodeConfig::tamper_every`]: (child link, chunk) already tampered with once.
     tampered: BTreeSet<(usize, u64)>,
+    /// The source's signature of the set-up, passed on in every child's `Open`.
+    open_sig: Option<Box<SourceSig>>,
 }
 
 /// A node reports at most this many rejected chunks: enough to name the culprit, never a flood.
@@ -409,16 +414,28 @@ impl Node {
             now,
         );
         node.children = children_of(0, &all, now);
+        node.open_sig = node.keys.sign_open(
+            node.params.session,
+            node.params.chunk_size,
+            &node.params.manifest,
+            node.params.stripe.as_deref(),
+        );
         Ok(node)
     }
 
     /// A relay (every receiver is one, with or without children) set up by its parent's `Open`.
+    /// Where `keys` require the source's signatures, the `Open` must carry one, and from then
+    /// on only that source's signatures count ([`Keys::for_source`]).
     pub fn relay(
         open: &Open,
         keys: Keys,
         cfg: NodeConfig,
         now: Instant,
     ) -> Result<Self, NodeError> {
+        let keys = match keys.verify_open(open)? {
+            Some(source) => keys.for_source(source),
+            None => keys,
+        };
         open.manifest.validate()?;
         check_chunk_size(open.chunk_size)?;
         let me = open.node;
@@ -476,6 +493,7 @@ impl Node {
         node.children = children_of(me, &open.members[1..], now);
         node.uplink_kbps = open.members[0].uplink_kbps;
         node.parent_node = open.members[0].parent;
+        node.open_sig = open.sig.clone();
         // Reject a subtree with nodes not reachable from the recipient (a cycle in the Open).
         let reachable: usize = node.children.iter().map(|c| c.members.len()).sum();
         if reachable + 1 != open.members.len() {
@@ -520,6 +538,7 @@ impl Node {
             parent_node: 0,
             rejected_reports: 0,
             tampered: BTreeSet::new(),
+            open_sig: None,
         }
     }
 
@@ -562,7 +581,14 @@ impl Node {
             members: c.members.clone(),
             stripe: self.params.stripe.clone(),
             edges: self.params.edges,
+            sig: self.open_sig.clone(),
         }
+    }
+
+    /// The keys this node verifies with: after a signed `Open`, bound to its source (a driver
+    /// that verifies chunks itself uses these).
+    pub fn keys(&self) -> &Keys {
+        &self.keys
     }
 
     /// Chunks verified so far.
@@ -669,6 +695,7 @@ impl Node {
                 if !self.keys.verify_end(self.params.session, &e) {
                     return Err(NodeError::BadEnd);
                 }
+                self.keys.verify_end_source(self.params.session, &e)?;
                 self.check_end(&e)?;
                 self.end = Some(e);
                 self.request_missing(now);

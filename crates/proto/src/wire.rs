@@ -34,7 +34,9 @@ pub const HEADER_LEN: usize = 5;
 /// for every object, and symlink entries. 4: a receiver answers `Open` with `Have` (what it
 /// already holds, so only the rest moves) and `Done` carries the bytes it received. 5: the
 /// Noise handshake (`Noise` frames) and source-signed chunks. 6: chunks may travel in parts
-/// (`Head`, `Part`), each checked on arrival, so a relay forwards before the chunk is whole.
+/// (`Head`, `Part`), each checked on arrival, so a relay forwards before the chunk is whole;
+/// the source signs `Open`, `SwarmOpen` and `End`; `Rejected` names a hop that sent a bad
+/// chunk; relays send `Idle` upwards too.
 pub const VERSION: u16 = 6;
 
 /// Magic bytes at the start of every connection's first frame, so a stray client (an HTTP
@@ -275,6 +277,9 @@ pub struct Open {
     pub stripe: Option<Box<StripeInfo>>,
     /// How every edge of the session is carried (the source's choice, like `cc`).
     pub edges: EdgeMode,
+    /// The source's signature of the session, chunk size, manifest and stripe, with host keys
+    /// (see [`crate::auth::Keys::sign_open`]): relays pass it on unchanged.
+    pub sig: Option<Box<SourceSig>>,
 }
 
 /// The frames that set up a swarm session over the network (type `0x51`, sub-type byte).
@@ -338,6 +343,9 @@ pub struct SwarmOpen {
     pub manifest: Manifest,
     /// Every member, in node-id order (node 0 is the source).
     pub members: Vec<SwarmMember>,
+    /// The source's signature of the session, chunk size and manifest, with host keys (see
+    /// [`crate::auth::Keys::sign_open`]).
+    pub sig: Option<Box<SourceSig>>,
 }
 
 /// One member of a swarm session.
@@ -497,8 +505,8 @@ pub struct Part {
     pub data: Bytes,
 }
 
-/// A source's ed25519 signature of a chunk, and the key that made it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A source's ed25519 signature (of a chunk, a set-up or an end), and the key that made it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SourceSig {
     /// The source's public key.
     pub key: [u8; 32],
@@ -515,6 +523,8 @@ pub struct End {
     pub total_len: u64,
     /// MAC over the session, chunk count and length.
     pub tag: [u8; 32],
+    /// The source's signature of the same, with host keys (see [`crate::auth`]).
+    pub sig: Option<SourceSig>,
 }
 
 /// Why bytes did not decode into a frame.
@@ -566,6 +576,7 @@ const T_IDLE: u8 = 0x15;
 const T_CHUNK_SIGNED: u8 = 0x16;
 const T_HEAD: u8 = 0x17;
 const T_PART: u8 = 0x18;
+const T_END_SIGNED: u8 = 0x19;
 const T_ACK: u8 = 0x20;
 const T_DONE: u8 = 0x21;
 const T_FAILED: u8 = 0x22;
@@ -725,10 +736,11 @@ impl Frame {
                 data = p.data.clone();
             }
             Frame::End(e) => {
-                b.put_u8(T_END);
+                b.put_u8(if e.sig.is_some() { T_END_SIGNED } else { T_END });
                 b.put_u64(e.chunks);
                 b.put_u64(e.total_len);
                 b.put_slice(&e.tag);
+                put_sig(&mut b, e.sig.as_ref());
             }
             Frame::Ack { node, upto } => {
                 b.put_u8(T_ACK);
@@ -963,12 +975,16 @@ impl Frame {
                     data,
                 }));
             }
-            T_END => {
+            T_END | T_END_SIGNED => {
                 r.what = "End";
                 Frame::End(End {
                     chunks: r.u64()?,
                     total_len: r.u64()?,
                     tag: r.array()?,
+                    sig: match ty {
+                        T_END_SIGNED => Some(r.sig()?),
+                        _ => None,
+                    },
                 })
             }
             T_ACK => {
@@ -1224,6 +1240,20 @@ fn put_open(b: &mut BytesMut, o: &Open) {
         EdgeScheduler::Weighted => 1,
         EdgeScheduler::Equal => 2,
     });
+    put_opt_sig(b, o.sig.as_deref());
+}
+
+fn put_sig(b: &mut BytesMut, sig: Option<&SourceSig>) {
+    if let Some(s) = sig {
+        b.put_slice(&s.key);
+        b.put_slice(&s.sig);
+    }
+}
+
+/// `has_sig:u8 | [key:32 | sig:64]`
+fn put_opt_sig(b: &mut BytesMut, sig: Option<&SourceSig>) {
+    b.put_u8(sig.is_some() as u8);
+    put_sig(b, sig);
 }
 
 fn strategy_code(s: crate::swarm::Strategy) -> u8 {
@@ -1255,6 +1285,7 @@ fn put_swarm_setup(b: &mut BytesMut, s: &SwarmSetup) {
                 put_str(b, &m.name);
                 put_str(b, &m.addr);
             }
+            put_opt_sig(b, o.sig.as_deref());
         }
         SwarmSetup::Peer { session, node } => {
             b.put_u8(S_SETUP_PEER);
@@ -1468,7 +1499,23 @@ impl Reader {
             members,
             stripe,
             edges,
+            sig: self.opt_sig()?,
         })
+    }
+
+    fn sig(&mut self) -> Result<SourceSig, WireError> {
+        Ok(SourceSig {
+            key: self.array()?,
+            sig: self.array()?,
+        })
+    }
+
+    fn opt_sig(&mut self) -> Result<Option<Box<SourceSig>>, WireError> {
+        match self.u8()? {
+            0 => Ok(None),
+            1 => Ok(Some(Box::new(self.sig()?))),
+            _ => Err(WireError::BadValue(self.what, "bad signature flag")),
+        }
     }
 
     fn swarm_setup(&mut self) -> Result<SwarmSetup, WireError> {
@@ -1508,6 +1555,7 @@ impl Reader {
                     seed,
                     manifest,
                     members,
+                    sig: self.opt_sig()?,
                 }))
             }
             S_SETUP_PEER => SwarmSetup::Peer {
@@ -1705,6 +1753,10 @@ mod tests {
                     streams: 0,
                     scheduler: EdgeScheduler::Weighted,
                 },
+                sig: Some(Box::new(SourceSig {
+                    key: [8; 32],
+                    sig: [9; 64],
+                })),
             }),
             Frame::Chunk(Chunk {
                 index: 9,
@@ -1727,6 +1779,16 @@ mod tests {
                 chunks: 3,
                 total_len: 2_000_000,
                 tag: [6; 32],
+                sig: None,
+            }),
+            Frame::End(End {
+                chunks: 3,
+                total_len: 2_000_000,
+                tag: [6; 32],
+                sig: Some(SourceSig {
+                    key: [1; 32],
+                    sig: [2; 64],
+                }),
             }),
             Frame::Ack { node: 4, upto: 17 },
             Frame::Done {
@@ -1825,6 +1887,7 @@ mod tests {
                         addr: "127.0.0.1:7001".into(),
                     },
                 ],
+                sig: None,
             }))),
             Frame::SwarmSetup(SwarmSetup::Peer {
                 session: 77,

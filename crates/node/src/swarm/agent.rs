@@ -17,8 +17,27 @@ pub async fn serve(
             "set-up names this agent node {me}"
         )));
     }
+    // With host keys: a set-up its source signed, and then only pieces that source signed,
+    // whichever peer serves them (from memory or from its disk).
+    let keys = cfg.keys.clone().requiring_source();
+    let keys = match keys.verify_setup(
+        open.session,
+        open.chunk_size,
+        &open.manifest,
+        None,
+        open.sig.as_deref(),
+    ) {
+        Ok(Some(source)) => keys.for_source(source),
+        Ok(None) => keys,
+        Err(e) => {
+            return Err(SwarmError::SetUp(format!(
+                "{e} (sent by {})",
+                peer_name(&stream)
+            )))
+        }
+    };
     let (_registered, mut peers_rx) = cfg.swarms.register(open.session);
-    let (mut net, mut store_rx) = open_session(&open, me, cfg)?;
+    let (mut net, mut store_rx) = open_session(&open, me, cfg, keys)?;
     net.add_conn(0, stream);
     // Dial the peers with a higher id (the lower id of each pair dials).
     for j in (me + 1)..open.members.len() {
@@ -103,6 +122,7 @@ fn open_session(
     open: &SwarmOpen,
     me: NodeId,
     cfg: &crate::agent::AgentConfig,
+    keys: Keys,
 ) -> Result<(Net, mpsc::UnboundedReceiver<StoreEvent>), SwarmError> {
     open.manifest
         .validate()
@@ -129,7 +149,7 @@ fn open_session(
     let mut net = Net::new(
         open,
         me,
-        cfg.keys.clone(),
+        keys,
         cfg.tuning.clone(),
         vec![None; pieces as usize],
     )?;
@@ -139,4 +159,11 @@ fn open_session(
     }
     net.store = Some(store);
     Ok((net, store_rx))
+}
+
+/// The peer at the other end of `s`, for messages that name a culprit.
+fn peer_name(s: &Stream) -> String {
+    s.tcp()
+        .and_then(|t| t.peer_addr().ok())
+        .map_or_else(|| "the source's connection".to_string(), |a| a.to_string())
 }

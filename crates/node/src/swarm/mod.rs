@@ -63,7 +63,7 @@ use bulkcast_proto::node::CHUNK_SIZE_RANGE;
 use bulkcast_proto::swarm::{Strategy, SwarmConfig, SwarmEvent, SwarmNode, Transmit};
 use bulkcast_proto::tree::{NodeId, Tree};
 use bulkcast_proto::wire::{
-    self, Chunk, Frame, SessionId, SwarmMember, SwarmOpen, SwarmSetup, NO_PARENT,
+    self, Chunk, Frame, SessionId, SourceSig, SwarmMember, SwarmOpen, SwarmSetup, NO_PARENT,
 };
 use tokio::io::{AsyncRead, AsyncWriteExt, BufWriter};
 use tokio::sync::mpsc;

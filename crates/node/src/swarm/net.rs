@@ -38,6 +38,8 @@ pub(super) enum Held {
     Disk {
         hash: [u8; 32],
         tag: [u8; 32],
+        /// The source's signature, served with the piece: peers take no piece without it.
+        sig: Option<Box<SourceSig>>,
         len: u32,
     },
 }
@@ -47,6 +49,7 @@ impl Held {
         Held::Disk {
             hash: c.hash,
             tag: c.tag,
+            sig: c.sig.clone(),
             len: c.data.len() as u32,
         }
     }
@@ -63,9 +66,14 @@ pub(super) fn piece(
     let Some(h) = held.get(i as usize).and_then(|h| h.as_ref()) else {
         return Ok(None);
     };
-    let (hash, tag, len) = match h {
+    let (hash, tag, sig, len) = match h {
         Held::Mem(c) => return Ok(Some(c.clone())),
-        Held::Disk { hash, tag, len } => (*hash, *tag, *len as usize),
+        Held::Disk {
+            hash,
+            tag,
+            sig,
+            len,
+        } => (*hash, *tag, sig.clone(), *len as usize),
     };
     let at = i * chunk_size as u64;
     let data = match disk.as_ref().ok_or("a stored piece without a file")? {
@@ -81,7 +89,7 @@ pub(super) fn piece(
         index: i,
         hash,
         tag,
-        sig: None,
+        sig,
         data,
     }))
 }

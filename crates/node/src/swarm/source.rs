@@ -39,7 +39,8 @@ pub async fn send(
             )));
         }
     }
-    let open = session_open(source, hosts, tree, &labels, session, cfg, &manifest);
+    let mut open = session_open(source, hosts, tree, &labels, session, cfg, &manifest);
+    open.sig = keys.sign_open(session, cfg.chunk_size, &manifest, None);
     let held = read_pieces(input, &disk, cfg.chunk_size, &keys, session, len).await?;
     {
         let mut st = status.lock().expect("status lock");
@@ -126,6 +127,7 @@ fn session_open(
         seed: cfg.seed,
         manifest: manifest.clone(),
         members,
+        sig: None,
     }
 }
 

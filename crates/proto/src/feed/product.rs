@@ -3,9 +3,12 @@
 
 use std::net::IpAddr;
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 
 use crate::auth::Secret;
+use crate::identity::{Identity, PublicKey, Role};
 
 /// Microseconds since the Unix epoch: every time in the feed core. The shell reads the wall
 /// clock; creation times cross hosts, so latencies assume clocks in sync (NTP), as LDM's do.
@@ -119,6 +122,44 @@ impl ProductAuth for SecretAuth {
                 .zip(meta.tag.iter())
                 .fold(0u8, |a, (x, y)| a | (x ^ y))
                 == 0
+    }
+}
+
+/// [`ProductAuth`] by the source's host key (ed25519): the tag is the source's public key and
+/// its signature of the product's fields, and a subscriber takes a product only when that key
+/// may push to it (its allow list, see [`crate::identity`]). Unlike [`SecretAuth`], a holder of
+/// the session secret (a subscriber, a relaying member) cannot forge products.
+#[derive(Clone)]
+pub struct SignedAuth {
+    id: Arc<Identity>,
+}
+
+impl SignedAuth {
+    /// Signs with `id.key`; accepts products signed by keys `id.allow` lets push.
+    pub fn new(id: Identity) -> Self {
+        Self { id: Arc::new(id) }
+    }
+}
+
+impl ProductAuth for SignedAuth {
+    fn tag(&self, meta: &ProductMeta) -> Bytes {
+        let mut t = Vec::with_capacity(96);
+        t.extend_from_slice(&self.id.key.public().to_bytes());
+        t.extend_from_slice(&self.id.key.sign(&meta.signed_bytes()));
+        Bytes::from(t)
+    }
+
+    fn verify(&self, meta: &ProductMeta) -> bool {
+        let (Ok(key), Ok(sig)) = (
+            <[u8; 32]>::try_from(meta.tag.get(..32).unwrap_or_default()),
+            <[u8; 64]>::try_from(meta.tag.get(32..).unwrap_or_default()),
+        ) else {
+            return false;
+        };
+        let Ok(key) = PublicKey::from_bytes(&key) else {
+            return false;
+        };
+        self.id.allow.role(&key) == Some(Role::Push) && key.verify(&meta.signed_bytes(), &sig)
     }
 }
 
@@ -373,5 +414,50 @@ mod tests {
         let other = SecretAuth::new(&Secret::from_bytes([8; 32]));
         m.seq = 3;
         assert!(!other.verify(&m));
+    }
+
+    /// With host keys a product is the source's: a subscriber or relay holding the secret (or
+    /// a key that may only relay) cannot make one the others accept.
+    #[test]
+    fn signed_products_verify_only_from_a_source_allowed_to_push() {
+        use crate::identity::{AllowList, HostKey};
+        let (source, relay) = (HostKey::from_seed([1; 32]), HostKey::from_seed([2; 32]));
+        let allow =
+            AllowList::with_roles([(source.public(), Role::Push), (relay.public(), Role::Relay)]);
+        let by = |k: &HostKey| {
+            SignedAuth::new(Identity {
+                key: k.clone(),
+                allow: allow.clone(),
+            })
+        };
+        let subscriber = by(&HostKey::from_seed([3; 32]));
+        let mut m = ProductMeta {
+            seq: 3,
+            name: "a".into(),
+            feedtype: "X".into(),
+            created: 5,
+            size: 9,
+            hash: [1; 32],
+            tag: Bytes::new(),
+        };
+        m.tag = by(&source).tag(&m);
+        assert_eq!(m.tag.len(), 96);
+        assert!(subscriber.verify(&m));
+        let mut altered = m.clone();
+        altered.name = "b".into();
+        assert!(!subscriber.verify(&altered));
+        let mut relayed = m.clone();
+        relayed.tag = by(&relay).tag(&m);
+        assert!(
+            !subscriber.verify(&relayed),
+            "a relay-only key signed a product"
+        );
+        relayed.tag = SecretAuth::new(&Secret::from_bytes([7; 32])).tag(&m);
+        assert!(!subscriber.verify(&relayed), "a MAC passed for a signature");
+        relayed.tag = m.tag.slice(..95);
+        assert!(!subscriber.verify(&relayed));
+        // Revoked: the source taken off the subscriber's list.
+        allow.replace(&AllowList::of([relay.public()]));
+        assert!(!subscriber.verify(&m));
     }
 }
