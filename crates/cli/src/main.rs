@@ -216,6 +216,7 @@ impl Common {
             swarms: Default::default(),
             partials: Default::default(),
             running: Default::default(),
+            live: Default::default(),
             stdout,
             io: CopyIo::Buffered,
         })
@@ -257,6 +258,11 @@ struct AgentArgs {
     /// repaired and stored; sessions; the store's queue; TCP retransmissions).
     #[arg(long, value_name = "ADDR")]
     metrics: Option<String>,
+    /// Serve a live page at http://ADDR/ of the sessions this agent is part of: each one's
+    /// object, parent, progress and rate while it runs, then its outcome (bytes, time,
+    /// average rate, or why it failed).
+    #[arg(long, value_name = "ADDR")]
+    web: Option<String>,
     /// Remove partial copies of failed sessions (kept to resume them) once untouched for this
     /// many hours.
     #[arg(long, default_value_t = 168)]
@@ -385,6 +391,7 @@ fn agent_settings(mut a: AgentArgs) -> Result<(AgentArgs, PathBuf)> {
         a.dir = f.dir.or(a.dir);
         a.common.secret_file = f.secret_file.or(a.common.secret_file);
         a.metrics = f.metrics.or(a.metrics);
+        a.web = f.web.or(a.web);
         a.direct_io = f.direct_io.unwrap_or(a.direct_io);
         a.common.budget_mib = f.limits.budget_mib.unwrap_or(a.common.budget_mib);
     }
@@ -427,6 +434,16 @@ async fn run_agent(a: AgentArgs) -> Result<i32> {
     if freed > 0 {
         tracing::info!("removed {freed} bytes of stale partial copies");
     }
+    let _web = match &a.web {
+        Some(addr) => {
+            let listen = addrs.clone();
+            let shown = cfg.dir.display().to_string();
+            let page = web::AgentPage::start(addr, cfg.live.clone(), &listen, &shown).await?;
+            println!("bulkcast agent live page on http://{}/", page.addr);
+            Some(page)
+        }
+        None => None,
+    };
     let cfg = Arc::new(cfg);
     match agent::serve(listeners, cfg, a.once, shutdown_signal()).await {
         Some(Err(e)) => {
@@ -475,6 +492,7 @@ async fn recv(a: RecvArgs) -> Result<i32> {
         swarms: Default::default(),
         partials: Default::default(),
         running: Default::default(),
+        live: Default::default(),
         stdout: false,
         io: copy_io(a.direct_io),
     };

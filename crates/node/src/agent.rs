@@ -49,6 +49,8 @@ pub struct AgentConfig {
     pub partials: crate::store::Partials,
     /// Tree sessions running here (a new `Open` for one of them takes over from it).
     pub running: Running,
+    /// The sessions this agent is part of, running and finished, for its live page.
+    pub live: crate::live::Sessions,
 }
 
 /// The tree sessions running on an agent. When a relay dies, its parent adopts its children
@@ -342,9 +344,18 @@ async fn session_admitted(
                 open.node
             );
             let counted = crate::metrics::global().session_started();
-            crate::swarm::serve(stream, *open, cfg)
-                .await
-                .map_err(|e| SessionError::Aborted(session, e))?;
+            let started = crate::live::Started {
+                session,
+                kind: "swarm",
+                object: open.manifest.name.clone(),
+                total: open.manifest.total_len,
+                parent: "peers".into(),
+                node: open.node,
+            };
+            let (cfg, tracked) = tracked(cfg, started);
+            let r = crate::swarm::serve(stream, *open, &cfg).await;
+            tracked.end(r.clone());
+            r.map_err(|e| SessionError::Aborted(session, e))?;
             counted.done(true);
             return Ok(Served::Session(session));
         }
@@ -365,8 +376,54 @@ async fn session_admitted(
 }
 
 /// Runs a session whose `Open` has been read from `stream` (after the handshake): checks it
-/// against `expect` (ticket receivers), then relays and stores as [`session`] does.
+/// against `expect` (ticket receivers), then relays and stores as [`session`] does. The
+/// session shows in [`AgentConfig::live`] while it runs, then with its outcome.
 pub async fn serve_open(
+    stream: Stream,
+    open: Open,
+    cfg: &AgentConfig,
+    expect: Option<(SessionId, Target)>,
+) -> Result<Served, SessionError> {
+    let started = crate::live::Started {
+        session: open.session,
+        kind: if open.stripe.is_some() {
+            "stripe"
+        } else {
+            "tree"
+        },
+        object: open.manifest.name.clone(),
+        total: open.manifest.total_len,
+        parent: parent_of(&stream),
+        node: open.node,
+    };
+    let (cfg, tracked) = tracked(cfg, started);
+    let r = relay_and_store(stream, open, &cfg, expect).await;
+    tracked.end(r.as_ref().map(|_| ()).map_err(|e| e.to_string()));
+    r
+}
+
+/// Registers a session in `cfg.live`; the settings it runs with count its stored bytes there
+/// (into the ticket receiver's own counter where there is one).
+fn tracked(
+    cfg: &AgentConfig,
+    started: crate::live::Started,
+) -> (AgentConfig, crate::live::Tracked) {
+    let tracked = cfg.live.start(started, cfg.stored.clone());
+    let mut cfg = cfg.clone();
+    cfg.stored = Some(tracked.stored.clone());
+    (cfg, tracked)
+}
+
+/// The address of whoever is at the other end of `stream`, for messages.
+fn parent_of(stream: &Stream) -> String {
+    stream
+        .tcp()
+        .and_then(|t| t.peer_addr().ok())
+        .map_or_else(|| "the parent".to_string(), |a| a.to_string())
+}
+
+/// [`serve_open`] once the session is registered.
+async fn relay_and_store(
     mut stream: Stream,
     open: Open,
     cfg: &AgentConfig,
@@ -393,10 +450,7 @@ pub async fn serve_open(
     };
     // With host keys, only chunks its source signed: a relay cannot forge any.
     let keys = cfg.keys.clone().requiring_source();
-    let parent = stream
-        .tcp()
-        .and_then(|t| t.peer_addr().ok())
-        .map_or_else(|| "the parent".to_string(), |a| a.to_string());
+    let parent = parent_of(&stream);
     let mut node = match Node::relay(&open, keys.clone(), cfg.node.clone(), Instant::now()) {
         Ok(n) => n,
         Err(e) => {

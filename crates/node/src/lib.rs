@@ -18,6 +18,7 @@
 //! - [`source`]: a send from start to report.
 //! - [`swarm`]: swarm sessions (MOB, BitTorrent-style, hybrid) on the network.
 //! - [`agent`]: the receiving daemon.
+//! - [`live`]: an agent's sessions as they run and end, for its live page.
 //! - [`ticket`]: ad-hoc sessions that receivers join with a ticket.
 //! - [`report`]: live status and the final report.
 #![warn(missing_docs)]
@@ -29,6 +30,7 @@ pub mod edge;
 pub mod feed;
 pub mod gate;
 pub mod input;
+pub mod live;
 pub mod mapped;
 pub mod measure;
 pub mod metrics;

@@ -67,6 +67,7 @@ async fn push(
         io: Default::default(),
         partials: Default::default(),
         running: Default::default(),
+        live: Default::default(),
     };
     let parent_keys = Keys::derive(&secret).with_identity(Identity {
         key: parent_key.clone(),

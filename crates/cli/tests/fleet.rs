@@ -1,0 +1,261 @@
+//! Running a fleet, tried as its operators do: an agent's live page of the sessions it is
+//! part of. Real processes on loopback; no root.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+// The root-test helper in `common` is not used here.
+#[allow(dead_code, unused_imports)]
+mod common;
+use common::Scratch;
+
+const BIN: &str = env!("CARGO_BIN_EXE_bulkcast");
+const MIB: u64 = 1 << 20;
+
+/// A process killed on drop.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn secret(b: u8) -> String {
+    format!("{b:02x}").repeat(32)
+}
+
+/// Reads one line byte by byte, leaving the rest of the stream unread.
+fn first_line(r: &mut impl Read) -> String {
+    let mut line = Vec::new();
+    let mut b = [0u8; 1];
+    while r.read(&mut b).unwrap() == 1 && b[0] != b'\n' {
+        line.push(b[0]);
+    }
+    String::from_utf8(line).unwrap()
+}
+
+/// An agent on an ephemeral loopback port with its live page: (process, address, page URL).
+fn agent_with_page(dir: &Path, secret: &str) -> (Proc, String, String) {
+    let mut child = Command::new(BIN)
+        .args(["agent", "--listen", "127.0.0.1:0", "--web", "127.0.0.1:0"])
+        .arg("--dir")
+        .arg(dir)
+        .env("BULKCAST_SECRET", secret)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.as_mut().unwrap();
+    let line = first_line(out);
+    let addr = line
+        .split(" listening on ")
+        .nth(1)
+        .and_then(|r| r.split([',', ' ']).next())
+        .unwrap_or_else(|| panic!("agent said {line:?}"))
+        .to_string();
+    let page = first_line(out);
+    let url = page
+        .split("live page on ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("agent said {page:?}"))
+        .trim()
+        .to_string();
+    (Proc(child), addr, url)
+}
+
+/// The page's event stream: one snapshot (JSON) per call.
+struct Events(BufReader<std::net::TcpStream>);
+
+impl Events {
+    fn open(url: &str) -> Events {
+        let host = url.trim_start_matches("http://").trim_end_matches('/');
+        let mut c = std::net::TcpStream::connect(host).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(c, "GET /events HTTP/1.1\r\nHost: {host}\r\n\r\n").unwrap();
+        Events(BufReader::new(c))
+    }
+
+    fn next(&mut self) -> serde_json::Value {
+        loop {
+            let mut line = String::new();
+            assert!(self.0.read_line(&mut line).unwrap() > 0, "stream ended");
+            if let Some(d) = line.strip_prefix("data: ") {
+                return serde_json::from_str(d).unwrap();
+            }
+        }
+    }
+
+    /// The first snapshot whose sessions pass `ok`, within `limit`.
+    fn until(
+        &mut self,
+        limit: Duration,
+        ok: impl Fn(&[serde_json::Value]) -> bool,
+    ) -> serde_json::Value {
+        let start = Instant::now();
+        loop {
+            let s = self.next();
+            if ok(s["sessions"].as_array().unwrap()) {
+                return s;
+            }
+            assert!(start.elapsed() < limit, "never came: last {s}");
+        }
+    }
+}
+
+/// A `send -` of a stream to `to` (1 MiB every 100 ms until `stop`), and its feeding thread.
+fn stream_send(
+    to: &str,
+    secret: &str,
+    stop: Arc<AtomicBool>,
+) -> (Proc, std::thread::JoinHandle<u64>) {
+    let mut child = Command::new(BIN)
+        .args([
+            "send", "-", "--name", "live.bin", "--to", to, "--fanout", "1",
+        ])
+        .args(["--quiet", "--json"])
+        .env("BULKCAST_SECRET", secret)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let feeding = std::thread::spawn(move || {
+        let part = vec![0x44u8; MIB as usize];
+        let (start, mut sent) = (Instant::now(), 0);
+        while !stop.load(Ordering::Relaxed) && start.elapsed() < Duration::from_secs(120) {
+            if stdin.write_all(&part).is_err() {
+                break;
+            }
+            sent += MIB;
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        sent
+    });
+    (Proc(child), feeding)
+}
+
+/// `agent --web`: while a stream moves down a chain of two agents, the relay's page shows
+/// the session running with its parent, growing bytes and a rate; after the send, the session
+/// is listed as done with every byte of the stream, and a session that failed is in red with
+/// its reason.
+#[test]
+fn agent_page_shows_its_sessions_live_then_their_outcome() {
+    let s = Scratch::new("fleet-web");
+    let key = secret(81);
+    let (_a0, addr0, url0) = agent_with_page(&s.0.join("r0"), &key);
+    let (_a1, addr1, _) = agent_with_page(&s.0.join("r1"), &key);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (mut send, feeding) = stream_send(&format!("{addr0},{addr1}"), &key, stop.clone());
+    let mut ev = Events::open(&url0);
+    let limit = Duration::from_secs(30);
+    let running = |v: &[serde_json::Value]| {
+        v.len() == 1 && v[0]["state"] == "running" && v[0]["bytes"].as_u64().unwrap() > 0
+    };
+    let first = ev.until(limit, |v| {
+        running(v) && v[0]["rate_mbps"].as_f64().unwrap() > 0.0
+    });
+    let s0 = &first["sessions"][0];
+    assert_eq!(s0["object"], "live.bin", "{first}");
+    assert_eq!(s0["kind"], "tree", "{first}");
+    assert!(
+        s0["parent"].as_str().unwrap().starts_with("127.0.0.1:"),
+        "{first}"
+    );
+    assert_eq!(first["listen"], addr0.as_str(), "{first}");
+    let b0 = s0["bytes"].as_u64().unwrap();
+    let later = ev.until(limit, |v| {
+        running(v) && v[0]["bytes"].as_u64().unwrap() > b0 + 2 * MIB
+    });
+    assert_eq!(later["sessions"][0]["session"], s0["session"]);
+
+    #[cfg(bulkcast_chromium)]
+    {
+        // The page in a browser: the running session's row, with its rate, from the events.
+        let dom = chromium_dom(&url0, &s.0.join("profile"));
+        assert!(dom.contains("data-state=\"running\""), "{dom}");
+        assert!(dom.contains("data-object=\"live.bin\""), "{dom}");
+        let rate: f64 = dom
+            .split("data-rate=\"")
+            .nth(1)
+            .and_then(|v| v.split('"').next()?.parse().ok())
+            .unwrap_or(0.0);
+        assert!(rate > 0.0, "{dom}");
+    }
+
+    stop.store(true, Ordering::Relaxed);
+    let sent = feeding.join().unwrap();
+    let mut out = String::new();
+    send.0
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(r["ok"], true, "{r}");
+    assert_eq!(r["object"]["bytes"], sent);
+    let done = ev.until(limit, |v| v.len() == 1 && v[0]["state"] == "done");
+    let d = &done["sessions"][0];
+    assert_eq!(d["bytes"], sent, "{done}");
+    assert!(d["mbps"].as_f64().unwrap() > 0.0, "{done}");
+    assert!(d["error"].is_null(), "{done}");
+
+    // A session that fails on this agent (its source is killed mid-stream) is listed as
+    // failed, with why, after the one that succeeded.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (send, feeding) = stream_send(&addr0, &key, stop.clone());
+    ev.until(limit, |v| v.len() == 2 && v[1]["state"] == "running");
+    drop(send);
+    stop.store(true, Ordering::Relaxed);
+    feeding.join().unwrap();
+    let both = ev.until(Duration::from_secs(60), |v| {
+        v.len() == 2 && v[1]["state"] != "running"
+    });
+    let f = &both["sessions"][1];
+    assert_eq!(f["state"], "failed", "{both}");
+    assert!(!f["error"].as_str().unwrap().is_empty(), "{both}");
+    assert_eq!(both["sessions"][0]["state"], "done", "{both}");
+}
+
+/// The DOM of `url` from headless Chromium after 2.5 s of live updates (`?hold=2500` delays
+/// the load event, at which `--dump-dom` dumps it). Up to three tries, for a slow first start.
+#[cfg(bulkcast_chromium)]
+fn chromium_dom(url: &str, profile: &Path) -> String {
+    let chromium = option_env!("BULKCAST_CHROMIUM").unwrap_or("chromium");
+    let mut dom = String::new();
+    for _ in 0..3 {
+        let child = Command::new(chromium)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+            ])
+            .arg(format!("--user-data-dir={}", profile.display()))
+            .args(["--dump-dom", &format!("{url}?hold=2500")])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{chromium} did not start ({e}): apt-get install chromium"));
+        let mut child = Proc(child);
+        let start = Instant::now();
+        while child.0.try_wait().unwrap().is_none() && start.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        dom.clear();
+        if let Some(mut o) = child.0.stdout.take() {
+            let _ = o.read_to_string(&mut dom);
+        }
+        if dom.contains("class=\"s ") {
+            break;
+        }
+    }
+    dom
+}
