@@ -259,3 +259,181 @@ fn chromium_dom(url: &str, profile: &Path) -> String {
     }
     dom
 }
+
+/// `GET /metrics` from `url` (`http://HOST:PORT/metrics`).
+fn scrape(url: &str) -> String {
+    let rest = url.strip_prefix("http://").unwrap();
+    let (host, path) = rest.split_once('/').unwrap();
+    let mut c = std::net::TcpStream::connect(host).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(c, "GET /{path} HTTP/1.1\r\nHost: {host}\r\n\r\n").unwrap();
+    let mut out = String::new();
+    c.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    out.split_once("\r\n\r\n").unwrap().1.to_string()
+}
+
+/// The value of the sample `name` (with its labels, as printed) in a scrape; 0 if absent.
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .map_or(0.0, |v| v.trim().parse().unwrap())
+}
+
+/// Scrapes `url` until `ok` holds (at most `limit`).
+fn scrape_until(url: &str, limit: Duration, ok: impl Fn(&str) -> bool) -> String {
+    let start = Instant::now();
+    loop {
+        let t = scrape(url);
+        if ok(&t) {
+            return t;
+        }
+        assert!(start.elapsed() < limit, "never came:\n{t}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The URL a process printed on a line of `r` containing `metrics on`.
+fn metrics_url(r: &mut impl Read) -> String {
+    loop {
+        let line = first_line(r);
+        assert!(!line.is_empty(), "no metrics line");
+        if let Some(u) = line.split("metrics on ").nth(1) {
+            return u.trim().to_string();
+        }
+    }
+}
+
+/// `--metrics` on `feed serve` and `feed subscribe`: a backlog of two products and three
+/// more inserted live reach a subscriber; the source's counters (inserted, sent, queue,
+/// subscribers, each one's backlog) and the subscriber's (received, bytes, latency) match
+/// what was inserted.
+#[test]
+fn feed_metrics_count_products_inserted_sent_and_received() {
+    let s = Scratch::new("fleet-feed");
+    let key = secret(82);
+    let mut server = Command::new(BIN)
+        .args([
+            "feed",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics",
+            "127.0.0.1:0",
+        ])
+        .arg("--dir")
+        .arg(s.0.join("q"))
+        .env("BULKCAST_SECRET", &key)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = server.stdout.as_mut().unwrap();
+    let line = first_line(out);
+    let addr = line
+        .split_whitespace()
+        .nth(4)
+        .unwrap()
+        .trim_end_matches(',')
+        .to_string();
+    let src_url = metrics_url(out);
+    let server = Proc(server);
+    let sizes = [1000u64, 0, 300_000, 2_000_000, 77];
+    let files: Vec<_> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let p = s.0.join(format!("p{i}.bin"));
+            std::fs::write(&p, vec![i as u8; *n as usize]).unwrap();
+            p
+        })
+        .collect();
+    let insert = |files: &[std::path::PathBuf]| {
+        let out = Command::new(BIN)
+            .args(["feed", "insert", "--server", &addr, "--feedtype", "TEST"])
+            .args(files)
+            .env("BULKCAST_SECRET", &key)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    };
+    insert(&files[..2]);
+    let mut sub = Command::new(BIN)
+        .args([
+            "feed",
+            "subscribe",
+            &addr,
+            "--feedtype",
+            "TEST",
+            "--from",
+            "1",
+        ])
+        .args([
+            "--unicast",
+            "--json",
+            "--duration",
+            "60",
+            "--metrics",
+            "127.0.0.1:0",
+        ])
+        .arg("--dir")
+        .arg(s.0.join("sub"))
+        .env("BULKCAST_SECRET", &key)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sub_url = metrics_url(sub.stderr.as_mut().unwrap());
+    let sub = Proc(sub);
+    let received = "bulkcast_feed_products_received_total{transport=\"unicast\"}";
+    scrape_until(&sub_url, Duration::from_secs(30), |t| {
+        metric(t, received) == 2.0
+    });
+    insert(&files[2..]);
+    let t = scrape_until(&sub_url, Duration::from_secs(30), |t| {
+        metric(t, received) == 5.0
+    });
+    let total: u64 = sizes.iter().sum();
+    let rx_bytes = "bulkcast_feed_received_bytes_total{transport=\"unicast\"}";
+    assert_eq!(metric(&t, rx_bytes), total as f64, "{t}");
+    assert_eq!(
+        metric(&t, "bulkcast_feed_delivery_latency_seconds_count"),
+        5.0,
+        "{t}"
+    );
+    assert_eq!(metric(&t, "bulkcast_feed_products_lost_total"), 0.0, "{t}");
+
+    // The source: every product inserted, queued and sent once; the subscriber's backlog
+    // drains to nothing once it confirmed them.
+    let t = scrape_until(&src_url, Duration::from_secs(10), |t| {
+        t.lines().any(|l| {
+            l.starts_with("bulkcast_feed_subscriber_backlog_products{") && l.ends_with(" 0")
+        })
+    });
+    assert_eq!(
+        metric(&t, "bulkcast_feed_products_inserted_total"),
+        5.0,
+        "{t}"
+    );
+    assert_eq!(
+        metric(&t, "bulkcast_feed_inserted_bytes_total"),
+        total as f64,
+        "{t}"
+    );
+    assert_eq!(metric(&t, "bulkcast_feed_queue_products"), 5.0, "{t}");
+    assert_eq!(metric(&t, "bulkcast_feed_queue_bytes"), total as f64, "{t}");
+    let sent = "bulkcast_feed_products_sent_total{transport=\"unicast\"}";
+    assert_eq!(metric(&t, sent), 5.0, "{t}");
+    let sent_bytes = "bulkcast_feed_sent_bytes_total{transport=\"unicast\"}";
+    assert_eq!(metric(&t, sent_bytes), total as f64, "{t}");
+    assert_eq!(
+        metric(&t, "bulkcast_feed_subscribers{transport=\"unicast\"}"),
+        1.0,
+        "{t}"
+    );
+    drop(sub);
+    scrape_until(&src_url, Duration::from_secs(10), |t| {
+        metric(t, "bulkcast_feed_subscribers{transport=\"unicast\"}") == 0.0
+    });
+    drop(server);
+}
