@@ -437,3 +437,101 @@ fn feed_metrics_count_products_inserted_sent_and_received() {
     });
     drop(server);
 }
+
+/// Processes whose command line mentions `needle`.
+#[cfg(bulkcast_sshd)]
+fn processes_with(needle: &str) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
+        .filter(|c| String::from_utf8_lossy(c).contains(needle))
+        .count()
+}
+
+/// `send --ssh` to hosts without the binary: each gets a copy of this one (over the same ssh,
+/// into a private directory under the host's `TMPDIR`), runs its one-shot agent from it and
+/// receives the file; after the send neither the copies nor the agents are left. With
+/// `--ssh-no-copy` the send refuses, naming the host.
+#[test]
+#[cfg_attr(
+    not(bulkcast_sshd),
+    ignore = "needs Debian's openssh-server (apt-get install openssh-server), not found when built"
+)]
+fn ssh_launcher_copies_the_binary_where_missing_and_removes_it_after() {
+    #[cfg(bulkcast_sshd)]
+    {
+        let s = Scratch::new("fleet-ssh");
+        let sshd = common::Sshd::start(
+            &s.0,
+            option_env!("BULKCAST_SSHD").unwrap_or("/usr/sbin/sshd"),
+            "AcceptEnv TMPDIR\n",
+        );
+        let remote_tmp = s.0.join("remote-tmp");
+        std::fs::create_dir_all(&remote_tmp).unwrap();
+        let ssh_args = format!(
+            "{} -o SetEnv=TMPDIR={}",
+            sshd.ssh_args,
+            remote_tmp.display()
+        );
+        let user = std::env::var("USER").unwrap_or_else(|_| "root".into());
+        let file = s.0.join("s.bin");
+        common::make_file(&file, 2 * MIB + 5, b"fleet-ssh");
+        let d = s.0.display();
+        let send = |extra: &[&str]| {
+            Command::new(BIN)
+                .args([
+                    "send",
+                    file.to_str().unwrap(),
+                    "--fanout",
+                    "1",
+                    "--json",
+                    "--quiet",
+                ])
+                .arg("--ssh")
+                .arg(format!("{user}@127.0.0.1,{user}@127.0.0.2"))
+                .args(["--ssh-args", &ssh_args])
+                .args(["--ssh-bulkcast", "/nonexistent/bulkcast"])
+                .arg("--ssh-dir")
+                .arg(format!("{d}/rx-{{host}}"))
+                .args(extra)
+                .env_remove("BULKCAST_SECRET")
+                .output()
+                .unwrap()
+        };
+        let refused = send(&["--ssh-no-copy"]);
+        let err = String::from_utf8_lossy(&refused.stderr);
+        assert_ne!(refused.status.code(), Some(0));
+        assert!(
+            err.contains("has no /nonexistent/bulkcast (and --ssh-no-copy)"),
+            "{err}"
+        );
+
+        let out = send(&[]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{err}");
+        assert_eq!(err.matches("copied this binary").count(), 2, "{err}");
+        let want = std::fs::read(&file).unwrap();
+        for host in ["127.0.0.1", "127.0.0.2"] {
+            let got = std::fs::read(s.0.join(format!("rx-{host}/s.bin"))).unwrap();
+            assert!(got == want, "the copy at {host} differs");
+        }
+        // The copies and the agents run from them are gone.
+        let start = Instant::now();
+        loop {
+            let left: Vec<_> = std::fs::read_dir(&remote_tmp)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            if left.is_empty()
+                && processes_with(&format!("{}/bulkcast-ssh.", remote_tmp.display())) == 0
+            {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "left behind: {left:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
