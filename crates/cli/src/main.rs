@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use bulkcast_node::agent::{self, AgentConfig};
+use bulkcast_node::agent::AgentConfig;
 use bulkcast_node::direct::CopyIo;
 use bulkcast_node::store::{Partials, Target};
 use bulkcast_node::ticket::{self, Ticket};
@@ -204,22 +204,11 @@ impl Common {
         tuning: TcpTuning,
         stdout: bool,
     ) -> Result<AgentConfig> {
-        Ok(AgentConfig {
-            dir,
-            keys: self.keys(secret)?,
-            node: self.node(),
-            tuning,
-            stored: None,
-            groups: Default::default(),
-            attachments: Default::default(),
-            predialed: Default::default(),
-            swarms: Default::default(),
-            partials: Default::default(),
-            running: Default::default(),
-            live: Default::default(),
-            stdout,
-            io: CopyIo::Buffered,
-        })
+        let mut cfg = AgentConfig::new(dir, self.keys(secret)?);
+        cfg.node = self.node();
+        cfg.tuning = tuning;
+        cfg.stdout = stdout;
+        Ok(cfg)
     }
 
     fn node(&self) -> NodeConfig {
@@ -408,14 +397,39 @@ fn agent_settings(mut a: AgentArgs) -> Result<(AgentArgs, PathBuf)> {
 async fn run_agent(a: AgentArgs) -> Result<i32> {
     let (a, dir) = agent_settings(a)?;
     let secret = a.common.require_secret()?;
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let tuning = a.common.tuning()?;
-    let (listeners, addrs) = listen_all(&a.listen, &tuning).await?;
+    // The library's agent, with this command's settings.
+    let mut agent =
+        bulkcast_node::Agent::with_keys(dir.clone(), a.common.keys(&secret)?).once(a.once);
+    for l in &a.listen {
+        agent = agent.listen(l);
+    }
+    let cfg = agent.config_mut();
+    cfg.node = a.common.node();
+    cfg.tuning = tuning;
+    cfg.io = copy_io(a.direct_io);
+    cfg.partials = Partials {
+        max_age: Duration::from_secs(a.keep_partial_hours.saturating_mul(3600)),
+        max_bytes: a.keep_partial_gib.map(|g| g.saturating_mul(1 << 30)),
+    };
+    let freed = cfg.partials.clean(&cfg.dir);
+    let agent = agent.bind().await.with_context(|| {
+        format!(
+            "listening on {} and creating {}",
+            a.listen.join(", "),
+            dir.display()
+        )
+    })?;
+    let addrs: Vec<String> = agent.local_addrs().iter().map(|a| a.to_string()).collect();
+    let addrs = addrs.join(", ");
     // The first line of stdout says where we listen (scripts and the demo read it).
     println!(
         "bulkcast agent listening on {addrs}, storing into {}",
         dir.display()
     );
+    if freed > 0 {
+        tracing::info!("removed {freed} bytes of stale partial copies");
+    }
     let _metrics = match &a.metrics {
         Some(addr) => {
             let m = metrics::Endpoint::start(addr).await?;
@@ -424,28 +438,16 @@ async fn run_agent(a: AgentArgs) -> Result<i32> {
         }
         None => None,
     };
-    let mut cfg = a.common.agent_config(dir, &secret, tuning, false)?;
-    cfg.io = copy_io(a.direct_io);
-    cfg.partials = Partials {
-        max_age: Duration::from_secs(a.keep_partial_hours.saturating_mul(3600)),
-        max_bytes: a.keep_partial_gib.map(|g| g.saturating_mul(1 << 30)),
-    };
-    let freed = cfg.partials.clean(&cfg.dir);
-    if freed > 0 {
-        tracing::info!("removed {freed} bytes of stale partial copies");
-    }
     let _web = match &a.web {
         Some(addr) => {
-            let listen = addrs.clone();
-            let shown = cfg.dir.display().to_string();
-            let page = web::AgentPage::start(addr, cfg.live.clone(), &listen, &shown).await?;
+            let shown = dir.display().to_string();
+            let page = web::AgentPage::start(addr, agent.sessions(), &addrs, &shown).await?;
             println!("bulkcast agent live page on http://{}/", page.addr);
             Some(page)
         }
         None => None,
     };
-    let cfg = Arc::new(cfg);
-    match agent::serve(listeners, cfg, a.once, shutdown_signal()).await {
+    match agent.run(shutdown_signal()).await {
         Some(Err(e)) => {
             eprintln!("error: {e}");
             Ok(1)
@@ -479,23 +481,13 @@ async fn recv(a: RecvArgs) -> Result<i32> {
         (None, false) => Target::Dir(std::env::current_dir()?),
     };
     let stored = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let cfg = AgentConfig {
-        dir: PathBuf::from("."),
-        // The ticket's one-session key; host keys are for fleets, not tickets.
-        keys: Keys::derive(&t.secret).with_plaintext(a.common.plaintext),
-        node: a.common.node(),
-        tuning: a.common.tuning()?,
-        stored: Some(stored.clone()),
-        groups: Default::default(),
-        attachments: Default::default(),
-        predialed: Default::default(),
-        swarms: Default::default(),
-        partials: Default::default(),
-        running: Default::default(),
-        live: Default::default(),
-        stdout: false,
-        io: copy_io(a.direct_io),
-    };
+    // The ticket's one-session key; host keys are for fleets, not tickets.
+    let keys = Keys::derive(&t.secret).with_plaintext(a.common.plaintext);
+    let mut cfg = AgentConfig::new(PathBuf::from("."), keys);
+    cfg.node = a.common.node();
+    cfg.tuning = a.common.tuning()?;
+    cfg.stored = Some(stored.clone());
+    cfg.io = copy_io(a.direct_io);
     let name = a.name.clone().unwrap_or_else(progress::hostname);
     let bar = (!a.quiet).then(|| progress::receiver(&name, stored));
     let r = tokio::select! {

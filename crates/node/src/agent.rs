@@ -53,6 +53,33 @@ pub struct AgentConfig {
     pub live: crate::live::Sessions,
 }
 
+impl AgentConfig {
+    /// An agent storing into `dir` with `keys`, everything else as `bulkcast agent` has it
+    /// by default (64 MiB of chunk buffers per session, the `--cc auto` congestion control,
+    /// buffered writes, partial copies kept a week).
+    pub fn new(dir: PathBuf, keys: Keys) -> AgentConfig {
+        AgentConfig {
+            dir,
+            keys,
+            node: NodeConfig::default(),
+            tuning: TcpTuning {
+                cc: transport::default_cc(),
+                ..TcpTuning::default()
+            },
+            stored: None,
+            groups: Default::default(),
+            attachments: Default::default(),
+            stdout: false,
+            predialed: Default::default(),
+            io: Default::default(),
+            swarms: Default::default(),
+            partials: Default::default(),
+            running: Default::default(),
+            live: Default::default(),
+        }
+    }
+}
+
 /// The tree sessions running on an agent. When a relay dies, its parent adopts its children
 /// and opens the session on them again: an `Open` for a session that still runs here (its old
 /// parent went quiet rather than away, or it kept serving its own children) stops the old

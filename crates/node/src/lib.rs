@@ -21,9 +21,11 @@
 //! - [`live`]: an agent's sessions as they run and end, for its live page.
 //! - [`ticket`]: ad-hoc sessions that receivers join with a ticket.
 //! - [`report`]: live status and the final report.
+//! - [`api`]: the library API: [`Send`] and [`Agent`] builders (see its example).
 #![warn(missing_docs)]
 
 pub mod agent;
+pub mod api;
 pub mod direct;
 pub mod driver;
 pub mod edge;
@@ -45,3 +47,5 @@ pub mod stripes;
 pub mod swarm;
 pub mod ticket;
 pub mod transport;
+
+pub use api::{Agent, Send, Strategy};
