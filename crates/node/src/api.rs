@@ -126,6 +126,9 @@ pub enum Error {
     Interrupted,
 }
 
+/// A progress callback.
+type Progress = Box<dyn FnMut(&Status) + std::marker::Send>;
+
 /// Where a running send puts its live status, once its tree is fixed.
 type Slot = Arc<std::sync::Mutex<Option<source::SharedStatus>>>;
 
@@ -140,7 +143,7 @@ pub struct Send {
     stall_timeout: Duration,
     tuning: TcpTuning,
     node: NodeConfig,
-    progress: Option<(Duration, Box<dyn FnMut(&Status) + std::marker::Send>)>,
+    progress: Option<(Duration, Progress)>,
 }
 
 impl Send {
