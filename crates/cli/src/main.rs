@@ -7,6 +7,8 @@ mod feed;
 mod hostlist;
 mod keygen;
 mod metrics;
+#[cfg(feature = "otel")]
+mod otel;
 mod pipe;
 mod plan;
 mod progress;
@@ -310,6 +312,8 @@ fn main() {
     // Drop what is still running (an agent's sessions after Ctrl-C) so every unfinished local
     // copy removes its temporary file before we exit.
     rt.shutdown_timeout(Duration::from_secs(5));
+    #[cfg(feature = "otel")]
+    otel::shutdown();
     std::process::exit(code);
 }
 
@@ -522,18 +526,26 @@ fn init_logging(cmd: &Cmd) {
         Cmd::Plan(_) => ("warn", false),
         _ => ("off", false),
     };
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
     let filter = tracing_subscriber::EnvFilter::try_from_env("BULKCAST_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
-    let fmt = tracing_subscriber::fmt()
+    let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(filter);
-    if daemon {
-        fmt.init();
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    let fmt = if daemon {
+        fmt.boxed()
     } else {
         // A command's own output has no timestamps; neither do the log lines among it.
-        fmt.without_time().with_target(false).init();
-    }
+        fmt.without_time().with_target(false).boxed()
+    };
+    let registry = tracing_subscriber::registry().with(fmt.with_filter(filter));
+    // Spans go to OpenTelemetry at `info` and above whatever the log shows.
+    #[cfg(feature = "otel")]
+    let registry = registry
+        .with(otel::layer().map(|l| l.with_filter(tracing_subscriber::filter::LevelFilter::INFO)));
+    registry.init();
 }
 
 /// Completes on Ctrl-C or SIGTERM.

@@ -188,6 +188,12 @@ impl Strategy {
 }
 
 pub async fn run(a: SendArgs) -> Result<i32> {
+    // The span of the whole send (what `--features otel` exports).
+    let span = tracing::info_span!("send", path = %a.path.display());
+    tracing::Instrument::instrument(run_send(a), span).await
+}
+
+async fn run_send(a: SendArgs) -> Result<i32> {
     check_chunk_kib(a.chunk_kib)?;
     let mut input = Input::open_with(&a.path, a.name.as_deref(), a.follow_symlinks)?;
     if !a.keep_special_modes {

@@ -535,3 +535,108 @@ fn ssh_launcher_copies_the_binary_where_missing_and_removes_it_after() {
         }
     }
 }
+
+/// A one-thread HTTP sink on loopback: answers every request 200 and keeps (path, body).
+struct Sink {
+    addr: String,
+    got: Arc<std::sync::Mutex<Vec<(String, Vec<u8>)>>>,
+}
+
+impl Sink {
+    fn start() -> Sink {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let got = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let g = got.clone();
+        std::thread::spawn(move || {
+            for c in l.incoming() {
+                let Ok(c) = c else { return };
+                c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                let mut r = BufReader::new(c);
+                let mut line = String::new();
+                if r.read_line(&mut line).is_err() {
+                    continue;
+                }
+                let path = line.split(' ').nth(1).unwrap_or("").to_string();
+                let mut len = 0;
+                loop {
+                    let mut h = String::new();
+                    if r.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                        break;
+                    }
+                    let lower = h.to_ascii_lowercase();
+                    if let Some(v) = lower.strip_prefix("content-length:") {
+                        len = v.trim().parse().unwrap_or(0);
+                    }
+                }
+                let mut body = vec![0u8; len];
+                let _ = r.read_exact(&mut body);
+                g.lock().unwrap().push((path, body));
+                let _ = r.get_mut().write_all(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                );
+            }
+        });
+        Sink { addr, got }
+    }
+
+    /// Whether some request to `path` has every one of `needles` in its body.
+    fn has(&self, path: &str, needles: &[&str]) -> bool {
+        self.got.lock().unwrap().iter().any(|(p, b)| {
+            p == path
+                && needles
+                    .iter()
+                    .all(|n| b.windows(n.len()).any(|w| w == n.as_bytes()))
+        })
+    }
+}
+
+/// `--features otel`: with `OTEL_EXPORTER_OTLP_ENDPOINT` set, an agent exports a span per
+/// session (with the object's name) and `send` a span for the send, by OTLP/HTTP to
+/// `/v1/traces` of the collector (here a sink that keeps what it gets).
+#[test]
+#[cfg_attr(not(feature = "otel"), ignore = "needs --features otel")]
+fn otel_exports_the_spans_of_sessions_and_sends() {
+    let s = Scratch::new("fleet-otel");
+    let key = secret(83);
+    let sink = Sink::start();
+    let endpoint = format!("http://{}", sink.addr);
+    let mut child = Command::new(BIN)
+        .args(["agent", "--listen", "127.0.0.1:0", "--dir"])
+        .arg(s.0.join("rx"))
+        .env("BULKCAST_SECRET", &key)
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
+        .env("OTEL_BSP_SCHEDULE_DELAY", "200")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let line = first_line(child.stdout.as_mut().unwrap());
+    let _agent = Proc(child);
+    let addr = line
+        .split(" listening on ")
+        .nth(1)
+        .and_then(|r| r.split([',', ' ']).next())
+        .unwrap()
+        .to_string();
+    let file = s.0.join("traced-object.bin");
+    std::fs::write(&file, vec![9u8; MIB as usize]).unwrap();
+    let out = Command::new(BIN)
+        .args(["send", file.to_str().unwrap(), "--to", &addr, "--quiet"])
+        .env("BULKCAST_SECRET", &key)
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    // The send flushed its span before it exited.
+    assert!(
+        sink.has("/v1/traces", &["send", "traced-object.bin"]),
+        "no send span"
+    );
+    // The agent's session span comes within its batch delay.
+    let start = Instant::now();
+    while !sink.has("/v1/traces", &["session", "traced-object.bin", "bulkcast"]) {
+        assert!(start.elapsed() < Duration::from_secs(20), "no session span");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

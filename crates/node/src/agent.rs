@@ -379,8 +379,10 @@ async fn session_admitted(
                 parent: "peers".into(),
                 node: open.node,
             };
+            let span = session_span(&started);
             let (cfg, tracked) = tracked(cfg, started);
-            let r = crate::swarm::serve(stream, *open, &cfg).await;
+            let r = tracing::Instrument::instrument(crate::swarm::serve(stream, *open, &cfg), span)
+                .await;
             tracked.end(r.clone());
             r.map_err(|e| SessionError::Aborted(session, e))?;
             counted.done(true);
@@ -423,8 +425,10 @@ pub async fn serve_open(
         parent: parent_of(&stream),
         node: open.node,
     };
+    let span = session_span(&started);
     let (cfg, tracked) = tracked(cfg, started);
-    let r = relay_and_store(stream, open, &cfg, expect).await;
+    let r =
+        tracing::Instrument::instrument(relay_and_store(stream, open, &cfg, expect), span).await;
     tracked.end(r.as_ref().map(|_| ()).map_err(|e| e.to_string()));
     r
 }
@@ -439,6 +443,18 @@ fn tracked(
     let mut cfg = cfg.clone();
     cfg.stored = Some(tracked.stored.clone());
     (cfg, tracked)
+}
+
+/// The span of a session on this agent (what `--features otel` exports).
+fn session_span(s: &crate::live::Started) -> tracing::Span {
+    tracing::info_span!(
+        "session",
+        session = %format!("{:016x}", s.session),
+        kind = s.kind,
+        object = %s.object,
+        parent = %s.parent,
+        node = s.node,
+    )
 }
 
 /// The address of whoever is at the other end of `stream`, for messages.
