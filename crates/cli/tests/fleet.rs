@@ -536,10 +536,13 @@ fn ssh_launcher_copies_the_binary_where_missing_and_removes_it_after() {
     }
 }
 
+/// A request's path and body.
+type Request = (String, Vec<u8>);
+
 /// A one-thread HTTP sink on loopback: answers every request 200 and keeps (path, body).
 struct Sink {
     addr: String,
-    got: Arc<std::sync::Mutex<Vec<(String, Vec<u8>)>>>,
+    got: Arc<std::sync::Mutex<Vec<Request>>>,
 }
 
 impl Sink {
