@@ -6,6 +6,7 @@
 //! dir = "/var/lib/bulkcast"          # where received objects go
 //! secret_file = "/etc/bulkcast/secret"
 //! metrics = "127.0.0.1:9740"         # optional: Prometheus endpoint
+//! web = "127.0.0.1:9741"             # optional: live page of its sessions
 //! direct_io = false                  # optional
 //!
 //! [limits]
@@ -28,6 +29,7 @@ pub struct AgentFile {
     pub dir: Option<PathBuf>,
     pub secret_file: Option<PathBuf>,
     pub metrics: Option<String>,
+    pub web: Option<String>,
     pub direct_io: Option<bool>,
     #[serde(default)]
     pub limits: Limits,
@@ -73,6 +75,7 @@ impl AgentFile {
         add(self.dir.is_some(), "dir");
         add(self.secret_file.is_some(), "secret_file");
         add(self.metrics.is_some(), "metrics");
+        add(self.web.is_some(), "web");
         add(self.direct_io.is_some(), "direct_io");
         add(self.limits.budget_mib.is_some(), "budget_mib");
         v
@@ -105,6 +108,7 @@ mod tests {
             dir = "/var/lib/bulkcast"
             secret_file = "/etc/bulkcast/secret"
             metrics = "127.0.0.1:9740"
+            web = "127.0.0.1:9741"
             direct_io = true
             [limits]
             budget_mib = 128
@@ -113,7 +117,7 @@ mod tests {
         .unwrap();
         assert_eq!(f.listen.as_ref().unwrap().len(), 2);
         assert_eq!(f.limits.budget_mib, Some(128));
-        assert_eq!(f.given().len(), 6);
+        assert_eq!(f.given().len(), 7);
         assert_eq!(AgentFile::parse("").unwrap(), AgentFile::default());
     }
 

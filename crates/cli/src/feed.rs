@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use bulkcast_node::feed::client::{self, Report, SubError, SubscribeConfig};
+use bulkcast_node::feed::metrics::SubscribeMetrics;
 use bulkcast_node::feed::serve::{self, ServeConfig};
 use bulkcast_node::feed::{now_us, DEFAULT_PORT};
 use bulkcast_proto::auth::Keys;
@@ -73,6 +74,10 @@ pub struct ServeArgs {
     /// Accept inserts from other hosts holding the secret (default: loopback only).
     #[arg(long)]
     remote_insert: bool,
+    /// Serve Prometheus metrics at http://ADDR/metrics: products inserted, removed and sent,
+    /// bytes sent by unicast and multicast, the queue's depth, each subscriber's backlog.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
     #[command(flatten)]
     common: Common,
 }
@@ -136,6 +141,10 @@ pub struct SubscribeArgs {
     /// Exit after this many seconds.
     #[arg(long)]
     duration: Option<f64>,
+    /// Serve Prometheus metrics at http://ADDR/metrics: products and bytes received by
+    /// transport, repaired bytes, products lost, fall-backs, reconnections, latency.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
     #[command(flatten)]
     common: Common,
 }
@@ -214,12 +223,30 @@ async fn run_serve(a: ServeArgs) -> Result<i32> {
         remote_insert: a.remote_insert,
         multicast_if: a.multicast_if,
         multicast_ttl: a.ttl,
+        registry: None,
     };
     let dir = a.dir.display().to_string();
     let group = a.multicast.clone().unwrap_or_else(|| "none".into());
+    let mut cfg = cfg;
+    let endpoint = match &a.metrics {
+        Some(addr) => {
+            let m = crate::metrics::Endpoint::start(addr).await?;
+            bulkcast_node::feed::metrics::global()
+                .register(&mut m.registry.lock().unwrap_or_else(|e| e.into_inner()));
+            cfg.registry = Some(m.registry.clone());
+            Some(m)
+        }
+        None => None,
+    };
+    let metrics_url = endpoint
+        .as_ref()
+        .map(|m| format!("http://{}/metrics", m.addr));
     serve::serve(cfg, &a.listen, |addr| {
         // The first line of stdout says where we listen (scripts and tests read it).
         println!("bulkcast feed serving on {addr}, queue {dir}, multicast {group}");
+        if let Some(u) = metrics_url {
+            println!("bulkcast feed metrics on {u}");
+        }
     })
     .await
     .with_context(|| format!("feed serve on {}", a.listen))?;
@@ -303,7 +330,24 @@ async fn run_subscribe(a: SubscribeArgs) -> Result<i32> {
     };
     let (json, exec) = (a.json, a.exec.clone());
     let mut transport = "unicast";
+    let endpoint = match &a.metrics {
+        Some(addr) => {
+            let m = crate::metrics::Endpoint::start(addr).await?;
+            eprintln!(
+                "bulkcast feed subscribe metrics on http://{}/metrics",
+                m.addr
+            );
+            Some(m)
+        }
+        None => None,
+    };
+    let counted = endpoint
+        .as_ref()
+        .map(|m| SubscribeMetrics::new(&mut m.registry.lock().unwrap_or_else(|e| e.into_inner())));
     let r = client::subscribe(cfg, |rep| {
+        if let Some(m) = &counted {
+            m.count(&rep);
+        }
         report(json, exec.as_deref(), &mut transport, rep)
     })
     .await;

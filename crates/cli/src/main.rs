@@ -7,6 +7,8 @@ mod feed;
 mod hostlist;
 mod keygen;
 mod metrics;
+#[cfg(feature = "otel")]
+mod otel;
 mod pipe;
 mod plan;
 mod progress;
@@ -21,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use bulkcast_node::agent::{self, AgentConfig};
+use bulkcast_node::agent::AgentConfig;
 use bulkcast_node::direct::CopyIo;
 use bulkcast_node::store::{Partials, Target};
 use bulkcast_node::ticket::{self, Ticket};
@@ -206,21 +208,11 @@ impl Common {
         tuning: TcpTuning,
         stdout: bool,
     ) -> Result<AgentConfig> {
-        Ok(AgentConfig {
-            dir,
-            keys: self.keys(secret)?,
-            node: self.node(),
-            tuning,
-            stored: None,
-            groups: Default::default(),
-            attachments: Default::default(),
-            predialed: Default::default(),
-            swarms: Default::default(),
-            partials: Default::default(),
-            running: Default::default(),
-            stdout,
-            io: CopyIo::Buffered,
-        })
+        let mut cfg = AgentConfig::new(dir, self.keys(secret)?);
+        cfg.node = self.node();
+        cfg.tuning = tuning;
+        cfg.stdout = stdout;
+        Ok(cfg)
     }
 
     fn node(&self) -> NodeConfig {
@@ -279,6 +271,11 @@ struct AgentArgs {
     /// repaired and stored; sessions; the store's queue; TCP retransmissions).
     #[arg(long, value_name = "ADDR")]
     metrics: Option<String>,
+    /// Serve a live page at http://ADDR/ of the sessions this agent is part of: each one's
+    /// object, parent, progress and rate while it runs, then its outcome (bytes, time,
+    /// average rate, or why it failed).
+    #[arg(long, value_name = "ADDR")]
+    web: Option<String>,
     /// Remove partial copies of failed sessions (kept to resume them) once untouched for this
     /// many hours.
     #[arg(long, default_value_t = 168)]
@@ -337,6 +334,8 @@ fn main() {
     // Drop what is still running (an agent's sessions after Ctrl-C) so every unfinished local
     // copy removes its temporary file before we exit.
     rt.shutdown_timeout(Duration::from_secs(5));
+    #[cfg(feature = "otel")]
+    otel::shutdown();
     std::process::exit(code);
 }
 
@@ -407,6 +406,7 @@ fn agent_settings(mut a: AgentArgs) -> Result<(AgentArgs, PathBuf)> {
         a.dir = f.dir.or(a.dir);
         a.common.secret_file = f.secret_file.or(a.common.secret_file);
         a.metrics = f.metrics.or(a.metrics);
+        a.web = f.web.or(a.web);
         a.direct_io = f.direct_io.unwrap_or(a.direct_io);
         a.common.budget_mib = f.limits.budget_mib.unwrap_or(a.common.budget_mib);
     }
@@ -423,14 +423,43 @@ fn agent_settings(mut a: AgentArgs) -> Result<(AgentArgs, PathBuf)> {
 async fn run_agent(a: AgentArgs) -> Result<i32> {
     let (a, dir) = agent_settings(a)?;
     let secret = a.common.require_secret()?;
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let tuning = a.common.tuning()?;
-    let (listeners, addrs) = listen_all(&a.listen, &tuning).await?;
+    // The library's agent, with this command's settings.
+    let mut agent =
+        bulkcast_node::Agent::with_keys(dir.clone(), a.common.keys(&secret)?).once(a.once);
+    for l in &a.listen {
+        agent = agent.listen(l);
+    }
+    let cfg = agent.config_mut();
+    cfg.node = a.common.node();
+    cfg.tuning = tuning;
+    cfg.io = copy_io(a.direct_io);
+    cfg.partials = Partials {
+        max_age: Duration::from_secs(a.keep_partial_hours.saturating_mul(3600)),
+        max_bytes: a.keep_partial_gib.map(|g| g.saturating_mul(1 << 30)),
+    };
+    let freed = cfg.partials.clean(&cfg.dir);
+    // `kill -HUP` reloads the allow list: revoking a key needs no restart.
+    if let (Some(path), Some(id)) = (&a.common.allow_keys, cfg.keys.identity()) {
+        keygen::reload_on_hangup(path.clone(), id.allow.clone())?;
+    }
+    let agent = agent.bind().await.with_context(|| {
+        format!(
+            "listening on {} and creating {}",
+            a.listen.join(", "),
+            dir.display()
+        )
+    })?;
+    let addrs: Vec<String> = agent.local_addrs().iter().map(|a| a.to_string()).collect();
+    let addrs = addrs.join(", ");
     // The first line of stdout says where we listen (scripts and the demo read it).
     println!(
         "bulkcast agent listening on {addrs}, storing into {}",
         dir.display()
     );
+    if freed > 0 {
+        tracing::info!("removed {freed} bytes of stale partial copies");
+    }
     let _metrics = match &a.metrics {
         Some(addr) => {
             let m = metrics::Endpoint::start(addr).await?;
@@ -439,22 +468,16 @@ async fn run_agent(a: AgentArgs) -> Result<i32> {
         }
         None => None,
     };
-    let mut cfg = a.common.agent_config(dir, &secret, tuning, false)?;
-    cfg.io = copy_io(a.direct_io);
-    cfg.partials = Partials {
-        max_age: Duration::from_secs(a.keep_partial_hours.saturating_mul(3600)),
-        max_bytes: a.keep_partial_gib.map(|g| g.saturating_mul(1 << 30)),
+    let _web = match &a.web {
+        Some(addr) => {
+            let shown = dir.display().to_string();
+            let page = web::AgentPage::start(addr, agent.sessions(), &addrs, &shown).await?;
+            println!("bulkcast agent live page on http://{}/", page.addr);
+            Some(page)
+        }
+        None => None,
     };
-    let freed = cfg.partials.clean(&cfg.dir);
-    if freed > 0 {
-        tracing::info!("removed {freed} bytes of stale partial copies");
-    }
-    // `kill -HUP` reloads the allow list: revoking a key needs no restart.
-    if let (Some(path), Some(id)) = (&a.common.allow_keys, cfg.keys.identity()) {
-        keygen::reload_on_hangup(path.clone(), id.allow.clone())?;
-    }
-    let cfg = Arc::new(cfg);
-    match agent::serve(listeners, cfg, a.once, shutdown_signal()).await {
+    match agent.run(shutdown_signal()).await {
         Some(Err(e)) => {
             eprintln!("error: {e}");
             Ok(1)
@@ -488,22 +511,13 @@ async fn recv(a: RecvArgs) -> Result<i32> {
         (None, false) => Target::Dir(std::env::current_dir()?),
     };
     let stored = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let cfg = AgentConfig {
-        dir: PathBuf::from("."),
-        // The ticket's one-session key; host keys are for fleets, not tickets.
-        keys: Keys::derive(&t.secret).with_plaintext(a.common.plaintext),
-        node: a.common.node(),
-        tuning: a.common.tuning()?,
-        stored: Some(stored.clone()),
-        groups: Default::default(),
-        attachments: Default::default(),
-        predialed: Default::default(),
-        swarms: Default::default(),
-        partials: Default::default(),
-        running: Default::default(),
-        stdout: false,
-        io: copy_io(a.direct_io),
-    };
+    // The ticket's one-session key; host keys are for fleets, not tickets.
+    let keys = Keys::derive(&t.secret).with_plaintext(a.common.plaintext);
+    let mut cfg = AgentConfig::new(PathBuf::from("."), keys);
+    cfg.node = a.common.node();
+    cfg.tuning = a.common.tuning()?;
+    cfg.stored = Some(stored.clone());
+    cfg.io = copy_io(a.direct_io);
     let name = a.name.clone().unwrap_or_else(progress::hostname);
     let bar = (!a.quiet).then(|| progress::receiver(&name, stored));
     let r = tokio::select! {
@@ -538,18 +552,26 @@ fn init_logging(cmd: &Cmd) {
         Cmd::Plan(_) => ("warn", false),
         _ => ("off", false),
     };
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
     let filter = tracing_subscriber::EnvFilter::try_from_env("BULKCAST_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
-    let fmt = tracing_subscriber::fmt()
+    let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(filter);
-    if daemon {
-        fmt.init();
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    let fmt = if daemon {
+        fmt.boxed()
     } else {
         // A command's own output has no timestamps; neither do the log lines among it.
-        fmt.without_time().with_target(false).init();
-    }
+        fmt.without_time().with_target(false).boxed()
+    };
+    let registry = tracing_subscriber::registry().with(fmt.with_filter(filter));
+    // Spans go to OpenTelemetry at `info` and above whatever the log shows.
+    #[cfg(feature = "otel")]
+    let registry = registry
+        .with(otel::layer().map(|l| l.with_filter(tracing_subscriber::filter::LevelFilter::INFO)));
+    registry.init();
 }
 
 /// Completes on Ctrl-C or SIGTERM.

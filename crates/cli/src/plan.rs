@@ -4,12 +4,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use bulkcast_node::measure::{self, LeftOut, ProbeCache, ProbeReport};
+use bulkcast_node::api;
+use bulkcast_node::measure::{self, ProbeCache};
 use bulkcast_node::probe;
 use bulkcast_node::transport::TcpTuning;
-use bulkcast_planner::{
-    bound, measured, plan, Algorithm, Matrix, MatrixFile, Network, Plan, PlanOptions,
-};
+use bulkcast_planner::{bound, plan, Algorithm, Matrix, MatrixFile, Network, PlanOptions};
 use bulkcast_proto::auth::Keys;
 use bulkcast_proto::hosts::HostsFile;
 use clap::Args;
@@ -124,8 +123,8 @@ fn read_matrix(p: &std::path::Path) -> Result<MatrixFile> {
 }
 
 /// The plan for a send: the RTT matrix from `matrix` (a file), the probe cache, or probed now;
-/// then the planner's push plan ([`bulkcast_planner::measured::push_plan`]) over the hosts
-/// that answered the probe.
+/// then the planner's push plan over the hosts that answered the probe
+/// ([`bulkcast_node::api::plan_push_with`], which the library's `Send` uses too).
 #[allow(clippy::too_many_arguments)]
 pub async fn for_send(
     hosts: &HostsFile,
@@ -137,60 +136,16 @@ pub async fn for_send(
     chunk: u32,
     balanced: bool,
 ) -> Result<SendPlan> {
-    let Some(path) = matrix else {
-        // The round trips TCP measures while connecting: probing is paid before the send, and
-        // they order paths that differ by more than jitter (`bulkcast plan --samples` echoes).
-        let m = measure::rtt_matrix(hosts, keys, tuning, 0, cache).await?;
-        let answered = HostsFile {
-            source: hosts.source.clone(),
-            hosts: (0..hosts.hosts.len())
-                .filter(|&i| !m.left_out.iter().any(|l| l.host == i))
-                .map(|i| hosts.hosts[i].clone())
-                .collect(),
-        };
-        let net = Network::from_hosts(&answered, &m.matrix)?;
-        let plan = measured::push_plan(net.clone(), size, chunk, balanced)?;
-        return Ok(SendPlan {
-            longest_hop_rtt_ms: longest_hop(&net, &plan),
-            plan,
-            hosts: answered,
-            note: m.report.note.clone(),
-            probe: Some(m.report),
-            left_out: m.left_out,
-        });
+    let m = match matrix {
+        Some(path) => Some((
+            read_matrix(path)?,
+            format!("matrix from {}", path.display()),
+        )),
+        None => None,
     };
-    let net = Network::from_hosts(hosts, &read_matrix(path)?)?;
-    let plan = measured::push_plan(net.clone(), size, chunk, balanced)?;
-    Ok(SendPlan {
-        longest_hop_rtt_ms: longest_hop(&net, &plan),
-        plan,
-        hosts: hosts.clone(),
-        note: format!("matrix from {}", path.display()),
-        probe: None,
-        left_out: Vec::new(),
-    })
-}
-
-/// The longest round trip of a hop of any of the plan's trees, in ms.
-fn longest_hop(net: &Network, plan: &bulkcast_planner::Plan) -> f64 {
-    plan.trees
-        .iter()
-        .map(|(t, _)| measured::longest_hop_rtt_ms(net, t))
-        .fold(0.0, f64::max)
+    let m = m.as_ref().map(|(m, note)| (m, note.clone()));
+    Ok(api::plan_push_with(hosts, m, keys, tuning, cache, size, chunk, balanced).await?)
 }
 
 /// What [`for_send`] decided.
-pub struct SendPlan {
-    /// The plan, over `hosts`.
-    pub plan: Plan,
-    /// The longest round trip of a hop of the plan, in ms (what sets the part size).
-    pub longest_hop_rtt_ms: f64,
-    /// The hosts the plan spans: those given, less `left_out`.
-    pub hosts: HostsFile,
-    /// How the round trips were measured (`None`: from a matrix file).
-    pub probe: Option<ProbeReport>,
-    /// Hosts that did not answer the probe, with why.
-    pub left_out: Vec<LeftOut>,
-    /// What was done, for the user.
-    pub note: String,
-}
+pub type SendPlan = api::PlannedPush;

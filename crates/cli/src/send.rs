@@ -33,8 +33,8 @@ pub struct SendArgs {
     )]
     to: Option<String>,
     /// Start a one-shot agent on each of these hosts over ssh (`user@host,...`) and send to
-    /// them; each is stopped after the send. Needs the binary on the hosts; the session secret
-    /// is a fresh one unless given.
+    /// them; each is stopped after the send. A host without the binary gets a copy of this
+    /// one for the send (same system only); the session secret is a fresh one unless given.
     #[arg(long, value_name = "USER@HOST,...", conflicts_with_all = ["expect", "hostfile"])]
     ssh: Option<String>,
     /// More arguments for every `ssh` of `--ssh`, as one string (`"-p 2222 -i key"`).
@@ -43,6 +43,9 @@ pub struct SendArgs {
     /// The bulkcast binary on the `--ssh` hosts.
     #[arg(long, default_value = "bulkcast", requires = "ssh")]
     ssh_bulkcast: String,
+    /// Fail on `--ssh` hosts without the binary instead of copying this one there.
+    #[arg(long, requires = "ssh")]
+    ssh_no_copy: bool,
     /// Where the `--ssh` hosts store the object (relative paths start at the login's home;
     /// `{host}` becomes the host's name).
     #[arg(long, default_value = "bulkcast-incoming", requires = "ssh")]
@@ -190,6 +193,12 @@ impl Strategy {
 }
 
 pub async fn run(a: SendArgs) -> Result<i32> {
+    // The span of the whole send (what `--features otel` exports).
+    let span = tracing::info_span!("send", path = %a.path.display());
+    tracing::Instrument::instrument(run_send(a), span).await
+}
+
+async fn run_send(a: SendArgs) -> Result<i32> {
     check_chunk_kib(a.chunk_kib)?;
     let mut input = Input::open_with(&a.path, a.name.as_deref(), a.follow_symlinks)?;
     if !a.keep_special_modes {
@@ -205,7 +214,7 @@ pub async fn run(a: SendArgs) -> Result<i32> {
         None => a,
     };
     // One-shot agents over ssh: kept (and stopped when dropped) until the send is over.
-    let (_ssh_agents, a) = match &a.ssh {
+    let (ssh_agents, a) = match &a.ssh {
         Some(targets) => {
             let secret = match a.common.secret()? {
                 Some(s) => s,
@@ -216,6 +225,7 @@ pub async fn run(a: SendArgs) -> Result<i32> {
                 ssh_args: &a.ssh_args,
                 remote_bin: &a.ssh_bulkcast,
                 remote_dir: &a.ssh_dir,
+                copy: !a.ssh_no_copy,
             };
             let agents = crate::ssh::start(&opts, &secret).await?;
             let to = Some(agents.to.clone());
@@ -273,6 +283,9 @@ pub async fn run(a: SendArgs) -> Result<i32> {
     }
     if let Some(m) = endpoint {
         m.linger(Duration::from_secs(a.metrics_linger)).await;
+    }
+    if let Some(agents) = ssh_agents {
+        agents.stop().await;
     }
     Ok(exit_code(&report))
 }

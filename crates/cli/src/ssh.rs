@@ -5,8 +5,12 @@
 //! small shell wrapper: the session secret comes over ssh's stdin (never on a command line)
 //! into a file only the user can read, and the wrapper kills the agent once that stdin ends,
 //! which is when the send drops its end or its ssh dies. The agent says on its first line
-//! where it listens; the send goes to those agents as to any others. The binary must be on
-//! the host already (`--ssh-bulkcast` names it); copying it there is not done yet.
+//! where it listens; the send goes to those agents as to any others.
+//!
+//! A host without the binary (`--ssh-bulkcast` names it: a path, or a name on its `PATH`)
+//! gets a copy of this one, when it runs the same system (`uname -sm`): sent over the same
+//! ssh into a fresh private directory (`mktemp -d`), run from there, and removed by the
+//! wrapper when the agent ends. `--ssh-no-copy` turns that off.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -38,7 +42,12 @@ pub struct SshOptions<'a> {
     pub remote_bin: &'a str,
     /// Where the hosts store the object; `{host}` becomes the host's name.
     pub remote_dir: &'a str,
+    /// Copy this binary to hosts that lack `remote_bin`.
+    pub copy: bool,
 }
+
+/// How long probing a host and copying the binary there may take.
+const COPY: Duration = Duration::from_secs(120);
 
 /// Starts an agent on every target and waits (at most [`START`]) until each listens.
 pub async fn start(o: &SshOptions<'_>, secret: &Secret) -> Result<Agents> {
@@ -58,19 +67,28 @@ pub async fn start(o: &SshOptions<'_>, secret: &Secret) -> Result<Agents> {
         if host.is_empty() || host.contains(char::is_whitespace) {
             bail!("--ssh: {target:?} is not user@host");
         }
+        // The binary to run there, and a directory to remove after (a copy's).
+        let (bin, copied) = match binary_on(target, o).await? {
+            Some(bin) => (bin, String::new()),
+            None => {
+                let dir = copy_binary(target, o).await?;
+                (format!("{dir}/bulkcast"), dir)
+            }
+        };
+        let cleanup = if copied.is_empty() {
+            String::new()
+        } else {
+            format!("rm -rf {};", shell_quote(&copied))
+        };
         let remote = format!(
             "umask 077; f=$(mktemp) || exit 2; head -n 1 > \"$f\"; \
              BULKCAST_LOG=error {} agent --once --listen 0.0.0.0:0 --dir {} --secret-file \"$f\" & p=$!; \
              {{ cat > /dev/null; kill $p 2> /dev/null; }} <&0 & \
-             wait $p; rc=$?; rm -f \"$f\"; exit $rc",
-            shell_quote(o.remote_bin),
+             wait $p; rc=$?; rm -f \"$f\"; {cleanup} exit $rc",
+            shell_quote(&bin),
             shell_quote(&o.remote_dir.replace("{host}", host))
         );
-        let mut child = Command::new("ssh")
-            .args(["-o", "BatchMode=yes"])
-            .args(o.ssh_args.split_whitespace())
-            .arg(target)
-            .arg(remote)
+        let mut child = ssh(o, target, &remote)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -105,6 +123,123 @@ pub async fn start(o: &SshOptions<'_>, secret: &Secret) -> Result<Agents> {
     Ok(agents)
 }
 
+impl Agents {
+    /// Ends the agents: closes each ssh's stdin, which stops its agent and lets the wrapper
+    /// remove what it left (a copied binary), then waits (at most 10 s in all) for the ssh
+    /// processes to exit; those left are killed on drop.
+    pub async fn stop(mut self) {
+        self.stdins.clear();
+        let all = async {
+            for c in &mut self.children {
+                let _ = c.wait().await;
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(10), all).await;
+    }
+}
+
+/// `ssh` to `target` running `remote`, with the user's `--ssh-args`.
+fn ssh(o: &SshOptions<'_>, target: &str, remote: &str) -> Command {
+    let mut c = Command::new("ssh");
+    c.args(["-o", "BatchMode=yes"])
+        .args(o.ssh_args.split_whitespace())
+        .arg(target)
+        .arg(remote)
+        .kill_on_drop(true);
+    c
+}
+
+/// The binary to run on `target`: `remote_bin` if it is there, `None` if it is not and a copy
+/// of this one can run there (refused with why when it cannot, or copies are off).
+async fn binary_on(target: &str, o: &SshOptions<'_>) -> Result<Option<String>> {
+    let bin = shell_quote(o.remote_bin);
+    let probe = format!(
+        "if [ -x {bin} ] || command -v {bin} > /dev/null 2>&1; then echo have; else echo missing; fi; uname -sm"
+    );
+    let mut cmd = ssh(o, target, &probe);
+    cmd.stdin(Stdio::null()).stderr(Stdio::inherit());
+    let out = tokio::time::timeout(COPY, cmd.output())
+        .await
+        .with_context(|| format!("--ssh: {target} did not answer within {COPY:?}"))?
+        .context("--ssh: starting ssh")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut lines = text.lines();
+    match (out.status.success(), lines.next(), lines.next()) {
+        (true, Some("have"), _) => Ok(Some(o.remote_bin.to_string())),
+        (true, Some("missing"), Some(system)) => {
+            if !o.copy {
+                bail!(
+                    "--ssh: {target} has no {} (and --ssh-no-copy)",
+                    o.remote_bin
+                );
+            }
+            if !same_system(system) {
+                bail!(
+                    "--ssh: {target} has no {} and runs {system:?}, so this binary ({} {}) \
+                     cannot be copied there: install bulkcast on it",
+                    o.remote_bin,
+                    std::env::consts::OS,
+                    std::env::consts::ARCH
+                );
+            }
+            Ok(None)
+        }
+        _ => bail!(
+            "--ssh: cannot probe {target} ({}; see ssh's messages above)",
+            out.status
+        ),
+    }
+}
+
+/// Whether `uname -sm`'s answer is this binary's system.
+fn same_system(uname: &str) -> bool {
+    let mut w = uname.split_whitespace();
+    let (Some(os), Some(machine)) = (w.next(), w.next()) else {
+        return false;
+    };
+    os.eq_ignore_ascii_case(std::env::consts::OS) && machine == std::env::consts::ARCH
+}
+
+/// Copies this binary to a fresh private directory on `target` (over ssh's stdin) and returns
+/// the directory.
+async fn copy_binary(target: &str, o: &SshOptions<'_>) -> Result<String> {
+    let me = std::env::current_exe().context("--ssh: finding this binary to copy")?;
+    let data = tokio::fs::read(&me)
+        .await
+        .with_context(|| format!("--ssh: reading {}", me.display()))?;
+    let put = "umask 077; d=$(mktemp -d \"${TMPDIR:-/tmp}/bulkcast-ssh.XXXXXX\") || exit 2; \
+               if cat > \"$d/bulkcast\" && chmod 700 \"$d/bulkcast\"; then echo \"$d\"; else rm -rf \"$d\"; exit 2; fi";
+    let mut child = ssh(o, target, put)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("--ssh: starting ssh")?;
+    let mut stdin = child.stdin.take().context("ssh stdin")?;
+    let copy = async {
+        stdin.write_all(&data).await?;
+        drop(stdin);
+        child.wait_with_output().await
+    };
+    let out = tokio::time::timeout(COPY, copy)
+        .await
+        .with_context(|| format!("--ssh: copying the binary to {target} took over {COPY:?}"))?
+        .with_context(|| format!("--ssh: copying the binary to {target}"))?;
+    let dir = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if !out.status.success() || !dir.starts_with('/') {
+        bail!(
+            "--ssh: copying the binary to {target} failed ({})",
+            out.status
+        );
+    }
+    eprintln!(
+        "--ssh: {target} has no {}: copied this binary ({} bytes) to {dir}, removed after",
+        o.remote_bin,
+        data.len()
+    );
+    Ok(dir)
+}
+
 /// `s` as one word for a POSIX shell.
 fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
@@ -113,6 +248,16 @@ fn shell_quote(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_this_system_takes_a_copy() {
+        let me = format!("{} {}", std::env::consts::OS, std::env::consts::ARCH);
+        assert!(same_system(&me));
+        let os = std::env::consts::OS.to_uppercase();
+        assert!(same_system(&format!("{os} {}", std::env::consts::ARCH)));
+        assert!(!same_system("Darwin arm64x"));
+        assert!(!same_system(""));
+    }
 
     #[test]
     fn quoting_keeps_a_path_one_word() {

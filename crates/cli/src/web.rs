@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use bulkcast_node::live::Sessions;
 use bulkcast_node::metrics::request_path;
 use bulkcast_node::source::SharedStatus;
 use serde_json::{json, Value};
@@ -14,6 +15,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
 const PAGE: &str = include_str!("web/index.html");
+/// `agent --web`'s page.
+const AGENT_PAGE: &str = include_str!("web/agent.html");
 /// How often the page is updated.
 const EVERY: Duration = Duration::from_millis(500);
 
@@ -28,6 +31,51 @@ pub struct Live {
     report: Mutex<Option<String>>,
     /// Pages that were sent the final report.
     delivered: tokio::sync::watch::Sender<usize>,
+}
+
+/// What a page server shows: a send, or an agent's sessions.
+enum Shown {
+    Send(Arc<Live>, Arc<std::sync::atomic::AtomicUsize>),
+    Agent(Arc<AgentLive>),
+}
+
+/// An agent's page: where it is, and its sessions.
+struct AgentLive {
+    host: String,
+    listen: String,
+    dir: String,
+    sessions: Sessions,
+}
+
+/// `agent --web`'s page server; stops when dropped.
+pub struct AgentPage {
+    pub addr: std::net::SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for AgentPage {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl AgentPage {
+    /// Serves the page of an agent's `sessions` on `addr`; `listen` and `dir` are shown.
+    pub async fn start(addr: &str, sessions: Sessions, listen: &str, dir: &str) -> Result<Self> {
+        let listener = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("--web: listening on {addr}"))?;
+        let shown = Arc::new(Shown::Agent(Arc::new(AgentLive {
+            host: crate::progress::hostname(),
+            listen: listen.into(),
+            dir: dir.into(),
+            sessions,
+        })));
+        Ok(AgentPage {
+            addr: listener.local_addr()?,
+            task: tokio::spawn(serve(listener, shown)),
+        })
+    }
 }
 
 /// A running page server; stops when dropped.
@@ -67,7 +115,10 @@ impl Page {
         let clients = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         Ok(Page {
             addr: listener.local_addr()?,
-            task: tokio::spawn(serve(listener, live.clone(), clients.clone())),
+            task: tokio::spawn(serve(
+                listener,
+                Arc::new(Shown::Send(live.clone(), clients.clone())),
+            )),
             live,
             clients,
         })
@@ -90,28 +141,20 @@ impl Page {
     }
 }
 
-async fn serve(
-    listener: TcpListener,
-    live: Arc<Live>,
-    clients: Arc<std::sync::atomic::AtomicUsize>,
-) {
+async fn serve(listener: TcpListener, shown: Arc<Shown>) {
     loop {
         let Ok((conn, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
-        let (live, clients) = (live.clone(), clients.clone());
+        let shown = shown.clone();
         tokio::spawn(async move {
-            let _ = answer(conn, &live, &clients).await;
+            let _ = answer(conn, &shown).await;
         });
     }
 }
 
-async fn answer(
-    mut conn: TcpStream,
-    live: &Live,
-    clients: &std::sync::atomic::AtomicUsize,
-) -> std::io::Result<()> {
+async fn answer(mut conn: TcpStream, shown: &Shown) -> std::io::Result<()> {
     let Ok(Some(target)) =
         tokio::time::timeout(Duration::from_secs(5), request_path(&mut conn)).await
     else {
@@ -133,12 +176,16 @@ async fn answer(
         "/" | "/index.html" => {
             conn.write_all(head("200 OK", "text/html; charset=utf-8").as_bytes())
                 .await?;
+            let page = match shown {
+                Shown::Send(..) => PAGE,
+                Shown::Agent(_) => AGENT_PAGE,
+            };
             let page = match hold {
-                Some(ms) => PAGE.replace(
+                Some(ms) => page.replace(
                     "</body>",
                     &format!("<img hidden alt=\"\" src=\"/hold?hold={ms}\">\n</body>"),
                 ),
-                None => PAGE.to_string(),
+                None => page.to_string(),
             };
             conn.write_all(page.as_bytes()).await?;
         }
@@ -150,11 +197,16 @@ async fn answer(
         "/events" => {
             conn.write_all(head("200 OK", "text/event-stream").as_bytes())
                 .await?;
-            clients.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            let r = events(&mut conn, live).await;
-            clients.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-            live.delivered.send_modify(|_| {});
-            r?;
+            match shown {
+                Shown::Send(live, clients) => {
+                    clients.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let r = events(&mut conn, live).await;
+                    clients.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                    live.delivered.send_modify(|_| {});
+                    r?;
+                }
+                Shown::Agent(a) => agent_events(&mut conn, a).await?,
+            }
         }
         _ => {
             conn.write_all(head("404 Not Found", "text/plain").as_bytes())
@@ -184,13 +236,54 @@ async fn events(conn: &mut TcpStream, live: &Live) -> std::io::Result<()> {
     }
 }
 
-/// Per receiver: (time, bytes) of the last snapshot, and the rate then.
-#[derive(Default)]
-struct Rates(HashMap<usize, (Instant, u64, f64)>);
+/// An agent's sessions every [`EVERY`], for as long as the page is open (an agent runs on):
+/// the running ones with their current rate, the finished ones with their outcome.
+async fn agent_events(conn: &mut TcpStream, a: &AgentLive) -> std::io::Result<()> {
+    let mut rates = Rates::default();
+    loop {
+        let now = Instant::now();
+        let mut kept = std::collections::HashSet::new();
+        let sessions: Vec<Value> = a
+            .sessions
+            .views()
+            .into_iter()
+            .map(|v| {
+                let key = format!("{}@{}", v.session, v.started_unix);
+                kept.insert(key.clone());
+                let rate = if v.state == "running" {
+                    let start = now - Duration::from_secs_f64(v.seconds);
+                    rates.update(key, v.bytes, start)
+                } else {
+                    0.0
+                };
+                let mut j = json!(v);
+                j["rate_mbps"] = json!(rate);
+                j
+            })
+            .collect();
+        // Forget the rates of sessions no longer kept.
+        rates.0.retain(|k, _| kept.contains(k));
+        let snap = json!({
+            "host": a.host, "listen": a.listen, "dir": a.dir, "sessions": sessions,
+        });
+        conn.write_all(format!("data: {snap}\n\n").as_bytes())
+            .await?;
+        tokio::time::sleep(EVERY).await;
+    }
+}
 
-impl Rates {
+/// Per receiver (or session): (time, bytes) of the last snapshot, and the rate then.
+struct Rates<K = usize>(HashMap<K, (Instant, u64, f64)>);
+
+impl<K> Default for Rates<K> {
+    fn default() -> Self {
+        Rates(HashMap::new())
+    }
+}
+
+impl<K: std::hash::Hash + Eq> Rates<K> {
     /// The rate since the last call (the first: since `start`), in Mbit/s, a little smoothed.
-    fn update(&mut self, i: usize, bytes: u64, start: Instant) -> f64 {
+    fn update(&mut self, i: K, bytes: u64, start: Instant) -> f64 {
         let now = Instant::now();
         let e = self.0.entry(i).or_insert((start, 0, 0.0));
         if e.2 == 0.0 && e.1 == 0 {

@@ -737,18 +737,6 @@ fn live_page_in_headless_chromium_shows_every_receiver_and_changing_rates() {
     }
 }
 
-/// A throwaway sshd on 127.0.0.1 and 127.0.0.2, killed on drop.
-#[cfg(bulkcast_sshd)]
-struct Sshd(Child);
-
-#[cfg(bulkcast_sshd)]
-impl Drop for Sshd {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Processes whose command line mentions `needle`.
 #[cfg(bulkcast_sshd)]
 fn processes_with(needle: &str) -> usize {
@@ -770,58 +758,16 @@ fn ssh_launcher_starts_one_shot_agents_and_leaves_none_behind() {
     #[cfg(bulkcast_sshd)]
     {
         let s = Scratch::new("ops-ssh");
-        let keygen = |name: &str| {
-            let st = Command::new("ssh-keygen")
-                .args(["-q", "-t", "ed25519", "-N", ""])
-                .arg("-f")
-                .arg(s.0.join(name))
-                .status()
-                .unwrap();
-            assert!(st.success());
-        };
-        keygen("host_key");
-        keygen("user_key");
-        std::fs::copy(s.0.join("user_key.pub"), s.0.join("authorized_keys")).unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let d = s.0.display();
-        std::fs::write(
-            s.0.join("sshd_config"),
-            format!(
-                "Port {port}\nListenAddress 127.0.0.1\nListenAddress 127.0.0.2\n\
-                 HostKey {d}/host_key\nPidFile {d}/sshd.pid\nAuthorizedKeysFile {d}/authorized_keys\n\
-                 PermitRootLogin prohibit-password\nPasswordAuthentication no\n\
-                 KbdInteractiveAuthentication no\nStrictModes no\nUsePAM no\n"
-            ),
-        )
-        .unwrap();
-        let _ = std::fs::create_dir_all("/run/sshd");
-        let _sshd = Sshd(
-            Command::new(option_env!("BULKCAST_SSHD").unwrap_or("/usr/sbin/sshd"))
-                .args(["-D", "-e", "-f"])
-                .arg(s.0.join("sshd_config"))
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("sshd"),
+        let sshd = common::Sshd::start(
+            &s.0,
+            option_env!("BULKCAST_SSHD").unwrap_or("/usr/sbin/sshd"),
+            "",
         );
-        let start = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.2", port)).is_err() {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "sshd did not start"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
         let user = std::env::var("USER").unwrap_or_else(|_| "root".into());
         let file = s.0.join("s.bin");
         make_file(&file, 3 * MIB + 9);
-        let ssh_args = format!(
-            "-p {port} -i {d}/user_key -o StrictHostKeyChecking=no \
-             -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
-        );
+        let ssh_args = sshd.ssh_args.as_str();
+        let d = s.0.display();
         let out = Command::new(BIN)
             .args([
                 "send",
@@ -833,7 +779,7 @@ fn ssh_launcher_starts_one_shot_agents_and_leaves_none_behind() {
             ])
             .arg("--ssh")
             .arg(format!("{user}@127.0.0.1,{user}@127.0.0.2"))
-            .args(["--ssh-args", &ssh_args, "--ssh-bulkcast", BIN])
+            .args(["--ssh-args", ssh_args, "--ssh-bulkcast", BIN])
             .arg("--ssh-dir")
             .arg(format!("{d}/rx-{{host}}"))
             .env_remove("BULKCAST_SECRET")

@@ -49,6 +49,35 @@ pub struct AgentConfig {
     pub partials: crate::store::Partials,
     /// Tree sessions running here (a new `Open` for one of them takes over from it).
     pub running: Running,
+    /// The sessions this agent is part of, running and finished, for its live page.
+    pub live: crate::live::Sessions,
+}
+
+impl AgentConfig {
+    /// An agent storing into `dir` with `keys`, everything else as `bulkcast agent` has it
+    /// by default (64 MiB of chunk buffers per session, the `--cc auto` congestion control,
+    /// buffered writes, partial copies kept a week).
+    pub fn new(dir: PathBuf, keys: Keys) -> AgentConfig {
+        AgentConfig {
+            dir,
+            keys,
+            node: NodeConfig::default(),
+            tuning: TcpTuning {
+                cc: transport::default_cc(),
+                ..TcpTuning::default()
+            },
+            stored: None,
+            groups: Default::default(),
+            attachments: Default::default(),
+            stdout: false,
+            predialed: Default::default(),
+            io: Default::default(),
+            swarms: Default::default(),
+            partials: Default::default(),
+            running: Default::default(),
+            live: Default::default(),
+        }
+    }
 }
 
 /// The tree sessions running on an agent. When a relay dies, its parent adopts its children
@@ -342,9 +371,21 @@ async fn session_admitted(
                 open.node
             );
             let counted = crate::metrics::global().session_started();
-            crate::swarm::serve(stream, *open, cfg)
+            let started = crate::live::Started {
+                session,
+                kind: "swarm",
+                object: open.manifest.name.clone(),
+                total: open.manifest.total_len,
+                parent: "peers".into(),
+                node: open.node,
+            };
+            let span = session_span(&started);
+            let (cfg, tracked) = tracked(cfg, started);
+            let r = tracing::Instrument::instrument(crate::swarm::serve(stream, *open, &cfg), span)
                 .await
-                .map_err(|e| SessionError::Aborted(session, e.to_string()))?;
+                .map_err(|e| e.to_string());
+            tracked.end(r.clone());
+            r.map_err(|e| SessionError::Aborted(session, e))?;
             counted.done(true);
             return Ok(Served::Session(session));
         }
@@ -369,8 +410,68 @@ async fn session_admitted(
 }
 
 /// Runs a session whose `Open` has been read from `stream` (after the handshake): checks it
-/// against `expect` (ticket receivers), then relays and stores as [`session`] does.
+/// against `expect` (ticket receivers), then relays and stores as [`session`] does. The
+/// session shows in [`AgentConfig::live`] while it runs, then with its outcome.
 pub async fn serve_open(
+    stream: Stream,
+    open: Open,
+    cfg: &AgentConfig,
+    expect: Option<(SessionId, Target)>,
+) -> Result<Served, SessionError> {
+    let started = crate::live::Started {
+        session: open.session,
+        kind: if open.stripe.is_some() {
+            "stripe"
+        } else {
+            "tree"
+        },
+        object: open.manifest.name.clone(),
+        total: open.manifest.total_len,
+        parent: parent_of(&stream),
+        node: open.node,
+    };
+    let span = session_span(&started);
+    let (cfg, tracked) = tracked(cfg, started);
+    let r =
+        tracing::Instrument::instrument(relay_and_store(stream, open, &cfg, expect), span).await;
+    tracked.end(r.as_ref().map(|_| ()).map_err(|e| e.to_string()));
+    r
+}
+
+/// Registers a session in `cfg.live`; the settings it runs with count its stored bytes there
+/// (into the ticket receiver's own counter where there is one).
+fn tracked(
+    cfg: &AgentConfig,
+    started: crate::live::Started,
+) -> (AgentConfig, crate::live::Tracked) {
+    let tracked = cfg.live.start(started, cfg.stored.clone());
+    let mut cfg = cfg.clone();
+    cfg.stored = Some(tracked.stored.clone());
+    (cfg, tracked)
+}
+
+/// The span of a session on this agent (what `--features otel` exports).
+fn session_span(s: &crate::live::Started) -> tracing::Span {
+    tracing::info_span!(
+        "session",
+        session = %format!("{:016x}", s.session),
+        kind = s.kind,
+        object = %s.object,
+        parent = %s.parent,
+        node = s.node,
+    )
+}
+
+/// The address of whoever is at the other end of `stream`, for messages.
+fn parent_of(stream: &Stream) -> String {
+    stream
+        .tcp()
+        .and_then(|t| t.peer_addr().ok())
+        .map_or_else(|| "the parent".to_string(), |a| a.to_string())
+}
+
+/// [`serve_open`] once the session is registered.
+async fn relay_and_store(
     mut stream: Stream,
     open: Open,
     cfg: &AgentConfig,
@@ -380,11 +481,8 @@ pub async fn serve_open(
     // With host keys, only a set-up, chunks and an end its source signed: a relay can forge
     // none of them (the node checks the `Open` and binds its keys to that source).
     let keys = cfg.keys.clone().requiring_source();
-    let parent = stream
-        .tcp()
-        .and_then(|t| t.peer_addr().ok())
-        .map_or_else(|| "the parent".to_string(), |a| a.to_string());
-    let mut node = match Node::relay(&open, keys, cfg.node.clone(), Instant::now()) {
+    let parent = parent_of(&stream);
+    let mut node = match Node::relay(&open, keys.clone(), cfg.node.clone(), Instant::now()) {
         Ok(n) => n,
         Err(e) => {
             let _ = transport::write_frame(

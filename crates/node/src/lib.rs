@@ -18,17 +18,21 @@
 //! - [`source`]: a send from start to report.
 //! - [`swarm`]: swarm sessions (MOB, BitTorrent-style, hybrid) on the network.
 //! - [`agent`]: the receiving daemon.
+//! - [`live`]: an agent's sessions as they run and end, for its live page.
 //! - [`ticket`]: ad-hoc sessions that receivers join with a ticket.
 //! - [`report`]: live status and the final report.
+//! - [`api`]: the library API: [`Send`] and [`Agent`] builders (see its example).
 #![warn(missing_docs)]
 
 pub mod agent;
+pub mod api;
 pub mod direct;
 pub mod driver;
 pub mod edge;
 pub mod feed;
 pub mod gate;
 pub mod input;
+pub mod live;
 pub mod mapped;
 pub mod mcast;
 pub mod measure;
@@ -44,3 +48,5 @@ pub mod stripes;
 pub mod swarm;
 pub mod ticket;
 pub mod transport;
+
+pub use api::{Agent, Send, Strategy};

@@ -296,6 +296,7 @@ mod tests {
             swarms: Default::default(),
             partials: Default::default(),
             running: Default::default(),
+            live: Default::default(),
             io: Default::default(),
         };
         let fake_sender = async {

@@ -78,6 +78,7 @@ async fn push_frames(
         io: Default::default(),
         partials: Default::default(),
         running: Default::default(),
+        live: Default::default(),
     };
     let parent_keys = Keys::derive(&secret()).with_identity(Identity {
         key: parent_key.clone(),

@@ -31,6 +31,7 @@ async fn matrix_of_three_agents_and_one_dead_host() {
             swarms: Default::default(),
             partials: Default::default(),
             running: Default::default(),
+            live: Default::default(),
             stdout: false,
             io: Default::default(),
         });

@@ -62,3 +62,79 @@ pub fn hash(path: &Path) -> Option<blake3::Hash> {
     h.update_reader(std::fs::File::open(path).ok()?).ok()?;
     Some(h.finalize())
 }
+
+/// A throwaway sshd on 127.0.0.1 and 127.0.0.2 (a fresh host key, and a user key for this
+/// user in `dir`), killed on drop. `ssh_args` log in to it.
+#[allow(dead_code)] // only the ssh launcher's tests run one
+pub struct Sshd {
+    child: std::process::Child,
+    pub port: u16,
+    pub ssh_args: String,
+}
+
+impl Drop for Sshd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[allow(dead_code)]
+impl Sshd {
+    /// Starts it with its files in `dir`, `extra` lines added to its config; `sshd` is the
+    /// daemon's path.
+    pub fn start(dir: &Path, sshd: &str, extra: &str) -> Sshd {
+        use std::process::{Command, Stdio};
+        use std::time::{Duration, Instant};
+        for name in ["host_key", "user_key"] {
+            let st = Command::new("ssh-keygen")
+                .args(["-q", "-t", "ed25519", "-N", ""])
+                .arg("-f")
+                .arg(dir.join(name))
+                .status()
+                .unwrap();
+            assert!(st.success());
+        }
+        std::fs::copy(dir.join("user_key.pub"), dir.join("authorized_keys")).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let d = dir.display();
+        std::fs::write(
+            dir.join("sshd_config"),
+            format!(
+                "Port {port}\nListenAddress 127.0.0.1\nListenAddress 127.0.0.2\n\
+                 HostKey {d}/host_key\nPidFile {d}/sshd.pid\nAuthorizedKeysFile {d}/authorized_keys\n\
+                 PermitRootLogin prohibit-password\nPasswordAuthentication no\n\
+                 KbdInteractiveAuthentication no\nStrictModes no\nUsePAM no\n{extra}"
+            ),
+        )
+        .unwrap();
+        let _ = std::fs::create_dir_all("/run/sshd");
+        let child = Command::new(sshd)
+            .args(["-D", "-e", "-f"])
+            .arg(dir.join("sshd_config"))
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("sshd");
+        let sshd = Sshd {
+            child,
+            port,
+            ssh_args: format!(
+                "-p {port} -i {d}/user_key -o StrictHostKeyChecking=no \
+                 -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
+            ),
+        };
+        let start = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.2", port)).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "sshd did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        sshd
+    }
+}

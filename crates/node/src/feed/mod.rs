@@ -5,12 +5,14 @@
 //! - [`serve`]: `feed serve`: the listener, every subscriber's connection, the multicast
 //!   pacer, inserts and status.
 //! - [`client`]: `feed subscribe`, `feed insert`, `feed status`.
+//! - [`metrics`]: a feed source's Prometheus metrics (`feed serve --metrics`).
 //!
 //! Unicast connections carry length-prefixed [`Msg`] frames after the session handshake;
 //! multicast datagrams carry one message each.
 
 pub mod client;
 pub mod disk;
+pub mod metrics;
 pub mod serve;
 
 use std::io;

@@ -44,6 +44,9 @@ pub struct ServeConfig {
     pub multicast_if: Option<std::net::Ipv4Addr>,
     /// Multicast TTL (1: this LAN only).
     pub multicast_ttl: u32,
+    /// A metrics registry to add the queue's and subscribers' metrics to (read from the
+    /// server at each scrape); the counters are in [`super::metrics::global`].
+    pub registry: Option<Arc<Mutex<prometheus_client::registry::Registry>>>,
 }
 
 struct Ctx {
@@ -90,6 +93,13 @@ pub async fn serve(
         wake,
         remote_insert: cfg.remote_insert,
     });
+    if let Some(reg) = &cfg.registry {
+        let c = Arc::downgrade(&ctx);
+        let status = move || Some(c.upgrade()?.lock().status());
+        reg.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .register_collector(Box::new(super::metrics::QueueCollector(Box::new(status))));
+    }
     if let Some(p) = push {
         let group: SocketAddr = p.group.parse().map_err(|_| {
             io::Error::new(
@@ -105,6 +115,7 @@ pub async fn serve(
         loop {
             tokio::time::sleep(Duration::from_secs(1)).await;
             let gone = c.lock().expire(now_us());
+            super::metrics::global().removed("age", gone.len());
             for s in gone {
                 c.dir.remove(s);
             }
@@ -199,6 +210,8 @@ async fn pace_multicast(ctx: Arc<Ctx>, sock: UdpSocket, group: SocketAddr) {
         if let Err(e) = sock.send_to(&msg.to_datagram(id), group).await {
             tracing::warn!("multicast to {group}: {e}");
             tokio::time::sleep(Duration::from_millis(10)).await;
+        } else {
+            count_sent(&msg, "multicast");
         }
     }
 }
@@ -292,6 +305,16 @@ async fn subscriber(ctx: &Arc<Ctx>, stream: TcpStream, id: SubId) -> io::Result<
             }
         };
         write_msg(&mut w, &msg).await?;
+        count_sent(&msg, "unicast");
+    }
+}
+
+/// Counts a product's start or bytes sent in [`super::metrics::global`].
+fn count_sent(msg: &Msg, transport: &str) {
+    match msg {
+        Msg::Product { .. } => super::metrics::global().product_sent(transport),
+        Msg::Data { data, .. } => super::metrics::global().sent(transport, data.len()),
+        _ => {}
     }
 }
 
@@ -374,6 +397,10 @@ async fn receive_insert(
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
     ctx.dir.commit(tmp, &meta, now, s.queue().next_seq())?;
     drop(s);
+    let m = super::metrics::global();
+    m.inserted.inc();
+    m.inserted_bytes.inc_by(meta.size);
+    m.removed("size", evicted.len());
     for seq in evicted {
         ctx.dir.remove(seq);
     }

@@ -1,0 +1,62 @@
+//! bulkcast inside another program: three agents and a send in one tokio runtime, on
+//! loopback. The file (argument 1, else a generated 8 MiB one) goes down a planned tree; the
+//! report prints as `bulkcast send --json` prints it.
+//!
+//! ```sh
+//! cargo run -p bulkcast-node --example embed -- [FILE]
+//! ```
+
+use std::time::Duration;
+
+use bulkcast_node::{Agent, Send, Strategy};
+use bulkcast_proto::auth::Secret;
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let secret = Secret::from_bytes(rand::random());
+    let scratch = std::env::temp_dir().join(format!("bulkcast-embed-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch)?;
+    let file = match std::env::args_os().nth(1) {
+        Some(f) => f.into(),
+        None => {
+            let f = scratch.join("data.bin");
+            std::fs::write(
+                &f,
+                (0..8u32 << 20).map(|i| (i * 7) as u8).collect::<Vec<_>>(),
+            )?;
+            f
+        }
+    };
+
+    // The agents run until `stop` is sent.
+    let (stop, stopped) = tokio::sync::watch::channel(());
+    let mut to = Vec::new();
+    for i in 0..3 {
+        let agent = Agent::new(scratch.join(format!("agent{i}")), &secret)
+            .listen("127.0.0.1:0")
+            .bind()
+            .await?;
+        to.push(agent.local_addrs()[0].to_string());
+        let mut stopped = stopped.clone();
+        tokio::spawn(agent.run(async move {
+            let _ = stopped.changed().await;
+        }));
+    }
+
+    let report = Send::to_list(&to.join(","))?
+        .secret(&secret)
+        .file(&file)
+        .strategy(Strategy::Planned)
+        .on_progress(Duration::from_millis(200), |st| {
+            let done = st.receivers.iter().filter(|r| r.done.is_some()).count();
+            eprintln!("{done}/{} receivers done", st.receivers.len());
+        })
+        .run(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    let _ = stop.send(());
+    std::fs::remove_dir_all(&scratch)?;
+    Ok(())
+}
