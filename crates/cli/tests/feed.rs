@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 
 mod common;
-use common::{root_test_cannot_run, Scratch};
+use common::{bin_in, root_test_cannot_run, Netns, Scratch};
 
 const BIN: &str = env!("CARGO_BIN_EXE_bulkcast");
 const SECRET: &str = "5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a";
@@ -26,23 +26,12 @@ impl Drop for Server {
 }
 
 /// The binary, run inside network namespace `ns` if given.
-fn bin(ns: Option<&str>) -> Command {
-    match ns {
-        Some(ns) => {
-            let mut c = Command::new("ip");
-            c.args(["netns", "exec", ns, BIN]);
-            c
-        }
-        None => Command::new(BIN),
-    }
-}
-
 fn serve(dir: &Path, listen: &str, extra: &[&str]) -> Server {
     serve_in(None, dir, listen, extra)
 }
 
 fn serve_in(ns: Option<&str>, dir: &Path, listen: &str, extra: &[&str]) -> Server {
-    let mut child = bin(ns)
+    let mut child = bin_in(ns)
         .args(["feed", "serve", "--listen", listen, "--dir"])
         .arg(dir)
         .args(extra)
@@ -70,7 +59,7 @@ fn insert(addr: &str, feedtype: &str, files: &[std::path::PathBuf]) -> Output {
 }
 
 fn insert_in(ns: Option<&str>, addr: &str, feedtype: &str, files: &[std::path::PathBuf]) -> Output {
-    let out = bin(ns)
+    let out = bin_in(ns)
         .args(["feed", "insert", "--server", addr, "--feedtype", feedtype])
         .args(files)
         .env("BULKCAST_SECRET", SECRET)
@@ -89,7 +78,7 @@ fn subscribe(addr: &str, dir: &Path, args: &[&str]) -> Child {
 }
 
 fn subscribe_in(ns: Option<&str>, addr: &str, dir: &Path, args: &[&str]) -> Child {
-    bin(ns)
+    bin_in(ns)
         .args(["feed", "subscribe", addr, "--json", "--dir"])
         .arg(dir)
         .args(args)
@@ -395,46 +384,6 @@ fn dir_transport(dir: &str) -> &'static str {
 }
 
 /// A network namespace with only `lo`, deleted on drop.
-struct Netns(String);
-
-impl Netns {
-    fn new(tag: &str) -> Netns {
-        let name = format!("bcfeed-{tag}-{}", std::process::id());
-        let ok = |args: &[&str]| {
-            Command::new("ip")
-                .args(args)
-                .status()
-                .is_ok_and(|s| s.success())
-        };
-        let _ = Command::new("ip").args(["netns", "del", &name]).output();
-        if !ok(&["netns", "add", &name]) {
-            root_test_cannot_run(
-                "feed multicast in a namespace",
-                "cannot create a network namespace",
-            );
-        }
-        let ns = Netns(name);
-        assert!(ok(&[
-            "netns", "exec", &ns.0, "ip", "link", "set", "lo", "up"
-        ]));
-        ns
-    }
-
-    fn run(&self, args: &[&str]) -> bool {
-        Command::new("ip")
-            .args(["netns", "exec", &self.0])
-            .args(args)
-            .status()
-            .is_ok_and(|s| s.success())
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
-    }
-}
-
 #[cfg_attr(
     not(bulkcast_root_tests),
     ignore = "needs root (network namespaces, netem): run as root, or set BULKCAST_REQUIRE_ROOT=1 to make it fail instead"
@@ -442,7 +391,7 @@ impl Drop for Netns {
 #[test]
 fn multicast_repairs_real_loss_and_falls_back_where_it_cannot_go() {
     let s = Scratch::new("feed-netns");
-    let ns = Netns::new("mc");
+    let ns = Netns::new("mc", "feed multicast in a namespace");
     // 3% of the group's datagrams lost on arrival, as seed 003's testbed injected loss.
     let lossy = [
         "iptables",
@@ -593,7 +542,7 @@ fn host_keys_admit_feed_subscribers_by_key() {
     let names: Vec<String> = vec!["a".into()];
     let files = write_files(&s.0.join("src"), &names, |_| 3000);
     let sub_id = id(&sub_key, &to_srv);
-    let out = bin(None)
+    let out = bin_in(None)
         .args([
             "feed",
             "insert",

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 // The root-test helper in `common` is not used here.
 #[allow(dead_code, unused_imports)]
 mod common;
-use common::Scratch;
+use common::{first_line, secret, Scratch};
 
 const BIN: &str = env!("CARGO_BIN_EXE_bulkcast");
 const MIB: u64 = 1 << 20;
@@ -24,20 +24,6 @@ impl Drop for Proc {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn secret(b: u8) -> String {
-    format!("{b:02x}").repeat(32)
-}
-
-/// Reads one line byte by byte, leaving the rest of the stream unread.
-fn first_line(r: &mut impl Read) -> String {
-    let mut line = Vec::new();
-    let mut b = [0u8; 1];
-    while r.read(&mut b).unwrap() == 1 && b[0] != b'\n' {
-        line.push(b[0]);
-    }
-    String::from_utf8(line).unwrap()
 }
 
 /// An agent on an ephemeral loopback port with its live page: (process, address, page URL).
@@ -438,16 +424,6 @@ fn feed_metrics_count_products_inserted_sent_and_received() {
     drop(server);
 }
 
-/// Processes whose command line mentions `needle`.
-#[cfg(bulkcast_sshd)]
-fn processes_with(needle: &str) -> usize {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
-        .filter(|c| String::from_utf8_lossy(c).contains(needle))
-        .count()
-}
-
 /// `send --ssh` to hosts without the binary: each gets a copy of this one (over the same ssh,
 /// into a private directory under the host's `TMPDIR`), runs its one-shot agent from it and
 /// receives the file; after the send neither the copies nor the agents are left. With
@@ -523,7 +499,7 @@ fn ssh_launcher_copies_the_binary_where_missing_and_removes_it_after() {
                 .map(|e| e.unwrap().file_name())
                 .collect();
             if left.is_empty()
-                && processes_with(&format!("{}/bulkcast-ssh.", remote_tmp.display())) == 0
+                && common::processes_with(&format!("{}/bulkcast-ssh.", remote_tmp.display())) == 0
             {
                 break;
             }

@@ -4,12 +4,11 @@
 //! the group.
 
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Output, Stdio};
 
 mod common;
-use common::{hash, make_file, root_test_cannot_run, Scratch};
+use common::{bin_in, hash, make_file, root_test_cannot_run, Netns, Scratch};
 
-const BIN: &str = env!("CARGO_BIN_EXE_bulkcast");
 const SECRET: &str = "6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b";
 
 /// An agent process, killed on drop.
@@ -25,20 +24,8 @@ impl Drop for Agent {
     }
 }
 
-/// The binary, inside network namespace `ns` if given.
-fn bin(ns: Option<&str>) -> Command {
-    match ns {
-        Some(ns) => {
-            let mut c = Command::new("ip");
-            c.args(["netns", "exec", ns, BIN]);
-            c
-        }
-        None => Command::new(BIN),
-    }
-}
-
 fn agent(ns: Option<&str>, dir: &Path) -> Agent {
-    let mut child = bin(ns)
+    let mut child = bin_in(ns)
         .args(["agent", "--listen", "127.0.0.1:0", "--dir"])
         .arg(dir)
         .env("BULKCAST_SECRET", SECRET)
@@ -65,7 +52,7 @@ fn agent(ns: Option<&str>, dir: &Path) -> Agent {
 
 fn send(ns: Option<&str>, file: &Path, agents: &[Agent], extra: &[&str]) -> Output {
     let to: Vec<&str> = agents.iter().map(|a| a.addr.as_str()).collect();
-    bin(ns)
+    bin_in(ns)
         .arg("send")
         .arg(file)
         .args(["--to", &to.join(","), "--strategy", "multicast", "--json"])
@@ -142,36 +129,6 @@ fn multicast_falls_back_to_the_tree_where_the_group_cannot_be_joined() {
 }
 
 /// A network namespace with only `lo`, deleted on drop.
-struct Netns(String);
-
-impl Netns {
-    fn new(tag: &str) -> Netns {
-        let name = format!("bcmc2-{tag}-{}", std::process::id());
-        let _ = Command::new("ip").args(["netns", "del", &name]).output();
-        let made = Command::new("ip").args(["netns", "add", &name]).status();
-        if !made.is_ok_and(|s| s.success()) {
-            root_test_cannot_run("multicast send in a namespace", "cannot create a namespace");
-        }
-        let ns = Netns(name);
-        assert!(ns.run(&["ip", "link", "set", "lo", "up"]));
-        ns
-    }
-
-    fn run(&self, args: &[&str]) -> bool {
-        Command::new("ip")
-            .args(["netns", "exec", &self.0])
-            .args(args)
-            .status()
-            .is_ok_and(|s| s.success())
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
-    }
-}
-
 #[cfg_attr(
     not(bulkcast_root_tests),
     ignore = "needs root (network namespaces, iptables): run as root, or set BULKCAST_REQUIRE_ROOT=1 to make it fail instead"
@@ -179,7 +136,7 @@ impl Drop for Netns {
 #[test]
 fn multicast_repairs_real_loss_and_falls_back_where_a_firewall_drops_the_group() {
     let s = Scratch::new("mcast-ns");
-    let ns = Netns::new("loss");
+    let ns = Netns::new("loss", "multicast send in a namespace");
     let n = Some(ns.0.as_str());
     let drop_group = |p: &str| {
         let mut a = vec!["iptables", "-A", "INPUT", "-d", "239.255.78.0/24"];

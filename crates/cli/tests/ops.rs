@@ -737,16 +737,6 @@ fn live_page_in_headless_chromium_shows_every_receiver_and_changing_rates() {
     }
 }
 
-/// Processes whose command line mentions `needle`.
-#[cfg(bulkcast_sshd)]
-fn processes_with(needle: &str) -> usize {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
-        .filter(|c| String::from_utf8_lossy(c).contains(needle))
-        .count()
-}
-
 /// `send --ssh`: one-shot agents started over a real sshd (a throwaway one on loopback with a
 /// throwaway key) receive the file, and none is left running after the send.
 #[test]
@@ -796,7 +786,7 @@ fn ssh_launcher_starts_one_shot_agents_and_leaves_none_behind() {
         // The one-shot agents (and their wrappers) are gone.
         let marker = format!("{d}/rx-");
         let start = Instant::now();
-        while processes_with(&marker) > 0 {
+        while common::processes_with(&marker) > 0 {
             assert!(
                 start.elapsed() < Duration::from_secs(10),
                 "agents left running"

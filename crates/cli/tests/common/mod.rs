@@ -34,6 +34,21 @@ mod root;
 #[allow(unused_imports)] // only the binaries with root tests use it
 pub use root::root_test_cannot_run;
 
+#[allow(dead_code)] // only the binaries with namespace tests use it
+mod netns;
+#[allow(unused_imports)]
+pub use netns::{bin_in, Netns};
+
+/// Processes whose command line mentions `needle`.
+#[allow(dead_code)] // only the ssh launcher's tests count them
+pub fn processes_with(needle: &str) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
+        .filter(|c| String::from_utf8_lossy(c).contains(needle))
+        .count()
+}
+
 /// A 32-byte fleet secret in hex, every byte `b`.
 #[allow(dead_code)] // not every test binary starts agents
 pub fn secret(b: u8) -> String {
