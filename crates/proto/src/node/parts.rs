@@ -50,6 +50,21 @@ impl Arriving {
     }
 }
 
+/// The chunk offset of the first group of `data` (the chunk's bytes from `from`, a group
+/// boundary) that does not match its chaining value, if any.
+fn first_bad_group(groups: &Groups, from: usize, data: &[u8]) -> Option<usize> {
+    let mut at = 0;
+    while at < data.len() {
+        let g = (from + at) / GROUP;
+        let n = groups.range(g).len().min(data.len() - at);
+        if !groups.check(g, &data[at..at + n]) {
+            return Some(from + at);
+        }
+        at += n;
+    }
+    None
+}
+
 /// Where a child is in the chunk it is being sent in parts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Cursor {
@@ -94,7 +109,7 @@ impl Node {
     }
 
     /// Bytes of a chunk announced by a `Head`: checked group by group, and kept (and so
-    /// forwarded) up to the first group that fails.
+    /// forwarded) only if every group holds; a part with a bad group drops its chunk.
     pub(super) fn handle_part(&mut self, p: Part, now: Instant) -> Result<(), NodeError> {
         let Some(a) = self.arriving.get_mut(&p.index) else {
             return Ok(()); // not taken, or already whole
@@ -108,35 +123,18 @@ impl Node {
                 p.data.len()
             )));
         }
+        let index = p.index;
         if offset > a.have {
             // Something before it went missing (a parent that changed mid-chunk): fetch it.
-            let index = p.index;
             self.take_arriving(index);
             self.request(index, now);
             return Ok(());
         }
         // What is new in it starts at a group boundary: both offsets are multiples of GROUP.
         let data = p.data.slice((a.have - offset).min(p.data.len())..);
-        let mut good = 0;
-        let mut bad = false;
-        while good < data.len() {
-            let g = (a.have + good) / GROUP;
-            let n = a.groups.range(g).len().min(data.len() - good);
-            if !a.groups.check(g, &data[good..good + n]) {
-                bad = true;
-                break;
-            }
-            good += n;
-        }
-        if good > 0 {
-            a.parts.push(data.slice(..good));
-            a.have += good;
-        }
-        let (index, whole) = (p.index, a.have == len);
-        if bad {
+        if let Some(at) = first_bad_group(&a.groups, a.have, &data) {
             // Like a corrupt whole chunk: dropped and asked for again (its room freed for
             // what comes meanwhile); children part-way through it wait for the repair.
-            let at = a.have;
             self.take_arriving(index);
             self.corrupt(
                 index,
@@ -145,7 +143,11 @@ impl Node {
             );
             return Ok(());
         }
-        if whole {
+        if !data.is_empty() {
+            a.have += data.len();
+            a.parts.push(data);
+        }
+        if a.have == len {
             self.complete_arriving(index, now);
         }
         Ok(())
