@@ -638,6 +638,9 @@ impl Driver {
                 if conn > 0 && !self.writers_alive(k) {
                     return; // the edge ended while this connection was being made
                 }
+                if let Some(rtt) = stream.rtt() {
+                    self.node.handle_child_rtt(k, rtt);
+                }
                 let (r, w) = stream.into_split();
                 let tx = self.ev_tx.clone();
                 let reader = tokio::spawn(read_child(r, link, conn, tx));
@@ -659,6 +662,9 @@ impl Driver {
                 }
             }
             Ev::Dialed(k, rtt, t) => {
+                if let Some(rtt) = rtt {
+                    self.node.handle_child_rtt(k, rtt);
+                }
                 if let Some(e) = self.out_edges.get_mut(&k) {
                     // The edge's other connections use what connection 0 got (`auto`: no
                     // second wait for UDP where it went to TCP).

@@ -52,7 +52,7 @@ mod members;
 mod outputs;
 mod parts;
 pub mod replan;
-pub use config::{NodeConfig, KEEPALIVE, UP_KEEPALIVE};
+pub use config::{silent_period, NodeConfig, KEEPALIVE, SILENT_RTTS, UP_KEEPALIVE};
 pub use held::LOAD_AHEAD;
 use members::{check_below, check_chunk_size, children_of, new_child, subtree};
 
@@ -234,6 +234,9 @@ pub struct Child {
     last_progress: Instant,
     /// Last time any frame came from it (or it was created).
     last_heard: Instant,
+    /// Its connection's round trip as the driver measured it ([`Node::handle_child_rtt`]);
+    /// `None` until then. It lengthens the silence it is allowed ([`silent_period`]).
+    rtt: Option<Duration>,
     /// Keepalive: a frame went to it since `quiet_since`, the last check (set by
     /// [`Node::poll_transmit`], cleared by [`Node::handle_timeout`]).
     sent: bool,
@@ -958,6 +961,16 @@ impl Node {
             }
         };
         self.report(frame);
+    }
+
+    /// The driver measured child `k`'s round trip (its connection's handshake, or TCP's
+    /// smoothed estimate): a child on a long path is allowed a longer silence before it counts
+    /// as stopped ([`silent_period`]). The longest report wins, so a fast second connection of
+    /// a striped edge does not shorten it.
+    pub fn handle_child_rtt(&mut self, k: usize, rtt: Duration) {
+        if let Some(c) = self.children.get_mut(k) {
+            c.rtt = Some(c.rtt.map_or(rtt, |r| r.max(rtt)));
+        }
     }
 
     /// A link closed (reset, EOF, timeout, or a protocol error the driver acted on).

@@ -407,7 +407,7 @@ impl Sim {
             .collect();
         let down = spec.links.iter().map(|l| Pipe::new(*l, start)).collect();
         let up = spec.links.iter().map(|l| Pipe::new(*l, start)).collect();
-        Self {
+        let mut sim = Self {
             link_bytes: vec![0; n],
             part_bytes: vec![0; n],
             spec,
@@ -420,6 +420,19 @@ impl Sim {
             fed: 0,
             rng,
             keys,
+        };
+        for i in 0..n {
+            sim.tell_child_rtts(i);
+        }
+        sim
+    }
+
+    /// Tells node `p` its children's round trips, as the driver does when it connects to them.
+    fn tell_child_rtts(&mut self, p: NodeId) {
+        let sn = &mut self.nodes[p];
+        for (k, &c) in sn.child_ids.iter().enumerate() {
+            let rtt = self.spec.links[c].latency * 2;
+            sn.node.handle_child_rtt(k, rtt);
         }
     }
 

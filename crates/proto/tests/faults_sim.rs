@@ -269,6 +269,46 @@ fn a_stopped_relay_is_let_go_within_the_silent_timeout_and_the_rest_finish_at_fu
     assert_fanout(&r, 1);
 }
 
+/// A chain of 6 on 100 Mbit/s links with `one_way_ms` of latency each; relay 2 stops for
+/// `stop` at about 30% of the transfer. Returns who was let go.
+fn stop_relay_on_path(one_way_ms: u64, stop: Duration) -> Vec<(usize, String)> {
+    let len = 16 * MIB;
+    let mut s = SimSpec::new(Tree::kary(6, 1), LinkSpec::wan(one_way_ms, 100.0), len);
+    s.node.buffer_budget = 2 * len as usize;
+    s.stall_timeout = Duration::from_secs(30);
+    let at = Duration::from_millis(400 + 6 * one_way_ms);
+    s.stalls = vec![(2, at)];
+    s.unstalls = vec![(2, at + stop)];
+    let r = Sim::new(s).run();
+    assert!(r.finished);
+    let failed: Vec<_> = (1..r.nodes.len())
+        .filter_map(|i| r.nodes[i].failed.clone().map(|f| (i, f)))
+        .collect();
+    for i in 1..r.nodes.len() {
+        if failed.iter().all(|f| f.0 != i) {
+            assert!(r.nodes[i].data_ok, "node {i}: {:#?}", r.nodes[i]);
+        }
+    }
+    failed
+}
+
+#[test]
+fn the_silence_a_child_is_allowed_grows_with_its_round_trip() {
+    let stop = Duration::from_millis(1800);
+    // On a LAN 1.8 s of silence is a stopped process: node 2 is let go, its subtree adopted.
+    let lan = stop_relay_on_path(1, stop);
+    assert_eq!(lan.len(), 1, "{lan:?}");
+    assert_eq!(lan[0].0, 2);
+    assert!(lan[0].1.contains("sent nothing"), "{lan:?}");
+    // At 200 ms the same gap is a retransmitted keepalive (`silent_period`: 1 s + 8 round
+    // trips = 2.6 s): nobody is let go and everyone finishes.
+    assert_eq!(stop_relay_on_path(100, stop), Vec::new());
+    // A stop longer than the period is still caught there.
+    let long = stop_relay_on_path(100, Duration::from_secs(5));
+    assert_eq!(long.len(), 1, "{long:?}");
+    assert_eq!(long[0].0, 2);
+}
+
 #[test]
 fn a_node_stopped_itself_does_not_take_its_childrens_unread_keepalives_for_silence() {
     // The source stops for 3 s: when it runs again its timers are long past, and what its

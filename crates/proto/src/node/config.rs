@@ -26,7 +26,8 @@ pub struct NodeConfig {
     /// A child with nodes below it that has sent nothing at all (not even the [`UP_KEEPALIVE`]
     /// every relay with children sends up) for this long while it had chunks outstanding is
     /// taken for a stopped or hung process: let go like one that fell behind, and its subtree
-    /// adopted, so that the nodes below it are not held for the stall timeout.
+    /// adopted, so that the nodes below it are not held for the stall timeout. On a long path
+    /// the period grows with the child's round trip ([`silent_period`]).
     pub silent_timeout: Duration,
     /// Fault injection for tests and `bench/faults` only (0, the default: off): this node
     /// flips a byte of every n-th chunk the first time it sends it to each child, as a relay that
@@ -60,3 +61,16 @@ pub const KEEPALIVE: Duration = Duration::from_secs(15);
 /// silence means a stopped or hung one (a relay waiting on a slow child of its own keeps
 /// saying so, and its parent leaves it alone: the deepest culprit is the one let go).
 pub const UP_KEEPALIVE: Duration = Duration::from_millis(250);
+
+/// Round trips of silence, on top of [`NodeConfig::silent_timeout`], before a child counts as
+/// stopped ([`silent_period`]).
+pub const SILENT_RTTS: u32 = 8;
+
+/// How long child with round trip `rtt` may send nothing before it counts as stopped. A
+/// keepalive that TCP has to retransmit arrives a retransmission timeout late (srtt plus four
+/// deviations, more while a queue builds up at the start of a long path), and on a 200 ms path
+/// a second of silence is a lost segment, not a stopped process: the period is
+/// `base + SILENT_RTTS x rtt` (1 s on a LAN, 2.6 s at 200 ms with the default base).
+pub fn silent_period(base: Duration, rtt: Option<Duration>) -> Duration {
+    base + rtt.unwrap_or_default() * SILENT_RTTS
+}

@@ -68,6 +68,7 @@ pub(super) fn new_child(m: &Member, sub: Vec<Member>, now: Instant) -> Child {
         end_sent: false,
         last_progress: now,
         last_heard: now,
+        rtt: None,
         sent: false,
         quiet_since: now,
         keepalive_due: false,

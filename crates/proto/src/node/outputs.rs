@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use super::{Child, Event, Link, Local, Node, Upstream, KEEPALIVE};
+use super::{silent_period, Child, Event, Link, Local, Node, Upstream, KEEPALIVE};
 use crate::wire::Frame;
 
 impl Node {
@@ -141,6 +141,7 @@ impl Node {
         let mut silent = Vec::new();
         for k in 0..self.children.len() {
             match self.silent_since(k) {
+                // Late by more than `grace` past its deadline: this process was not running.
                 Some(t) if now >= t + grace => self.children[k].last_heard = now,
                 Some(t) if now >= t => silent.push(k),
                 _ => {}
@@ -154,7 +155,7 @@ impl Node {
         let c = &self.children[k];
         let below_waits = c.unresolved.iter().any(|&n| n != c.node);
         (c.alive && c.held.is_some() && c.acked < c.next && below_waits)
-            .then(|| c.last_heard + self.cfg.silent_timeout)
+            .then(|| c.last_heard + silent_period(self.cfg.silent_timeout, c.rtt))
     }
 
     /// A relay with children: when its next [`super::UP_KEEPALIVE`] is due (`None`: none is).

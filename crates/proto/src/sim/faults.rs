@@ -59,6 +59,7 @@ impl Sim {
                 .handle_link_closed(Link::Child(k), reason, now);
             return;
         }
+        self.tell_child_rtts(p);
         self.instantiate(p, g, &open);
     }
 
@@ -77,6 +78,7 @@ impl Sim {
         sn.parent = Some(p);
         sn.ended = false;
         sn.stores.clear();
+        self.tell_child_rtts(g);
         self.down[g] = Pipe::new(self.spec.links[g], now);
         self.up[g] = Pipe::new(self.spec.links[g], now);
         let opens: Vec<(NodeId, Open)> = (0..self.nodes[g].child_ids.len())
