@@ -949,6 +949,14 @@ async fn write_link(
     }
     let mut cc = fd.filter(|_| adapt).map(CcWatch::new);
     let mut w = BufWriter::with_capacity(64 << 10, w);
+    // Declared after `w`, so dropped (and logged) before the socket closes, also when the
+    // session aborts this task.
+    let _times = fd.map(|fd| SendTimesLog {
+        fd,
+        peer: w.get_ref().tcp().and_then(|t| t.peer_addr().ok()),
+        conn,
+        started: Instant::now(),
+    });
     loop {
         let (f, report) = tokio::select! {
             biased;
@@ -990,6 +998,51 @@ async fn write_link(
     }
     let _ = w.flush().await;
     let _ = w.shutdown().await;
+}
+
+/// Says, when a link's writer ends, where its connection's time went (`info`), so that a slow
+/// edge shows whether the path (busy, retransmitting), the receiver's window, or this sender
+/// (idle: it had nothing to send) held it back.
+struct SendTimesLog {
+    /// The writer's socket, open for as long as this lives.
+    fd: std::os::fd::RawFd,
+    peer: Option<std::net::SocketAddr>,
+    conn: u16,
+    started: Instant,
+}
+
+impl Drop for SendTimesLog {
+    fn drop(&mut self) {
+        // SAFETY: dropped before the writer that owns the socket (see `write_link`).
+        let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(self.fd) };
+        log_send_times(sock, self.peer, self.conn, self.started);
+    }
+}
+
+fn log_send_times(
+    sock: std::os::fd::BorrowedFd<'_>,
+    peer: Option<std::net::SocketAddr>,
+    conn: u16,
+    started: Instant,
+) {
+    let Some(t) = transport::send_times(&sock) else {
+        return;
+    };
+    if t.bytes_sent < 1 << 20 {
+        return; // a control connection or a stub: nothing to say
+    }
+    let life = started.elapsed().as_secs_f64();
+    let idle = (life - t.busy.as_secs_f64()).max(0.0);
+    tracing::info!(
+        "to {} (connection {conn}): {:.1} MB in {life:.1} s, sending {:.1} s (receive window {:.1} s, \
+         send buffer {:.1} s), idle {idle:.1} s, {:.2}% sent again",
+        peer.map_or_else(|| "?".to_string(), |p| p.to_string()),
+        t.bytes_sent as f64 / 1e6,
+        t.busy.as_secs_f64(),
+        t.rwnd_limited.as_secs_f64(),
+        t.sndbuf_limited.as_secs_f64(),
+        100.0 * t.bytes_retrans as f64 / t.bytes_sent as f64,
+    );
 }
 
 /// What a link's writer controls on its socket besides writing.

@@ -182,6 +182,35 @@ pub fn loss_counters(stream: &impl AsRawFd) -> Option<(u64, u64)> {
     })
 }
 
+/// Where a TCP sender's time went, from the kernel's chronograph (`TCP_INFO`, Linux 4.10+):
+/// what an operator needs to tell a slow path from a sender that had nothing to send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendTimes {
+    /// Time with data in flight (the connection was sending).
+    pub busy: Duration,
+    /// Part of `busy` during which the receiver's window was the limit.
+    pub rwnd_limited: Duration,
+    /// Part of `busy` during which the send buffer was the limit.
+    pub sndbuf_limited: Duration,
+    /// Payload bytes sent, retransmissions included.
+    pub bytes_sent: u64,
+    /// Payload bytes sent again.
+    pub bytes_retrans: u64,
+}
+
+/// The connection's [`SendTimes`], or `None` where the kernel does not say.
+pub fn send_times(stream: &impl AsRawFd) -> Option<SendTimes> {
+    let (info, len) = tcp_info(stream)?;
+    let needed = std::mem::offset_of!(libc::tcp_info, tcpi_bytes_retrans) + 8;
+    (len >= needed).then(|| SendTimes {
+        busy: Duration::from_micros(info.tcpi_busy_time),
+        rwnd_limited: Duration::from_micros(info.tcpi_rwnd_limited),
+        sndbuf_limited: Duration::from_micros(info.tcpi_sndbuf_limited),
+        bytes_sent: info.tcpi_bytes_sent,
+        bytes_retrans: info.tcpi_bytes_retrans,
+    })
+}
+
 /// Caps the rate at which a socket sends (`SO_MAX_PACING_RATE`, bytes per second; `u64::MAX`:
 /// no cap). Setting it also turns on the kernel's pacing for congestion controls that do not
 /// pace by themselves (cubic), so the cap holds packet by packet, not on average.
