@@ -195,18 +195,9 @@ use bits::Bits;
 pub use mob::Mobs;
 pub use msg::SwarmMsg;
 
-/// Which distribution strategy a [`SwarmNode`] runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Strategy {
-    /// Push along the planned tree only (the baseline of every planned tree).
-    TreePush,
-    /// BitTorrent as in the MOB paper (random pieces, `R` requests, tit-for-tat choking).
-    Swarm,
-    /// MOB (mob shares, rank-matched global peers, completion tree).
-    Mob,
-    /// Push along the planned tree, pull what push will not bring in time.
-    Hybrid,
-}
+// The strategy is named on the wire (`SwarmOpen`), so the wire format defines it; its
+// behaviour is here.
+pub use crate::wire::Strategy;
 
 impl Strategy {
     /// Every strategy, in the order the reports print them.
