@@ -179,14 +179,46 @@ fn retry_finishes_a_receiver_that_came_back() {
 
 #[test]
 fn a_relay_killed_mid_transfer_in_a_chain_of_4_fails_alone() {
-    let s = Scratch::new("resume-relay");
+    relay_killed_in_a_chain_of_4(false);
+}
+
+/// One-shot agents (`agent --once`, as the lab and the ssh launcher run them) stay up when
+/// their session aborts with its parent, so that the node adopting them can open it again;
+/// each exits, successfully, once its copy is whole.
+#[test]
+fn one_shot_agents_below_a_killed_relay_wait_to_be_adopted_and_finish() {
+    let mut ags = relay_killed_in_a_chain_of_4(true);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for i in [0, 2, 3] {
+        let status = loop {
+            if let Some(st) = ags[i].child.try_wait().unwrap() {
+                break st;
+            }
+            assert!(Instant::now() < deadline, "agent {i} --once did not exit");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(status.success(), "agent {i}: {status}");
+    }
+}
+
+/// Kills the second host of a chain of 4 a third of the way in: only it fails, the two below
+/// it are adopted and resume. Returns the agents (one-shot with `once`).
+fn relay_killed_in_a_chain_of_4(once: bool) -> Vec<Agent> {
+    let s = Scratch::new(if once { "resume-once" } else { "resume-relay" });
     let src = s.0.join("chain.bin");
     let len = 160 * MIB;
     make_file(&src, len, b"chain");
     let want = hash(&src);
     let key = secret(0x31);
     let mut ags: Vec<Agent> = (0..4)
-        .map(|i| agent(&s.0.join(format!("r{i}")), &key))
+        .map(|i| {
+            spawn_agent(&s.0.join(format!("r{i}")), &["127.0.0.1:0"], |c| {
+                c.env("BULKCAST_SECRET", &key);
+                if once {
+                    c.arg("--once");
+                }
+            })
+        })
         .collect();
     let to = ags
         .iter()
@@ -219,6 +251,7 @@ fn a_relay_killed_mid_transfer_in_a_chain_of_4_fails_alone() {
             "receiver {i}: {r}"
         );
     }
+    ags
 }
 
 #[test]

@@ -124,12 +124,32 @@ impl Running {
     }
 }
 
+impl Running {
+    /// Whether an instance of `session` runs here now.
+    fn contains(&self, session: SessionId) -> bool {
+        self.0.lock().expect("running lock").contains_key(&session)
+    }
+}
+
 impl Drop for Instance {
     fn drop(&mut self) {
         let mut m = self.running.0.lock().expect("running lock");
         if m.get(&self.session).is_some_and(|e| e.0 == self.id) {
             m.remove(&self.session);
         }
+    }
+}
+
+/// How long an agent run with `once` waits, after its session aborted, for the session to be
+/// opened here again (a node that loses its parent is adopted by another, which opens the
+/// session again within a few round trips of noticing; at 200 ms, about 3 s).
+const ONCE_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Sleeps until `at`, or forever without it.
+async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -175,10 +195,27 @@ pub async fn serve(
         tokio::sync::mpsc::channel::<Result<(SessionId, usize), SessionError>>(16);
     let mut finished: std::collections::HashMap<SessionId, usize> = Default::default();
     let gate = crate::gate::Gate::default();
+    // With `once`: a failed session and when to give up waiting for it to be opened again.
+    let mut failed: Option<(SessionError, tokio::time::Instant)> = None;
     loop {
+        let wake = failed.as_ref().map(|f| f.1);
         tokio::select! {
             _ = &mut shutdown => return None,
+            _ = sleep_until_opt(wake), if wake.is_some() => {
+                let Some((e, _)) = failed.take() else { continue };
+                match e.session().filter(|&id| cfg.running.contains(id)) {
+                    // Opened again and still running: its outcome decides.
+                    Some(_) => failed = Some((e, tokio::time::Instant::now() + ONCE_GRACE)),
+                    None => return Some(Err(e)),
+                }
+            }
             Some(r) = done_rx.recv(), if once => match r {
+                // The instance that took over reports for the session.
+                Err(SessionError::Superseded(_)) => {}
+                // An orphan of a lost relay is opened again by the node that adopts it.
+                Err(e @ SessionError::Aborted(..)) => {
+                    failed = Some((e, tokio::time::Instant::now() + ONCE_GRACE));
+                }
                 Err(e) => return Some(Err(e)),
                 Ok((id, parts)) => {
                     let n = finished.entry(id).or_default();
@@ -228,6 +265,10 @@ pub async fn serve(
                                 tracing::warn!("connection from {peer}: {e}");
                                 return;
                             }
+                            Err(e @ SessionError::Superseded(_)) => {
+                                tracing::info!("connection from {peer}: {e}");
+                                Err(e)
+                            }
                             Err(e) => {
                                 tracing::warn!("connection from {peer}: {e}");
                                 Err(e)
@@ -273,9 +314,24 @@ pub enum SessionError {
     /// The session started but this node gave up.
     #[error("session {0:016x} aborted: {1}")]
     Aborted(SessionId, String),
+    /// A new parent opened the session here again (it adopted this node): the new instance
+    /// carries on from this one's copy, so this is not a failure of the session.
+    #[error("session {0:016x}: opened again here by a new parent")]
+    Superseded(SessionId),
     /// The session ran to its end (children served) but this node's own copy failed.
     #[error("session {0:016x}: the local copy failed (see the log for why)")]
     CopyFailed(SessionId),
+}
+
+impl SessionError {
+    /// The session it is about, where one had begun.
+    pub fn session(&self) -> Option<SessionId> {
+        match self {
+            SessionError::Aborted(s, _) | SessionError::Superseded(s) => Some(*s),
+            SessionError::CopyFailed(s) => Some(*s),
+            SessionError::Conn(_) | SessionError::Refused(_) => None,
+        }
+    }
 }
 
 /// Runs one incoming session on an accepted connection: admission, `Open`, then relaying and
@@ -549,10 +605,7 @@ async fn relay_and_store(
     });
     let r = tokio::select! {
         r = run => r,
-        _ = stop.notified() => {
-            let why = "opened again here by a new parent".to_string();
-            return Err(SessionError::Aborted(session, why));
-        }
+        _ = stop.notified() => return Err(SessionError::Superseded(session)),
     };
     r.map_err(|e| match &culprit {
         Some(c) => SessionError::Aborted(session, format!("{e} ({c})")),
