@@ -16,7 +16,8 @@
 //!   session), [`chunkmap`] (which chunks a node holds, verified: the store's index) and
 //!   [`stripe`] (balanced multi-trees: an object's chunks dealt to several tree sessions).
 //! - [`hosts`]: the hosts file shared by `send`, the planner and the lab.
-//! - [`sim`]: an in-memory network on a simulated clock for tests.
+//! - [`sim`] (cargo feature `sim`): the simulators, seeded in-memory networks on a simulated
+//!   clock, one per protocol, for the tests, examples and the lab.
 //! - [`swarm`]: receiver-driven swarming (MOB, a BitTorrent-style baseline, a tree+pull
 //!   hybrid) over the same chunks and wire, with its own cluster/WAN simulator.
 //! - [`multipath`]: one edge over N parallel connections: striping, in-order join, and the
@@ -38,6 +39,7 @@ pub mod mcast;
 pub mod multipath;
 pub mod paced;
 pub mod push;
+#[cfg(feature = "sim")]
 pub mod sim;
 pub mod swarm;
 pub mod wire;
