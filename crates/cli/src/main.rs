@@ -9,6 +9,7 @@ mod keygen;
 mod metrics;
 #[cfg(feature = "otel")]
 mod otel;
+mod outcome;
 mod pipe;
 mod plan;
 mod progress;

@@ -9,14 +9,15 @@
 //! - [`wire`]: frames and their encoding; every length checked before use.
 //! - [`auth`]: the session secret, the mutual handshake, chunk and end authentication.
 //! - [`manifest`]: what is sent (file, directory, stream) and how its bytes map to files.
-//! - [`chunkmap`]: which chunks a node holds, verified (the store's index).
 //! - [`groups`]: checking a chunk 16 KiB at a time against its BLAKE3 hash (verified
 //!   streaming), for forwarding at a finer grain than the chunk.
-//! - [`tree`]: distribution trees, the seam between planning and moving bytes.
-//! - [`node`]: the push-relay state machine, one per node per session.
+//! - [`push`]: the push-relay tree protocol: [`tree`] (distribution trees, the seam between
+//!   planning and moving bytes), [`node`] (the push-relay state machine, one per node per
+//!   session), [`chunkmap`] (which chunks a node holds, verified: the store's index) and
+//!   [`stripe`] (balanced multi-trees: an object's chunks dealt to several tree sessions).
 //! - [`hosts`]: the hosts file shared by `send`, the planner and the lab.
-//! - [`stripe`]: balanced multi-trees: an object's chunks dealt to several tree sessions.
-//! - [`sim`]: an in-memory network on a simulated clock for tests.
+//! - [`sim`] (cargo feature `sim`): the simulators, seeded in-memory networks on a simulated
+//!   clock, one per protocol, for the tests, examples and the lab.
 //! - [`swarm`]: receiver-driven swarming (MOB, a BitTorrent-style baseline, a tree+pull
 //!   hybrid) over the same chunks and wire, with its own cluster/WAN simulator.
 //! - [`multipath`]: one edge over N parallel connections: striping, in-order join, and the
@@ -29,7 +30,6 @@
 
 pub mod auth;
 pub mod cc;
-pub mod chunkmap;
 pub mod feed;
 pub mod groups;
 pub mod hosts;
@@ -37,10 +37,12 @@ pub mod identity;
 pub mod manifest;
 pub mod mcast;
 pub mod multipath;
-pub mod node;
 pub mod paced;
+pub mod push;
+#[cfg(feature = "sim")]
 pub mod sim;
-pub mod stripe;
 pub mod swarm;
-pub mod tree;
 pub mod wire;
+
+// The tree protocol's modules under their old paths, which the other crates use.
+pub use push::{chunkmap, node, stripe, tree};

@@ -18,4 +18,5 @@ pub mod queue;
 pub mod ranges;
 pub mod receiver;
 pub mod server;
-pub mod sim;
+#[cfg(feature = "sim")]
+pub use crate::sim::feed as sim;

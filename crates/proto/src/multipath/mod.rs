@@ -113,7 +113,8 @@
 
 pub mod grow;
 mod joiner;
-pub mod sim;
+#[cfg(feature = "sim")]
+pub use crate::sim::multipath as sim;
 mod striper;
 
 pub use joiner::{Accepted, JoinError, Joiner};

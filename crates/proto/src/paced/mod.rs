@@ -32,7 +32,8 @@
 pub mod packet;
 pub mod ranges;
 pub mod rate;
-pub mod sim;
+#[cfg(feature = "sim")]
+pub use crate::sim::paced as sim;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};

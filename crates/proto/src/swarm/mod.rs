@@ -178,7 +178,8 @@ mod peers;
 mod pull;
 mod receive;
 pub mod session;
-pub mod sim;
+#[cfg(feature = "sim")]
+pub use crate::sim::swarm as sim;
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use super::{Config, Conn, ConnStats};
+use crate::paced::{Config, Conn, ConnStats};
 
 /// One direction of a path.
 #[derive(Debug, Clone, Copy)]

@@ -12,13 +12,13 @@ use bytes::{Bytes, BytesMut};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use super::msg::{Msg, Start};
-use super::product::{Micros, ProductAuth, SecretAuth, Subscription};
-use super::push::PushOut;
-use super::queue::ProductQueue;
-use super::receiver::{Latency, Receiver, ReceiverConfig, RxEvent, RxStats};
-use super::server::{Server, ServerConfig, SubId, UniOut};
 use crate::auth::Secret;
+use crate::feed::msg::{Msg, Start};
+use crate::feed::product::{Micros, ProductAuth, SecretAuth, Subscription};
+use crate::feed::push::PushOut;
+use crate::feed::queue::ProductQueue;
+use crate::feed::receiver::{Latency, Receiver, ReceiverConfig, RxEvent, RxStats};
+use crate::feed::server::{Server, ServerConfig, SubId, UniOut};
 
 /// How multicast reaches one receiver.
 #[derive(Debug, Clone, Default)]

@@ -31,9 +31,9 @@ use bytes::{Bytes, BytesMut};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use super::session::{Outcome, SourceSession};
-use super::{Strategy, SwarmConfig, SwarmEvent, SwarmNode, Transmit};
 use crate::auth::{Keys, Secret};
+use crate::swarm::session::{Outcome, SourceSession};
+use crate::swarm::{Strategy, SwarmConfig, SwarmEvent, SwarmNode, Transmit};
 use crate::tree::{NodeId, Tree};
 use crate::wire::{self, Chunk, Frame};
 

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use super::{
+use crate::multipath::{
     ConnId, ConnStats, ControllerStats, Item, Joiner, Phase, Scheduler, Striper, StriperConfig,
 };
 
