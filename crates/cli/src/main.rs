@@ -220,6 +220,7 @@ impl Common {
         NodeConfig {
             buffer_budget: (self.budget_mib << 20) as usize,
             tamper_every: tamper_every(),
+            tamper_repairs: tamper_repairs(),
             ..NodeConfig::default()
         }
     }
@@ -242,6 +243,18 @@ fn tamper_every() -> u64 {
 #[cfg(not(feature = "fault-injection"))]
 fn tamper_every() -> u64 {
     0
+}
+
+/// With `BULKCAST_FAULT_TAMPER_EVERY`: `BULKCAST_FAULT_TAMPER_REPAIRS=1` flips every copy of
+/// those chunks, repairs too, as a relay that keeps corrupting would (its parent cuts it off).
+#[cfg(feature = "fault-injection")]
+fn tamper_repairs() -> bool {
+    std::env::var("BULKCAST_FAULT_TAMPER_REPAIRS").is_ok_and(|v| v == "1")
+}
+
+#[cfg(not(feature = "fault-injection"))]
+fn tamper_repairs() -> bool {
+    false
 }
 
 #[derive(Args)]

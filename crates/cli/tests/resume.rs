@@ -53,10 +53,36 @@ fn part_len(dir: &Path) -> Option<u64> {
     })
 }
 
+/// The bytes of the files under `dir` (links not followed).
+fn tree_len(dir: &Path) -> u64 {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    rd.flatten()
+        .map(|e| match std::fs::symlink_metadata(e.path()) {
+            Ok(m) if m.is_dir() => tree_len(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+/// The size of the partial tree (a directory's copy) in `dir`, if there is one.
+fn part_tree_len(dir: &Path) -> Option<u64> {
+    std::fs::read_dir(dir).ok()?.flatten().find_map(|e| {
+        let n = e.file_name().to_string_lossy().into_owned();
+        (n.ends_with(".part") && e.path().is_dir()).then(|| tree_len(&e.path()))
+    })
+}
+
 /// Waits until `dir`'s partial copy holds at least `len` bytes (or panics after 60 s).
 fn wait_for_part(dir: &Path, len: u64) {
     let deadline = Instant::now() + Duration::from_secs(60);
-    while part_len(dir).unwrap_or(0) < len {
+    while part_len(dir)
+        .unwrap_or(0)
+        .max(part_tree_len(dir).unwrap_or(0))
+        < len
+    {
         assert!(Instant::now() < deadline, "no partial copy of {len} bytes");
         std::thread::sleep(Duration::from_millis(1));
     }
@@ -138,6 +164,92 @@ fn a_killed_receiver_resumes_and_an_unchanged_object_moves_nothing() {
     }
     assert_eq!(hash(&a.dir.join("weights.bin")), want);
     assert_eq!(hash(&b.dir.join("weights.bin")), want);
+}
+
+/// A directory of model shards: `n` files of `each` bytes, a small one, an empty one in a
+/// directory of its own, and a link.
+fn make_tree(root: &Path, n: u64, each: u64) -> u64 {
+    std::fs::create_dir_all(root.join("shards")).unwrap();
+    std::fs::create_dir_all(root.join("empty/dir")).unwrap();
+    for i in 0..n {
+        make_file(&root.join(format!("shards/{i}.bin")), each, &[i as u8]);
+    }
+    make_file(&root.join("config.json"), 1234, b"config");
+    std::fs::write(root.join("empty/dir/none"), b"").unwrap();
+    std::os::unix::fs::symlink("shards/0.bin", root.join("latest.bin")).unwrap();
+    n * each + 1234
+}
+
+/// Every file of the tree `got` has the content of the same file in `want`.
+fn same_tree(want: &Path, got: &Path, n: u64) {
+    let mut paths: Vec<String> = (0..n).map(|i| format!("shards/{i}.bin")).collect();
+    paths.extend(["config.json", "empty/dir/none", "latest.bin"].map(String::from));
+    for p in paths {
+        assert_eq!(hash(&got.join(&p)), hash(&want.join(&p)), "{}", p);
+    }
+    assert!(std::fs::symlink_metadata(got.join("latest.bin"))
+        .unwrap()
+        .is_symlink());
+}
+
+#[test]
+fn a_killed_receiver_resumes_a_directory_and_an_unchanged_one_moves_nothing() {
+    let s = Scratch::new("resume-dir");
+    let src = s.0.join("model");
+    let n = 6;
+    let len = make_tree(&src, n, 32 * MIB);
+    let key = secret(0x33);
+    let a = agent(&s.0.join("a"), &key);
+    let mut b = agent(&s.0.join("b"), &key);
+    let to = format!("{},{}", a.addr, b.addr);
+    let sender = send_cmd(&src, &to, &["--strategy", "flat"], &key)
+        .spawn()
+        .unwrap();
+    wait_for_part(&b.dir, len / 4);
+    b.child.kill().unwrap(); // SIGKILL, mid-directory
+    b.child.wait().unwrap();
+    let out = sender.wait_with_output().unwrap();
+    let r = report(&out);
+    assert_eq!(out.status.code(), Some(1), "{r}");
+    assert_eq!(r["receivers"][0]["verified"], true, "{r}");
+    assert_eq!(r["receivers"][1]["verified"], false, "{r}");
+    assert!(part_tree_len(&b.dir).is_some(), "the partial tree is gone");
+
+    // Restarted, it resumes each file: the send moves only what it lacks, plus at most 1%.
+    b = agent(&b.dir, &key);
+    let to = format!("{},{}", a.addr, b.addr);
+    let out = send_cmd(&src, &to, &["--strategy", "flat"], &key)
+        .output()
+        .unwrap();
+    let r = report(&out);
+    assert!(out.status.success(), "{r}");
+    let rb = &r["receivers"][1];
+    let held = u(&rb["held_bytes"]);
+    assert!(held >= len / 8, "kept only {held} bytes: {r}");
+    let missing = len - held;
+    assert!(
+        u(&rb["received_bytes"]) <= missing + len / 100,
+        "moved {} for {missing} missing: {r}",
+        rb["received_bytes"]
+    );
+    // The first receiver had the whole tree already.
+    assert_eq!(r["receivers"][0]["already_in_place"], true, "{r}");
+    assert_eq!(u(&r["receivers"][0]["received_bytes"]), 0, "{r}");
+    same_tree(&src, &b.dir.join("model"), n);
+    assert_eq!(files(&b.dir), vec![".model.bulkcast.done", "model"]);
+
+    // Unchanged: no payload moves at all, and the report says why.
+    let out = send_cmd(&src, &to, &["--fanout", "1"], &key)
+        .output()
+        .unwrap();
+    let r = report(&out);
+    assert!(out.status.success(), "{r}");
+    for rx in r["receivers"].as_array().unwrap() {
+        assert_eq!(rx["already_in_place"], true, "{r}");
+        assert_eq!(u(&rx["received_bytes"]), 0, "{r}");
+    }
+    same_tree(&src, &a.dir.join("model"), n);
+    same_tree(&src, &b.dir.join("model"), n);
 }
 
 #[test]

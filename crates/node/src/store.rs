@@ -5,10 +5,10 @@
 //! in memory until the thread reports it stored, so memory stays bounded by the node's budget.
 //! A receiver never leaves a partial or corrupt file under the final name.
 //!
-//! A one-file copy opened with [`Store::open_resumable`] (what agents do) outlives a failed
-//! session: its verified chunks are kept, keyed by the object, for the next send of the same
-//! object (see [`partial`]). Other copies (directories, streams, stripes of a balanced send)
-//! are removed when their session fails.
+//! A one-file or directory copy opened with [`Store::open_resumable`] (what agents do) outlives
+//! a failed session: its verified chunks are kept, keyed by the object, for the next send of
+//! the same object (see [`partial`], and `tree` for directories). Other copies (streams,
+//! stripes of a balanced send) are removed when their session fails.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -19,13 +19,15 @@ use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
 
 use crate::direct::{self, CopyIo};
-use bulkcast_proto::manifest::{EntryKind, Manifest, Mtime, ObjectKind, MODE_BITS};
+use bulkcast_proto::manifest::{Manifest, Mtime, ObjectKind, MODE_BITS};
 use bulkcast_proto::wire::SessionId;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
 pub mod partial;
+mod tree;
 pub use partial::{Partials, Resumed};
+use tree::{create_tree, finish_tree};
 
 /// Where the copy goes.
 #[derive(Debug, Clone)]
@@ -142,8 +144,8 @@ impl Store {
         partials: Partials,
     ) -> io::Result<(Store, Resumed)> {
         let dest = match &target {
-            Target::Dir(d) if manifest.kind == ObjectKind::File => d.join(&manifest.name),
-            Target::Path(p) if manifest.kind == ObjectKind::File => p.clone(),
+            Target::Dir(d) if manifest.kind != ObjectKind::Stream => d.join(&manifest.name),
+            Target::Path(p) if manifest.kind != ObjectKind::Stream => p.clone(),
             _ => {
                 let s = Self::open(target, manifest, session, io, events, stored)?;
                 return Ok((s, Resumed::default()));
@@ -155,6 +157,48 @@ impl Store {
         // Another session of this object may still hold the copy: one that lost its parent and
         // has not noticed yet (its process was stopped, say) lets it go within moments.
         let waited = std::time::Instant::now();
+        if manifest.kind == ObjectKind::Dir {
+            let opened = loop {
+                match tree::open(&dest, manifest, chunk_size)
+                    .map_err(|e| ctx(e, "resuming", &dest))?
+                {
+                    tree::Opened::Busy if waited.elapsed() < BUSY_WAIT => {
+                        std::thread::sleep(std::time::Duration::from_millis(50));
+                    }
+                    o => break o,
+                }
+            };
+            let (sink, resumed) = match opened {
+                tree::Opened::Complete => (
+                    Sink::CompleteTree {
+                        dest,
+                        manifest: manifest.clone(),
+                    },
+                    Resumed {
+                        held: Default::default(),
+                        complete: true,
+                    },
+                ),
+                tree::Opened::Partial { tmp, ledger, held } => (
+                    Sink::Tree {
+                        tmp,
+                        dest,
+                        manifest: manifest.clone(),
+                        open: None,
+                        ledger: Some(ledger),
+                    },
+                    Resumed {
+                        held,
+                        complete: false,
+                    },
+                ),
+                tree::Opened::Busy => {
+                    let s = Self::open(target, manifest, session, io, events, stored)?;
+                    return Ok((s, Resumed::default()));
+                }
+            };
+            return Ok((Self::start(sink, events, stored)?, resumed));
+        }
         let opened = loop {
             let o = partial::open(&dest, manifest, chunk_size)
                 .map_err(|e| ctx(e, "resuming", &dest))?;
@@ -323,12 +367,19 @@ enum Sink {
         manifest: Manifest,
         /// The most recently written file, kept open (writes are mostly sequential).
         open: Option<(usize, File)>,
+        /// A resumable tree's map ([`tree`]), as for a file.
+        ledger: Option<partial::Ledger>,
     },
     Stdout(io::Stdout),
     /// An identical copy was in place before the session: only read from.
     Complete {
         dest: PathBuf,
         file: File,
+    },
+    /// An identical tree was in place before the session: only read from.
+    CompleteTree {
+        dest: PathBuf,
+        manifest: Manifest,
     },
     Done,
 }
@@ -374,6 +425,7 @@ impl Sink {
                     dest,
                     manifest: m.clone(),
                     open: None,
+                    ledger: None,
                 })
             }
         }
@@ -407,6 +459,16 @@ impl Sink {
         let (file, path) = match self {
             Sink::File { file, tmp, .. } => (file, tmp),
             Sink::Complete { file, dest } => (file, dest),
+            Sink::Tree { tmp, manifest, .. }
+            | Sink::CompleteTree {
+                dest: tmp,
+                manifest,
+            } => {
+                let mut buf = vec![0u8; len as usize];
+                tree::read_at(tmp, manifest, &mut buf, offset)
+                    .map_err(|e| describe(e, "reading back", tmp))?;
+                return Ok(Bytes::from(buf));
+            }
             _ => return Err("this copy cannot be read back".into()),
         };
         let mut buf = vec![0u8; len as usize];
@@ -434,9 +496,11 @@ impl Sink {
                 }
                 r
             }
-            Sink::Tree { .. } | Sink::Stdout(_) | Sink::Complete { .. } | Sink::Done => {
-                self.write_other(offset, data)
-            }
+            Sink::Tree { .. }
+            | Sink::Stdout(_)
+            | Sink::Complete { .. }
+            | Sink::CompleteTree { .. }
+            | Sink::Done => self.write_other(offset, data),
         }
     }
 
@@ -477,6 +541,7 @@ impl Sink {
                 tmp,
                 manifest,
                 open,
+                ledger,
                 ..
             } => {
                 for (entry, at, from, len) in manifest.locate(offset, data.len() as u64) {
@@ -493,13 +558,19 @@ impl Sink {
                     f.write_all_at(&data[from as usize..(from + len) as usize], at)
                         .map_err(|e| describe(e, "writing", &path))?;
                 }
+                if let Some(l) = ledger {
+                    l.record(offset, data)
+                        .map_err(|e| describe(e, "recording the chunk in", tmp))?;
+                }
                 Ok(())
             }
             Sink::Stdout(out) => out
                 .lock()
                 .write_all(data)
                 .map_err(|e| format!("writing to standard output: {e}")),
-            Sink::File { .. } | Sink::Complete { .. } | Sink::Done => Ok(()),
+            Sink::File { .. } | Sink::Complete { .. } | Sink::CompleteTree { .. } | Sink::Done => {
+                Ok(())
+            }
         }
     }
 
@@ -536,6 +607,7 @@ impl Sink {
                 dest,
                 manifest,
                 open,
+                ledger,
             } => {
                 drop(open);
                 finish_tree(&tmp, &manifest)?;
@@ -544,9 +616,17 @@ impl Sink {
                     fs::remove_dir_all(&dest).map_err(|e| describe(e, "replacing", &dest))?;
                 }
                 fs::rename(&tmp, &dest).map_err(|e| {
-                    let _ = fs::remove_dir_all(&tmp);
+                    // A resumable tree stays for the next session; others go.
+                    if ledger.is_none() {
+                        let _ = fs::remove_dir_all(&tmp);
+                    }
                     describe(e, "moving into place", &dest)
                 })?;
+                if let Some(l) = ledger {
+                    l.finish_with(|done, id| {
+                        partial::write_record(done, id, &tree::stamps(&dest, &manifest)?)
+                    });
+                }
                 Ok(dest)
             }
             Sink::Stdout(out) => {
@@ -555,14 +635,14 @@ impl Sink {
                     .map_err(|e| format!("flushing standard output: {e}"))?;
                 Ok(PathBuf::from("-"))
             }
-            Sink::Complete { dest, .. } => Ok(dest),
+            Sink::Complete { dest, .. } | Sink::CompleteTree { dest, .. } => Ok(dest),
             Sink::Done => Err("finalized twice".into()),
         }
     }
 
     /// Makes a resumable copy an ordinary one: [`Sink::discard`] removes it.
     fn forget(&mut self) {
-        if let Sink::File { ledger, .. } = self {
+        if let Sink::File { ledger, .. } | Sink::Tree { ledger, .. } = self {
             if let Some(l) = ledger.take() {
                 let _ = fs::remove_file(&l.names.map);
             }
@@ -581,83 +661,17 @@ impl Sink {
             Sink::File { tmp, .. } => {
                 tracing::info!("keeping the partial copy {} to resume", tmp.display());
             }
-            Sink::Tree { tmp, .. } => {
+            Sink::Tree {
+                tmp, ledger: None, ..
+            } => {
                 let _ = fs::remove_dir_all(tmp);
             }
-            Sink::Stdout(_) | Sink::Complete { .. } | Sink::Done => {}
-        }
-    }
-}
-
-/// Creates a validated tree's directories and empty files under `tmp`. Symlinks wait for
-/// [`finish_tree`], after every write: nothing is ever written through one.
-fn create_tree(tmp: &Path, m: &Manifest) -> io::Result<()> {
-    for e in &m.entries {
-        let p = tmp.join(&e.path);
-        if let Some(d) = p.parent() {
-            fs::create_dir_all(d).map_err(|er| ctx(er, "creating", d))?;
-        }
-        match e.kind {
-            EntryKind::Dir => fs::create_dir_all(&p).map_err(|er| ctx(er, "creating", &p))?,
-            EntryKind::File => {
-                // `create_new` (O_EXCL) never follows a link, whatever is there.
-                OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .open(&p)
-                    .map_err(|er| ctx(er, "creating", &p))?;
+            Sink::Tree { tmp, .. } => {
+                tracing::info!("keeping the partial tree {} to resume", tmp.display());
             }
-            EntryKind::Symlink(_) => {}
+            Sink::Stdout(_) | Sink::Complete { .. } | Sink::CompleteTree { .. } | Sink::Done => {}
         }
     }
-    Ok(())
-}
-
-/// Once every byte is written: syncs the files, creates the symlinks, then sets modes and
-/// modification times, files first and directories deepest first, the top one last, so no
-/// later change inside a directory moves its time again.
-fn finish_tree(tmp: &Path, m: &Manifest) -> Result<(), String> {
-    for e in &m.entries {
-        let p = tmp.join(&e.path);
-        match &e.kind {
-            EntryKind::File => {
-                let f = open_no_follow(&p).map_err(|er| describe(er, "opening", &p))?;
-                f.sync_data().map_err(|er| describe(er, "syncing", &p))?;
-                set_meta(&f, e.mode, e.mtime);
-            }
-            EntryKind::Symlink(target) => {
-                std::os::unix::fs::symlink(target, &p)
-                    .map_err(|er| describe(er, "creating the symlink", &p))?;
-                if let Some(t) = e.mtime {
-                    set_link_mtime(&p, t);
-                }
-            }
-            EntryKind::Dir => {}
-        }
-    }
-    // Deepest first: a parent whose mode forbids entering it must not stop its children.
-    let mut dirs: Vec<_> = m
-        .entries
-        .iter()
-        .filter(|e| e.kind == EntryKind::Dir)
-        .collect();
-    dirs.sort_by_key(|e| std::cmp::Reverse(e.path.split('/').count()));
-    for e in dirs {
-        let p = tmp.join(&e.path);
-        let f = open_no_follow(&p).map_err(|er| describe(er, "opening", &p))?;
-        set_meta(&f, e.mode, e.mtime);
-    }
-    let f = File::open(tmp).map_err(|er| describe(er, "opening", tmp))?;
-    set_meta(&f, m.mode, m.mtime);
-    Ok(())
-}
-
-/// Opens what must not be a symlink (a file or directory this store created) to read.
-fn open_no_follow(p: &Path) -> io::Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(p)
 }
 
 /// Sets a file's or directory's mode and modification time through its descriptor. Best
@@ -667,33 +681,6 @@ fn set_meta(f: &File, mode: u32, mtime: Option<Mtime>) {
         let _ = f.set_modified(t);
     }
     let _ = f.set_permissions(fs::Permissions::from_mode(mode & MODE_BITS));
-}
-
-/// A symlink's own modification time (`utimensat` with `AT_SYMLINK_NOFOLLOW`).
-fn set_link_mtime(p: &Path, t: Mtime) {
-    use std::os::unix::ffi::OsStrExt;
-    let Ok(c) = std::ffi::CString::new(p.as_os_str().as_bytes()) else {
-        return;
-    };
-    let times = [
-        libc::timespec {
-            tv_sec: 0,
-            tv_nsec: libc::UTIME_OMIT,
-        },
-        libc::timespec {
-            tv_sec: t.secs as libc::time_t,
-            tv_nsec: t.nanos as libc::c_long,
-        },
-    ];
-    // SAFETY: a NUL-terminated path and two timespecs, as utimensat(2) takes.
-    unsafe {
-        libc::utimensat(
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            times.as_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW,
-        );
-    }
 }
 
 /// Start write-back of dirty pages every this many bytes, so the `fsync` before the copy is
@@ -734,7 +721,7 @@ fn describe(e: io::Error, what: &str, p: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bulkcast_proto::manifest::Entry;
+    use bulkcast_proto::manifest::{Entry, EntryKind};
 
     fn manifest_dir() -> Manifest {
         Manifest {

@@ -364,3 +364,39 @@ fn a_relay_that_tampers_is_caught_at_the_next_hop_and_named_and_everyone_gets_th
         }
     }
 }
+
+#[test]
+fn a_relay_that_corrupts_every_repair_is_cut_off_and_its_subtree_adopted() {
+    // Node 2 flips a byte in every 4th chunk it forwards, and in every repair of it: its
+    // children could fetch those chunks for ever. Its parent cuts it off after the 4th corrupt
+    // copy of one chunk to one child, and its subtree is re-planned below healthy nodes.
+    let len = 4 * MIB;
+    let tree = Tree::kary(20, 2);
+    let mut s = spec(tree.clone(), len);
+    s.tamper = vec![(2, 4)];
+    s.tamper_repairs = vec![2];
+    let budget = s.node.buffer_budget;
+    let r = Sim::new(s).run();
+    assert_only_dead_failed(&r, &[2], budget);
+    assert_fanout(&r, 2);
+    let why = r.nodes[2].failed.as_deref().unwrap();
+    assert!(
+        why.contains("corrupt copies") && why.contains("cut off"),
+        "{why}"
+    );
+    // Its children saw corrupt copies up to the cut, and few more (those already on the way).
+    let seen: Vec<usize> = tree
+        .children(2)
+        .iter()
+        .map(|&k| r.nodes[k].corrupt_detected)
+        .collect();
+    let cut = bulkcast_proto::node::CUT_AFTER_CORRUPT as usize;
+    assert!(seen.iter().any(|&n| n >= cut), "{seen:?}");
+    assert!(seen.iter().all(|&n| n <= 4 * cut), "{seen:?}");
+    // The rest of the tree never saw one.
+    for i in 1..r.nodes.len() {
+        if !tree.children(2).contains(&i) {
+            assert_eq!(r.nodes[i].corrupt_detected, 0, "node {i}");
+        }
+    }
+}

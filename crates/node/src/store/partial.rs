@@ -27,7 +27,7 @@ use std::io::{self, Read};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bulkcast_proto::chunkmap::ChunkMap;
 use bulkcast_proto::manifest::{chunk_count, Manifest};
@@ -134,7 +134,12 @@ impl Ledger {
 
     /// The copy is in place at `dest`: remember it as identical, forget the map.
     pub fn finish(self, dest: &Path) {
-        if let Err(e) = write_done(&self.names.done, &self.id, dest) {
+        self.finish_with(|done, id| write_done(done, id, dest));
+    }
+
+    /// The copy is in place: `done` writes the record that says so, then the map goes.
+    pub fn finish_with(self, done: impl FnOnce(&Path, &[u8; 32]) -> io::Result<()>) {
+        if let Err(e) = done(&self.names.done, &self.id) {
             tracing::debug!("{}: {e}", self.names.done.display());
         }
         let _ = fs::remove_file(&self.names.map);
@@ -146,11 +151,33 @@ impl Ledger {
 pub(super) fn open(dest: &Path, m: &Manifest, chunk_size: u32) -> io::Result<Opened> {
     let id = object_id(m);
     let names = Names::new(dest, &id);
-    let total = m.total_len.unwrap_or(0);
     if is_done(&names.done, &id, dest) {
         return Ok(Opened::Complete(File::open(dest)?));
     }
-    let mut map = OpenOptions::new()
+    let Some(map) = lock_map(&names)? else {
+        return Ok(Opened::Busy);
+    };
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&names.part)?;
+    let (ledger, held) = load_map(
+        map,
+        names,
+        id,
+        m,
+        chunk_size,
+        || file.set_len(0),
+        |buf, at| file.read_exact_at(buf, at),
+    )?;
+    Ok(Opened::Partial { file, ledger, held })
+}
+
+/// Opens and locks (`flock`) the map of a partial copy; `None`: another session holds it.
+pub(super) fn lock_map(names: &Names) -> io::Result<Option<File>> {
+    let map = OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
@@ -158,14 +185,24 @@ pub(super) fn open(dest: &Path, m: &Manifest, chunk_size: u32) -> io::Result<Ope
         .open(&names.map)?;
     // SAFETY: a valid fd; LOCK_NB makes it return at once.
     if unsafe { libc::flock(map.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Ok(Opened::Busy);
+        return Ok(None);
     }
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&names.part)?;
+    Ok(Some(map))
+}
+
+/// Reads a locked map, keeps the chunks whose bytes (`read` at an offset of the object) hash
+/// as recorded, re-cut to `chunk_size`, and rewrites the map with those only. A map of another
+/// object or a torn header: `reset` empties the copy and nothing is held.
+pub(super) fn load_map(
+    mut map: File,
+    names: Names,
+    id: [u8; 32],
+    m: &Manifest,
+    chunk_size: u32,
+    reset: impl FnOnce() -> io::Result<()>,
+    read: impl Fn(&mut [u8], u64) -> io::Result<()>,
+) -> io::Result<(Ledger, ChunkMap)> {
+    let total = m.total_len.unwrap_or(0);
     let mut header = Vec::with_capacity(HEADER);
     header.extend_from_slice(MAGIC);
     header.extend_from_slice(&id);
@@ -181,10 +218,10 @@ pub(super) fn open(dest: &Path, m: &Manifest, chunk_size: u32) -> io::Result<Ope
         && old[44..HEADER] == header[44..HEADER]
         && old_cs > 0;
     let held = if same {
-        let verified = verify(&file, &old[HEADER..], old_cs, total);
+        let verified = verify(&read, &old[HEADER..], old_cs, total);
         recut(&verified, old_cs, chunk_size as u64, total)
     } else {
-        file.set_len(0)?;
+        reset()?;
         ChunkMap::new()
     };
     // The map is rewritten with what was verified only (a torn last record is gone too).
@@ -193,28 +230,30 @@ pub(super) fn open(dest: &Path, m: &Manifest, chunk_size: u32) -> io::Result<Ope
         for i in s..e {
             let len = chunk_len(i, chunk_size as u64, total);
             let mut buf = vec![0u8; len as usize];
-            file.read_exact_at(&mut buf, i * chunk_size as u64)?;
+            read(&mut buf, i * chunk_size as u64)?;
             fresh.extend_from_slice(&i.to_le_bytes());
             fresh.extend_from_slice(blake3::hash(&buf).as_bytes());
         }
     }
     map.set_len(0)?;
     map.write_all_at(&fresh, 0)?;
-    Ok(Opened::Partial {
-        file,
-        ledger: Ledger {
-            map,
-            end: fresh.len() as u64,
-            chunk_size: chunk_size as u64,
-            names,
-            id,
-        },
-        held,
-    })
+    let ledger = Ledger {
+        map,
+        end: fresh.len() as u64,
+        chunk_size: chunk_size as u64,
+        names,
+        id,
+    };
+    Ok((ledger, held))
 }
 
-/// Chunks of the map's `records` whose bytes in `file` hash as recorded.
-fn verify(file: &File, records: &[u8], cs: u64, total: u64) -> ChunkMap {
+/// Chunks of the map's `records` whose bytes (`read` at an offset) hash as recorded.
+fn verify(
+    read: &impl Fn(&mut [u8], u64) -> io::Result<()>,
+    records: &[u8],
+    cs: u64,
+    total: u64,
+) -> ChunkMap {
     let n = chunk_count(total, cs as u32);
     let mut held = ChunkMap::new();
     let mut buf = Vec::new();
@@ -224,8 +263,7 @@ fn verify(file: &File, records: &[u8], cs: u64, total: u64) -> ChunkMap {
             continue;
         }
         buf.resize(chunk_len(i, cs, total) as usize, 0);
-        if file.read_exact_at(&mut buf, i * cs).is_ok() && blake3::hash(&buf).as_bytes() == &r[8..]
-        {
+        if read(&mut buf, i * cs).is_ok() && blake3::hash(&buf).as_bytes() == &r[8..] {
             held.insert(i);
         }
     }
@@ -261,6 +299,12 @@ fn stamp(dest: &Path) -> io::Result<[u8; 48]> {
     if !md.is_file() {
         return Err(io::Error::other("not a regular file"));
     }
+    Ok(stamp_of(&md))
+}
+
+/// What a done record keeps of one file, directory or link: any change to it (its content,
+/// mode, time, or for a directory its entries) moves its change time.
+pub(super) fn stamp_of(md: &fs::Metadata) -> [u8; 48] {
     let mut s = [0u8; 48];
     s[..8].copy_from_slice(&md.ino().to_le_bytes());
     s[8..16].copy_from_slice(&md.len().to_le_bytes());
@@ -268,28 +312,34 @@ fn stamp(dest: &Path) -> io::Result<[u8; 48]> {
     s[24..32].copy_from_slice(&md.mtime_nsec().to_le_bytes());
     s[32..40].copy_from_slice(&md.ctime().to_le_bytes());
     s[40..48].copy_from_slice(&md.ctime_nsec().to_le_bytes());
-    Ok(s)
+    s
 }
 
 fn write_done(done: &Path, id: &[u8; 32], dest: &Path) -> io::Result<()> {
-    let mut rec = Vec::with_capacity(8 + 32 + 48);
+    write_record(done, id, &stamp(dest)?)
+}
+
+/// Writes a done record: the object's identity and the `stamps` of its copy in place.
+pub(super) fn write_record(done: &Path, id: &[u8; 32], stamps: &[u8]) -> io::Result<()> {
+    let mut rec = Vec::with_capacity(8 + 32 + stamps.len());
     rec.extend_from_slice(DONE_MAGIC);
     rec.extend_from_slice(id);
-    rec.extend_from_slice(&stamp(dest)?);
+    rec.extend_from_slice(stamps);
     let tmp = done.with_extension("done.new");
     fs::write(&tmp, &rec)?;
     fs::rename(&tmp, done)
 }
 
+/// The stamps a done record keeps for the object `id` (`None`: no record of it).
+pub(super) fn read_record(done: &Path, id: &[u8; 32]) -> Option<Vec<u8>> {
+    let rec = fs::read(done).ok()?;
+    (rec.len() >= 8 + 32 && &rec[..8] == DONE_MAGIC && &rec[8..40] == id)
+        .then(|| rec[40..].to_vec())
+}
+
 /// The copy at `dest` is the object `id`, untouched since it was put there.
 fn is_done(done: &Path, id: &[u8; 32], dest: &Path) -> bool {
-    let Ok(rec) = fs::read(done) else {
-        return false;
-    };
-    rec.len() == 8 + 32 + 48
-        && &rec[..8] == DONE_MAGIC
-        && &rec[8..40] == id
-        && stamp(dest).is_ok_and(|s| s[..] == rec[40..])
+    read_record(done, id).is_some_and(|r| stamp(dest).is_ok_and(|s| s[..] == r[..]))
 }
 
 impl Partials {
@@ -306,9 +356,17 @@ impl Partials {
                 if !ours || !name.ends_with(".part") {
                     return None;
                 }
-                let md = e.metadata().ok()?;
-                md.is_file()
-                    .then(|| (md.modified().unwrap_or(now), md.len(), e.path()))
+                let md = fs::symlink_metadata(e.path()).ok()?;
+                // A directory's partial copy (a tree) counts with every file in it.
+                let len = match md.is_dir() {
+                    true => tree_len(&e.path()),
+                    false => md.is_file().then_some(md.len())?,
+                };
+                // Its map is written with every chunk: a tree's own time moves only when
+                // entries are made at its top.
+                let map = fs::metadata(e.path().with_extension("map")).and_then(|m| m.modified());
+                let at = md.modified().unwrap_or(now).max(map.unwrap_or(UNIX_EPOCH));
+                Some((at, len, e.path()))
             })
             .collect();
         parts.sort();
@@ -337,7 +395,22 @@ fn remove_unlocked(part: &Path) -> bool {
         }
         let _ = fs::remove_file(&map);
     }
-    fs::remove_file(part).is_ok()
+    match fs::symlink_metadata(part) {
+        Ok(md) if md.is_dir() => fs::remove_dir_all(part).is_ok(),
+        _ => fs::remove_file(part).is_ok(),
+    }
+}
+
+/// The bytes of the regular files under `dir` (links not followed).
+fn tree_len(dir: &Path) -> u64 {
+    let Ok(rd) = fs::read_dir(dir) else { return 0 };
+    rd.flatten()
+        .map(|e| match fs::symlink_metadata(e.path()) {
+            Ok(md) if md.is_dir() => tree_len(&e.path()),
+            Ok(md) if md.is_file() => md.len(),
+            _ => 0,
+        })
+        .sum()
 }
 
 #[cfg(test)]

@@ -46,6 +46,7 @@ use crate::wire::{Chunk, End, Frame, Member, Open, SessionId, SourceSig};
 
 mod adopt;
 mod config;
+mod cut;
 mod held;
 mod internals;
 mod members;
@@ -53,7 +54,9 @@ mod outputs;
 mod parts;
 pub mod replan;
 pub use config::{silent_period, NodeConfig, KEEPALIVE, SILENT_RTTS, UP_KEEPALIVE};
+pub use cut::{CUT_AFTER_CORRUPT, MAX_REJECTED_REPORTS};
 pub use held::LOAD_AHEAD;
+pub use members::Named;
 use members::{check_below, check_chunk_size, children_of, new_child, subtree};
 
 /// Session-wide settings chosen by the source.
@@ -255,6 +258,8 @@ pub struct Child {
     loaded: BTreeMap<u64, Chunk>,
     /// The chunk it is being sent in parts, and how far (`node/parts.rs`).
     cursor: Option<parts::Cursor>,
+    /// Corrupt copies it sent, as the nodes below report them (`node/cut.rs`).
+    sent_corrupt: cut::SentCorrupt,
 }
 
 impl Child {
@@ -354,26 +359,12 @@ pub struct Node {
     up_idle_due: bool,
     /// A relay: its parent's node id (0: the source).
     parent_node: u32,
-    /// `Rejected` reports sent up so far (at most [`MAX_REJECTED_REPORTS`]).
-    rejected_reports: u32,
+    /// Corrupt copies received and reported (`node/cut.rs`).
+    rejections: cut::Rejections,
     /// [`NodeConfig::tamper_every`]: (child link, chunk) already tampered with once.
     tampered: BTreeSet<(usize, u64)>,
     /// The source's signature of the set-up, passed on in every child's `Open`.
     open_sig: Option<Box<SourceSig>>,
-}
-
-/// A node reports at most this many rejected chunks: enough to name the culprit, never a flood.
-pub const MAX_REJECTED_REPORTS: u32 = 64;
-
-/// A receiver as the source names it in [`Node::source`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Named {
-    /// Display name.
-    pub name: String,
-    /// Agent address(es), as [`Member::addr`].
-    pub addr: String,
-    /// Access uplink in kbit/s (0: not known), as [`Member::uplink_kbps`].
-    pub uplink_kbps: u32,
 }
 
 impl Node {
@@ -539,7 +530,7 @@ impl Node {
             up_last: now,
             up_idle_due: false,
             parent_node: 0,
-            rejected_reports: 0,
+            rejections: Default::default(),
             tampered: BTreeSet::new(),
             open_sig: None,
         }
@@ -864,7 +855,7 @@ impl Node {
             }
             Frame::Rejected { node, from, index } => {
                 check_below(child, node, link)?;
-                self.report(Frame::Rejected { node, from, index });
+                self.handle_rejected(k, node, from, index, now);
             }
             Frame::Have {
                 node,

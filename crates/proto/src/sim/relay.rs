@@ -93,6 +93,8 @@ pub struct SimSpec {
     pub corrupt_chunks: Vec<(NodeId, u64)>,
     /// Relays that tamper with every n-th chunk they forward ([`NodeConfig::tamper_every`]).
     pub tamper: Vec<(NodeId, u64)>,
+    /// Of those, the ones that corrupt every repair too ([`NodeConfig::tamper_repairs`]).
+    pub tamper_repairs: Vec<NodeId>,
     /// Link rate changes: at time t, the link into node i runs at this many bytes/s.
     pub rate_changes: Vec<(Duration, NodeId, f64)>,
     /// The source's input has nothing to give from the first time to the second (a pipe
@@ -117,6 +119,7 @@ impl SimSpec {
         let mut cfg = self.node.clone();
         if let Some(&(_, n)) = self.tamper.iter().find(|t| t.0 == i) {
             cfg.tamper_every = n;
+            cfg.tamper_repairs = self.tamper_repairs.contains(&i);
         }
         cfg
     }
@@ -143,6 +146,7 @@ impl SimSpec {
             disk_full: Vec::new(),
             corrupt_chunks: Vec::new(),
             tamper: Vec::new(),
+            tamper_repairs: Vec::new(),
             rate_changes: Vec::new(),
             input_pause: None,
             held: Vec::new(),

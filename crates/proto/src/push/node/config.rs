@@ -34,6 +34,10 @@ pub struct NodeConfig {
     /// tampers would; a repair it is asked for goes out intact. An agent sets it only in a
     /// build with the `fault-injection` feature of the `bulkcast` binary.
     pub tamper_every: u64,
+    /// Fault injection with [`NodeConfig::tamper_every`]: every copy of such a chunk is
+    /// flipped, repairs too, as a relay that keeps corrupting would (the node above it cuts it
+    /// off, `node/cut.rs`).
+    pub tamper_repairs: bool,
 }
 
 impl Default for NodeConfig {
@@ -44,6 +48,7 @@ impl Default for NodeConfig {
             lag_timeout: Duration::from_secs(3),
             silent_timeout: Duration::from_secs(1),
             tamper_every: 0,
+            tamper_repairs: false,
             request_timeout: Duration::from_secs(2),
             part_bytes: crate::groups::GROUP,
         }

@@ -55,6 +55,17 @@ pub(super) fn subtree(m: &Member, members: &[Member]) -> Vec<Member> {
 }
 
 /// A child link to `m`, whose subtree is `sub`.
+/// A receiver as the source names it in [`super::Node::source`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Named {
+    /// Display name.
+    pub name: String,
+    /// Agent address(es), as [`Member::addr`].
+    pub addr: String,
+    /// Access uplink in kbit/s (0: not known), as [`Member::uplink_kbps`].
+    pub uplink_kbps: u32,
+}
+
 pub(super) fn new_child(m: &Member, sub: Vec<Member>, now: Instant) -> Child {
     Child {
         node: m.node as NodeId,
@@ -77,5 +88,6 @@ pub(super) fn new_child(m: &Member, sub: Vec<Member>, now: Instant) -> Child {
         loads: BTreeSet::new(),
         loaded: BTreeMap::new(),
         cursor: None,
+        sent_corrupt: Default::default(),
     }
 }

@@ -223,10 +223,12 @@ impl Node {
     }
 
     /// [`super::NodeConfig::tamper_every`]: flips a byte of every n-th chunk sent to child `k`
-    /// the first time (fault injection for tests; off by default).
+    /// the first time, or every time with [`super::NodeConfig::tamper_repairs`] (fault
+    /// injection for tests; off by default).
     fn tamper(&mut self, k: usize, f: Frame) -> Frame {
-        let n = self.cfg.tamper_every;
-        let mut hit = |index: u64| n > 0 && index % n == n - 1 && self.tampered.insert((k, index));
+        let (n, again) = (self.cfg.tamper_every, self.cfg.tamper_repairs);
+        let mut hit =
+            |index: u64| n > 0 && index % n == n - 1 && (self.tampered.insert((k, index)) || again);
         // A chunk sent whole, or its first part when it goes in parts.
         match f {
             Frame::Chunk(mut c) if hit(c.index) => {

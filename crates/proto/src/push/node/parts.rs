@@ -201,8 +201,7 @@ impl Node {
     pub(super) fn corrupt(&mut self, index: u64, reason: String, now: Instant) {
         self.events.push_back(Event::Corrupt { index, reason });
         // The source hears who sent it (`Rejected`), a bounded number of times.
-        if self.rejected_reports < super::MAX_REJECTED_REPORTS {
-            self.rejected_reports += 1;
+        if self.count_rejection(index) {
             self.report(Frame::Rejected {
                 node: self.id as u32,
                 from: self.parent_node,
