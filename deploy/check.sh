@@ -3,12 +3,15 @@
 #   deploy/check.sh [path/to/bulkcast]     (default: target/release/bulkcast, then debug)
 # - the systemd unit: `systemd-analyze verify` (no warning allowed) and an exposure level of
 #   at most 2.0 in `systemd-analyze security --offline=yes`;
-# - the Kubernetes manifests: deploy/k8s/check.py (schema written down there; no cluster);
+# - the Kubernetes manifests: `kubernetes-validate --strict` (PyPI, pinned; it ships the API's
+#   JSON schemas, so it runs offline; installed once in a venv under $CARGO_TARGET_DIR or
+#   target/) against the oldest API version the manifests claim and the newest it knows,
+#   then deploy/k8s/check.py (cross references a schema cannot see; no cluster);
 # - the Slurm recipe: run for real on this host with a stand-in `srun` that starts its tasks
 #   here, each in its own directory (3 "nodes" over loopback, copies compared);
 # - the example agent config and the man pages and completions the binary generates.
-# Needs systemd (systemd-analyze), python3-yaml, python3-jsonschema. Exits non-zero on the
-# first failure.
+# Needs systemd (systemd-analyze), python3 with venv, python3-yaml, python3-jsonschema. Exits
+# non-zero on the first failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${1:-}
@@ -40,6 +43,17 @@ grep -q "listening on" "$T/agent.out" && grep -q "metrics on" "$T/agent.out" \
     || { cat "$T/agent.out"; echo "the example config does not start an agent" >&2; exit 1; }
 
 echo "== Kubernetes manifests"
+KV_VERSION=1.37.0
+VENV=${CARGO_TARGET_DIR:-$PWD/target}/k8s-venv
+if ! "$VENV/bin/kubernetes-validate" --version 2>/dev/null | grep -q "$KV_VERSION"; then
+    python3 -m venv "$VENV"
+    "$VENV/bin/pip" install -q "kubernetes-validate==$KV_VERSION"
+fi
+# --strict: a field the API does not know (a misspelled key) fails, as a missing one does.
+for k in 1.29.0 1.37.0; do
+    "$VENV/bin/kubernetes-validate" --strict --quiet -k "$k" deploy/k8s/*.yaml
+done
+echo "schemas of Kubernetes 1.29 and 1.37: valid (strict)"
 python3 deploy/k8s/check.py "$BIN"
 
 echo "== Slurm recipe (3 stand-in nodes on this host)"

@@ -5,9 +5,10 @@ use std::path::Path;
 
 use bulkcast_proto::auth::{Keys, Secret};
 use bulkcast_proto::identity::{HostKey, Identity};
+use bulkcast_proto::groups;
 use bulkcast_proto::manifest::{Entry, EntryKind, Manifest, ObjectKind};
 use bulkcast_proto::paced::packet::{self, CloseCode};
-use bulkcast_proto::wire::{Frame, Member, Open, VERSION};
+use bulkcast_proto::wire::{Frame, Head, Member, Open, Part, VERSION};
 use bytes::Bytes;
 
 fn write(target: &str, name: &str, bytes: &[u8]) {
@@ -91,6 +92,17 @@ fn main() {
         mode: 0o644,
         mtime: None,
     };
+    // A chunk of two and a half groups, as a relay sends it in parts.
+    let parted = Bytes::from((0..5 * groups::GROUP / 2).map(|i| i as u8).collect::<Vec<_>>());
+    let (c, cvs) = keys.seal_in_groups(7, 1, parted.clone());
+    let head = Head {
+        index: 1,
+        len: c.data.len() as u32,
+        hash: c.hash,
+        tag: c.tag,
+        sig: c.sig,
+        cvs,
+    };
     let frames = [
         Frame::Hello {
             version: VERSION,
@@ -110,6 +122,34 @@ fn main() {
         }),
         Frame::Chunk(keys.seal(7, 0, Bytes::from_static(b"signed"))),
         Frame::End(keys.seal_end(7, 1, 6)),
+        // Protocol 6: a chunk in verified parts, announced by its head (three groups).
+        Frame::Head(head.clone()),
+        Frame::Part(Part {
+            index: 1,
+            offset: 0,
+            data: parted.slice(..groups::GROUP),
+        }),
+        Frame::Part(Part {
+            index: 1,
+            offset: groups::GROUP as u32,
+            data: parted.slice(groups::GROUP..),
+        }),
+        Frame::Head(Head {
+            sig: None,
+            cvs: vec![],
+            ..head
+        }),
+        Frame::Idle,
+        Frame::Ack { node: 2, upto: 3 },
+        Frame::Done {
+            node: 2,
+            received: 1 << 20,
+        },
+        Frame::Have {
+            node: 2,
+            complete: false,
+            ranges: vec![(0, 2), (5, 9)],
+        },
         Frame::Dial {
             session: 7,
             addrs: vec!["127.0.0.1:1".into()],
@@ -126,12 +166,7 @@ fn main() {
         // The manifest target prepends the Open type itself.
         write("manifest", name, &body(&Frame::Open(open(m)))[1..]);
     }
-    let mut d = Vec::new();
-    packet::encode_data(&mut d, 3, 1, 0, false, b"payload");
-    write("paced_datagram", "data", &d);
-    let mut c = Vec::new();
-    packet::encode_close(&mut c, 3, CloseCode::Idle);
-    write("paced_datagram", "close", &c);
+    paced_seeds();
     write(
         "hosts_matrix",
         "hosts.toml",
@@ -158,5 +193,80 @@ fn main() {
             key.public()
         )
         .as_bytes(),
+    );
+}
+
+/// Datagram sequences for the paced target, each datagram behind its 2-byte length (see
+/// `fuzz_targets/paced_datagram.rs`), on connection 3: in order, out of order with a gap and a
+/// duplicate, ACKs of what the target's side sent, and a close.
+fn paced_seeds() {
+    fn seq(dgrams: &[Vec<u8>]) -> Vec<u8> {
+        let mut v = Vec::new();
+        for d in dgrams {
+            v.extend_from_slice(&(d.len() as u16).to_be_bytes());
+            v.extend_from_slice(d);
+        }
+        v
+    }
+    let data = |pn: u64, offset: u64, fin: bool, payload: &[u8]| {
+        let mut d = Vec::new();
+        packet::encode_data(&mut d, 3, pn, offset, fin, payload);
+        d
+    };
+    let ack = |largest: u64, bits: u8, max_data: u64| {
+        let mut d = Vec::new();
+        let mut b = [0u8; packet::ACK_BITS as usize / 8];
+        b[0] = bits;
+        packet::encode_ack(
+            &mut d,
+            3,
+            &packet::Ack {
+                largest,
+                delay_us: 100,
+                recv_us: 5000,
+                max_data,
+                bits: b,
+            },
+        );
+        d
+    };
+    let mut close = Vec::new();
+    packet::encode_close(&mut close, 3, CloseCode::Idle);
+    // Single datagrams, as a listener sees them first.
+    write("paced_datagram", "data", &data(1, 0, false, b"payload"));
+    write("paced_datagram", "close", &close);
+    write("paced_datagram", "ack", &ack(4, 0b1011, 1 << 20));
+    write(
+        "paced_datagram",
+        "seq-in-order",
+        &seq(&[
+            data(0, 0, false, b"hello "),
+            data(1, 6, false, b"world"),
+            data(2, 11, true, b"!"),
+            ack(1, 1, 1 << 20),
+        ]),
+    );
+    write(
+        "paced_datagram",
+        "seq-gap-dup",
+        &seq(&[
+            data(0, 0, false, b"aaaa"),
+            data(2, 8, false, b"cccc"),
+            data(3, 8, false, b"cccc"),
+            data(4, 4, true, b"bbbb"),
+            ack(0, 0, 64),
+            ack(3, 0b101, 1 << 16),
+        ]),
+    );
+    write(
+        "paced_datagram",
+        "seq-acks-close",
+        &seq(&[
+            ack(0, 0, 1 << 20),
+            ack(2, 0b11, 1 << 20),
+            ack(9, 0xff, 1 << 30),
+            data(0, 0, true, b""),
+            close,
+        ]),
     );
 }

@@ -919,6 +919,17 @@ async fn read_child<R: AsyncRead + Unpin>(mut r: R, link: Link, conn: u16, tx: m
     }
 }
 
+/// The buffer in front of a connection's writer. An encrypted stream seals what the buffer
+/// hands it, up to a batch of records per socket write: a buffer of a batch lets small frames
+/// share those writes.
+fn write_buffer(w: &transport::WriteHalf) -> usize {
+    if matches!(w, transport::WriteHalf::Sealed(_)) {
+        crate::secure::BATCH * crate::secure::MAX_RECORD
+    } else {
+        64 << 10
+    }
+}
+
 /// Writes a link's frames, reporting each one written; `acks` (`Got` frames of a striped
 /// parent edge) go first and are not reported.
 async fn write_link(
@@ -948,7 +959,7 @@ async fn write_link(
         repace(*p.borrow_and_update());
     }
     let mut cc = fd.filter(|_| adapt).map(CcWatch::new);
-    let mut w = BufWriter::with_capacity(64 << 10, w);
+    let mut w = BufWriter::with_capacity(write_buffer(&w), w);
     // Declared after `w`, so dropped (and logged) before the socket closes, also when the
     // session aborts this task.
     let _times = fd.map(|fd| SendTimesLog {

@@ -12,23 +12,22 @@
 //! Both give forward secrecy (ephemeral X25519) and key AES-256-GCM for everything after the
 //! handshake ([`Sealed`]): records of at most [`MAX_RECORD`] bytes of plaintext, each a 2-byte
 //! length and the ciphertext with its 16-byte tag, numbered implicitly (a reordered, replayed or
-//! cut record fails to decrypt and ends the connection). Each end says in its handshake payload
+//! cut record fails to decrypt and ends the connection). The records are snow's transport
+//! messages byte for byte, sealed and opened in place by ring under the handshake's split keys,
+//! up to [`BATCH`] to a socket write (`sealed`). Each end says in its handshake payload
 //! whether it agrees to run in plaintext (`--plaintext`, for trusted networks); the connection
 //! is left unencrypted only when both do. Every handshake message is a small frame
 //! ([`crate::transport::HANDSHAKE_MAX_FRAME`]), read before anything larger.
 
-use std::io;
-use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{ready, Context, Poll};
-
 use bulkcast_proto::auth::{AuthError, Keys};
 use bulkcast_proto::wire::{Frame, VERSION};
 use bytes::Bytes;
-use snow::StatelessTransportState;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::transport::{self, ConnError};
+
+mod sealed;
+pub use sealed::{Cipher, Sealed, BATCH, MAX_RECORD};
 
 /// Admission by the session secret alone.
 const MODE_SECRET: u8 = 1;
@@ -41,9 +40,6 @@ const PROLOGUE: &[u8] = b"bulkcast 2026-11 noise, protocol version 5";
 /// Handshake payload flag: this end agrees to run without encryption.
 const FLAG_PLAINTEXT: u8 = 1;
 
-/// The most plaintext bytes in one record (a Noise message is at most 65535 bytes).
-pub const MAX_RECORD: usize = 65535 - 16;
-
 /// What a handshake established.
 pub struct Admitted {
     /// The keys of the connection, or `None` when both ends chose plaintext.
@@ -51,10 +47,6 @@ pub struct Admitted {
     /// The peer's host key and its name on the allow list, in key mode.
     pub peer: Option<String>,
 }
-
-/// The transport keys of one connection, for [`Sealed`].
-#[derive(Clone)]
-pub struct Cipher(Arc<StatelessTransportState>);
 
 fn hs_err(e: snow::Error) -> ConnError {
     ConnError::Auth(AuthError::Handshake(e.to_string()))
@@ -143,9 +135,17 @@ fn finish(
     peer: Option<String>,
 ) -> Result<Admitted, ConnError> {
     let plaintext = ours[0] & theirs & FLAG_PLAINTEXT != 0;
-    let t = hs.into_stateless_transport_mode().map_err(hs_err)?;
+    let mut hs = hs;
+    if !hs.is_handshake_finished() {
+        return Err(hs_err(snow::Error::State(
+            snow::error::StateProblem::HandshakeNotFinished,
+        )));
+    }
+    // The raw keys of Noise's Split() go to ring, which seals records in place
+    // ([`sealed`]); what goes on the wire is what snow's transport mode would write.
+    let split = hs.dangerously_get_raw_split();
     Ok(Admitted {
-        cipher: (!plaintext).then(|| Cipher(Arc::new(t))),
+        cipher: (!plaintext).then(|| Cipher::from_split(hs.is_initiator(), split)),
         peer,
     })
 }
@@ -284,211 +284,6 @@ pub(crate) async fn refuse<S: AsyncWrite + Unpin>(s: &mut S, e: AuthError) -> Co
     }
     let _ = transport::write_frame(s, &Frame::Refused { reason }).await;
     e.into()
-}
-
-/// Receiving state of a sealed stream.
-#[derive(Default)]
-struct Rx {
-    nonce: u64,
-    /// Bytes of the record being read (length prefix included).
-    raw: Vec<u8>,
-    /// Decrypted bytes not yet handed out, from `pos`.
-    plain: Vec<u8>,
-    pos: usize,
-}
-
-/// Sending state of a sealed stream.
-#[derive(Default)]
-struct Tx {
-    nonce: u64,
-    /// A sealed record not yet fully written, from `sent`.
-    out: Vec<u8>,
-    sent: usize,
-}
-
-/// A byte stream encrypted and authenticated with a connection's [`Cipher`]: what is written
-/// goes out in records, and what is read comes from records that decrypted.
-pub struct Sealed<T> {
-    io: T,
-    cipher: Cipher,
-    rx: Rx,
-    tx: Tx,
-}
-
-impl<T> Sealed<T> {
-    /// Wraps `io` with the keys of its handshake.
-    pub fn new(io: T, cipher: Cipher) -> Self {
-        Self {
-            io,
-            cipher,
-            rx: Rx::default(),
-            tx: Tx::default(),
-        }
-    }
-
-    /// The stream underneath.
-    pub fn get_ref(&self) -> &T {
-        &self.io
-    }
-
-    /// Splits into reading and writing sealed halves over `split`'s halves of the stream.
-    pub fn split<R, W>(self, split: impl FnOnce(T) -> (R, W)) -> (Sealed<R>, Sealed<W>) {
-        let (r, w) = split(self.io);
-        let read = Sealed {
-            io: r,
-            cipher: self.cipher.clone(),
-            rx: self.rx,
-            tx: Tx::default(),
-        };
-        let write = Sealed {
-            io: w,
-            cipher: self.cipher,
-            rx: Rx::default(),
-            tx: self.tx,
-        };
-        (read, write)
-    }
-}
-
-fn bad(what: &str) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, what.to_string())
-}
-
-impl<T: AsyncRead + Unpin> Sealed<T> {
-    /// Reads until `raw` holds `want` bytes; false at a clean end of stream before any byte.
-    fn poll_fill(&mut self, cx: &mut Context<'_>, want: usize) -> Poll<io::Result<bool>> {
-        while self.rx.raw.len() < want {
-            let have = self.rx.raw.len();
-            self.rx.raw.resize(want, 0);
-            let mut rb = ReadBuf::new(&mut self.rx.raw[have..]);
-            let r = Pin::new(&mut self.io).poll_read(cx, &mut rb);
-            let n = rb.filled().len();
-            self.rx.raw.truncate(have + n);
-            ready!(r)?;
-            if n == 0 {
-                if have == 0 {
-                    return Poll::Ready(Ok(false));
-                }
-                return Poll::Ready(Err(io::ErrorKind::UnexpectedEof.into()));
-            }
-        }
-        Poll::Ready(Ok(true))
-    }
-}
-
-impl<T: AsyncRead + Unpin> AsyncRead for Sealed<T> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let me = self.get_mut();
-        // Until a byte is handed out: an empty record must not read as the end of the stream.
-        loop {
-            if me.rx.pos < me.rx.plain.len() {
-                let n = (me.rx.plain.len() - me.rx.pos).min(buf.remaining());
-                buf.put_slice(&me.rx.plain[me.rx.pos..me.rx.pos + n]);
-                me.rx.pos += n;
-                return Poll::Ready(Ok(()));
-            }
-            if !ready!(me.poll_fill(cx, 2))? {
-                return Poll::Ready(Ok(()));
-            }
-            let len = usize::from(u16::from_be_bytes([me.rx.raw[0], me.rx.raw[1]]));
-            if len < 16 {
-                return Poll::Ready(Err(bad("sealed record shorter than its tag")));
-            }
-            if !ready!(me.poll_fill(cx, 2 + len))? {
-                return Poll::Ready(Err(io::ErrorKind::UnexpectedEof.into()));
-            }
-            let undecryptable =
-                |_| bad("a sealed record does not decrypt (tampered or out of order)");
-            // Straight into the caller's buffer where the record fits: one copy less.
-            if buf.remaining() >= len - 16 {
-                let out = buf.initialize_unfilled_to(len - 16);
-                let n = me
-                    .cipher
-                    .0
-                    .read_message(me.rx.nonce, &me.rx.raw[2..], out)
-                    .map_err(undecryptable)?;
-                me.rx.nonce += 1;
-                me.rx.raw.clear();
-                buf.advance(n);
-                if n > 0 {
-                    return Poll::Ready(Ok(()));
-                }
-                continue;
-            }
-            me.rx.plain.resize(len, 0);
-            let n = me
-                .cipher
-                .0
-                .read_message(me.rx.nonce, &me.rx.raw[2..], &mut me.rx.plain)
-                .map_err(undecryptable)?;
-            me.rx.nonce += 1;
-            me.rx.plain.truncate(n);
-            me.rx.pos = 0;
-            me.rx.raw.clear();
-        }
-    }
-}
-
-impl<T: AsyncWrite + Unpin> Sealed<T> {
-    /// Writes out what is left of the last sealed record.
-    fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        while self.tx.sent < self.tx.out.len() {
-            let n = ready!(Pin::new(&mut self.io).poll_write(cx, &self.tx.out[self.tx.sent..]))?;
-            if n == 0 {
-                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
-            }
-            self.tx.sent += n;
-        }
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl<T: AsyncWrite + Unpin> AsyncWrite for Sealed<T> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let me = self.get_mut();
-        // One record at a time: the previous one goes out before new bytes are taken.
-        ready!(me.poll_drain(cx))?;
-        if buf.is_empty() {
-            return Poll::Ready(Ok(0));
-        }
-        let n = buf.len().min(MAX_RECORD);
-        me.tx.out.resize(2 + n + 16, 0);
-        let len = me
-            .cipher
-            .0
-            .write_message(me.tx.nonce, &buf[..n], &mut me.tx.out[2..])
-            .map_err(|e| io::Error::other(e.to_string()))?;
-        me.tx.nonce += 1;
-        me.tx.out.truncate(2 + len);
-        me.tx.out[..2].copy_from_slice(&(len as u16).to_be_bytes());
-        me.tx.sent = 0;
-        // The bytes are taken whether or not the socket has room now; the rest goes out at the
-        // next write or flush.
-        if let Poll::Ready(Err(e)) = me.poll_drain(cx) {
-            return Poll::Ready(Err(e));
-        }
-        Poll::Ready(Ok(n))
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let me = self.get_mut();
-        ready!(me.poll_drain(cx))?;
-        Pin::new(&mut me.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let me = self.get_mut();
-        ready!(me.poll_drain(cx))?;
-        Pin::new(&mut me.io).poll_shutdown(cx)
-    }
 }
 
 #[cfg(test)]

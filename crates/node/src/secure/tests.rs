@@ -1,6 +1,7 @@
 use super::*;
 use bulkcast_proto::auth::Secret;
 use bulkcast_proto::identity::{AllowList, HostKey, Identity};
+use std::io;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn keys(b: u8) -> Keys {
@@ -177,20 +178,129 @@ async fn a_large_frame_in_the_handshake_is_refused_unread() {
     );
 }
 
-/// An empty record (which this side never writes, but a peer may) is not the end of the stream.
-#[tokio::test]
-async fn an_empty_record_is_not_the_end_of_the_stream() {
-    let (c, a) = pair(&keys(1), &keys(1)).await;
-    let (c, a) = (c.unwrap().cipher.unwrap(), a.unwrap().cipher.unwrap());
+/// Both ends of a finished NN handshake, each as snow's transport state and as our cipher:
+/// `(initiator's snow, initiator's cipher, responder's snow, responder's cipher)`.
+fn snow_pair() -> (
+    snow::StatelessTransportState,
+    Cipher,
+    snow::StatelessTransportState,
+    Cipher,
+) {
+    let k = keys(1);
+    let (mut i, mut r) = (
+        handshake(MODE_SECRET, &k, true).unwrap(),
+        handshake(MODE_SECRET, &k, false).unwrap(),
+    );
+    let (mut m, mut p) = ([0u8; 512], [0u8; 512]);
+    let n = i.write_message(&[], &mut m).unwrap();
+    r.read_message(&m[..n], &mut p).unwrap();
+    let n = r.write_message(&[], &mut m).unwrap();
+    i.read_message(&m[..n], &mut p).unwrap();
+    let (ci, cr) = (
+        Cipher::from_split(true, i.dangerously_get_raw_split()),
+        Cipher::from_split(false, r.dangerously_get_raw_split()),
+    );
+    (
+        i.into_stateless_transport_mode().unwrap(),
+        ci,
+        r.into_stateless_transport_mode().unwrap(),
+        cr,
+    )
+}
+
+/// Records as snow's transport mode writes them, numbered from `first`.
+fn snow_records(t: &snow::StatelessTransportState, first: u64, payloads: &[&[u8]]) -> Vec<u8> {
     let mut raw = Vec::new();
-    for (nonce, payload) in [(0u64, &b""[..]), (1, b"x")] {
+    for (k, payload) in payloads.iter().enumerate() {
         let mut rec = vec![0u8; payload.len() + 16];
-        let n = c.0.write_message(nonce, payload, &mut rec).unwrap();
+        let n = t
+            .write_message(first + k as u64, payload, &mut rec)
+            .unwrap();
         raw.extend_from_slice(&(n as u16).to_be_bytes());
         raw.extend_from_slice(&rec[..n]);
     }
-    let mut r = Sealed::new(&raw[..], a);
+    raw
+}
+
+/// An empty record (which this side never writes, but a peer may) is not the end of the stream.
+#[tokio::test]
+async fn an_empty_record_is_not_the_end_of_the_stream() {
+    let (ti, _, _, cr) = snow_pair();
+    let raw = snow_records(&ti, 0, &[b"", b"x"]);
+    let mut r = Sealed::new(&raw[..], cr);
     let mut out = Vec::new();
     r.read_to_end(&mut out).await.unwrap();
     assert_eq!(out, b"x");
+}
+
+/// The wire format is snow's: records snow seals open here, and records sealed here (several
+/// to a write) open with snow, in both directions, numbered from 0 in each.
+#[tokio::test]
+async fn records_are_snows_transport_messages_both_ways() {
+    let (ti, ci, tr, cr) = snow_pair();
+    // Initiator (snow) to responder (ring).
+    let big: Vec<u8> = (0..MAX_RECORD).map(|i| (i % 7) as u8).collect();
+    let raw = snow_records(&ti, 0, &[b"one", &big, b"three"]);
+    let mut r = Sealed::new(&raw[..], cr);
+    let mut out = Vec::new();
+    r.read_to_end(&mut out).await.unwrap();
+    assert_eq!(out, [&b"one"[..], &big, b"three"].concat());
+    // Initiator (ring) to responder (snow): one write of more than a batch.
+    let data: Vec<u8> = (0..(BATCH + 1) * MAX_RECORD + 5)
+        .map(|i| (i % 251) as u8)
+        .collect();
+    let mut raw = Vec::new();
+    let mut w = Sealed::new(&mut raw, ci);
+    let took = w.write(&data).await.unwrap();
+    assert_eq!(took, BATCH * MAX_RECORD, "a write seals at most a batch");
+    w.write_all(&data[took..]).await.unwrap();
+    w.flush().await.unwrap();
+    let (mut at, mut nonce, mut got) = (0, 0u64, Vec::new());
+    while at < raw.len() {
+        let len = usize::from(u16::from_be_bytes([raw[at], raw[at + 1]]));
+        let mut p = vec![0u8; len];
+        let n = tr
+            .read_message(nonce, &raw[at + 2..at + 2 + len], &mut p)
+            .unwrap();
+        got.extend_from_slice(&p[..n]);
+        at += 2 + len;
+        nonce += 1;
+    }
+    assert_eq!(got, data);
+    assert_eq!(nonce, BATCH as u64 + 2);
+}
+
+/// Each record opens only under its own number: a replayed, dropped or reordered record ends
+/// the stream, and the numbers' last value is never used.
+#[tokio::test]
+async fn records_open_only_in_order_and_numbers_end() {
+    let (ti, _, _, cr) = snow_pair();
+    let recs: Vec<Vec<u8>> = (0..3u64)
+        .map(|n| snow_records(&ti, n, &[format!("r{n}").as_bytes()]))
+        .collect();
+    for (name, order) in [
+        ("replayed", vec![0, 0]),
+        ("dropped", vec![0, 2]),
+        ("reordered", vec![1, 0]),
+    ] {
+        let raw: Vec<u8> = order.iter().flat_map(|&k| recs[k].clone()).collect();
+        let mut r = Sealed::new(&raw[..], cr.clone());
+        let mut out = Vec::new();
+        let e = r.read_to_end(&mut out).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{name}");
+        assert_eq!(out, b"r0"[..usize::from(order[0] == 0) * 2], "{name}");
+    }
+    // The number before the last seals and opens; the last is refused on both sides.
+    let (_, ci, _, cr) = snow_pair();
+    let mut raw = Vec::new();
+    let mut w = Sealed::new(&mut raw, ci);
+    w.set_nonces(u64::MAX - 1);
+    w.write_all(b"last").await.unwrap();
+    let e = w.write_all(b"one too many").await.unwrap_err();
+    assert!(e.to_string().contains("exhausted"), "{e}");
+    let mut r = Sealed::new(&raw[..], cr);
+    r.set_nonces(u64::MAX - 1);
+    let mut out = Vec::new();
+    r.read_to_end(&mut out).await.unwrap();
+    assert_eq!(out, b"last");
 }
