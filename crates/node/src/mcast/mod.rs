@@ -29,8 +29,10 @@ pub(crate) fn sender_socket(iface: Option<Ipv4Addr>, ttl: u32) -> io::Result<Udp
     if let Some(a) = iface {
         s.set_multicast_if_v4(&a)?;
     }
-    // Small: the pacer, not a deep socket queue, sets the rate; a full queue blocks.
-    s.set_send_buffer_size(256 << 10)?;
+    // Small: the pacer, not a deep socket queue, sets the rate, and the kernel's queue stays
+    // a few milliseconds long; a full queue blocks the pacing thread, which catches up on
+    // at most a burst of credit once it drains (`proto::mcast::sender::BURST`).
+    s.set_send_buffer_size(64 << 10)?;
     s.bind(&SocketAddr::from(([0, 0, 0, 0], 0)).into())?;
     Ok(s.into())
 }

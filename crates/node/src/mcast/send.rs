@@ -465,7 +465,9 @@ fn pace(
                     told_end = true;
                     let _ = up.send(Up::PassDone(layout.blocks() as u32));
                 }
-                let wait = s.poll_timeout().saturating_sub(now).min(5_000);
+                // At least a batch: the pacer's credit sends what fell due meanwhile, so the
+                // thread wakes a thousand times a second, not once a datagram.
+                let wait = s.poll_timeout().saturating_sub(now).clamp(BATCH, 5_000);
                 match ctl.recv_timeout(Duration::from_micros(wait)) {
                     Ok(Ctl::Nak(n)) => s.handle_nak(super::micros(epoch), n),
                     Ok(Ctl::Stop) | Err(std_mpsc::RecvTimeoutError::Disconnected) => {
@@ -483,6 +485,9 @@ fn pace(
         }
     }
 }
+
+/// Microseconds the pacing thread sleeps at least between batches of datagrams.
+const BATCH: u64 = 1_000;
 
 /// Blocks kept for repairs (about 24 MiB at 256 symbols of 1450 bytes).
 const CACHED_BLOCKS: usize = 64;

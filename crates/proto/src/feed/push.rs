@@ -44,8 +44,11 @@ pub enum PushOut {
 
 /// Bytes a datagram costs beyond its payload (IP, UDP, feed header, message header).
 const OVERHEAD: u64 = 28 + 12 + 32;
-/// Credit the pacer may bank when polled late, so timer granularity costs no rate.
-const BURST: Micros = 2_000;
+/// Most credit the pacer banks when polled late: the shell's timer (1 ms in tokio) and a
+/// busy host hold the pacing task up for milliseconds, and it catches up on up to this much
+/// time at once; never more, so an idle spell does not become a burst (as
+/// [`crate::mcast::sender::BURST`]).
+const BURST: Micros = 20_000;
 
 /// The pusher's state.
 #[derive(Debug)]
@@ -186,5 +189,52 @@ impl Pusher {
         } else {
             self.next_send
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::feed::product::ProductMeta;
+    use crate::feed::queue::QueueLimits;
+
+    #[test]
+    fn a_late_pusher_catches_up_at_most_a_burst() {
+        let mut q = ProductQueue::new(
+            QueueLimits {
+                max_bytes: u64::MAX,
+                max_age: u64::MAX,
+            },
+            1,
+        );
+        let meta = ProductMeta {
+            seq: 0,
+            name: "big".into(),
+            feedtype: "X".into(),
+            created: 0,
+            size: 1 << 30,
+            hash: [0; 32],
+            tag: bytes::Bytes::new(),
+        };
+        let seq = q.insert(meta, 0).map(|_| q.last_seq()).unwrap().unwrap();
+        // 1 MB/s: the product's start costs 136 us, a block of 928 + 72 bytes 1 ms.
+        let cfg = PushConfig {
+            group: "239.1.1.1:1".into(),
+            rate: 1_000_000,
+            block: 928,
+            index_interval: 1_000_000,
+        };
+        let mut p = Pusher::new(cfg, seq);
+        p.push(seq);
+        let mut drain = |now| std::iter::from_fn(|| p.poll(now, &q)).count();
+        assert_eq!(drain(0), 1, "the product's start");
+        assert_eq!(drain(136), 1, "a block");
+        assert_eq!(drain(1_000), 0, "paced");
+        // 5 ms late: caught up whole.
+        assert_eq!(drain(6_136), 6);
+        // A second late: 20 ms's worth (and the one due now), not a second's.
+        assert_eq!(drain(1_006_136), 21);
+        assert_eq!(drain(1_006_636), 0, "then the rate again");
+        assert_eq!(drain(1_007_136), 1);
     }
 }

@@ -43,8 +43,12 @@ pub enum Tx {
 
 /// Bytes a datagram costs on an Ethernet LAN beyond its symbol.
 pub const OVERHEAD: u64 = 14 + 20 + 8 + DGRAM_HEADER as u64;
-/// Credit the pacer may bank when polled late, so timer granularity costs no rate.
-const BURST: Micros = 2_000;
+/// Most credit the pacer banks when polled late: a sending thread held up by the scheduler
+/// or a full socket buffer catches up on up to this much time at once, so a stall of a few
+/// milliseconds costs no rate; never more, so a long stall (or an idle spell before repairs)
+/// does not become a burst that overflows a switch or a receiver's socket buffer. 20 ms at
+/// 100 Mbit/s is 250 KB, about 170 datagrams.
+pub const BURST: Micros = 20_000;
 
 #[derive(Debug, Clone, Copy)]
 struct Repair {
@@ -133,6 +137,7 @@ impl Sender {
             Tx::End => OVERHEAD,
         };
         let cost = bytes * 1_000_000 / self.cfg.rate.max(1);
+        // Late by more than a burst: the excess credit is dropped.
         self.next_send = self.next_send.max(now.saturating_sub(BURST)) + cost;
         Some(tx)
     }
@@ -372,6 +377,52 @@ mod tests {
         }
         let sent = s.stats.first_pass;
         assert!((1_400..=1_560).contains(&sent), "{sent} in 0.1 s");
+    }
+
+    #[test]
+    fn a_late_pacer_catches_up_at_most_a_burst() {
+        // 1 MB/s, 4 + 63 bytes a datagram: 67 us each; a file far longer than the test.
+        let mut s = sender(4_000_000);
+        let per = |us: Micros| us / 67;
+        let mut now = 0;
+        // Steady: one datagram per 67 us.
+        while now < 10_000 {
+            while s.poll_transmit(now).is_some() {}
+            now = s.poll_timeout().max(now + 1);
+        }
+        let steady = s.stats.first_pass;
+        assert!((149..=151).contains(&steady), "{steady} in 10 ms");
+        // A 5 ms stall (scheduler, full socket buffer) is caught up whole: no rate lost.
+        now += 5_000;
+        let caught = drain(&mut s, now).len() as u64;
+        assert!(
+            (per(5_000)..=per(5_000) + 2).contains(&caught),
+            "{caught} after 5 ms"
+        );
+        // A 500 ms stall: a burst's worth at once, not 500 ms's.
+        now += 500_000;
+        let burst = drain(&mut s, now).len() as u64;
+        assert!(
+            (per(BURST) - 1..=per(BURST) + 2).contains(&burst),
+            "{burst} after 500 ms (a burst is {})",
+            per(BURST)
+        );
+        // Then the rate again, not another burst: 1 ms later, 1 ms's worth.
+        let next = drain(&mut s, now + 1_000).len() as u64;
+        assert!((per(1_000) - 1..=per(1_000) + 1).contains(&next), "{next}");
+        // Polled in 1 ms batches for a second, the rate holds (timer granularity costs none).
+        let before = s.stats.first_pass;
+        let t0 = now + 1_000;
+        let mut t = t0;
+        while t < t0 + 1_000_000 {
+            t += 1_000;
+            while s.poll_transmit(t).is_some() {}
+        }
+        let sent = s.stats.first_pass - before;
+        assert!(
+            (14_900..=14_950).contains(&sent),
+            "{sent} in 1 s of 1 ms batches"
+        );
     }
 
     #[test]
