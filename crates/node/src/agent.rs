@@ -240,47 +240,61 @@ pub async fn serve(
                     let done = done_tx.clone();
                     let deadline = gate.limits().deadline;
                     tokio::spawn(async move {
-                        let outcome = match admit(stream, &cfg, pass, deadline).await {
-                            Ok(stream) => session_admitted(stream, &cfg, None).await,
-                            Err(e) => Err(e),
-                        };
-                        let outcome = match outcome {
-                            Ok(Served::Probe) => {
-                                tracing::debug!("probe from {peer} answered");
-                                return;
-                            }
-                            Ok(Served::Attached) => return,
-                            Ok(Served::Session(s)) => {
-                                tracing::info!("session {s:016x} from {peer}: done");
-                                Ok((s, 1))
-                            }
-                            Ok(Served::Stripe { group, trees }) => Ok((group, trees)),
-                            // A connect's spare attempt, dropped when another won.
-                            Err(SessionError::Conn(ConnError::Closed)) => {
-                                tracing::debug!("connection from {peer} closed before a frame");
-                                return;
-                            }
-                            // Admission and set-up failures are not sessions.
-                            Err(e @ (SessionError::Conn(_) | SessionError::Refused(_))) => {
-                                tracing::warn!("connection from {peer}: {e}");
-                                return;
-                            }
-                            Err(e @ SessionError::Superseded(_)) => {
-                                tracing::info!("connection from {peer}: {e}");
-                                Err(e)
-                            }
-                            Err(e) => {
-                                tracing::warn!("connection from {peer}: {e}");
-                                Err(e)
-                            }
-                        };
-                        let _ = done.send(outcome).await;
+                        if let Some(outcome) = connection(stream, peer, &cfg, pass, deadline).await {
+                            let _ = done.send(outcome).await;
+                        }
                     });
                 }
                 Err(e) => tracing::warn!("accept failed: {e}"),
             }
         }
     }
+}
+
+/// One accepted connection, admitted and served: the outcome of the session it carried, or
+/// `None` where it was not a session (a probe, a further connection of an edge, a refused or
+/// abandoned connect).
+async fn connection(
+    stream: Stream,
+    peer: std::net::SocketAddr,
+    cfg: &AgentConfig,
+    pass: crate::gate::Pass,
+    deadline: std::time::Duration,
+) -> Option<Result<(SessionId, usize), SessionError>> {
+    let outcome = match admit(stream, cfg, pass, deadline).await {
+        Ok(stream) => session_admitted(stream, cfg, None).await,
+        Err(e) => Err(e),
+    };
+    Some(match outcome {
+        Ok(Served::Probe) => {
+            tracing::debug!("probe from {peer} answered");
+            return None;
+        }
+        Ok(Served::Attached) => return None,
+        Ok(Served::Session(s)) => {
+            tracing::info!("session {s:016x} from {peer}: done");
+            Ok((s, 1))
+        }
+        Ok(Served::Stripe { group, trees }) => Ok((group, trees)),
+        // A connect's spare attempt, dropped when another won.
+        Err(SessionError::Conn(ConnError::Closed)) => {
+            tracing::debug!("connection from {peer} closed before a frame");
+            return None;
+        }
+        // Admission and set-up failures are not sessions.
+        Err(e @ (SessionError::Conn(_) | SessionError::Refused(_))) => {
+            tracing::warn!("connection from {peer}: {e}");
+            return None;
+        }
+        Err(e @ SessionError::Superseded(_)) => {
+            tracing::info!("connection from {peer}: {e}");
+            Err(e)
+        }
+        Err(e) => {
+            tracing::warn!("connection from {peer}: {e}");
+            Err(e)
+        }
+    })
 }
 
 /// What an incoming connection was for.
