@@ -34,6 +34,8 @@ mod manifest;
 mod mcast;
 mod probe;
 mod report;
+#[cfg(test)]
+mod samples;
 mod swarm;
 #[cfg(test)]
 mod tests;
