@@ -109,11 +109,31 @@ fn a_killed_receiver_resumes_and_an_unchanged_object_moves_nothing() {
     let len = 192 * MIB;
     make_file(&src, len, b"resume");
     let want = hash(&src);
-    let key = secret(0x29);
-    let a = agent(&s.0.join("a"), &key);
-    let mut b = agent(&s.0.join("b"), &key);
+    let (a, b) =
+        kill_resume_and_send_unchanged(&src, len, &secret(0x29), |d| part_len(d).is_some());
+    assert_eq!(hash(&a.dir.join("weights.bin")), want);
+    assert_eq!(hash(&b.dir.join("weights.bin")), want);
+    assert_eq!(
+        files(&b.dir),
+        vec![".weights.bin.bulkcast.done", "weights.bin"]
+    );
+}
+
+/// Sends `src` (`len` bytes) to two agents and kills the second a quarter in: the send fails
+/// for it alone and `kept` finds its partial copy. Restarted, it resumes, moving at most what it
+/// lacked plus 1%, while the first, whole already, moves nothing; a third send of the
+/// unchanged object moves no payload to either. Returns the two agents.
+fn kill_resume_and_send_unchanged(
+    src: &Path,
+    len: u64,
+    key: &str,
+    kept: impl Fn(&Path) -> bool,
+) -> (Agent, Agent) {
+    let root = src.parent().unwrap();
+    let a = agent(&root.join("a"), key);
+    let mut b = agent(&root.join("b"), key);
     let to = format!("{},{}", a.addr, b.addr);
-    let sender = send_cmd(&src, &to, &["--strategy", "flat"], &key)
+    let sender = send_cmd(src, &to, &["--strategy", "flat"], key)
         .spawn()
         .unwrap();
     wait_for_part(&b.dir, len / 4);
@@ -124,12 +144,12 @@ fn a_killed_receiver_resumes_and_an_unchanged_object_moves_nothing() {
     assert_eq!(out.status.code(), Some(1), "{r}");
     assert_eq!(r["receivers"][0]["verified"], true, "{r}");
     assert_eq!(r["receivers"][1]["verified"], false, "{r}");
-    assert!(part_len(&b.dir).is_some(), "the partial copy is gone");
+    assert!(kept(&b.dir), "the partial copy is gone");
 
     // Restarted, it resumes: the send moves only what it lacks, plus at most 1%.
-    b = agent(&b.dir, &key);
+    b = agent(&b.dir, key);
     let to = format!("{},{}", a.addr, b.addr);
-    let out = send_cmd(&src, &to, &["--strategy", "flat"], &key)
+    let out = send_cmd(src, &to, &["--strategy", "flat"], key)
         .output()
         .unwrap();
     let r = report(&out);
@@ -146,14 +166,9 @@ fn a_killed_receiver_resumes_and_an_unchanged_object_moves_nothing() {
     // The first receiver had it all already.
     assert_eq!(r["receivers"][0]["already_in_place"], true, "{r}");
     assert_eq!(u(&r["receivers"][0]["received_bytes"]), 0, "{r}");
-    assert_eq!(hash(&b.dir.join("weights.bin")), want);
-    assert_eq!(
-        files(&b.dir),
-        vec![".weights.bin.bulkcast.done", "weights.bin"]
-    );
 
-    // Unchanged: no payload moves at all.
-    let out = send_cmd(&src, &to, &["--fanout", "1"], &key)
+    // Unchanged: no payload moves at all, and the report says why.
+    let out = send_cmd(src, &to, &["--fanout", "1"], key)
         .output()
         .unwrap();
     let r = report(&out);
@@ -162,8 +177,7 @@ fn a_killed_receiver_resumes_and_an_unchanged_object_moves_nothing() {
         assert_eq!(rx["already_in_place"], true, "{r}");
         assert_eq!(u(&rx["received_bytes"]), 0, "{r}");
     }
-    assert_eq!(hash(&a.dir.join("weights.bin")), want);
-    assert_eq!(hash(&b.dir.join("weights.bin")), want);
+    (a, b)
 }
 
 /// A directory of model shards: `n` files of `each` bytes, a small one, an empty one in a
@@ -198,58 +212,11 @@ fn a_killed_receiver_resumes_a_directory_and_an_unchanged_one_moves_nothing() {
     let src = s.0.join("model");
     let n = 6;
     let len = make_tree(&src, n, 32 * MIB);
-    let key = secret(0x33);
-    let a = agent(&s.0.join("a"), &key);
-    let mut b = agent(&s.0.join("b"), &key);
-    let to = format!("{},{}", a.addr, b.addr);
-    let sender = send_cmd(&src, &to, &["--strategy", "flat"], &key)
-        .spawn()
-        .unwrap();
-    wait_for_part(&b.dir, len / 4);
-    b.child.kill().unwrap(); // SIGKILL, mid-directory
-    b.child.wait().unwrap();
-    let out = sender.wait_with_output().unwrap();
-    let r = report(&out);
-    assert_eq!(out.status.code(), Some(1), "{r}");
-    assert_eq!(r["receivers"][0]["verified"], true, "{r}");
-    assert_eq!(r["receivers"][1]["verified"], false, "{r}");
-    assert!(part_tree_len(&b.dir).is_some(), "the partial tree is gone");
-
-    // Restarted, it resumes each file: the send moves only what it lacks, plus at most 1%.
-    b = agent(&b.dir, &key);
-    let to = format!("{},{}", a.addr, b.addr);
-    let out = send_cmd(&src, &to, &["--strategy", "flat"], &key)
-        .output()
-        .unwrap();
-    let r = report(&out);
-    assert!(out.status.success(), "{r}");
-    let rb = &r["receivers"][1];
-    let held = u(&rb["held_bytes"]);
-    assert!(held >= len / 8, "kept only {held} bytes: {r}");
-    let missing = len - held;
-    assert!(
-        u(&rb["received_bytes"]) <= missing + len / 100,
-        "moved {} for {missing} missing: {r}",
-        rb["received_bytes"]
-    );
-    // The first receiver had the whole tree already.
-    assert_eq!(r["receivers"][0]["already_in_place"], true, "{r}");
-    assert_eq!(u(&r["receivers"][0]["received_bytes"]), 0, "{r}");
-    same_tree(&src, &b.dir.join("model"), n);
-    assert_eq!(files(&b.dir), vec![".model.bulkcast.done", "model"]);
-
-    // Unchanged: no payload moves at all, and the report says why.
-    let out = send_cmd(&src, &to, &["--fanout", "1"], &key)
-        .output()
-        .unwrap();
-    let r = report(&out);
-    assert!(out.status.success(), "{r}");
-    for rx in r["receivers"].as_array().unwrap() {
-        assert_eq!(rx["already_in_place"], true, "{r}");
-        assert_eq!(u(&rx["received_bytes"]), 0, "{r}");
-    }
+    let (a, b) =
+        kill_resume_and_send_unchanged(&src, len, &secret(0x33), |d| part_tree_len(d).is_some());
     same_tree(&src, &a.dir.join("model"), n);
     same_tree(&src, &b.dir.join("model"), n);
+    assert_eq!(files(&b.dir), vec![".model.bulkcast.done", "model"]);
 }
 
 #[test]
