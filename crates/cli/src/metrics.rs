@@ -48,12 +48,19 @@ impl Endpoint {
         SourceMetrics::new(&mut self.registry.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// Serves the final values until the next scrape, or at most `limit`.
+    /// Says that the values are final from now on: scrapes before this one do not end
+    /// [`Endpoint::linger`]. Call it before the report is out, so that a scraper that reads the
+    /// report and scrapes at once is counted, however the two race.
+    pub fn mark_final(&mut self) {
+        while self.scraped.try_recv().is_ok() {}
+    }
+
+    /// Serves the final values until a scrape after [`Endpoint::mark_final`], or at most
+    /// `limit`.
     pub async fn linger(mut self, limit: Duration) {
         if limit.is_zero() {
             return;
         }
-        while self.scraped.try_recv().is_ok() {}
         let _ = tokio::time::timeout(limit, self.scraped.recv()).await;
     }
 }

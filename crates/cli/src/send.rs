@@ -240,7 +240,7 @@ async fn run_send(a: SendArgs) -> Result<i32> {
         }
         None => (None, a),
     };
-    let endpoint = match &a.metrics {
+    let mut endpoint = match &a.metrics {
         Some(addr) => {
             let m = crate::metrics::Endpoint::start(addr).await?;
             eprintln!("metrics on http://{}/metrics", m.addr);
@@ -278,6 +278,9 @@ async fn run_send(a: SendArgs) -> Result<i32> {
             .into_iter()
             .map(|(i, h, why)| (i, h.name, h.addr, why)),
     );
+    if let Some(m) = endpoint.as_mut() {
+        m.mark_final();
+    }
     print_report(&report, a.json)?;
     if let Some(p) = send.page.take() {
         p.finish(serde_json::to_string(&report)?, Duration::from_secs(3))
