@@ -93,7 +93,6 @@ pub fn run_static(
                             receiver: &receiver,
                             addrs: &addrs,
                             // Seed 002's experiment: parallel TCP connections.
-                            // Seed 002's experiment: parallel TCP connections.
                             opts: format!("--streams {n} --scheduler {sched} --transport tcp"),
                             bytes: Some(bytes),
                             max_s: None,
@@ -133,22 +132,7 @@ pub fn run_static(
             let _ = writeln!(line, "  {}", notes.join("; "));
             ctx.print(&line);
         }
-        let mut line = format!("{:>6}", "mean");
-        let mut mins = format!("{:>6}", "min");
-        for c in &cols {
-            let _ = write!(
-                line,
-                " {:>10}",
-                mean(c).map_or("-".into(), |x| format!("{x:.3}"))
-            );
-            let mn = c.iter().flatten().copied().reduce(f64::min);
-            let _ = write!(
-                mins,
-                " {:>10}",
-                mn.map_or("-".into(), |x| format!("{x:.3}"))
-            );
-        }
-        ctx.print(&format!("{line}\n{mins}\n"));
+        ctx.print(&mean_and_min_rows(&cols));
         let _ = write!(summary, "{:<24}", lab.name());
         for (s, c) in schedulers.iter().zip(&cols) {
             let _ = write!(
@@ -164,4 +148,24 @@ pub fn run_static(
         "\nseed 002 static, mean fraction per scheduler:\n{summary}"
     ));
     Ok(())
+}
+
+/// The table's last two rows: each scheduler's mean and minimum fraction over the counts.
+fn mean_and_min_rows(cols: &[Vec<Option<f64>>]) -> String {
+    let mut line = format!("{:>6}", "mean");
+    let mut mins = format!("{:>6}", "min");
+    for c in cols {
+        let _ = write!(
+            line,
+            " {:>10}",
+            mean(c).map_or("-".into(), |x| format!("{x:.3}"))
+        );
+        let mn = c.iter().flatten().copied().reduce(f64::min);
+        let _ = write!(
+            mins,
+            " {:>10}",
+            mn.map_or("-".into(), |x| format!("{x:.3}"))
+        );
+    }
+    format!("{line}\n{mins}\n")
 }
