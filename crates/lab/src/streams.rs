@@ -6,7 +6,7 @@
 //! forwarder's counters of the links the transfer crosses. The rest of the module is pure
 //! analysis of such runs: the nominal capacity of a set of links at a given second of the
 //! scenario clock ([`rate_at`], [`capacity_at`]), windowed rates, and re-convergence after a
-//! step change ([`reconvergence`]). `crates/lab/examples/streams_bench.rs` (run by
+//! step change ([`reconvergence`]). `crates/lab/examples/streams_bench/` (run by
 //! `bench/streams-run`) builds the tables from these pieces.
 
 use std::collections::HashMap;

@@ -36,6 +36,10 @@ pub use root::root_test_cannot_run;
 
 #[allow(dead_code)] // only the binaries with namespace tests use it
 mod netns;
+
+/// Agents and sends of the loopback test binaries.
+#[allow(dead_code)] // not every test binary sends
+pub mod run;
 #[allow(unused_imports)]
 pub use netns::{bin_in, Netns};
 
