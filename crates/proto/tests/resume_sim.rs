@@ -100,3 +100,48 @@ fn resume_after_a_crash_at_any_chunk_boundary_and_mid_chunk() {
         resume_after_crash(k, true);
     }
 }
+
+/// A chain 0 -> 1 -> 2 -> 3 whose relay 1 holds the whole object in place, with what the
+/// nodes below it hold: every node ends with a byte-exact copy and the source finishes,
+/// within a bounded simulated time (a missing `End` would otherwise stall until the limit).
+fn complete_relay_in_chain(complete: Vec<usize>, held: Vec<(usize, Vec<(u64, u64)>)>) {
+    let len = 4 * MIB + 777;
+    let mut spec = SimSpec::new(Tree::kary(3, 1), LinkSpec::wan(2, 400.0), len);
+    spec.complete = complete.clone();
+    spec.held = held.clone();
+    spec.time_limit = std::time::Duration::from_secs(60);
+    let r = Sim::new(spec).run();
+    assert_all_complete(&r);
+    let cs = 64 << 10;
+    for i in 1..=3 {
+        let h = held
+            .iter()
+            .find(|x| x.0 == i)
+            .map_or(vec![], |x| x.1.clone());
+        let want = if complete.contains(&i) {
+            0
+        } else {
+            missing_bytes(len, cs, &h)
+        };
+        assert_eq!(r.link_bytes[i], want, "link into node {i}");
+    }
+}
+
+#[test]
+fn a_relay_that_holds_the_whole_object_still_ends_its_children() {
+    complete_relay_in_chain(vec![1], vec![]);
+}
+
+#[test]
+fn a_complete_relay_ends_a_child_that_holds_part_of_the_object() {
+    let n = chunks_of(4 * MIB + 777, 64 << 10);
+    complete_relay_in_chain(vec![1], vec![(2, vec![(0, n / 3), (n / 2, n - 2)])]);
+    complete_relay_in_chain(vec![1], vec![(2, vec![(0, n)])]);
+}
+
+#[test]
+fn a_complete_leaf_or_complete_relays_in_a_row_finish() {
+    complete_relay_in_chain(vec![3], vec![]);
+    complete_relay_in_chain(vec![1, 2], vec![]);
+    complete_relay_in_chain(vec![2], vec![(1, vec![(5, 9)])]);
+}

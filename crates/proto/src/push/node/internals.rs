@@ -13,6 +13,11 @@ impl Node {
         self.buffered_bytes += chunk.data.len();
         self.peak_buffered = self.peak_buffered.max(self.buffered_bytes);
         self.buffer.insert(chunk.index, chunk);
+        // Eviction otherwise runs only when an ack arrives. A child that held the whole object
+        // (or the rest of it) acked it all at once, before the chunks came in, and acks no more:
+        // what it will never take would stay held until the buffer is full, the input stops
+        // and the `End` (sealed at the input's end) never reaches anyone below it.
+        self.evict();
     }
 
     /// A child that had everything sent to it acknowledged was not stalled, only idle (the
