@@ -12,7 +12,7 @@ use bulkcast_node::ticket::{self, Ticket};
 use bulkcast_node::{swarm, transport};
 use bulkcast_planner::strategy;
 use bulkcast_proto::auth::{Keys, Secret};
-use bulkcast_proto::hosts::{HostSpec, HostsFile};
+use bulkcast_proto::hosts::{HostSpec, HostsFile, SshTarget};
 use bulkcast_proto::node::{NodeConfig, CHUNK_SIZE_RANGE};
 use bulkcast_proto::swarm::Strategy as SwarmStrategy;
 use bulkcast_proto::tree::Tree;
@@ -39,22 +39,26 @@ pub struct SendArgs {
     /// one for the send (same system only); the session secret is a fresh one unless given.
     #[arg(long, value_name = "USER@HOST,...", conflicts_with_all = ["expect", "hostfile"])]
     ssh: Option<String>,
-    /// More arguments for every `ssh` of `--ssh`, as one string (`"-p 2222 -i key"`).
-    #[arg(long, default_value = "", requires = "ssh", allow_hyphen_values = true)]
+    /// More arguments for every `ssh` of `--ssh` (and of a hosts file's `ssh` hosts), as one
+    /// string (`"-p 2222 -i key"`).
+    #[arg(long, default_value = "", allow_hyphen_values = true)]
     ssh_args: String,
-    /// The bulkcast binary on the `--ssh` hosts.
-    #[arg(long, default_value = "bulkcast", requires = "ssh")]
+    /// The bulkcast binary on the `--ssh` hosts (and a hosts file's `ssh` hosts).
+    #[arg(long, default_value = "bulkcast")]
     ssh_bulkcast: String,
-    /// Fail on `--ssh` hosts without the binary instead of copying this one there.
-    #[arg(long, requires = "ssh")]
+    /// Fail on `--ssh` (or `ssh`) hosts without the binary instead of copying this one there.
+    #[arg(long)]
     ssh_no_copy: bool,
     /// Where the `--ssh` hosts store the object (relative paths start at the login's home;
     /// `{host}` becomes the host's name).
-    #[arg(long, default_value = "bulkcast-incoming", requires = "ssh")]
+    #[arg(long, default_value = "bulkcast-incoming")]
     ssh_dir: String,
     /// The session secret of `--ssh` agents (set by `run`).
     #[arg(skip)]
     ssh_secret: Option<Secret>,
+    /// The hosts file of `--to`, its `ssh` hosts' addresses filled in (set by `run`).
+    #[arg(skip)]
+    hosts: Option<HostsFile>,
     /// Receivers from a file of host names, one Slurm host list per line (`node[01-04,07]`,
     /// as `$SLURM_JOB_NODELIST` prints them; `#` comments); each reached at `--port`.
     #[arg(long, value_name = "FILE", conflicts_with = "expect")]
@@ -216,30 +220,7 @@ async fn run_send(a: SendArgs) -> Result<i32> {
         None => a,
     };
     // One-shot agents over ssh: kept (and stopped when dropped) until the send is over.
-    let (ssh_agents, a) = match &a.ssh {
-        Some(targets) => {
-            let secret = match a.common.secret()? {
-                Some(s) => s,
-                None => Secret::from_bytes(rand::random()),
-            };
-            let opts = crate::ssh::SshOptions {
-                targets,
-                ssh_args: &a.ssh_args,
-                remote_bin: &a.ssh_bulkcast,
-                remote_dir: &a.ssh_dir,
-                copy: !a.ssh_no_copy,
-            };
-            let agents = crate::ssh::start(&opts, &secret).await?;
-            let to = Some(agents.to.clone());
-            let a = SendArgs {
-                to,
-                ssh_secret: Some(secret),
-                ..a
-            };
-            (Some(agents), a)
-        }
-        None => (None, a),
-    };
+    let (ssh_agents, a) = ssh_agents(a).await?;
     let mut endpoint = match &a.metrics {
         Some(addr) => {
             let m = crate::metrics::Endpoint::start(addr).await?;
@@ -295,6 +276,67 @@ async fn run_send(a: SendArgs) -> Result<i32> {
     Ok(exit_code(&report))
 }
 
+/// Starts the one-shot agents of `--ssh`, or of the `ssh` hosts of `--to`'s hosts file, and
+/// gives the arguments that send to them.
+async fn ssh_agents(a: SendArgs) -> Result<(Option<crate::ssh::Agents>, SendArgs)> {
+    let (targets, file) = match (&a.ssh, &a.to) {
+        (Some(list), _) => (crate::ssh::parse_list(list)?, None),
+        (None, Some(to)) => {
+            let file = load_hosts(to)?;
+            let targets = file
+                .hosts
+                .iter()
+                .filter_map(|h| h.ssh.as_deref())
+                // Checked when the file was read.
+                .map(|s| SshTarget::parse(s).map_err(|why| anyhow::anyhow!("ssh = {s:?}: {why}")))
+                .collect::<Result<Vec<_>>>()?;
+            if targets.is_empty() {
+                return Ok((None, a));
+            }
+            (targets, Some(file))
+        }
+        (None, None) => return Ok((None, a)),
+    };
+    // A fresh secret is enough when every agent is one of ours; running agents need theirs.
+    let all_ours = file
+        .as_ref()
+        .is_none_or(|f| f.hosts.iter().all(|h| h.ssh.is_some()));
+    let secret = match (a.common.secret()?, all_ours) {
+        (Some(s), _) => s,
+        (None, true) => Secret::from_bytes(rand::random()),
+        (None, false) => a.common.require_secret()?,
+    };
+    let opts = crate::ssh::SshOptions {
+        targets: &targets,
+        ssh_args: &a.ssh_args,
+        remote_bin: &a.ssh_bulkcast,
+        remote_dir: &a.ssh_dir,
+        copy: !a.ssh_no_copy,
+    };
+    let agents = crate::ssh::start(&opts, &secret).await?;
+    let (to, hosts) = match file {
+        None => (Some(agents.addrs.join(",")), None),
+        Some(mut f) => {
+            let mut addrs = agents.addrs.iter();
+            for h in f.hosts.iter_mut().filter(|h| h.ssh.is_some()) {
+                h.addr = addrs.next().context("an agent per ssh host")?.clone();
+                // Now an agent like any other (and the file valid with its address).
+                h.ssh = None;
+            }
+            // Checked again with the addresses: an agent may now share one with another host.
+            let f = HostsFile::parse_toml(&f.to_toml()).context("hosts with their ssh agents")?;
+            (a.to.clone(), Some(f))
+        }
+    };
+    let a = SendArgs {
+        to,
+        hosts,
+        ssh_secret: Some(secret),
+        ..a
+    };
+    Ok((Some(agents), a))
+}
+
 /// The `--to` list of a `--hostfile`: every host, at `port` unless it names its own.
 fn hostfile_list(f: &std::path::Path, port: u16) -> Result<String> {
     let text =
@@ -345,7 +387,11 @@ async fn receivers(
                 Some(s) => s.clone(),
                 None => a.common.require_secret()?,
             };
-            Ok((load_hosts(to)?, a.common.keys(&secret)?))
+            let file = match &a.hosts {
+                Some(f) => f.clone(),
+                None => load_hosts(to)?,
+            };
+            Ok((file, a.common.keys(&secret)?))
         }
         (None, Some(0)) => bail!("--expect must be at least 1"),
         (None, Some(n)) => ticket_receivers(a, tuning, session, n).await,

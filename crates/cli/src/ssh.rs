@@ -1,5 +1,5 @@
-//! `send --ssh user@host,...`: a one-shot agent on each host, started over ssh as bbcp starts
-//! its peers, and gone after the send.
+//! `send --ssh user@host,...` (or hosts-file entries with `ssh = "user@host"`): a one-shot
+//! agent on each host, started over ssh as bbcp starts its peers, and gone after the send.
 //!
 //! Each host runs `BULKCAST agent --once --listen 0.0.0.0:0 --dir DIR` through `ssh`, under a
 //! small shell wrapper: the session secret comes over ssh's stdin (never on a command line)
@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use bulkcast_proto::auth::Secret;
+use bulkcast_proto::hosts::SshTarget;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -28,14 +29,14 @@ pub struct Agents {
     children: Vec<Child>,
     /// Each ssh's stdin: closing it ends the remote agent.
     stdins: Vec<tokio::process::ChildStdin>,
-    /// `host:port` of each agent, for `--to`.
-    pub to: String,
+    /// `host:port` of each agent, in the order of the targets.
+    pub addrs: Vec<String>,
 }
 
 /// Options of `--ssh`.
 pub struct SshOptions<'a> {
-    /// `user@host` targets.
-    pub targets: &'a str,
+    /// Where to start agents.
+    pub targets: &'a [SshTarget],
     /// Extra `ssh` arguments, split at spaces (`-p 2222 -i key`).
     pub ssh_args: &'a str,
     /// The binary on the hosts.
@@ -49,24 +50,29 @@ pub struct SshOptions<'a> {
 /// How long probing a host and copying the binary there may take.
 const COPY: Duration = Duration::from_secs(120);
 
+/// The targets of `--ssh`'s comma-separated list.
+pub fn parse_list(list: &str) -> Result<Vec<SshTarget>> {
+    let targets = list
+        .split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(|t| SshTarget::parse(t).map_err(|why| anyhow::anyhow!("--ssh: {t:?}: {why}")))
+        .collect::<Result<Vec<_>>>()?;
+    if targets.is_empty() {
+        bail!("--ssh names no host");
+    }
+    Ok(targets)
+}
+
 /// Starts an agent on every target and waits (at most [`START`]) until each listens.
 pub async fn start(o: &SshOptions<'_>, secret: &Secret) -> Result<Agents> {
     let mut agents = Agents {
         children: Vec::new(),
         stdins: Vec::new(),
-        to: String::new(),
+        addrs: Vec::new(),
     };
-    let mut addrs = Vec::new();
-    for target in o
-        .targets
-        .split(',')
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
-    {
-        let host = target.rsplit('@').next().unwrap_or(target);
-        if host.is_empty() || host.contains(char::is_whitespace) {
-            bail!("--ssh: {target:?} is not user@host");
-        }
+    for t in o.targets {
+        let (target, host) = (t, t.host.as_str());
         // The binary to run there, and a directory to remove after (a copy's).
         let (bin, copied) = match binary_on(target, o).await? {
             Some(bin) => (bin, String::new()),
@@ -114,12 +120,8 @@ pub async fn start(o: &SshOptions<'_>, secret: &Secret) -> Result<Agents> {
             .and_then(|r| r.split([',', ' ']).next())
             .and_then(|a| a.rsplit(':').next())
             .with_context(|| format!("--ssh: {target} said {line:?}"))?;
-        addrs.push(format!("{host}:{}", port.trim()));
+        agents.addrs.push(format!("{host}:{}", port.trim()));
     }
-    if addrs.is_empty() {
-        bail!("--ssh names no host");
-    }
-    agents.to = addrs.join(",");
     Ok(agents)
 }
 
@@ -139,11 +141,15 @@ impl Agents {
 }
 
 /// `ssh` to `target` running `remote`, with the user's `--ssh-args`.
-fn ssh(o: &SshOptions<'_>, target: &str, remote: &str) -> Command {
+fn ssh(o: &SshOptions<'_>, target: &SshTarget, remote: &str) -> Command {
     let mut c = Command::new("ssh");
-    c.args(["-o", "BatchMode=yes"])
-        .args(o.ssh_args.split_whitespace())
-        .arg(target)
+    c.args(["-o", "BatchMode=yes"]);
+    // Before `--ssh-args`: ssh takes the first `-p`, so the target's own port wins.
+    if let Some(p) = target.port {
+        c.arg("-p").arg(p.to_string());
+    }
+    c.args(o.ssh_args.split_whitespace())
+        .arg(&target.login)
         .arg(remote)
         .kill_on_drop(true);
     c
@@ -151,7 +157,7 @@ fn ssh(o: &SshOptions<'_>, target: &str, remote: &str) -> Command {
 
 /// The binary to run on `target`: `remote_bin` if it is there, `None` if it is not and a copy
 /// of this one can run there (refused with why when it cannot, or copies are off).
-async fn binary_on(target: &str, o: &SshOptions<'_>) -> Result<Option<String>> {
+async fn binary_on(target: &SshTarget, o: &SshOptions<'_>) -> Result<Option<String>> {
     let bin = shell_quote(o.remote_bin);
     let probe = format!(
         "if [ -x {bin} ] || command -v {bin} > /dev/null 2>&1; then echo have; else echo missing; fi; uname -sm"
@@ -202,7 +208,7 @@ fn same_system(uname: &str) -> bool {
 
 /// Copies this binary to a fresh private directory on `target` (over ssh's stdin) and returns
 /// the directory.
-async fn copy_binary(target: &str, o: &SshOptions<'_>) -> Result<String> {
+async fn copy_binary(target: &SshTarget, o: &SshOptions<'_>) -> Result<String> {
     let me = std::env::current_exe().context("--ssh: finding this binary to copy")?;
     let data = tokio::fs::read(&me)
         .await

@@ -795,3 +795,81 @@ fn ssh_launcher_starts_one_shot_agents_and_leaves_none_behind() {
         }
     }
 }
+
+/// A hosts file's `ssh = "user@host:port"` hosts get one-shot agents over a real sshd, as
+/// `--ssh` does, next to a running agent named by `addr`; a malformed `ssh` is refused.
+#[test]
+#[cfg_attr(
+    not(bulkcast_sshd),
+    ignore = "needs Debian's openssh-server (apt-get install openssh-server), not found when built"
+)]
+fn hosts_file_ssh_hosts_get_one_shot_agents_beside_running_ones() {
+    #[cfg(bulkcast_sshd)]
+    {
+        let s = Scratch::new("ops-ssh-hosts");
+        let sshd = common::Sshd::start(
+            &s.0,
+            option_env!("BULKCAST_SSHD").unwrap_or("/usr/sbin/sshd"),
+            "",
+        );
+        let user = std::env::var("USER").unwrap_or_else(|_| "root".into());
+        let key = secret(0x5e);
+        let running = agent(&s.0.join("running"), &key, &[]);
+        let file = s.0.join("s.bin");
+        make_file(&file, 2 * MIB + 3);
+        // The port comes from the hosts file, not from `--ssh-args`.
+        let ssh_args = sshd.ssh_args.replacen(&format!("-p {} ", sshd.port), "", 1);
+        assert!(!ssh_args.contains("-p "), "{ssh_args}");
+        let d = s.0.display();
+        let hosts = s.0.join("hosts.toml");
+        let send = |text: String| {
+            std::fs::write(&hosts, text).unwrap();
+            Command::new(BIN)
+                .args(["send", file.to_str().unwrap(), "--json", "--quiet", "--to"])
+                .arg(&hosts)
+                .args(["--ssh-args", &ssh_args, "--ssh-bulkcast", BIN])
+                .arg("--ssh-dir")
+                .arg(format!("{d}/rx-{{host}}"))
+                .env("BULKCAST_SECRET", &key)
+                .output()
+                .unwrap()
+        };
+        let out = send(format!(
+            "[[host]]\nname = \"running\"\naddr = \"{}\"\n\
+             [[host]]\nname = \"one\"\nssh = \"{user}@127.0.0.1:{p}\"\n\
+             [[host]]\nname = \"two\"\nssh = \"{user}@127.0.0.2:{p}\"\n",
+            running.addr,
+            p = sshd.port
+        ));
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        let r = report(&out);
+        let names: BTreeSet<&str> = r["receivers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|x| x["name"].as_str())
+            .collect();
+        assert_eq!(names, BTreeSet::from(["one", "running", "two"]), "{r}");
+        let want = std::fs::read(&file).unwrap();
+        for dir in ["rx-127.0.0.1", "rx-127.0.0.2", "running"] {
+            let got = std::fs::read(s.0.join(dir).join("s.bin")).unwrap();
+            assert!(got == want, "the copy in {dir} differs");
+        }
+        let marker = format!("{d}/rx-");
+        let start = Instant::now();
+        while common::processes_with(&marker) > 0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "agents left running"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // A malformed value is refused before any ssh, naming the host and what is wrong.
+        let out = send(format!(
+            "[[host]]\nname = \"bad\"\nssh = \"{user}@127.0.0.1:0\"\n"
+        ));
+        assert_ne!(out.status.code(), Some(0));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("\"bad\"") && err.contains("port"), "{err}");
+    }
+}

@@ -319,6 +319,7 @@ impl Lab {
             .map(|(i, h)| HostSpec {
                 name: h.name.clone(),
                 addr: format!("{}:{port}", h.addr),
+                ssh: None,
                 site: Some(p.sites[h.site].clone()),
                 uplink_mbps: h.uplink_mbps,
                 downlink_mbps: h.downlink_mbps,

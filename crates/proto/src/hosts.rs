@@ -19,6 +19,10 @@
 //! downlink_mbps = 1000        # access link capacity, network -> host
 //! max_fanout = 4              # at most this many children in a tree
 //! paths = ["10.0.2.2:7400"]   # further addresses of the same agent (extra network paths)
+//!
+//! [[host]]
+//! name = "fra-3"
+//! ssh = "ops@fra-3:2222"      # no agent runs there: `send` starts a one-shot one over ssh
 //! ```
 //!
 //! A comma-separated list `host:port,host:port` is the short form: each entry becomes a host named
@@ -72,8 +76,14 @@ fn default_source_name() -> String {
 pub struct HostSpec {
     /// Unique display name.
     pub name: String,
-    /// `host:port` of the host's agent.
+    /// `host:port` of the host's agent; empty (left out) for an `ssh` host until `send` has
+    /// started its agent.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub addr: String,
+    /// `[user@]host[:port]`: `send` starts a one-shot agent there over ssh (as `--ssh` does)
+    /// instead of going to a running one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssh: Option<String>,
     /// Site (cluster) label.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub site: Option<String>,
@@ -102,6 +112,7 @@ impl HostSpec {
             downlink_mbps: None,
             max_fanout: None,
             paths: Vec::new(),
+            ssh: None,
         }
     }
 }
@@ -128,6 +139,19 @@ pub enum HostsError {
         name: String,
         /// The address as written.
         addr: String,
+    },
+    /// A host has neither an agent's address nor `ssh`, or both.
+    #[error("host {0:?}: give addr (a running agent) or ssh (start one over ssh), one of them")]
+    AddrOrSsh(String),
+    /// An `ssh` value is not `[user@]host[:port]`.
+    #[error("host {name:?}: ssh = {value:?}: {why}")]
+    BadSsh {
+        /// Host name.
+        name: String,
+        /// The value as written.
+        value: String,
+        /// What is wrong with it.
+        why: &'static str,
     },
     /// A capacity or fan-out is zero, negative or not a number.
     #[error("host {name:?}: {field} must be positive, got {value}")]
@@ -180,7 +204,21 @@ impl HostsFile {
             if !names.insert(h.name.as_str()) {
                 return Err(HostsError::DuplicateName(h.name.clone()));
             }
-            for a in std::iter::once(&h.addr).chain(&h.paths) {
+            if let Some(v) = &h.ssh {
+                SshTarget::parse(v).map_err(|why| HostsError::BadSsh {
+                    name: h.name.clone(),
+                    value: v.clone(),
+                    why,
+                })?;
+                // Its agent's port is known only once it runs: no address, no extra paths.
+                if !h.addr.is_empty() || !h.paths.is_empty() {
+                    return Err(HostsError::AddrOrSsh(h.name.clone()));
+                }
+            } else if h.addr.is_empty() {
+                return Err(HostsError::AddrOrSsh(h.name.clone()));
+            }
+            let addr = Some(&h.addr).filter(|a| !a.is_empty());
+            for a in addr.into_iter().chain(&h.paths) {
                 if !valid_addr(a) {
                     return Err(HostsError::BadAddr {
                         name: h.name.clone(),
@@ -197,6 +235,91 @@ impl HostsFile {
             check_caps(&s.name, s.uplink_mbps, s.downlink_mbps, s.max_fanout)?;
         }
         Ok(())
+    }
+}
+
+/// Where `ssh` logs in: `[user@]host[:port]` (`[v6addr]` in brackets when a port follows).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SshTarget {
+    /// `user@host` or `host`, as `ssh` takes it (brackets removed).
+    pub login: String,
+    /// The host alone: where its agent is reached (brackets kept for IPv6).
+    pub host: String,
+    /// `ssh -p`, when given.
+    pub port: Option<u16>,
+}
+
+impl SshTarget {
+    /// Parses `[user@]host[:port]`; the error says what is wrong.
+    pub fn parse(s: &str) -> Result<Self, &'static str> {
+        if s.is_empty() {
+            return Err("empty; write user@host or user@host:port");
+        }
+        if s.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err("contains white space");
+        }
+        // ssh would take a leading '-' as an option.
+        if s.starts_with('-') {
+            return Err("starts with '-'");
+        }
+        let (user, rest) = match s.rsplit_once('@') {
+            Some(("", _)) => return Err("the user before '@' is empty"),
+            Some((u, r)) => (Some(u), r),
+            None => (None, s),
+        };
+        let (host, port) = if let Some(v6) = rest.strip_prefix('[') {
+            let (addr, after) = v6.split_once(']').ok_or("a '[' without its ']'")?;
+            if !addr.contains(':') {
+                return Err("only an IPv6 address goes in brackets");
+            }
+            match after {
+                "" => (addr, None),
+                p => (addr, Some(p.strip_prefix(':').ok_or("junk after ']'")?)),
+            }
+        } else {
+            match rest.split_once(':') {
+                Some((_, p)) if p.contains(':') => {
+                    return Err("an IPv6 address goes in brackets: user@[::1]:22")
+                }
+                Some((h, p)) => (h, Some(p)),
+                None => (rest, None),
+            }
+        };
+        if host.is_empty() {
+            return Err("the host is empty");
+        }
+        if host.starts_with('-') || host.contains(['[', ']', '@', '/']) {
+            return Err("the host is not a host name or address");
+        }
+        let port = match port {
+            None => None,
+            Some(p) => match p.parse::<u16>() {
+                Ok(n) if n != 0 => Some(n),
+                _ => return Err("the port is not a number from 1 to 65535"),
+            },
+        };
+        let v6 = host.contains(':');
+        Ok(SshTarget {
+            login: match user {
+                Some(u) => format!("{u}@{host}"),
+                None => host.to_string(),
+            },
+            host: if v6 {
+                format!("[{host}]")
+            } else {
+                host.to_string()
+            },
+            port,
+        })
+    }
+}
+
+impl std::fmt::Display for SshTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.port {
+            Some(p) => write!(f, "{} (port {p})", self.login),
+            None => f.write_str(&self.login),
+        }
     }
 }
 
@@ -288,7 +411,83 @@ mod tests {
             HostsFile::parse_toml(t),
             Err(HostsError::BadValue { .. })
         ));
+        let t = "[[host]]\nname='a'\n";
+        assert!(matches!(
+            HostsFile::parse_toml(t),
+            Err(HostsError::AddrOrSsh(_))
+        ));
+        let t = "[[host]]\nname='a'\naddr='x:1'\nssh='u@x'\n";
+        assert!(matches!(
+            HostsFile::parse_toml(t),
+            Err(HostsError::AddrOrSsh(_))
+        ));
         let t = "[[host]]\nname='a'\naddr='x:1'\ncolour='red'\n";
         assert!(matches!(HostsFile::parse_toml(t), Err(HostsError::Toml(_))));
+    }
+
+    #[test]
+    fn ssh_hosts_mix_with_running_agents() {
+        let text = r#"
+            [[host]]
+            name = "a"
+            addr = "10.0.0.1:7400"
+            [[host]]
+            name = "b"
+            ssh = "ops@b.example:2222"
+            [[host]]
+            name = "c"
+            ssh = "c.example"
+        "#;
+        let f = HostsFile::parse_toml(text).unwrap();
+        assert_eq!(f.hosts[1].ssh.as_deref(), Some("ops@b.example:2222"));
+        assert!(f.hosts[1].addr.is_empty());
+        assert_eq!(HostsFile::parse_toml(&f.to_toml()).unwrap(), f);
+    }
+
+    #[test]
+    fn ssh_targets_parse_or_say_why_not() {
+        let t = |login: &str, host: &str, port| SshTarget {
+            login: login.into(),
+            host: host.into(),
+            port,
+        };
+        for (s, want) in [
+            ("ops@h", t("ops@h", "h", None)),
+            ("ops@h:2222", t("ops@h", "h", Some(2222))),
+            ("h", t("h", "h", None)),
+            ("10.0.0.2:22", t("10.0.0.2", "10.0.0.2", Some(22))),
+            ("me@[::1]:2200", t("me@::1", "[::1]", Some(2200))),
+            ("me@[fe80::2]", t("me@fe80::2", "[fe80::2]", None)),
+            ("a@b@h", t("a@b@h", "h", None)),
+        ] {
+            assert_eq!(SshTarget::parse(s), Ok(want), "{s}");
+        }
+        for (bad, why) in [
+            ("", "empty"),
+            ("ops@", "host is empty"),
+            ("@h", "user"),
+            ("ops@:22", "host is empty"),
+            ("ops@h:", "port"),
+            ("ops@h:0", "port"),
+            ("ops@h:70000", "port"),
+            ("ops@h:ssh", "port"),
+            ("ops@::1", "brackets"),
+            ("ops@[::1", "']'"),
+            ("ops@[h]:22", "IPv6"),
+            ("ops@[::1]22", "junk"),
+            ("ops@h x", "white space"),
+            ("-oProxyCommand=x", "'-'"),
+            ("ops@-h", "host name"),
+            ("ops@h/x", "host name"),
+        ] {
+            let e = SshTarget::parse(bad).unwrap_err();
+            assert!(e.contains(why), "{bad:?}: {e}");
+        }
+        let t = "[[host]]\nname='b'\nssh='ops@b:x'\n";
+        let e = HostsFile::parse_toml(t).unwrap_err().to_string();
+        assert!(
+            e.contains("\"b\"") && e.contains("ops@b:x") && e.contains("port"),
+            "{e}"
+        );
     }
 }
