@@ -343,13 +343,13 @@ fn metrics_during_and_after_a_transfer_match_the_report() {
     stdin.write_all(&part).unwrap();
 
     // During: both receivers have part of the stream, not more than was written.
+    let second = format!(
+        "bulkcast_receiver_bytes_total{{receiver=\"{}\"}}",
+        ags[1].0.addr
+    );
     let start = Instant::now();
     let during = loop {
         let t = scrape(&url);
-        let second = format!(
-            "bulkcast_receiver_bytes_total{{receiver=\"{}\"}}",
-            ags[1].0.addr
-        );
         if metric(&t, &second) >= (4 * MIB) as f64 {
             break t;
         }
@@ -369,6 +369,11 @@ fn metrics_during_and_after_a_transfer_match_the_report() {
         ags[0].0.addr, ags[1].0.addr
     );
     assert!(metric(&during, &edge) <= (8 * MIB) as f64, "{during}");
+    // The input is counted as it is read, and no receiver is ahead of it.
+    assert!(
+        metric(&during, "bulkcast_source_read_bytes_total") >= metric(&during, &second),
+        "{during}"
+    );
     let agent_during = scrape(&ags[0].1);
     assert_eq!(
         metric(&agent_during, "bulkcast_sessions_active"),

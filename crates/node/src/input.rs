@@ -5,6 +5,8 @@ use std::fs::{self, File};
 use std::io::{self, Read};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use bulkcast_proto::auth::Keys;
 use bulkcast_proto::manifest::{
@@ -39,6 +41,8 @@ pub struct Input {
     files: Vec<PathBuf>,
     stdin: bool,
     skipped: Vec<Skipped>,
+    /// Bytes handed on so far; grows on the input thread, read by status displays.
+    read: Arc<AtomicU64>,
 }
 
 /// An entry of a directory that is not sent, and why (the rest of the directory is).
@@ -75,6 +79,7 @@ impl Input {
                 files: vec![],
                 stdin: true,
                 skipped: vec![],
+                read: Arc::default(),
             });
         }
         let meta = fs::metadata(path).map_err(|e| with_path(e, path))?;
@@ -108,6 +113,7 @@ impl Input {
                 files: vec![path.to_path_buf()],
                 stdin: false,
                 skipped: vec![],
+                read: Arc::default(),
             });
         }
         if !meta.is_dir() {
@@ -134,12 +140,18 @@ impl Input {
             files: w.files,
             stdin: false,
             skipped: w.skipped,
+            read: Arc::default(),
         })
     }
 
     /// The directory's entries that are not sent (each also logged as a warning).
     pub fn skipped(&self) -> &[Skipped] {
         &self.skipped
+    }
+
+    /// Bytes of the input handed on so far (as it is read, once spawned).
+    pub fn read_counter(&self) -> Arc<AtomicU64> {
+        self.read.clone()
     }
 
     /// The file when the object is one regular file (which can be mapped and sent with
@@ -195,8 +207,13 @@ impl Input {
         self,
         chunk_size: usize,
         txs: Vec<mpsc::Sender<InputEvent>>,
-        route: impl FnMut(bytes::Bytes) -> Routed + Send + 'static,
+        mut route: impl FnMut(bytes::Bytes) -> Routed + Send + 'static,
     ) {
+        let read = self.read.clone();
+        let route = move |data: bytes::Bytes| {
+            read.fetch_add(data.len() as u64, Ordering::Relaxed);
+            route(data)
+        };
         std::thread::Builder::new()
             .name("bulkcast-input".into())
             .spawn(move || {

@@ -94,10 +94,11 @@ impl Status {
         self.total_len.map_or(b, |n| b.min(n))
     }
 
-    /// Bytes a receiver has verified and stored.
+    /// Bytes a receiver has verified and stored. A stream's length is known only at its end,
+    /// but its last chunk may be short before then: no receiver holds more than was read.
     pub fn bytes_of(&self, r: &ReceiverStatus) -> u64 {
         let b = r.chunks * self.chunk_size as u64;
-        self.total_len.map_or(b, |n| b.min(n))
+        b.min(self.total_len.unwrap_or(self.read))
     }
 }
 
@@ -524,6 +525,22 @@ mod tests {
         assert_eq!(got, [("source", "r0", 1), ("r0", "r1", 2)]);
         let json = serde_json::to_value(&r).unwrap();
         assert_eq!(json["rejected"][1]["from"], "r0");
+    }
+
+    #[test]
+    fn a_stream_receiver_never_counts_more_than_was_read() {
+        // A stream of 3 chunks and 4 bytes: its length is unknown until the source ends,
+        // but the short last chunk may already be stored.
+        let mut st = status(1);
+        st.total_len = None;
+        st.read = 3004;
+        st.receivers[0].chunks = 4;
+        assert_eq!(st.bytes_of(&st.receivers[0]), 3004);
+        st.receivers[0].chunks = 2;
+        assert_eq!(st.bytes_of(&st.receivers[0]), 2000);
+        st.total_len = Some(3004);
+        st.receivers[0].chunks = 4;
+        assert_eq!(st.bytes_of(&st.receivers[0]), 3004);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The sending side of a session: builds the source node over a tree, runs it, reports.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -157,12 +158,18 @@ pub async fn send(
         st.started = Instant::now();
         st.total_len = manifest.total_len;
     }
+    let read = input.read_counter();
     let rx = input.spawn(cfg.chunk_size as usize, keys.clone(), session);
     let mut driver = Driver::new(node, keys, cfg.tuning.clone(), Upstream::Input(rx), reread);
     observe_streams(&mut driver, cfg);
     let st = status.clone();
     let result = driver
-        .run(|ev: &Event| st.lock().expect("status lock").apply(ev))
+        .run(|ev: &Event| {
+            let mut st = st.lock().expect("status lock");
+            // Before the event: a receiver's progress never runs ahead of what was read.
+            st.read = read.load(Ordering::Relaxed);
+            st.apply(ev)
+        })
         .await;
     let end = driver.node().end();
     let mut st = status.lock().expect("status lock");
@@ -270,6 +277,7 @@ pub async fn send_balanced(
         )?);
     }
     status.lock().expect("status lock").started = Instant::now();
+    let read = input.read_counter();
     let rxs = input.spawn_striped(cfg.chunk_size as usize, keys.clone(), sessions, stripes);
     // One driver per tree, each with its own status; a task merges them for the display.
     let mut per_tree = Vec::new();
@@ -292,10 +300,10 @@ pub async fn send_balanced(
         }));
     }
     let merge = {
-        let (per_tree, status) = (per_tree.clone(), status.clone());
+        let (per_tree, status, read) = (per_tree.clone(), status.clone(), read.clone());
         tokio::spawn(async move {
             loop {
-                merge_status(&per_tree, &status);
+                merge_status(&per_tree, &status, &read);
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         })
@@ -313,7 +321,7 @@ pub async fn send_balanced(
         }
     }
     merge.abort();
-    merge_status(&per_tree, &status);
+    merge_status(&per_tree, &status, &read);
     if let Some(e) = first_error {
         return Err(SendError::Aborted(e));
     }
@@ -334,12 +342,15 @@ pub async fn send_balanced(
 
 /// A receiver's progress over all trees: chunks add up, it is done when every tree is, and it
 /// failed if any tree failed it. Parents are those of the first (fastest) tree.
-fn merge_status(per_tree: &[SharedStatus], into: &SharedStatus) {
+fn merge_status(per_tree: &[SharedStatus], into: &SharedStatus, read: &AtomicU64) {
+    // Read first: no tree's progress then runs ahead of it.
+    let read = read.load(Ordering::Relaxed);
     let parts: Vec<Status> = per_tree
         .iter()
         .map(|s| s.lock().expect("status lock").clone())
         .collect();
     let mut out = into.lock().expect("status lock");
+    out.read = out.read.max(read);
     for (i, r) in out.receivers.iter_mut().enumerate() {
         r.chunks = parts.iter().map(|p| p.receivers[i].chunks).sum();
         r.done = parts
