@@ -23,7 +23,7 @@ pub struct McastArgs {
     mcast_group: SocketAddrV4,
     /// `--strategy multicast`: sending rate in Mbit/s on the wire (default: 0.98 of the
     /// slowest of the source's uplink and the receivers' downlinks in the hosts file, else
-    /// 100).
+    /// measured: the first 1024 datagrams go out back to back and the receivers time them).
     #[arg(long, value_name = "MBIT")]
     mcast_rate: Option<f64>,
     /// `--strategy multicast`: TTL of the datagrams (1: this LAN only).
@@ -35,10 +35,11 @@ pub struct McastArgs {
     mcast_detect_ms: u64,
 }
 
-/// Rate in Mbit/s: the flag, else 0.98 of the slowest link the hosts file gives.
-fn rate_mbps(a: &McastArgs, file: &HostsFile) -> (f64, &'static str) {
+/// Rate in Mbit/s: the flag, else 0.98 of the slowest link the hosts file gives, else
+/// `None`: measured.
+fn rate_mbps(a: &McastArgs, file: &HostsFile) -> (Option<f64>, &'static str) {
     if let Some(r) = a.mcast_rate {
-        return (r, "--mcast-rate");
+        return (Some(r), "--mcast-rate");
     }
     let links = file
         .source
@@ -47,8 +48,8 @@ fn rate_mbps(a: &McastArgs, file: &HostsFile) -> (f64, &'static str) {
         .into_iter()
         .chain(file.hosts.iter().filter_map(|h| h.downlink_mbps));
     match links.min_by(f64::total_cmp) {
-        Some(l) => (0.98 * l, "0.98 of the slowest link in the hosts file"),
-        None => (100.0, "default; give --mcast-rate"),
+        Some(l) => (Some(0.98 * l), "0.98 of the slowest link in the hosts file"),
+        None => (None, "measured by the receivers"),
     }
 }
 
@@ -70,12 +71,12 @@ pub async fn send(
     }
     let meta = std::fs::metadata(path).with_context(|| format!("{}", path.display()))?;
     let (rate, why) = rate_mbps(a, file);
-    if rate.is_nan() || rate <= 0.0 {
+    if rate.is_some_and(|r| r.is_nan() || r <= 0.0) {
         bail!("--mcast-rate must be positive");
     }
     let cfg = McastConfig {
         group: a.mcast_group,
-        rate_bps: (rate * 1e6) as u64,
+        rate_bps: rate.map(|r| (r * 1e6) as u64),
         ttl: a.mcast_ttl,
         detect: Duration::from_millis(a.mcast_detect_ms),
         symbol: LAN_SYMBOL,
@@ -86,10 +87,13 @@ pub async fn send(
         stall_timeout: stall,
     };
     if !quiet {
-        eprintln!(
-            "multicast: group {} at {rate:.1} Mbit/s ({why})",
-            a.mcast_group
-        );
+        match rate {
+            Some(r) => eprintln!(
+                "multicast: group {} at {r:.1} Mbit/s ({why})",
+                a.mcast_group
+            ),
+            None => eprintln!("multicast: group {}, rate {why}", a.mcast_group),
+        }
     }
     let addrs: Vec<String> = file.hosts.iter().map(|h| h.addr.clone()).collect();
     let mode = meta.permissions().mode() & 0o777;
@@ -135,9 +139,12 @@ pub async fn send(
         })
         .collect::<Vec<_>>();
     let s = r.stats;
+    let measured = if r.train.is_some() { " measured" } else { "" };
     let strategy = format!(
-        "multicast ({:.0} Mbit/s, {} repair datagrams for {} sent)",
-        rate, s.repair, s.first_pass
+        "multicast ({:.0} Mbit/s{measured}, {} repair datagrams for {} sent)",
+        r.rate_bps as f64 / 1e6,
+        s.repair,
+        s.first_pass
     );
     let slowest = receivers
         .iter()

@@ -173,3 +173,41 @@ fn multicast_repairs_real_loss_and_falls_back_where_a_firewall_drops_the_group()
     );
     assert!(report["ok"].as_bool().unwrap());
 }
+
+/// With no rate given, the source measures it: the first datagrams go out back to back and
+/// the receivers time them. Here the namespace's `lo` is shaped to 80 Mbit/s: the send must
+/// find that rate (not the 100 Mbit/s it once assumed) and lose nothing to a rate too high.
+#[cfg_attr(
+    not(bulkcast_root_tests),
+    ignore = "needs root (network namespaces, tc): run as root, or set BULKCAST_REQUIRE_ROOT=1 to make it fail instead"
+)]
+#[test]
+fn multicast_measures_its_rate_where_none_is_given() {
+    let s = Scratch::new("mcast-rate");
+    let ns = Netns::new("rate", "multicast rate measurement in a namespace");
+    let n = Some(ns.0.as_str());
+    let tbf = [
+        "tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", "80mbit", "burst", "32kb",
+        "latency", "20ms",
+    ];
+    if !ns.run(&tbf) {
+        root_test_cannot_run("multicast rate measurement", "tc tbf is not available");
+    }
+    let file = s.0.join("obj.bin");
+    make_file(&file, 16 << 20, b"rate");
+    let dirs: Vec<_> = (0..2).map(|i| s.0.join(format!("m{i}"))).collect();
+    let agents: Vec<Agent> = dirs.iter().map(|d| agent(n, d)).collect();
+    let g = ["--mcast-group", "239.255.79.1:17932"];
+    let (report, err) = check(&send(n, &file, &agents, &g), &file, &dirs);
+    assert!(err.contains("rate measured by the receivers"), "{err}");
+    let strategy = report["strategy"].as_str().unwrap();
+    // "multicast (79 Mbit/s measured, 0 repair datagrams for 11571 sent)"
+    let mbps: f64 = strategy
+        .trim_start_matches("multicast (")
+        .split(' ')
+        .next()
+        .and_then(|x| x.parse().ok())
+        .unwrap_or_else(|| panic!("no rate in {strategy:?}"));
+    assert!(strategy.contains("Mbit/s measured"), "{strategy}");
+    assert!((70.0..=82.0).contains(&mbps), "{strategy}");
+}

@@ -19,7 +19,10 @@ use std::time::{Duration, Instant};
 
 use bulkcast_proto::auth::Keys;
 use bulkcast_proto::mcast::msg::{DgramHeader, DgramKind, McastOpen, Nak, DGRAM_HEADER};
-use bulkcast_proto::mcast::sender::{CodedBlock, Sender, SenderConfig, SenderStats, Tx};
+use bulkcast_proto::mcast::sender::{
+    CodedBlock, Sender, SenderConfig, SenderStats, Tx, OVERHEAD, TRAIN_WAIT,
+};
+use bulkcast_proto::mcast::train::{rate_from, TrainReport};
 use bulkcast_proto::mcast::{Layout, McastMsg};
 use bulkcast_proto::wire::{self, Frame};
 use tokio::sync::mpsc;
@@ -31,8 +34,9 @@ use crate::transport::{self, TcpTuning, WriteHalf};
 pub struct McastConfig {
     /// The group, `ADDR:PORT`.
     pub group: SocketAddrV4,
-    /// Bits per second on the wire.
-    pub rate_bps: u64,
+    /// Bits per second on the wire; `None`: measured by the first pass's train
+    /// ([`bulkcast_proto::mcast::train`]).
+    pub rate_bps: Option<u64>,
     /// Multicast TTL (1: this LAN only).
     pub ttl: u32,
     /// How long receivers have to hear the group before they are sent to another way.
@@ -74,18 +78,39 @@ pub struct McastResult {
     pub stats: SenderStats,
     /// Seconds from the first connection to the last receiver's end.
     pub seconds: f64,
+    /// The rate sent at after set-up, bits per second on the wire.
+    pub rate_bps: u64,
+    /// How the rate was measured, when it was: the train's reports.
+    pub train: Option<TrainOutcome>,
+}
+
+/// What the train measured.
+#[derive(Debug, Clone)]
+pub struct TrainOutcome {
+    /// Bits per second the source wrote the train at (its own link's limit).
+    pub sent_bps: u64,
+    /// Per receiver in the order given: the rate its train arrived at and the share lost
+    /// (`None`: no report).
+    pub receivers: Vec<Option<(u64, f64)>>,
 }
 
 enum Ctl {
     Nak(Nak),
+    /// The rate measured from the train, bytes per second on the wire.
+    Rate(u64),
     Stop,
 }
 
 enum Up {
     Hashes(u32, Vec<[u8; 32]>),
+    /// The train is written: the rate it went out at, bytes per second on the wire.
+    TrainSent(u64),
     PassDone(u32),
     Failed(String),
 }
+
+/// Rate the source paces at if it measures and no receiver's report could be timed.
+const FALLBACK_BPS: u64 = 100_000_000;
 
 /// Sends `path` as `name` to the agents at `addrs`.
 pub async fn send(
@@ -160,9 +185,9 @@ pub async fn send(
     )
     .await;
     let active: Vec<usize> = (0..n).filter(|&i| outcomes[i].is_none()).collect();
-    let mut stats = SenderStats::default();
+    let mut sent = (SenderStats::default(), 0, None);
     if !active.is_empty() {
-        stats = data(
+        sent = data(
             sock,
             group,
             file,
@@ -180,8 +205,10 @@ pub async fn send(
             .into_iter()
             .map(|o| o.unwrap_or_else(|| RxOutcome::Failed("no report".into())))
             .collect(),
-        stats,
+        stats: sent.0,
         seconds: start.elapsed().as_secs_f64(),
+        rate_bps: sent.1,
+        train: sent.2,
     })
 }
 
@@ -318,25 +345,40 @@ async fn data(
     up: &mut mpsc::UnboundedReceiver<(usize, Option<McastMsg>)>,
     outcomes: &mut [Option<RxOutcome>],
     writers: &mut [Option<WriteHalf>],
-) -> SenderStats {
+) -> (SenderStats, u64, Option<TrainOutcome>) {
     let start = Instant::now();
     let (ctl_tx, ctl_rx) = std_mpsc::channel();
     let (hash_tx, mut hash_rx) = mpsc::unbounded_channel();
     let scfg = SenderConfig {
-        rate: cfg.rate_bps / 8,
+        rate: cfg.rate_bps.unwrap_or(FALLBACK_BPS) / 8,
         end_interval: 20_000,
         stale: 20_000,
     };
+    let measure = cfg.rate_bps.is_none();
+    let wire = u64::from(layout.symbol) + OVERHEAD;
     let worker = tokio::task::spawn_blocking(move || {
-        pace(sock, group, file, layout, session, scfg, ctl_rx, hash_tx)
+        pace(
+            sock, group, file, layout, session, scfg, measure, ctl_rx, hash_tx,
+        )
     });
     let active = |o: &[Option<RxOutcome>]| o.iter().any(Option::is_none);
     let mut last_heard = Instant::now();
     let mut pass_over: Option<Instant> = None;
+    let mut train = measure.then(|| Train::new(outcomes.len()));
+    let mut rate = scfg.rate * 8;
     while active(outcomes) {
+        if let Some(r) = train.as_mut().and_then(|t| t.rate(outcomes, wire)) {
+            rate = r * 8;
+            let _ = ctl_tx.send(Ctl::Rate(r));
+        }
         let tick = tokio::time::sleep(Duration::from_millis(200));
         tokio::select! {
             m = up.recv() => match m {
+                Some((i, Some(McastMsg::Train(r)))) => {
+                    if let Some(t) = train.as_mut() {
+                        t.reports[i] = Some(r);
+                    }
+                }
                 Some((i, Some(McastMsg::Nak(list)))) => {
                     last_heard = Instant::now();
                     for k in list {
@@ -365,6 +407,12 @@ async fn data(
             h = hash_rx.recv() => {
                 let msg = match h {
                     Some(Up::Hashes(first, hashes)) => McastMsg::Hashes { first, hashes },
+                    Some(Up::TrainSent(bps)) => {
+                        if let Some(t) = train.as_mut() {
+                            t.sent = Some((bps, Instant::now()));
+                        }
+                        continue;
+                    }
                     Some(Up::PassDone(blocks)) => {
                         pass_over = Some(Instant::now());
                         McastMsg::End { blocks }
@@ -405,7 +453,64 @@ async fn data(
         )
         .await;
     }
-    worker.await.unwrap_or_default()
+    let stats = worker.await.unwrap_or_default();
+    (stats, rate, train.map(|t| t.outcome(wire)))
+}
+
+/// The source's side of the train: the receivers' reports, until the rate is set.
+struct Train {
+    /// When the train was written, and the rate it went out at (bytes per second).
+    sent: Option<(u64, Instant)>,
+    reports: Vec<Option<TrainReport>>,
+    done: bool,
+}
+
+impl Train {
+    fn new(n: usize) -> Self {
+        Self {
+            sent: None,
+            reports: vec![None; n],
+            done: false,
+        }
+    }
+
+    /// The rate (bytes per second), once: when every receiver still in the send reported,
+    /// or from those that did when the sender's wait is nearly over.
+    fn rate(&mut self, outcomes: &[Option<RxOutcome>], wire: u64) -> Option<u64> {
+        let (bps, at) = self.sent?;
+        let all = (0..outcomes.len()).all(|i| outcomes[i].is_some() || self.reports[i].is_some());
+        let late = at.elapsed() >= Duration::from_micros(TRAIN_WAIT) / 2;
+        if self.done || !(all || late) {
+            return None;
+        }
+        self.done = true;
+        let reports: Vec<TrainReport> = self.reports.iter().flatten().copied().collect();
+        let r = rate_from(&reports, wire, Some(bps));
+        match r {
+            Some(r) => tracing::info!(
+                "multicast rate: {:.1} Mbit/s measured ({} of {} receivers timed the train)",
+                r as f64 * 8e-6,
+                reports.len(),
+                outcomes.len()
+            ),
+            None => tracing::warn!(
+                "multicast rate: no receiver timed the train; sending at {} Mbit/s",
+                FALLBACK_BPS / 1_000_000
+            ),
+        }
+        r
+    }
+
+    fn outcome(&self, wire: u64) -> TrainOutcome {
+        TrainOutcome {
+            sent_bps: self.sent.map_or(0, |s| s.0 * 8),
+            receivers: self
+                .reports
+                .iter()
+                .map(|r| r.and_then(|r| Some((r.rate(wire)? * 8, r.loss()))))
+                .collect(),
+        }
+    }
 }
 
 /// The pacing thread: runs the [`Sender`], reading (and hashing) each block as its first
@@ -418,11 +523,17 @@ fn pace(
     layout: Layout,
     session: u64,
     cfg: SenderConfig,
+    measure: bool,
     ctl: std_mpsc::Receiver<Ctl>,
     up: mpsc::UnboundedSender<Up>,
 ) -> SenderStats {
     let epoch = Instant::now();
     let mut s = Sender::new(layout, cfg);
+    // When the train's first datagram went out, and whether its end was told.
+    let (mut train_t0, mut train_told) = (None, !measure);
+    if measure {
+        s.send_train();
+    }
     let mut cache: VecDeque<(u32, CodedBlock)> = VecDeque::new();
     let mut hashed = 0u32;
     let mut buf = Vec::with_capacity(DGRAM_HEADER + layout.symbol as usize);
@@ -455,6 +566,9 @@ fn pace(
                 }
                 // A full queue blocks (the socket is blocking): that paces too.
                 let _ = sock.send_to(&buf, group);
+                if !train_told {
+                    train_written(&s, &mut train_t0, &mut train_told, &layout, &up);
+                }
             }
             Some(Tx::End) => {
                 datagram(session, DgramKind::End, layout.blocks() as u32, 0, &mut buf);
@@ -470,6 +584,7 @@ fn pace(
                 let wait = s.poll_timeout().saturating_sub(now).clamp(BATCH, 5_000);
                 match ctl.recv_timeout(Duration::from_micros(wait)) {
                     Ok(Ctl::Nak(n)) => s.handle_nak(super::micros(epoch), n),
+                    Ok(Ctl::Rate(r)) => s.set_rate(r),
                     Ok(Ctl::Stop) | Err(std_mpsc::RecvTimeoutError::Disconnected) => {
                         return s.stats
                     }
@@ -480,10 +595,32 @@ fn pace(
         while let Ok(c) = ctl.try_recv() {
             match c {
                 Ctl::Nak(n) => s.handle_nak(super::micros(epoch), n),
+                Ctl::Rate(r) => s.set_rate(r),
                 Ctl::Stop => return s.stats,
             }
         }
     }
+}
+
+/// Times the train as it is written (`t0`: when its first datagram was out): once the last
+/// one is, tells the rate it went out at (the source's own link, when that is the bottleneck,
+/// held the socket back). `told` is then set.
+fn train_written(
+    s: &Sender,
+    t0: &mut Option<Instant>,
+    told: &mut bool,
+    layout: &Layout,
+    up: &mpsc::UnboundedSender<Up>,
+) {
+    let t0 = *t0.get_or_insert_with(Instant::now);
+    if *told || s.training() {
+        return;
+    }
+    *told = true;
+    let gaps = s.stats.first_pass.saturating_sub(1).max(1);
+    let bytes = gaps * (u64::from(layout.symbol) + OVERHEAD);
+    let secs = t0.elapsed().as_secs_f64().max(1e-6);
+    let _ = up.send(Up::TrainSent((bytes as f64 / secs) as u64));
 }
 
 /// Microseconds the pacing thread sleeps at least between batches of datagrams.

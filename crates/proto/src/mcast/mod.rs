@@ -15,6 +15,7 @@
 //!   and the datagram header.
 //! - [`sender`]: the source: pacing, first pass, parity granted on requests, end markers.
 //! - [`receiver`]: a receiver: assembly, decoding, per-block hash checks, repair requests.
+//! - [`train`]: the sending rate, measured from how fast the first symbols arrive.
 //! - `sim`: a seeded simulation of a source and many receivers on a lossy LAN (tests).
 //!
 //! Integrity: the datagrams are not authenticated (a LAN peer could forge one), but every
@@ -28,6 +29,7 @@ pub mod receiver;
 pub mod sender;
 #[cfg(test)]
 mod sim;
+pub mod train;
 
 /// Microseconds on the caller's clock.
 pub type Micros = u64;

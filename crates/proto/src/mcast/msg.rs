@@ -20,6 +20,7 @@
 
 use bytes::{Buf, BufMut, Bytes};
 
+use super::train::TrainReport;
 use crate::wire::WireError;
 
 /// The set-up of a multicast send, source to receiver.
@@ -101,6 +102,8 @@ pub enum McastMsg {
         /// Why.
         reason: String,
     },
+    /// Receiver to source: how fast the first pass's first symbols arrived.
+    Train(TrainReport),
 }
 
 const WHAT: &str = "Mcast";
@@ -161,6 +164,13 @@ impl McastMsg {
             McastMsg::Cancel { reason } => {
                 b.put_u8(8);
                 put_str(b, reason);
+            }
+            McastMsg::Train(r) => {
+                b.put_u8(9);
+                b.put_u32(r.received);
+                b.put_u32(r.first);
+                b.put_u32(r.last);
+                b.put_u64(r.span);
             }
         }
     }
@@ -228,6 +238,12 @@ impl McastMsg {
             8 => McastMsg::Cancel {
                 reason: get_str(b)?,
             },
+            9 => McastMsg::Train(TrainReport {
+                received: get_u32(b)?,
+                first: get_u32(b)?,
+                last: get_u32(b)?,
+                span: get_u64(b)?,
+            }),
             _ => return Err(WireError::BadValue(WHAT, "unknown multicast message")),
         })
     }
@@ -402,6 +418,12 @@ mod tests {
             decoded: 2,
         });
         round(McastMsg::Cancel { reason: "x".into() });
+        round(McastMsg::Train(TrainReport {
+            received: 1000,
+            first: 2,
+            last: 1023,
+            span: 123_456,
+        }));
         // A list longer than its bytes, and an unknown type: errors.
         let mut b = Bytes::from_static(&[5, 0, 0, 0, 9, 0, 0]);
         assert!(McastMsg::decode(&mut b).is_err());

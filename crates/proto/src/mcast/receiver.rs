@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use super::layout::{Layout, Slot};
 use super::msg::{DgramHeader, DgramKind, McastMsg, Nak};
+use super::train::TrainMeter;
 use super::{fec, Micros};
 
 /// Timers and limits.
@@ -85,6 +86,8 @@ pub struct Receiver {
     reached: u32,
     heard: bool,
     failed: bool,
+    /// Times the first symbols of the first pass, for the source's rate.
+    train: TrainMeter,
     out: VecDeque<McastMsg>,
     events: VecDeque<RxEvent>,
     /// Counters.
@@ -110,6 +113,7 @@ impl Receiver {
             reached: 0,
             heard: false,
             failed: false,
+            train: TrainMeter::default(),
             out: VecDeque::new(),
             events: VecDeque::new(),
             stats: RxStats::default(),
@@ -131,8 +135,8 @@ impl Receiver {
     }
 
     /// A datagram from the group (any content: what is not this session's is ignored).
+    /// `now` is when it arrived: the train's timing ([`super::train`]) depends on it.
     pub fn handle_datagram(&mut self, now: Micros, d: &[u8]) {
-        let _ = now;
         let Some((h, body)) = DgramHeader::read(d) else {
             return;
         };
@@ -146,9 +150,26 @@ impl Receiver {
         self.stats.datagrams += 1;
         match h.kind {
             DgramKind::Hello => {}
-            DgramKind::End => self.reached = self.blocks,
-            DgramKind::Data => self.symbol(h.block, h.index, body),
+            DgramKind::End => {
+                self.reached = self.blocks;
+                let r = self.train.report();
+                self.out.extend(r.map(McastMsg::Train));
+            }
+            DgramKind::Data => {
+                self.time_train(now, h.block, h.index);
+                self.symbol(h.block, h.index, body);
+            }
         }
+    }
+
+    /// A first-pass symbol is the train's (repairs, with their higher indexes, are not).
+    fn time_train(&mut self, now: Micros, b: u32, index: u32) {
+        if b >= self.blocks || index >= self.layout.k_of(b) {
+            return;
+        }
+        let seq = u64::from(b) * u64::from(self.layout.k) + u64::from(index);
+        let r = self.train.handle_symbol(now, seq);
+        self.out.extend(r.map(McastMsg::Train));
     }
 
     fn symbol(&mut self, b: u32, index: u32, body: &[u8]) {
@@ -304,7 +325,13 @@ impl Receiver {
                     }
                 }
             }
-            McastMsg::End { .. } => self.reached = self.blocks,
+            McastMsg::End { .. } => {
+                self.reached = self.blocks;
+                // A file shorter than a train: its end (held back at the source until the
+                // rate is known) must not be what the report waits for.
+                let r = self.train.report();
+                self.out.extend(r.map(McastMsg::Train));
+            }
             _ => {}
         }
     }
@@ -314,6 +341,8 @@ impl Receiver {
         if self.failed {
             return;
         }
+        let r = self.train.handle_timeout(now);
+        self.out.extend(r.map(McastMsg::Train));
         let mut naks = Vec::new();
         let limit = self.reached;
         for b in self.low..limit {
@@ -351,7 +380,7 @@ impl Receiver {
 
     /// When [`Receiver::handle_timeout`] has work next.
     pub fn poll_timeout(&self) -> Micros {
-        let mut t = Micros::MAX;
+        let mut t = self.train.poll_timeout();
         for b in self.low..self.reached {
             if self.done[b as usize] || self.waiting.contains_key(&b) {
                 continue;

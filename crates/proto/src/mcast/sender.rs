@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::layout::{Layout, Slot};
 use super::msg::{Nak, DGRAM_HEADER};
+use super::train::TRAIN_DATAGRAMS;
 use super::{fec, Micros};
 
 /// Pacing and timers.
@@ -49,6 +50,9 @@ pub const OVERHEAD: u64 = 14 + 20 + 8 + DGRAM_HEADER as u64;
 /// does not become a burst that overflows a switch or a receiver's socket buffer. 20 ms at
 /// 100 Mbit/s is 250 KB, about 170 datagrams.
 pub const BURST: Micros = 20_000;
+/// Longest wait for the rate after a train ([`Sender::send_train`]): a receiver still taking
+/// the train by then is slower than 6 Mbit/s, or gone.
+pub const TRAIN_WAIT: Micros = 2_000_000;
 
 #[derive(Debug, Clone, Copy)]
 struct Repair {
@@ -85,6 +89,10 @@ pub struct Sender {
     due: BTreeSet<u32>,
     last_end: Option<Micros>,
     stopped: bool,
+    /// First-pass symbols still to go out back to back, as the rate's train.
+    unpaced: u32,
+    /// After the train, nothing goes out until the rate is set or this time passes.
+    hold_until: Option<Micros>,
     /// Counters.
     pub stats: SenderStats,
 }
@@ -102,6 +110,8 @@ impl Sender {
             due: BTreeSet::new(),
             last_end: None,
             stopped: false,
+            unpaced: 0,
+            hold_until: None,
             stats: SenderStats::default(),
         }
     }
@@ -121,17 +131,60 @@ impl Sender {
         self.stopped = true;
     }
 
-    /// Changes the rate (bytes per second on the wire).
+    /// Changes the rate (bytes per second on the wire); ends the wait after a train.
     pub fn set_rate(&mut self, rate: u64) {
         self.cfg.rate = rate.max(1);
+        // Released at the next poll, which restarts the pacer from then (no credit banked
+        // while held).
+        self.hold_until = self.hold_until.map(|_| 0);
+    }
+
+    /// The first pass starts with [`TRAIN_DATAGRAMS`] symbols back to back, unpaced (only
+    /// the shell's socket holds them back), for the receivers to time. Then the sender waits
+    /// for [`Sender::set_rate`], at most [`TRAIN_WAIT`], and goes on at the rate.
+    ///
+    /// Why wait: a train faster than a receiver's link fills the queue in front of it, and
+    /// that receiver reports only once the queue drained. Data sent meanwhile at a guessed
+    /// rate would be lost there. On a LAN whose bottleneck is the source's own link the
+    /// reports are back a round trip after the train.
+    pub fn send_train(&mut self) {
+        self.unpaced = TRAIN_DATAGRAMS;
+    }
+
+    /// True while train symbols are still to go.
+    pub fn training(&self) -> bool {
+        self.unpaced > 0
+    }
+
+    /// True while the train goes out or the rate is awaited.
+    pub fn in_train(&self) -> bool {
+        self.unpaced > 0 && !self.pass_done() || self.hold_until.is_some_and(|t| t > 0)
     }
 
     /// The next datagram, if the pacer allows one now.
     pub fn poll_transmit(&mut self, now: Micros) -> Option<Tx> {
+        match self.hold_until {
+            Some(t) if now < t => return None,
+            Some(_) => {
+                self.hold_until = None;
+                self.next_send = self.next_send.max(now);
+            }
+            None => {}
+        }
         if self.stopped || now < self.next_send {
             return None;
         }
+        let first_pass = self.stats.first_pass;
         let tx = self.next_tx(now)?;
+        if self.unpaced > 0 && self.stats.first_pass > first_pass {
+            self.unpaced -= 1;
+            if self.unpaced == 0 || self.pass_done() {
+                self.unpaced = 0;
+                self.hold_until = Some(now + TRAIN_WAIT);
+            }
+            self.next_send = self.next_send.max(now);
+            return Some(tx);
+        }
         let bytes = match tx {
             Tx::Data { .. } => u64::from(self.layout.symbol) + OVERHEAD,
             Tx::End => OVERHEAD,
@@ -207,6 +260,9 @@ impl Sender {
     pub fn poll_timeout(&self) -> Micros {
         if self.stopped {
             return Micros::MAX;
+        }
+        if let Some(t) = self.hold_until {
+            return t;
         }
         if !self.due.is_empty() || !self.pass_done() {
             return self.next_send;
@@ -423,6 +479,38 @@ mod tests {
             (14_900..=14_950).contains(&sent),
             "{sent} in 1 s of 1 ms batches"
         );
+    }
+
+    #[test]
+    fn the_train_goes_out_back_to_back_then_the_rate_holds() {
+        // 1 MB/s, 4 + 63 bytes a datagram: 67 us each once paced.
+        let mut s = sender(40_000);
+        s.send_train();
+        assert!(s.in_train());
+        let now = 5_000;
+        let burst = drain(&mut s, now);
+        assert_eq!(burst.len() as u32, TRAIN_DATAGRAMS, "all at once");
+        // Then it waits for the rate.
+        assert!(s.in_train());
+        assert!(drain(&mut s, now + 10_000).is_empty());
+        assert_eq!(s.poll_timeout(), now + TRAIN_WAIT);
+        s.set_rate(1_000_000);
+        assert!(!s.in_train());
+        let t = now + 10_000;
+        assert_eq!(drain(&mut s, t).len(), 1, "at the rate from now");
+        assert_eq!(drain(&mut s, t + 670).len(), 10);
+        // Without an answer, it goes on at the old rate after the wait.
+        let mut s = sender(40_000);
+        s.send_train();
+        drain(&mut s, 0);
+        assert!(drain(&mut s, TRAIN_WAIT - 1).is_empty());
+        assert_eq!(drain(&mut s, TRAIN_WAIT).len(), 1);
+        // A train longer than the file ends with the pass: the end marker waits too.
+        let mut s = sender(40);
+        s.send_train();
+        assert_eq!(drain(&mut s, 0).len(), 10, "ten symbols");
+        s.set_rate(1_000_000);
+        assert_eq!(drain(&mut s, 1), vec![Tx::End]);
     }
 
     #[test]

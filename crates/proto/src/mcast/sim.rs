@@ -11,7 +11,8 @@ use rand::{Rng, SeedableRng};
 
 use super::msg::{DgramHeader, DgramKind, McastMsg, DGRAM_HEADER};
 use super::receiver::{Receiver, ReceiverConfig, RxEvent};
-use super::sender::{CodedBlock, Sender, SenderConfig, Tx};
+use super::sender::{CodedBlock, Sender, SenderConfig, Tx, OVERHEAD};
+use super::train::{rate_from, TrainReport};
 use super::{Layout, Micros};
 
 /// Decides whether receiver `r` loses the `n`th datagram.
@@ -37,6 +38,16 @@ struct Sim {
     cache: HashMap<u32, CodedBlock>,
     hashed: u32,
     datagrams: u64,
+    /// Per receiver, a downlink that is the bottleneck: bytes per second and the longest
+    /// queue in time (a datagram that would wait longer is dropped); `None`: no bottleneck.
+    links: Vec<Option<(u64, Micros)>>,
+    /// When each receiver's downlink is next free.
+    free: Vec<Micros>,
+    /// The source measures its rate ([`Sim::with_train`]): the receivers' train reports,
+    /// and the rate it set from them.
+    train: bool,
+    reports: Vec<TrainReport>,
+    measured: Option<u64>,
 }
 
 struct Outcome {
@@ -73,8 +84,20 @@ impl Sim {
             cache: HashMap::new(),
             hashed: 0,
             datagrams: 0,
+            links: vec![None; n],
+            free: vec![0; n],
+            train: false,
+            reports: Vec::new(),
+            measured: None,
             file,
         }
+    }
+
+    /// The source starts with a train and sets its rate from the reports.
+    fn with_train(mut self) -> Self {
+        self.train = true;
+        self.sender.send_train();
+        self
     }
 
     fn at(&mut self, t: Micros, ev: Ev) {
@@ -119,8 +142,10 @@ impl Sim {
                     self.datagrams += 1;
                 }
                 for r in 0..n {
-                    if !loss(r, self.datagrams) {
-                        self.at(now + self.delay, Ev::Dgram(r, d.clone()));
+                    if let Some(t) = self.downlink(r, now, d.len()) {
+                        if !loss(r, self.datagrams) {
+                            self.at(t + self.delay, Ev::Dgram(r, d.clone()));
+                        }
                     }
                 }
             }
@@ -136,6 +161,7 @@ impl Sim {
                     Some(Ev::ToTx(McastMsg::Nak(list))) => list
                         .into_iter()
                         .for_each(|k| self.sender.handle_nak(now, k)),
+                    Some(Ev::ToTx(McastMsg::Train(r))) => self.train_report(r),
                     _ => {}
                 }
             }
@@ -160,6 +186,36 @@ impl Sim {
                 .max()
                 .unwrap_or(0),
             cost: self.datagrams as f64 / self.sender.stats.first_pass.max(1) as f64,
+        }
+    }
+
+    /// When a datagram of `len` bytes sent at `now` leaves receiver `r`'s downlink, or
+    /// `None` if its queue is full.
+    fn downlink(&mut self, r: usize, now: Micros, len: usize) -> Option<Micros> {
+        let Some((rate, queue)) = self.links[r] else {
+            return Some(now);
+        };
+        let start = self.free[r].max(now);
+        if start - now > queue {
+            return None;
+        }
+        let wire = len as u64 - DGRAM_HEADER as u64 + OVERHEAD;
+        self.free[r] = start + wire * 1_000_000 / rate;
+        Some(self.free[r])
+    }
+
+    /// The source's side of the train: once every receiver reported, the rate.
+    fn train_report(&mut self, r: TrainReport) {
+        if !self.train {
+            return;
+        }
+        self.reports.push(r);
+        if self.reports.len() == self.rx.len() {
+            let wire = u64::from(self.layout.symbol) + OVERHEAD;
+            self.measured = rate_from(&self.reports, wire, None);
+            if let Some(rate) = self.measured {
+                self.sender.set_rate(rate);
+            }
         }
     }
 
@@ -292,4 +348,32 @@ fn an_empty_file_completes_at_once() {
     let out = sim.run(random_loss(0.5, 1), 1_000_000);
     sim.assert_exact();
     assert_eq!(out.finish, 0);
+}
+
+#[test]
+fn the_train_finds_the_slowest_downlink_and_the_send_keeps_to_it() {
+    // The source could send 50 times faster than the receivers' downlinks (2 MB/s, one at
+    // 1 MB/s, each with a 30 ms queue): the unpaced train overflows them, and what arrives
+    // shows each link's rate. 1% random loss past the links on top.
+    let mut sim = Sim::new(SIZE, SHAPE, 4, 50 * RATE, 5).with_train();
+    sim.links = vec![
+        Some((2 * RATE, 30_000)),
+        Some((RATE, 30_000)),
+        Some((2 * RATE, 30_000)),
+        Some((2 * RATE, 30_000)),
+    ];
+    let out = sim.run(random_loss(0.01, 3), 600_000_000);
+    sim.assert_exact();
+    let m = sim.measured.expect("every receiver reported the train") as f64;
+    let want = 0.98 * RATE as f64;
+    assert!(
+        (m / want - 1.0).abs() < 0.03,
+        "measured {m} B/s, want {want}"
+    );
+    // After the train the source keeps below the slowest link: the repairs are the train's
+    // overflow and the random loss, not a rate that keeps overflowing.
+    assert!(out.cost < 1.15, "{:.3} datagrams per symbol", out.cost);
+    let floor = SIZE as f64 * (64 + OVERHEAD) as f64 / 64.0 / RATE as f64 * 1e6;
+    let eff = floor / out.finish as f64;
+    assert!(eff >= 0.85, "{eff:.3} of the slowest link");
 }
