@@ -177,7 +177,8 @@ impl Strategy {
         match self {
             Strategy::Auto => strategy::Strategy::Auto,
             Strategy::Flat => strategy::Strategy::Flat,
-            Strategy::Tree | Strategy::Multicast => strategy::Strategy::Tree,
+            Strategy::Tree => strategy::Strategy::Tree,
+            Strategy::Multicast => strategy::Strategy::Multicast,
             Strategy::Balanced => strategy::Strategy::Balanced,
             Strategy::Mob => strategy::Strategy::Mob,
             Strategy::Swarm => strategy::Strategy::Swarm,
@@ -194,6 +195,7 @@ impl Strategy {
             strategy::Strategy::Mob => Strategy::Mob,
             strategy::Strategy::Swarm => Strategy::Swarm,
             strategy::Strategy::Hybrid => Strategy::Hybrid,
+            strategy::Strategy::Multicast => Strategy::Multicast,
         }
     }
 }
@@ -855,12 +857,19 @@ fn auto_strategy(
         sites: sites.len(),
         ticket: a.expect.is_some(),
         fanout: a.fanout.is_some(),
+        lan: bulkcast_node::mcast::on_lan(
+            &hosts.iter().map(|h| h.addr.clone()).collect::<Vec<_>>(),
+        ),
     };
     let chosen = Strategy::from_planner(strategy::choose(strategy::Strategy::Auto, &shape));
     if !a.quiet {
+        let name = match chosen {
+            Strategy::Multicast => "multicast on this LAN",
+            c => swarm_strategy(c).map_or("tree", SwarmStrategy::name),
+        };
         eprintln!(
             "strategy auto: {} ({}, {})",
-            swarm_strategy(chosen).map_or("tree", SwarmStrategy::name),
+            name,
             match sites.len() {
                 0 => "no sites given".to_string(),
                 1 => "one site".to_string(),
@@ -948,6 +957,7 @@ mod tests {
             clusters: Vec::new(),
             probe: None,
             timeline: Default::default(),
+            multicast: None,
             rejected: Vec::new(),
         }
     }

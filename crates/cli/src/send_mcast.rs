@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use bulkcast_node::input::Input;
 use bulkcast_node::mcast::send::{self as mcast, McastConfig, RxOutcome};
-use bulkcast_node::report::{ObjectReport, ReceiverReport, Report};
+use bulkcast_node::report::{McastRateReport, ObjectReport, ReceiverReport, Report, TrainSeen};
 use bulkcast_node::transport::TcpTuning;
 use bulkcast_proto::hosts::HostsFile;
 use bulkcast_proto::mcast::msg::LAN_SYMBOL;
@@ -49,7 +49,7 @@ fn rate_mbps(a: &McastArgs, file: &HostsFile) -> (Option<f64>, &'static str) {
         .chain(file.hosts.iter().filter_map(|h| h.downlink_mbps));
     match links.min_by(f64::total_cmp) {
         Some(l) => (Some(0.98 * l), "0.98 of the slowest link in the hosts file"),
-        None => (None, "measured by the receivers"),
+        None => (None, "measured"),
     }
 }
 
@@ -92,7 +92,10 @@ pub async fn send(
                 "multicast: group {} at {r:.1} Mbit/s ({why})",
                 a.mcast_group
             ),
-            None => eprintln!("multicast: group {}, rate {why}", a.mcast_group),
+            None => eprintln!(
+                "multicast: group {}, rate measured by the receivers",
+                a.mcast_group
+            ),
         }
     }
     let addrs: Vec<String> = file.hosts.iter().map(|h| h.addr.clone()).collect();
@@ -177,6 +180,22 @@ pub async fn send(
         rejected: Vec::new(),
         probe: None,
         timeline: Default::default(),
+        multicast: Some(McastRateReport {
+            rate_mbps: r.rate_bps as f64 / 1e6,
+            from: why.to_string(),
+            train_sent_mbps: r.train.as_ref().map(|t| t.sent_bps as f64 / 1e6),
+            train: r.train.as_ref().map_or(Vec::new(), |t| {
+                t.receivers
+                    .iter()
+                    .map(|x| {
+                        x.map(|(bps, loss)| TrainSeen {
+                            mbps: bps as f64 / 1e6,
+                            loss,
+                        })
+                    })
+                    .collect()
+            }),
+        }),
     };
     Ok((report, fallback))
 }

@@ -102,6 +102,31 @@ impl Status {
     }
 }
 
+/// How a multicast send chose its rate.
+#[derive(Debug, Clone, Serialize)]
+pub struct McastRateReport {
+    /// Mbit/s on the wire the data went at.
+    pub rate_mbps: f64,
+    /// Where the rate came from: `measured`, `--mcast-rate` or the hosts file.
+    pub from: String,
+    /// Mbit/s the source wrote the train at (measured only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub train_sent_mbps: Option<f64>,
+    /// Per receiver in order (measured only): how fast the train arrived, `None` without a
+    /// report that could be timed.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub train: Vec<Option<TrainSeen>>,
+}
+
+/// What one receiver saw of a multicast send's train.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct TrainSeen {
+    /// Mbit/s on the wire it arrived at.
+    pub mbps: f64,
+    /// The share of it lost.
+    pub loss: f64,
+}
+
 /// The end-of-session report (`--json`).
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
@@ -134,6 +159,9 @@ pub struct Report {
     /// Every receiver's verified bytes over time, as the source saw them.
     #[serde(skip_serializing_if = "Timeline::is_empty")]
     pub timeline: Timeline,
+    /// A multicast send: the rate it sent at and where that came from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub multicast: Option<McastRateReport>,
     /// Chunks a node sent that failed verification at the next hop: the culprit (or its
     /// link) named.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -438,6 +466,7 @@ impl Report {
             clusters: Vec::new(),
             probe: None,
             timeline: Timeline::default(),
+            multicast: None,
             rejected: status
                 .rejected
                 .iter()

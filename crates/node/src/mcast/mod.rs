@@ -62,3 +62,79 @@ pub(crate) fn v4(a: Option<SocketAddr>) -> Option<Ipv4Addr> {
         _ => None,
     }
 }
+
+/// Whether every agent address in `addrs` (`host:port`) is on a network this host is attached
+/// to, with no router between: what IP multicast with a TTL of 1 can reach. Loopback counts.
+/// An address that does not resolve to IPv4, or whose route goes through a gateway, does not.
+pub fn on_lan(addrs: &[String]) -> bool {
+    let routes = std::fs::read_to_string("/proc/net/route").unwrap_or_default();
+    !addrs.is_empty()
+        && addrs.iter().all(|a| {
+            use std::net::ToSocketAddrs;
+            let ip = a.to_socket_addrs().ok().and_then(|mut it| {
+                it.find_map(|s| match s.ip() {
+                    std::net::IpAddr::V4(ip) => Some(ip),
+                    std::net::IpAddr::V6(_) => None,
+                })
+            });
+            ip.is_some_and(|ip| ip.is_loopback() || on_link(&routes, ip))
+        })
+}
+
+/// Whether the longest of the IPv4 `routes` (the text of `/proc/net/route`) that matches `ip`
+/// is up and has no gateway.
+fn on_link(routes: &str, ip: Ipv4Addr) -> bool {
+    const UP: u32 = 0x1;
+    const GATEWAY: u32 = 0x2;
+    // Fields are hex of the address as the kernel holds it (network order in memory).
+    let addr = |h: &str| {
+        u32::from_str_radix(h, 16)
+            .ok()
+            .map(|x| u32::from_be_bytes(x.to_ne_bytes()))
+    };
+    let ip = u32::from(ip);
+    let best = routes
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (dest, gw, flags, mask) = (
+                addr(f.get(1)?)?,
+                addr(f.get(2)?)?,
+                f.get(3)?,
+                addr(f.get(7)?)?,
+            );
+            let flags = u32::from_str_radix(flags, 16).ok()?;
+            (flags & UP != 0 && ip & mask == dest)
+                .then_some((mask.count_ones(), gw == 0 && flags & GATEWAY == 0))
+        })
+        .max_by_key(|r| r.0);
+    best.is_some_and(|(_, direct)| direct)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_longest_route_says_whether_a_host_is_on_a_link() {
+        // A default route via 10.0.0.1 on eth0, 10.0.0.0/24 on eth0, 10.9.0.0/16 on br0.
+        let routes =
+            "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n\
+eth0\t00000000\t0100000A\t0003\t0\t0\t0\t00000000\t0\t0\t0\n\
+eth0\t0000000A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n\
+br0\t0000090A\t00000000\t0001\t0\t0\t0\t0000FFFF\t0\t0\t0\n";
+        let at = |s: &str| on_link(routes, s.parse().unwrap());
+        assert!(at("10.0.0.7"));
+        assert!(at("10.9.200.3"));
+        assert!(!at("10.0.1.7"), "through the default gateway");
+        assert!(!at("192.168.1.1"));
+        assert!(!on_link("", "10.0.0.7".parse().unwrap()), "no routes");
+        assert!(on_lan(&[
+            "127.0.0.1:7000".to_string(),
+            "localhost:1".to_string()
+        ]));
+        assert!(!on_lan(&[]));
+        assert!(!on_lan(&["[::1]:7000".to_string()]), "IPv4 only");
+    }
+}

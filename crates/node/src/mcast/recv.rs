@@ -190,10 +190,13 @@ fn receive(
     let epoch = Instant::now();
     let mut buf = vec![0u8; 65_536];
     let mut next_timer = 0;
+    let mut sock = Arrivals::new(sock);
     let end = loop {
+        let got = sock.recv(&mut buf);
         let now = super::micros(epoch);
-        match sock.recv(&mut buf) {
-            Ok(n) => rx.handle_datagram(now, &buf[..n]),
+        match got {
+            // The train is timed by when its datagrams arrived.
+            Ok((n, ago)) => rx.handle_datagram(now.saturating_sub(ago), &buf[..n]),
             Err(e)
                 if matches!(
                     e.kind(),
@@ -225,6 +228,51 @@ fn receive(
         }
     };
     (end, rx.stats)
+}
+
+/// The group's socket, read with the kernel's arrival time of each datagram
+/// (`SO_TIMESTAMPNS`): a receiver on a busy host gets round to its datagrams late and in
+/// bursts, and timing the train by when it read them would measure its scheduler, not the
+/// network.
+struct Arrivals {
+    sock: std::net::UdpSocket,
+    cmsg: Vec<u8>,
+}
+
+impl Arrivals {
+    fn new(sock: std::net::UdpSocket) -> Self {
+        use nix::sys::socket::{setsockopt, sockopt::ReceiveTimestampns};
+        if let Err(e) = setsockopt(&sock, ReceiveTimestampns, &true) {
+            tracing::debug!("no receive timestamps ({e}): the train is timed on reading");
+        }
+        Self {
+            sock,
+            cmsg: nix::cmsg_space!(nix::sys::time::TimeSpec),
+        }
+    }
+
+    /// The next datagram into `buf`: its length and how many microseconds ago it arrived
+    /// (0 without a timestamp).
+    fn recv(&mut self, buf: &mut [u8]) -> std::io::Result<(usize, u64)> {
+        use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+        use std::os::fd::AsRawFd;
+        let mut iov = [std::io::IoSliceMut::new(buf)];
+        let fd = self.sock.as_raw_fd();
+        let msg = recvmsg::<()>(fd, &mut iov, Some(&mut self.cmsg), MsgFlags::empty())
+            .map_err(std::io::Error::from)?;
+        let stamp = msg.cmsgs().ok().and_then(|mut c| {
+            c.find_map(|m| match m {
+                ControlMessageOwned::ScmTimestampns(ts) => Some(ts),
+                _ => None,
+            })
+        });
+        let ago = stamp.and_then(|ts| {
+            let at = std::time::UNIX_EPOCH
+                + Duration::new(u64::try_from(ts.tv_sec()).ok()?, ts.tv_nsec() as u32);
+            std::time::SystemTime::now().duration_since(at).ok()
+        });
+        Ok((msg.bytes, ago.map_or(0, |d| d.as_micros() as u64)))
+    }
 }
 
 /// Does what the receiver asks; `Some` when the session is over.

@@ -477,7 +477,7 @@ impl Train {
     /// The rate (bytes per second), once: when every receiver still in the send reported,
     /// or from those that did when the sender's wait is nearly over.
     fn rate(&mut self, outcomes: &[Option<RxOutcome>], wire: u64) -> Option<u64> {
-        let (bps, at) = self.sent?;
+        let (_, at) = self.sent?;
         let all = (0..outcomes.len()).all(|i| outcomes[i].is_some() || self.reports[i].is_some());
         let late = at.elapsed() >= Duration::from_micros(TRAIN_WAIT) / 2;
         if self.done || !(all || late) {
@@ -485,7 +485,7 @@ impl Train {
         }
         self.done = true;
         let reports: Vec<TrainReport> = self.reports.iter().flatten().copied().collect();
-        let r = rate_from(&reports, wire, Some(bps));
+        let r = rate_from(&reports, wire);
         match r {
             Some(r) => tracing::info!(
                 "multicast rate: {:.1} Mbit/s measured ({} of {} receivers timed the train)",

@@ -212,7 +212,7 @@ impl Sim {
         self.reports.push(r);
         if self.reports.len() == self.rx.len() {
             let wire = u64::from(self.layout.symbol) + OVERHEAD;
-            self.measured = rate_from(&self.reports, wire, None);
+            self.measured = rate_from(&self.reports, wire);
             if let Some(rate) = self.measured {
                 self.sender.set_rate(rate);
             }
