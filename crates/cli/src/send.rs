@@ -664,6 +664,13 @@ impl Send<'_> {
             &a.mcast, &a.path, &input, &self.file, self.keys, &tuning, stall, a.quiet,
         )
         .await?;
+        let addrs: Vec<String> = self.file.hosts.iter().map(|h| h.addr.clone()).collect();
+        if let Some(u) = bulkcast_node::mcast::Unreached::in_user_cache() {
+            match fallback.len() == addrs.len() {
+                true => u.remember(&addrs),
+                false => u.forget(&addrs),
+            }
+        }
         if fallback.is_empty() {
             return Ok(report);
         }
@@ -851,17 +858,23 @@ fn auto_strategy(
         .filter_map(|h| h.site.as_deref())
         .chain(source.and_then(|s| s.site.as_deref()))
         .collect();
+    let addrs: Vec<String> = hosts.iter().map(|h| h.addr.clone()).collect();
     let shape = strategy::SendShape {
         len: input.manifest.total_len,
         single_file: input.single_file().is_some(),
         sites: sites.len(),
         ticket: a.expect.is_some(),
         fanout: a.fanout.is_some(),
-        lan: bulkcast_node::mcast::on_lan(
-            &hosts.iter().map(|h| h.addr.clone()).collect::<Vec<_>>(),
-        ),
+        lan: bulkcast_node::mcast::on_lan(&addrs),
     };
-    let chosen = Strategy::from_planner(strategy::choose(strategy::Strategy::Auto, &shape));
+    let mut chosen = Strategy::from_planner(strategy::choose(strategy::Strategy::Auto, &shape));
+    let unreached = bulkcast_node::mcast::Unreached::in_user_cache();
+    if chosen == Strategy::Multicast && unreached.is_some_and(|u| u.recent(&addrs)) {
+        if !a.quiet {
+            eprintln!("strategy auto: multicast reached none of these hosts within a day");
+        }
+        chosen = Strategy::Tree;
+    }
     if !a.quiet {
         let name = match chosen {
             Strategy::Multicast => "multicast on this LAN",

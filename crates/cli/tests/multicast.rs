@@ -128,6 +128,44 @@ fn multicast_falls_back_to_the_tree_where_the_group_cannot_be_joined() {
     );
 }
 
+/// `auto` multicasts one big file to receivers on the source's LAN (loopback here), and once
+/// multicast reached none of a host set it sends that set down the tree at once for a day.
+#[test]
+fn auto_multicasts_on_a_lan_and_remembers_where_it_cannot() {
+    let s = Scratch::new("mcast-auto");
+    let file = s.0.join("obj.bin");
+    make_file(&file, (32 << 20) + 5, b"auto");
+    let dirs: Vec<_> = (0..2).map(|i| s.0.join(format!("a{i}"))).collect();
+    let agents: Vec<Agent> = dirs.iter().map(|d| agent(None, d)).collect();
+    let to: Vec<&str> = agents.iter().map(|a| a.addr.as_str()).collect();
+    let cache = s.0.join("cache");
+    let run = |extra: &[&str]| {
+        bin_in(None)
+            .arg("send")
+            .arg(&file)
+            .args(["--to", &to.join(","), "--json"])
+            .args(extra)
+            .env("BULKCAST_SECRET", SECRET)
+            .env("XDG_CACHE_HOME", &cache)
+            .output()
+            .unwrap()
+    };
+    let group = format!("239.255.77.2:{}", 20_000 + std::process::id() % 20_000);
+    let (report, err) = check(&run(&["--mcast-group", &group]), &file, &dirs);
+    assert!(err.contains("strategy auto: multicast on this LAN"), "{err}");
+    assert_eq!(report["multicast"]["from"], "measured", "{report}");
+    // A group no receiver can join: every one gets the tree, and the set is remembered...
+    let bad = ["--strategy", "multicast", "--mcast-group", "127.0.0.1:9"];
+    check(&run(&bad), &file, &dirs);
+    // ...so the next `auto` send goes down the tree without trying.
+    let (report, err) = check(&run(&["--mcast-group", &group]), &file, &dirs);
+    assert!(
+        err.contains("multicast reached none of these hosts within a day"),
+        "{err}"
+    );
+    assert!(report["strategy"].as_str().unwrap().starts_with("tree"), "{report}");
+}
+
 /// A network namespace with only `lo`, deleted on drop.
 #[cfg_attr(
     not(bulkcast_root_tests),

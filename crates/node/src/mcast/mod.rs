@@ -112,6 +112,64 @@ fn on_link(routes: &str, ip: Ipv4Addr) -> bool {
     best.is_some_and(|(_, direct)| direct)
 }
 
+/// Host sets that IP multicast did not reach at all, remembered for a day so that `auto`
+/// sends them down the tree at once instead of waiting each time for the group to be heard
+/// (a LAN whose switches or hypervisor drop multicast, as many cloud networks do).
+#[derive(Debug, Clone)]
+pub struct Unreached {
+    /// One empty file per host set, named by the set's hash; its age is the memory's.
+    pub dir: std::path::PathBuf,
+    /// Older memories are tried again.
+    pub max_age: std::time::Duration,
+}
+
+impl Unreached {
+    /// `$XDG_CACHE_HOME/bulkcast/mcast-unreached` (or under `~/.cache`), one day; `None` where
+    /// neither variable is set.
+    pub fn in_user_cache() -> Option<Unreached> {
+        let base = std::env::var_os("XDG_CACHE_HOME")
+            .filter(|v| !v.is_empty())
+            .map(std::path::PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache"))
+            })?;
+        Some(Unreached {
+            dir: base.join("bulkcast").join("mcast-unreached"),
+            max_age: std::time::Duration::from_secs(24 * 3600),
+        })
+    }
+
+    fn path(&self, addrs: &[String]) -> std::path::PathBuf {
+        let mut set: Vec<&str> = addrs.iter().map(String::as_str).collect();
+        set.sort_unstable();
+        let key = blake3::hash(set.join("\n").as_bytes()).to_hex();
+        self.dir.join(&key[..32])
+    }
+
+    /// Multicast reached none of `addrs` within [`Unreached::max_age`].
+    pub fn recent(&self, addrs: &[String]) -> bool {
+        std::fs::metadata(self.path(addrs))
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| std::time::SystemTime::now().duration_since(t).ok())
+            .is_some_and(|age| age <= self.max_age)
+    }
+
+    /// Remembers that multicast reached none of `addrs` (a cache that cannot be written only
+    /// costs the next send the wait).
+    pub fn remember(&self, addrs: &[String]) {
+        let p = self.path(addrs);
+        if let Err(e) = std::fs::create_dir_all(&self.dir).and_then(|()| std::fs::write(&p, b"")) {
+            tracing::debug!("{}: {e}", p.display());
+        }
+    }
+
+    /// Forgets it (multicast reached them after all).
+    pub fn forget(&self, addrs: &[String]) {
+        let _ = std::fs::remove_file(self.path(addrs));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,5 +194,28 @@ br0\t0000090A\t00000000\t0001\t0\t0\t0\t0000FFFF\t0\t0\t0\n";
         ]));
         assert!(!on_lan(&[]));
         assert!(!on_lan(&["[::1]:7000".to_string()]), "IPv4 only");
+    }
+
+    #[test]
+    fn an_unreached_host_set_is_remembered_in_any_order_until_it_is_old() {
+        let dir = std::env::temp_dir().join(format!("bulkcast-unreached-{}", std::process::id()));
+        let mut u = Unreached {
+            dir: dir.clone(),
+            max_age: std::time::Duration::from_secs(60),
+        };
+        let (a, b) = ("10.0.0.1:7000".to_string(), "10.0.0.2:7000".to_string());
+        assert!(!u.recent(&[a.clone(), b.clone()]));
+        u.remember(&[a.clone(), b.clone()]);
+        assert!(
+            u.recent(&[b.clone(), a.clone()]),
+            "the same set in another order"
+        );
+        assert!(!u.recent(std::slice::from_ref(&a)), "another set");
+        u.max_age = std::time::Duration::ZERO;
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(!u.recent(&[a.clone(), b.clone()]), "too old");
+        u.forget(&[a, b]);
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+        let _ = std::fs::remove_dir_all(dir);
     }
 }
