@@ -152,7 +152,10 @@ fn auto_multicasts_on_a_lan_and_remembers_where_it_cannot() {
     };
     let group = format!("239.255.77.2:{}", 20_000 + std::process::id() % 20_000);
     let (report, err) = check(&run(&["--mcast-group", &group]), &file, &dirs);
-    assert!(err.contains("strategy auto: multicast on this LAN"), "{err}");
+    assert!(
+        err.contains("strategy auto: multicast on this LAN"),
+        "{err}"
+    );
     assert_eq!(report["multicast"]["from"], "measured", "{report}");
     // A group no receiver can join: every one gets the tree, and the set is remembered...
     let bad = ["--strategy", "multicast", "--mcast-group", "127.0.0.1:9"];
@@ -163,7 +166,10 @@ fn auto_multicasts_on_a_lan_and_remembers_where_it_cannot() {
         err.contains("multicast reached none of these hosts within a day"),
         "{err}"
     );
-    assert!(report["strategy"].as_str().unwrap().starts_with("tree"), "{report}");
+    assert!(
+        report["strategy"].as_str().unwrap().starts_with("tree"),
+        "{report}"
+    );
 }
 
 /// A network namespace with only `lo`, deleted on drop.

@@ -196,7 +196,11 @@ fn receive(
         let now = super::micros(epoch);
         match got {
             // The train is timed by when its datagrams arrived.
-            Ok((n, ago)) => rx.handle_datagram(now.saturating_sub(ago), &buf[..n]),
+            Ok((n, ago, seg)) => {
+                for d in buf[..n].chunks(seg.unwrap_or(n).max(1)) {
+                    rx.handle_datagram(now.saturating_sub(ago), d);
+                }
+            }
             Err(e)
                 if matches!(
                     e.kind(),
@@ -233,7 +237,8 @@ fn receive(
 /// The group's socket, read with the kernel's arrival time of each datagram
 /// (`SO_TIMESTAMPNS`): a receiver on a busy host gets round to its datagrams late and in
 /// bursts, and timing the train by when it read them would measure its scheduler, not the
-/// network.
+/// network. Where the kernel can, it hands over several datagrams of one sender in one read
+/// (`UDP_GRO`, the source sends in GSO batches): one system call, not one per datagram.
 struct Arrivals {
     sock: std::net::UdpSocket,
     cmsg: Vec<u8>,
@@ -241,37 +246,41 @@ struct Arrivals {
 
 impl Arrivals {
     fn new(sock: std::net::UdpSocket) -> Self {
-        use nix::sys::socket::{setsockopt, sockopt::ReceiveTimestampns};
-        if let Err(e) = setsockopt(&sock, ReceiveTimestampns, &true) {
+        use nix::sys::socket::{setsockopt, sockopt};
+        if let Err(e) = setsockopt(&sock, sockopt::ReceiveTimestampns, &true) {
             tracing::debug!("no receive timestamps ({e}): the train is timed on reading");
         }
+        let _ = setsockopt(&sock, sockopt::UdpGroSegment, &true);
         Self {
             sock,
-            cmsg: nix::cmsg_space!(nix::sys::time::TimeSpec),
+            cmsg: nix::cmsg_space!(nix::sys::time::TimeSpec, i32),
         }
     }
 
-    /// The next datagram into `buf`: its length and how many microseconds ago it arrived
-    /// (0 without a timestamp).
-    fn recv(&mut self, buf: &mut [u8]) -> std::io::Result<(usize, u64)> {
+    /// The next datagram (or run of equal datagrams) into `buf`: its length, how many
+    /// microseconds ago it arrived (0 without a timestamp), and the size of each datagram in
+    /// it when it is a run.
+    fn recv(&mut self, buf: &mut [u8]) -> std::io::Result<(usize, u64, Option<usize>)> {
         use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
         use std::os::fd::AsRawFd;
         let mut iov = [std::io::IoSliceMut::new(buf)];
         let fd = self.sock.as_raw_fd();
         let msg = recvmsg::<()>(fd, &mut iov, Some(&mut self.cmsg), MsgFlags::empty())
             .map_err(std::io::Error::from)?;
-        let stamp = msg.cmsgs().ok().and_then(|mut c| {
-            c.find_map(|m| match m {
-                ControlMessageOwned::ScmTimestampns(ts) => Some(ts),
-                _ => None,
-            })
-        });
+        let (mut stamp, mut seg) = (None, None);
+        for m in msg.cmsgs().into_iter().flatten() {
+            match m {
+                ControlMessageOwned::ScmTimestampns(ts) => stamp = Some(ts),
+                ControlMessageOwned::UdpGroSegments(n) => seg = usize::try_from(n).ok(),
+                _ => {}
+            }
+        }
         let ago = stamp.and_then(|ts| {
             let at = std::time::UNIX_EPOCH
                 + Duration::new(u64::try_from(ts.tv_sec()).ok()?, ts.tv_nsec() as u32);
             std::time::SystemTime::now().duration_since(at).ok()
         });
-        Ok((msg.bytes, ago.map_or(0, |d| d.as_micros() as u64)))
+        Ok((msg.bytes, ago.map_or(0, |d| d.as_micros() as u64), seg))
     }
 }
 

@@ -89,7 +89,10 @@ struct Span {
 impl Span {
     fn add(&mut self, s: u32, now: Micros) {
         self.received += 1;
-        if self.first.is_none_or(|(f, _)| s < f) {
+        // Datagrams handed over together (one timestamp for a run) arrived by the end of it:
+        // the span starts at the first run's last datagram, not its first.
+        let same_run = self.first.is_some_and(|(f, t)| t == now && s > f);
+        if same_run || self.first.is_none_or(|(f, _)| s < f) {
             self.first = Some((s, now));
         }
         if self.last.is_none_or(|(l, _)| s > l) {
@@ -224,6 +227,17 @@ mod tests {
             report = report.or(m.handle_symbol(t, u64::from(s)));
         }
         let r = report.expect("the last datagram reports");
+        assert_eq!(r.rate(1_500), Some(15_000_000), "{r:?}");
+    }
+
+    #[test]
+    fn datagrams_handed_over_in_runs_are_timed_from_the_end_of_the_first_run() {
+        // Runs of 16 datagrams with one timestamp, a run every 1.6 ms (100 us a datagram).
+        let mut m = TrainMeter::default();
+        for s in 0..TRAIN_DATAGRAMS / 2 {
+            m.handle_symbol(u64::from(s / 16) * 1_600, u64::from(s));
+        }
+        let r = m.report().unwrap();
         assert_eq!(r.rate(1_500), Some(15_000_000), "{r:?}");
     }
 
