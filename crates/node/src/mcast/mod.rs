@@ -65,9 +65,14 @@ pub(crate) fn v4(a: Option<SocketAddr>) -> Option<Ipv4Addr> {
 
 /// Whether every agent address in `addrs` (`host:port`) is on a network this host is attached
 /// to, with no router between: what IP multicast with a TTL of 1 can reach. Loopback counts.
-/// An address that does not resolve to IPv4, or whose route goes through a gateway, does not.
+/// An address that does not resolve to IPv4, whose route goes through a gateway, or whose
+/// interface is a point-to-point link or cannot multicast (a tunnel, a VPN) does not.
 pub fn on_lan(addrs: &[String]) -> bool {
     let routes = std::fs::read_to_string("/proc/net/route").unwrap_or_default();
+    let multicast_link = |iface: &str| {
+        let flags = std::fs::read_to_string(format!("/sys/class/net/{iface}/flags"));
+        flags.ok().is_some_and(|f| broadcast_multicast(&f))
+    };
     !addrs.is_empty()
         && addrs.iter().all(|a| {
             use std::net::ToSocketAddrs;
@@ -77,13 +82,24 @@ pub fn on_lan(addrs: &[String]) -> bool {
                     std::net::IpAddr::V6(_) => None,
                 })
             });
-            ip.is_some_and(|ip| ip.is_loopback() || on_link(&routes, ip))
+            ip.is_some_and(|ip| {
+                ip.is_loopback() || on_link(&routes, ip).is_some_and(|i| multicast_link(&i))
+            })
         })
 }
 
-/// Whether the longest of the IPv4 `routes` (the text of `/proc/net/route`) that matches `ip`
-/// is up and has no gateway.
-fn on_link(routes: &str, ip: Ipv4Addr) -> bool {
+/// Whether an interface's flags (`/sys/class/net/IFACE/flags`, hex) say it can multicast and
+/// is not a point-to-point link.
+fn broadcast_multicast(flags: &str) -> bool {
+    const POINTOPOINT: u32 = 0x10;
+    const MULTICAST: u32 = 0x1000;
+    let f = u32::from_str_radix(flags.trim().trim_start_matches("0x"), 16).unwrap_or(0);
+    f & MULTICAST != 0 && f & POINTOPOINT == 0
+}
+
+/// The interface of the longest of the IPv4 `routes` (the text of `/proc/net/route`) that
+/// matches `ip`, if that route is up and has no gateway.
+fn on_link(routes: &str, ip: Ipv4Addr) -> Option<String> {
     const UP: u32 = 0x1;
     const GATEWAY: u32 = 0x2;
     // Fields are hex of the address as the kernel holds it (network order in memory).
@@ -105,11 +121,11 @@ fn on_link(routes: &str, ip: Ipv4Addr) -> bool {
                 addr(f.get(7)?)?,
             );
             let flags = u32::from_str_radix(flags, 16).ok()?;
-            (flags & UP != 0 && ip & mask == dest)
-                .then_some((mask.count_ones(), gw == 0 && flags & GATEWAY == 0))
+            let direct = gw == 0 && flags & GATEWAY == 0;
+            (flags & UP != 0 && ip & mask == dest).then_some((mask.count_ones(), direct, f[0]))
         })
         .max_by_key(|r| r.0);
-    best.is_some_and(|(_, direct)| direct)
+    best.and_then(|(_, direct, iface)| direct.then(|| iface.to_string()))
 }
 
 /// Host sets that IP multicast did not reach at all, remembered for a day so that `auto`
@@ -183,11 +199,16 @@ eth0\t00000000\t0100000A\t0003\t0\t0\t0\t00000000\t0\t0\t0\n\
 eth0\t0000000A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n\
 br0\t0000090A\t00000000\t0001\t0\t0\t0\t0000FFFF\t0\t0\t0\n";
         let at = |s: &str| on_link(routes, s.parse().unwrap());
-        assert!(at("10.0.0.7"));
-        assert!(at("10.9.200.3"));
-        assert!(!at("10.0.1.7"), "through the default gateway");
-        assert!(!at("192.168.1.1"));
-        assert!(!on_link("", "10.0.0.7".parse().unwrap()), "no routes");
+        assert_eq!(at("10.0.0.7").as_deref(), Some("eth0"));
+        assert_eq!(at("10.9.200.3").as_deref(), Some("br0"));
+        assert_eq!(at("10.0.1.7"), None, "through the default gateway");
+        assert_eq!(at("192.168.1.1"), None);
+        assert_eq!(on_link("", "10.0.0.7".parse().unwrap()), None, "no routes");
+        // An Ethernet or a bridge (UP, BROADCAST, MULTICAST) multicasts; a tunnel (UP,
+        // POINTOPOINT, NOARP, MULTICAST) and a device without MULTICAST do not.
+        assert!(broadcast_multicast("0x1003\n"));
+        assert!(!broadcast_multicast("0x1091"));
+        assert!(!broadcast_multicast("0x3"));
         assert!(on_lan(&[
             "127.0.0.1:7000".to_string(),
             "localhost:1".to_string()
