@@ -1,6 +1,9 @@
 //! bulkcast inside another program: three agents and a send in one tokio runtime, on
-//! loopback. The file (argument 1, else a generated 8 MiB one) goes down a planned tree; the
-//! report prints as `bulkcast send --json` prints it.
+//! loopback. The file (argument 1, else a generated 8 MiB one) goes where `bulkcast send FILE
+//! --to A,B,C` sends it, with no CLI code: `auto` chooses the strategy (here the planned tree:
+//! one site), the round trips are probed (or reused from the probe cache), receivers that fail
+//! get one retry; the decisions print as `bulkcast send` prints them, and the report as
+//! `bulkcast send --json` prints it.
 //!
 //! ```sh
 //! cargo run -p bulkcast-node --example embed -- [FILE]
@@ -8,6 +11,8 @@
 
 use std::time::Duration;
 
+use bulkcast_node::api::{Event, Object};
+use bulkcast_node::measure::ProbeCache;
 use bulkcast_node::{Agent, Send, Strategy};
 use bulkcast_proto::auth::Secret;
 
@@ -43,10 +48,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }));
     }
 
-    let report = Send::to_list(&to.join(","))?
+    let mut send = Send::to_hosts(&to.join(","))?
         .secret(&secret)
-        .file(&file)
-        .strategy(Strategy::Planned)
+        .object(Object::new(&file))
+        .strategy(Strategy::Auto { fanout: None })
+        .retry(1)
+        .on_event(|e: &Event| {
+            if let Some(note) = e.note() {
+                eprintln!("{note}");
+            }
+        });
+    if let Some(cache) = ProbeCache::in_user_cache(Duration::from_secs(600)) {
+        send = send.probe_cache(cache);
+    }
+    let report = send
         .on_progress(Duration::from_millis(200), |st| {
             let done = st.receivers.iter().filter(|r| r.done.is_some()).count();
             eprintln!("{done}/{} receivers done", st.receivers.len());

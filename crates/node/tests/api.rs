@@ -174,3 +174,129 @@ async fn a_planned_send_names_the_host_that_is_not_there_and_bad_builds_are_refu
         .await;
     assert!(matches!(e, Err(Error::Interrupted)), "{e:?}");
 }
+
+/// What `bulkcast send FILE --to HOSTS` does, with no CLI code: `auto` chooses the strategy
+/// from the hosts' sites and the size, the plan is probed (then taken from the probe cache),
+/// the report carries its timeline and probe, metrics follow the send, and the events say
+/// what was decided, in the words `bulkcast send` prints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_plans_probes_caches_and_says_what_it_decided_as_the_cli_does() {
+    use bulkcast_node::api::{Event, Object};
+    use bulkcast_node::measure::ProbeCache;
+    let s = Scratch::new("auto");
+    let secret = Secret::from_bytes([5; 32]);
+    let (to, _, _stop) = agents(&s, 3, &secret).await;
+    let file = data(&s, (3 << 20) + 5);
+    let events = Arc::new(std::sync::Mutex::new(Vec::<Event>::new()));
+    let mut reg = prometheus_client::registry::Registry::default();
+    let metrics = bulkcast_node::metrics::SourceMetrics::new(&mut reg);
+    let cache = || ProbeCache {
+        dir: s.0.join("probes"),
+        max_age: Duration::from_secs(600),
+    };
+    let send = |to: &str| {
+        let ev = events.clone();
+        Send::to_hosts(to)
+            .unwrap()
+            .secret(&secret)
+            .object(Object::new(&file).named(Some("auto.bin")))
+            .strategy(Strategy::Auto { fanout: None })
+            .probe_cache(cache())
+            .retry(1)
+            .metrics(metrics.clone())
+            .on_event(move |e| ev.lock().unwrap().push(e.clone()))
+    };
+    // One site (none given): the planned tree.
+    let report = send(&to.join(","))
+        .run(std::future::pending())
+        .await
+        .unwrap();
+    assert!(report.ok, "{report:?}");
+    assert!(
+        report.strategy.starts_with("tree (planned"),
+        "{}",
+        report.strategy
+    );
+    assert!(!report.timeline.is_empty());
+    assert_eq!(report.timeline.bytes.len(), 3);
+    let probe = report.probe.as_ref().expect("probed");
+    assert!(
+        !probe.cached && probe.note.contains("probed all 6 pairs of 4 nodes"),
+        "{probe:?}"
+    );
+    let notes: Vec<String> = events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(Event::note)
+        .collect();
+    assert_eq!(
+        notes[0], "strategy auto: tree (no sites given, 3 MiB)",
+        "{notes:?}"
+    );
+    assert!(notes[1].contains("\nplan: "), "{notes:?}");
+    let started = events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|e| matches!(e, Event::Started { .. }))
+        .count();
+    assert_eq!(started, 1);
+    assert!(matches!(events.lock().unwrap().last(), Some(Event::Ended)));
+    let text = bulkcast_node::metrics::encode(&reg);
+    assert!(text.contains("receivers{state=\"done\"} 3"), "{text}");
+    let want = std::fs::read(&file).unwrap();
+    for i in 0..3 {
+        assert!(std::fs::read(s.0.join(format!("rx{i}/auto.bin"))).unwrap() == want);
+    }
+
+    // Again: the round trips probed just now are reused.
+    let report = send(&to.join(","))
+        .run(std::future::pending())
+        .await
+        .unwrap();
+    assert!(
+        report.ok && report.probe.as_ref().is_some_and(|p| p.cached),
+        "{report:?}"
+    );
+
+    // The same hosts in two sites (a hosts file): a swarm over the planned tree.
+    events.lock().unwrap().clear();
+    let hosts = s.0.join("hosts.toml");
+    let mut toml = String::new();
+    for (i, a) in to.iter().enumerate() {
+        let site = if i == 0 { "east" } else { "west" };
+        toml += &format!("[[host]]\nname = \"h{i}\"\naddr = \"{a}\"\nsite = \"{site}\"\n");
+    }
+    std::fs::write(&hosts, toml).unwrap();
+    let report = send(hosts.to_str().unwrap())
+        .run(std::future::pending())
+        .await
+        .unwrap();
+    assert!(report.ok, "{report:?}");
+    assert_eq!(report.strategy, "hybrid");
+    assert!(report.probe.is_some(), "{report:?}");
+    let notes: Vec<String> = events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(Event::note)
+        .collect();
+    assert_eq!(
+        notes[0], "strategy auto: hybrid (2 sites, 3 MiB)",
+        "{notes:?}"
+    );
+
+    // Ticket receivers cannot swarm; a chunk size out of range is refused.
+    let e = send(&to.join(","))
+        .strategy(Strategy::Mob)
+        .ticket_receivers(true)
+        .run(std::future::pending())
+        .await;
+    assert!(matches!(e, Err(Error::Joined("mob"))), "{e:?}");
+    let e = send(&to.join(","))
+        .chunk_size(7)
+        .run(std::future::pending())
+        .await;
+    assert!(matches!(e, Err(Error::ChunkSize(7))), "{e:?}");
+}
