@@ -1,24 +1,24 @@
-//! `bulkcast plan`, and the measured plan `send --strategy tree` uses by default.
+//! `bulkcast plan` (a send's own plan is the library's: `bulkcast_node::api::plan_push`).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use bulkcast_node::api;
-use bulkcast_node::measure::{self, ProbeCache};
+use bulkcast_node::measure;
 use bulkcast_node::probe;
-use bulkcast_node::transport::TcpTuning;
-use bulkcast_planner::{bound, plan, Algorithm, Matrix, MatrixFile, Network, PlanOptions};
-use bulkcast_proto::auth::Keys;
+use bulkcast_planner::{bound, plan, Algorithm, Matrix, Network, PlanOptions};
+use bulkcast_proto::auth::Secret;
 use bulkcast_proto::hosts::HostsFile;
 use clap::Args;
 
-use crate::send::load_hosts;
 use crate::Common;
 
 #[derive(Args)]
 pub struct PlanArgs {
-    /// Hosts: a hosts file (TOML) or `host:port,host:port`.
+    /// Hosts: a hosts file (TOML) or `host:port,host:port`. A hosts file's
+    /// `ssh = "user@host[:port]"` hosts get one-shot agents over ssh for the probe, as `send`
+    /// starts them (see `--ssh-*`), stopped after it.
     #[arg(long)]
     hosts: String,
     /// A matrix file (TOML: nodes, rtt_ms, optional bandwidth_mbps and `[[wan]]`) instead of
@@ -48,15 +48,19 @@ pub struct PlanArgs {
     #[arg(long, default_value_t = 1.0)]
     probe_secs: f64,
     #[command(flatten)]
+    ssh: crate::ssh::SshArgs,
+    #[command(flatten)]
     common: Common,
 }
 
 pub async fn run(a: PlanArgs) -> Result<i32> {
-    let hosts = load_hosts(&a.hosts)?;
+    let mut hosts = api::load_hosts(&a.hosts)?;
     let matrices = match &a.matrix {
-        Some(p) => read_matrix(p)?,
+        Some(p) => api::read_matrix(p)?,
         None => {
-            let keys = a.common.keys(&a.common.require_secret()?)?;
+            // The `ssh` hosts' one-shot agents live until the probes are done.
+            let (agents, secret) = ssh_agents(&a, &mut hosts).await?;
+            let keys = a.common.keys(&secret)?;
             let tuning = a.common.tuning()?;
             let (mut m, note) = measure::probe_now(&hosts, &keys, &tuning, a.samples).await?;
             eprintln!("{note}");
@@ -94,6 +98,9 @@ pub async fn run(a: PlanArgs) -> Result<i32> {
                 }
                 m.bandwidth_mbps = Some(mx);
             }
+            if let Some(agents) = agents {
+                agents.stop().await;
+            }
             m
         }
     };
@@ -117,35 +124,20 @@ pub async fn run(a: PlanArgs) -> Result<i32> {
     Ok(0)
 }
 
-fn read_matrix(p: &std::path::Path) -> Result<MatrixFile> {
-    let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-    MatrixFile::parse_toml(&text).with_context(|| format!("matrix file {}", p.display()))
+/// Starts one-shot agents for the `ssh` hosts of `hosts` (putting their addresses in), and
+/// gives the session secret to probe with.
+async fn ssh_agents(
+    a: &PlanArgs,
+    hosts: &mut HostsFile,
+) -> Result<(Option<crate::ssh::Agents>, Secret)> {
+    let targets = crate::ssh::file_targets(hosts)?;
+    if targets.is_empty() {
+        return Ok((None, a.common.require_secret()?));
+    }
+    let all_ours = hosts.hosts.iter().all(|h| h.ssh.is_some());
+    let secret = crate::ssh::secret(&a.common, all_ours)?;
+    let (agents, file) =
+        crate::ssh::start_for_file(hosts.clone(), &targets, &a.ssh, &secret).await?;
+    *hosts = file;
+    Ok((Some(agents), secret))
 }
-
-/// The plan for a send: the RTT matrix from `matrix` (a file), the probe cache, or probed now;
-/// then the planner's push plan over the hosts that answered the probe
-/// ([`bulkcast_node::api::plan_push_with`], which the library's `Send` uses too).
-#[allow(clippy::too_many_arguments)]
-pub async fn for_send(
-    hosts: &HostsFile,
-    matrix: Option<&std::path::Path>,
-    keys: &Keys,
-    tuning: &TcpTuning,
-    cache: Option<&ProbeCache>,
-    size: Option<u64>,
-    chunk: u32,
-    balanced: bool,
-) -> Result<SendPlan> {
-    let m = match matrix {
-        Some(path) => Some((
-            read_matrix(path)?,
-            format!("matrix from {}", path.display()),
-        )),
-        None => None,
-    };
-    let m = m.as_ref().map(|(m, note)| (m, note.clone()));
-    Ok(api::plan_push_with(hosts, m, keys, tuning, cache, size, chunk, balanced).await?)
-}
-
-/// What [`for_send`] decided.
-pub type SendPlan = api::PlannedPush;

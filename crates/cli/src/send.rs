@@ -1,27 +1,26 @@
 //! `bulkcast send`.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use bulkcast_node::api::{self, Event, Object};
 use bulkcast_node::input::Input;
-use bulkcast_node::measure::{self, LeftOut, ProbeCache, ProbeReport};
+use bulkcast_node::measure::ProbeCache;
+use bulkcast_node::metrics::SourceMetrics;
 use bulkcast_node::report::Report;
-use bulkcast_node::source::{self, SendConfig};
 use bulkcast_node::ticket::{self, Ticket};
-use bulkcast_node::{swarm, transport};
-use bulkcast_planner::strategy;
+use bulkcast_node::transport;
 use bulkcast_proto::auth::{Keys, Secret};
-use bulkcast_proto::hosts::{HostSpec, HostsFile, SshTarget};
-use bulkcast_proto::node::{NodeConfig, CHUNK_SIZE_RANGE};
-use bulkcast_proto::swarm::Strategy as SwarmStrategy;
-use bulkcast_proto::tree::Tree;
+use bulkcast_proto::hosts::HostsFile;
+use bulkcast_proto::node::CHUNK_SIZE_RANGE;
 use clap::{Args, ValueEnum};
 
 use crate::edges::EdgeArgs;
 use crate::outcome::exit_code;
 pub use crate::outcome::print_report;
-use crate::{plan, progress, shutdown_signal, Common};
+use crate::{progress, shutdown_signal, Common};
 
 #[derive(Args)]
 pub struct SendArgs {
@@ -39,20 +38,8 @@ pub struct SendArgs {
     /// one for the send (same system only); the session secret is a fresh one unless given.
     #[arg(long, value_name = "USER@HOST,...", conflicts_with_all = ["expect", "hostfile"])]
     ssh: Option<String>,
-    /// More arguments for every `ssh` of `--ssh` (and of a hosts file's `ssh` hosts), as one
-    /// string (`"-p 2222 -i key"`).
-    #[arg(long, default_value = "", allow_hyphen_values = true)]
-    ssh_args: String,
-    /// The bulkcast binary on the `--ssh` hosts (and a hosts file's `ssh` hosts).
-    #[arg(long, default_value = "bulkcast")]
-    ssh_bulkcast: String,
-    /// Fail on `--ssh` (or `ssh`) hosts without the binary instead of copying this one there.
-    #[arg(long)]
-    ssh_no_copy: bool,
-    /// Where the `--ssh` hosts store the object (relative paths start at the login's home;
-    /// `{host}` becomes the host's name).
-    #[arg(long, default_value = "bulkcast-incoming")]
-    ssh_dir: String,
+    #[command(flatten)]
+    ssh_opts: crate::ssh::SshArgs,
     /// The session secret of `--ssh` agents (set by `run`).
     #[arg(skip)]
     ssh_secret: Option<Secret>,
@@ -172,30 +159,36 @@ enum Strategy {
 }
 
 impl Strategy {
-    /// The library's name for it.
-    fn to_planner(self) -> strategy::Strategy {
-        match self {
-            Strategy::Auto => strategy::Strategy::Auto,
-            Strategy::Flat => strategy::Strategy::Flat,
-            Strategy::Tree => strategy::Strategy::Tree,
-            Strategy::Multicast => strategy::Strategy::Multicast,
-            Strategy::Balanced => strategy::Strategy::Balanced,
-            Strategy::Mob => strategy::Strategy::Mob,
-            Strategy::Swarm => strategy::Strategy::Swarm,
-            Strategy::Hybrid => strategy::Strategy::Hybrid,
+    /// The command's name for the library's choice.
+    fn from_planner(s: bulkcast_planner::strategy::Strategy) -> Strategy {
+        use bulkcast_planner::strategy::Strategy as P;
+        match s {
+            P::Auto => Strategy::Auto,
+            P::Flat => Strategy::Flat,
+            P::Tree => Strategy::Tree,
+            P::Balanced => Strategy::Balanced,
+            P::Mob => Strategy::Mob,
+            P::Swarm => Strategy::Swarm,
+            P::Hybrid => Strategy::Hybrid,
+            P::Multicast => Strategy::Multicast,
         }
     }
 
-    fn from_planner(s: strategy::Strategy) -> Strategy {
-        match s {
-            strategy::Strategy::Auto => Strategy::Auto,
-            strategy::Strategy::Flat => Strategy::Flat,
-            strategy::Strategy::Tree => Strategy::Tree,
-            strategy::Strategy::Balanced => Strategy::Balanced,
-            strategy::Strategy::Mob => Strategy::Mob,
-            strategy::Strategy::Swarm => Strategy::Swarm,
-            strategy::Strategy::Hybrid => Strategy::Hybrid,
-            strategy::Strategy::Multicast => Strategy::Multicast,
+    /// The library's strategy for this one with `--fanout`'s value (multicast's fallback is
+    /// the tree).
+    fn to_api(self, fanout: Option<u16>) -> api::Strategy {
+        let fanout = fanout.map(usize::from);
+        match self {
+            Strategy::Auto => api::Strategy::Auto { fanout },
+            Strategy::Flat => api::Strategy::Flat,
+            Strategy::Tree | Strategy::Multicast => fanout
+                .map_or(api::Strategy::Planned, |fanout| api::Strategy::Tree {
+                    fanout,
+                }),
+            Strategy::Balanced => api::Strategy::Balanced,
+            Strategy::Mob => api::Strategy::Mob,
+            Strategy::Swarm => api::Strategy::Swarm,
+            Strategy::Hybrid => api::Strategy::Hybrid { fanout },
         }
     }
 }
@@ -208,11 +201,12 @@ pub async fn run(a: SendArgs) -> Result<i32> {
 
 async fn run_send(a: SendArgs) -> Result<i32> {
     check_chunk_kib(a.chunk_kib)?;
-    let mut input = Input::open_with(&a.path, a.name.as_deref(), a.follow_symlinks)?;
-    if !a.keep_special_modes {
-        input.manifest.drop_special_modes();
-    }
-    let skipped = input.skipped().to_vec();
+    let object = Object::new(&a.path)
+        .named(a.name.as_deref())
+        .follow_symlinks(a.follow_symlinks)
+        .keep_special_modes(a.keep_special_modes);
+    // Opened before any agent is started over ssh: a missing input costs nothing.
+    let input = object.open()?;
     let tuning = a.common.tuning()?;
     let a = match &a.hostfile {
         Some(f) => SendArgs {
@@ -233,39 +227,38 @@ async fn run_send(a: SendArgs) -> Result<i32> {
     };
     let session: u64 = rand::random();
     let (file, keys) = receivers(&a, &tuning, session).await?;
-    let a = SendArgs {
-        strategy: auto_strategy(&a, &input, file.source.as_ref(), &file.hosts),
-        ..a
+    let metrics = endpoint.as_ref().map(|m| m.source());
+    // `auto` is chosen here, where multicast (the command's) is one of the choices.
+    let a = match a.strategy {
+        Strategy::Auto => {
+            let c = api::choose_auto(&file, &input, a.expect.is_some(), a.fanout.is_some());
+            for note in c.notes.iter().filter(|_| !a.quiet) {
+                eprintln!("{note}");
+            }
+            SendArgs {
+                strategy: Strategy::from_planner(c.strategy),
+                ..a
+            }
+        }
+        _ => a,
     };
-    let file_len = file.hosts.len();
-    let mut send = Send {
-        a: &a,
-        file,
-        keys: &keys,
-        session,
-        left_out: Vec::new(),
-        given: (0..file_len).collect(),
-        metrics: endpoint.as_ref().map(|m| m.source()),
-        page: None,
-        hop_rtt_ms: None,
+    if a.fanout.is_some() && matches!(a.strategy, Strategy::Mob | Strategy::Swarm) && !a.quiet {
+        eprintln!(
+            "note: --fanout is ignored by --strategy {} (no tree)",
+            a.strategy.to_api(None).name()
+        );
+    }
+    let (report, page) = if a.strategy == Strategy::Multicast {
+        multicast(&a, object, input, file, keys, tuning, metrics).await?
+    } else {
+        let send = library_send(&a, object, file, keys, tuning, session, metrics)?;
+        drive(send.input(input), &a).await?
     };
-    send.check_hosts(&tuning).await?;
-    let mut report = match swarm_strategy(a.strategy) {
-        Some(strategy) => send.swarm(input, strategy, tuning).await?,
-        None if a.strategy == Strategy::Multicast => send.multicast(input, tuning).await?,
-        None => send.push(input, tuning).await?,
-    };
-    report.object.skipped = skipped;
-    report.leave_out(
-        send.left_out
-            .into_iter()
-            .map(|(i, h, why)| (i, h.name, h.addr, why)),
-    );
     if let Some(m) = endpoint.as_mut() {
         m.mark_final();
     }
     print_report(&report, a.json)?;
-    if let Some(p) = send.page.take() {
+    if let Some(p) = page {
         p.finish(serde_json::to_string(&report)?, Duration::from_secs(3))
             .await;
     }
@@ -281,58 +274,34 @@ async fn run_send(a: SendArgs) -> Result<i32> {
 /// Starts the one-shot agents of `--ssh`, or of the `ssh` hosts of `--to`'s hosts file, and
 /// gives the arguments that send to them.
 async fn ssh_agents(a: SendArgs) -> Result<(Option<crate::ssh::Agents>, SendArgs)> {
-    let (targets, file) = match (&a.ssh, &a.to) {
-        (Some(list), _) => (crate::ssh::parse_list(list)?, None),
-        (None, Some(to)) => {
-            let file = load_hosts(to)?;
-            let targets = file
-                .hosts
-                .iter()
-                .filter_map(|h| h.ssh.as_deref())
-                // Checked when the file was read.
-                .map(|s| SshTarget::parse(s).map_err(|why| anyhow::anyhow!("ssh = {s:?}: {why}")))
-                .collect::<Result<Vec<_>>>()?;
-            if targets.is_empty() {
-                return Ok((None, a));
-            }
-            (targets, Some(file))
+    let file = match (&a.ssh, &a.to) {
+        (Some(list), _) => {
+            let targets = crate::ssh::parse_list(list)?;
+            let secret = crate::ssh::secret(&a.common, true)?;
+            let agents = crate::ssh::start(&a.ssh_opts.options(&targets), &secret).await?;
+            let to = Some(agents.addrs.join(","));
+            let ssh_secret = Some(secret);
+            return Ok((
+                Some(agents),
+                SendArgs {
+                    to,
+                    ssh_secret,
+                    ..a
+                },
+            ));
         }
+        (None, Some(to)) => api::load_hosts(to)?,
         (None, None) => return Ok((None, a)),
     };
-    // A fresh secret is enough when every agent is one of ours; running agents need theirs.
-    let all_ours = file
-        .as_ref()
-        .is_none_or(|f| f.hosts.iter().all(|h| h.ssh.is_some()));
-    let secret = match (a.common.secret()?, all_ours) {
-        (Some(s), _) => s,
-        (None, true) => Secret::from_bytes(rand::random()),
-        (None, false) => a.common.require_secret()?,
-    };
-    let opts = crate::ssh::SshOptions {
-        targets: &targets,
-        ssh_args: &a.ssh_args,
-        remote_bin: &a.ssh_bulkcast,
-        remote_dir: &a.ssh_dir,
-        copy: !a.ssh_no_copy,
-    };
-    let agents = crate::ssh::start(&opts, &secret).await?;
-    let (to, hosts) = match file {
-        None => (Some(agents.addrs.join(",")), None),
-        Some(mut f) => {
-            let mut addrs = agents.addrs.iter();
-            for h in f.hosts.iter_mut().filter(|h| h.ssh.is_some()) {
-                h.addr = addrs.next().context("an agent per ssh host")?.clone();
-                // Now an agent like any other (and the file valid with its address).
-                h.ssh = None;
-            }
-            // Checked again with the addresses: an agent may now share one with another host.
-            let f = HostsFile::parse_toml(&f.to_toml()).context("hosts with their ssh agents")?;
-            (a.to.clone(), Some(f))
-        }
-    };
+    let targets = crate::ssh::file_targets(&file)?;
+    if targets.is_empty() {
+        return Ok((None, a));
+    }
+    let all_ours = file.hosts.iter().all(|h| h.ssh.is_some());
+    let secret = crate::ssh::secret(&a.common, all_ours)?;
+    let (agents, file) = crate::ssh::start_for_file(file, &targets, &a.ssh_opts, &secret).await?;
     let a = SendArgs {
-        to,
-        hosts,
+        hosts: Some(file),
         ssh_secret: Some(secret),
         ..a
     };
@@ -391,7 +360,7 @@ async fn receivers(
             };
             let file = match &a.hosts {
                 Some(f) => f.clone(),
-                None => load_hosts(to)?,
+                None => api::load_hosts(to)?,
             };
             Ok((file, a.common.keys(&secret)?))
         }
@@ -457,475 +426,208 @@ async fn ticket_receivers(
     ))
 }
 
-/// One send, its receivers known: what the push and the swarm strategies share.
-struct Send<'a> {
-    a: &'a SendArgs,
-    /// The receivers the send goes to: those given, less `left_out` once they are checked.
+/// The library's send for these arguments, to `file`'s receivers.
+fn library_send(
+    a: &SendArgs,
+    object: Object,
     file: HostsFile,
-    keys: &'a Keys,
+    keys: Keys,
+    tuning: transport::TcpTuning,
     session: u64,
-    /// Receivers that did not admit the source up front, with their place in the list given
-    /// and why: they fail alone.
-    left_out: Vec<(usize, HostSpec, String)>,
-    /// For each receiver in `file`, its place in the list given.
-    given: Vec<usize>,
-    /// `--metrics`: the send's own.
-    metrics: Option<std::sync::Arc<bulkcast_node::metrics::SourceMetrics>>,
-    /// `--web`: the live page, once the send has started.
-    page: Option<crate::web::Page>,
-    /// The longest round trip of a hop of the planned tree, in ms, once planned (it sets the
-    /// size of the chunks' verified parts, `strategy::part_bytes`).
-    hop_rtt_ms: Option<f64>,
+    metrics: Option<Arc<SourceMetrics>>,
+) -> Result<api::Send> {
+    let mut send = api::Send::to(file)
+        .keys(keys)
+        .object(object)
+        .strategy(a.strategy.to_api(a.fanout))
+        .stall_timeout(Duration::from_secs(a.stall_timeout.max(1)))
+        .tuning(tuning)
+        .node_config(a.common.node())
+        .edges(a.edges.mode()?)
+        .retry(a.retry)
+        .ticket_receivers(a.expect.is_some())
+        .session_id(session);
+    if let Some(k) = a.chunk_kib {
+        send = send.chunk_size(k * 1024);
+    }
+    if let Some(o) = a.edges.observer()? {
+        send = send.observer(o);
+    }
+    if let Some(p) = &a.matrix {
+        let m = api::read_matrix(p)?;
+        send = send.matrix(m, format!("matrix from {}", p.display()));
+    }
+    // 0: probe before every send. Without a cache directory: likewise.
+    let max_age = Duration::from_secs(a.probe_max_age);
+    if let Some(c) = (a.probe_max_age > 0)
+        .then(|| ProbeCache::in_user_cache(max_age))
+        .flatten()
+    {
+        send = send.probe_cache(c);
+    }
+    if let Some(m) = metrics {
+        send = send.metrics(m);
+    }
+    Ok(send)
 }
 
-impl Send<'_> {
-    /// Whether the plan's probe will check the receivers (a planned tree without `--matrix`).
-    fn probes(&self) -> bool {
-        let a = self.a;
-        let planned = match a.strategy {
-            Strategy::Tree | Strategy::Balanced | Strategy::Hybrid => a.fanout.is_none(),
-            _ => false,
-        };
-        planned && a.matrix.is_none() && a.expect.is_none()
-    }
-
-    /// Leaves out, before any tree is fixed, every receiver that does not admit the source
-    /// (unreachable, refused, another secret), so that it fails alone and is named. The probe
-    /// of a planned tree does this itself; ticket receivers were admitted when they joined.
-    async fn check_hosts(&mut self, tuning: &transport::TcpTuning) -> Result<()> {
-        if self.a.expect.is_some() || self.probes() {
-            return Ok(());
+/// Runs `send` until it ends or Ctrl-C, showing what it does: its notes (unless `--quiet`),
+/// the progress display of each session, and `--web`'s page (returned, to show the report).
+async fn drive(send: api::Send, a: &SendArgs) -> Result<(Report, Option<crate::web::Page>)> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let (abort_tx, abort_rx) = tokio::sync::oneshot::channel::<()>();
+    let send = send.on_event(move |e| {
+        let _ = tx.send(e.clone());
+    });
+    let shutdown = async {
+        tokio::select! {
+            _ = shutdown_signal() => {}
+            Ok(()) = abort_rx => {}
         }
-        let keys = self.keys.clone();
-        let out = measure::unadmitted(&self.file, &keys, tuning, Duration::from_secs(5)).await;
-        self.leave_out(out)
-    }
-
-    /// Takes `out` off the receivers; an error when none is left.
-    fn leave_out(&mut self, out: Vec<LeftOut>) -> Result<()> {
-        if out.is_empty() {
-            return Ok(());
+    };
+    let (r, shown) = tokio::join!(send.run(shutdown), show(rx, a, abort_tx));
+    let (page, keeps_verified) = shown?;
+    match r {
+        Ok(report) => Ok((report, page)),
+        Err(api::Error::Interrupted) if keeps_verified => {
+            bail!("interrupted: receivers keep what they verified; send again to resume")
         }
-        let mut hosts = std::mem::take(&mut self.file.hosts);
-        let mut out = out;
-        out.sort_by_key(|l| l.host);
-        for l in out.iter().rev() {
-            let h = hosts.remove(l.host);
-            // The reason is in the report: a failure is said once.
-            if !self.a.quiet {
-                eprintln!("warning: leaving {} out (the report says why)", h.name);
+        Err(api::Error::Interrupted) => {
+            bail!("interrupted: receivers discard their partial copies")
+        }
+        Err(api::Error::NoReceivers) => {
+            bail!("no receiver admitted the source (see the warnings above)")
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Shows the send's events until it ends; also says whether its last session keeps what
+/// receivers verified. A page that cannot start aborts the send.
+async fn show(
+    mut events: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    a: &SendArgs,
+    abort: tokio::sync::oneshot::Sender<()>,
+) -> Result<(Option<crate::web::Page>, bool)> {
+    let (mut page, mut display, mut keeps) = (None, None, true);
+    let mut abort = Some(abort);
+    while let Some(ev) = events.recv().await {
+        match ev {
+            Event::Started {
+                status,
+                strategy,
+                sites,
+                object,
+                retry,
+                keeps_verified,
+                ..
+            } => {
+                keeps = keeps_verified;
+                if let (Some(addr), false, None) = (&a.web, retry, &page) {
+                    let p =
+                        crate::web::Page::start(addr, status.clone(), sites, &object, &strategy);
+                    match p.await {
+                        Ok(p) => {
+                            eprintln!("live page on http://{}/", p.addr);
+                            page = Some(p);
+                        }
+                        Err(e) => {
+                            if let Some(t) = abort.take() {
+                                let _ = t.send(());
+                            }
+                            return Err(e);
+                        }
+                    }
+                }
+                if !a.quiet {
+                    display = Some(progress::sender(status));
+                }
             }
-            let given = self.given.remove(l.host);
-            self.left_out.push((given, h, l.reason.clone()));
-        }
-        if hosts.is_empty() {
-            bail!("no receiver admitted the source (see the warnings above)");
-        }
-        self.file.hosts = hosts;
-        Ok(())
-    }
-
-    /// The chunk size the planner plans with (the real one follows the tree's depth).
-    fn planned_chunk(&self) -> u32 {
-        self.a.chunk_kib.map_or(1 << 20, |k| k * 1024)
-    }
-
-    /// A swarm (MOB, the BitTorrent-style baseline, or the hybrid over its tree).
-    async fn swarm(
-        &mut self,
-        input: Input,
-        strategy: SwarmStrategy,
-        tuning: transport::TcpTuning,
-    ) -> Result<Report> {
-        let a = self.a;
-        if a.expect.is_some() {
-            bail!(
-                "--strategy {} needs --to (ticket receivers cannot reach each other)",
-                strategy.name()
-            );
-        }
-        if a.fanout.is_some() && strategy != SwarmStrategy::Hybrid && !a.quiet {
-            eprintln!(
-                "note: --fanout is ignored by --strategy {} (no tree)",
-                strategy.name()
-            );
-        }
-        let len = input.manifest.total_len;
-        let mut probed = None;
-        let tree = match (strategy, a.fanout) {
-            (SwarmStrategy::Hybrid, Some(k)) => Some(Tree::kary(self.file.hosts.len(), k as usize)),
-            (SwarmStrategy::Hybrid, None) => {
-                let (p, probe) = self.planned(&tuning, len, false).await?;
-                probed = probe;
-                Some(p.tree().clone())
-            }
-            _ => None,
-        };
-        // Without a tree every receiver hangs off the source, as in a flat tree.
-        let flat = Tree::flat(self.file.hosts.len());
-        let chunk_size = match a.chunk_kib {
-            Some(k) => k * 1024,
-            None => strategy::chunk_size(a.strategy.to_planner(), len, &flat),
-        };
-        let cfg = swarm::SwarmSendConfig {
-            strategy,
-            chunk_size,
-            stall_timeout: Duration::from_secs(a.stall_timeout.max(1)),
-            tuning,
-            seed: rand::random(),
-        };
-        let hosts = &self.file.hosts;
-        let status = source::new_status(hosts, tree.as_ref().unwrap_or(&flat), chunk_size, len);
-        self.page = live_page(a, &status, hosts, &input, strategy.name()).await?;
-        let work = swarm::send(
-            input,
-            self.file.source.as_ref(),
-            hosts,
-            tree.as_ref(),
-            self.keys.clone(),
-            self.session,
-            &cfg,
-            status.clone(),
-        );
-        let Some((result, timeline)) =
-            progress::sending(status.clone(), a.quiet, self.metrics.clone(), work).await
-        else {
-            bail!("interrupted: receivers discard their partial copies");
-        };
-        let mut report = result.map_err(anyhow::Error::msg)?;
-        report.probe = probed;
-        report.timeline = timeline;
-        Ok(report)
-    }
-
-    /// A push down one tree, or several with their rates (balanced).
-    async fn push(&mut self, input: Input, tuning: transport::TcpTuning) -> Result<Report> {
-        let a = self.a;
-        let len = input.manifest.total_len;
-        let (trees, strategy, probed) = self.trees(&tuning, len).await?;
-        let hosts = &self.file.hosts;
-        // The deepest tree sets the chunk size.
-        let tree = trees
-            .iter()
-            .map(|t| &t.0)
-            .max_by_key(|t| (1..t.len()).map(|i| t.depth(i)).max().unwrap_or(0))
-            .expect("at least one tree")
-            .clone();
-        let chunk_size = match a.chunk_kib {
-            Some(k) => k * 1024,
-            None => strategy::push_chunk_size(len, &tree),
-        };
-        let cfg = SendConfig {
-            edges: a
-                .edges
-                .mode()?
-                .for_session(&tuning.cc, hosts.iter().any(|h| !h.paths.is_empty())),
-            observer: a.edges.observer()?,
-            chunk_size,
-            stall_timeout: Duration::from_secs(a.stall_timeout.max(1)),
-            node: NodeConfig {
-                part_bytes: strategy::part_bytes(self.hop_rtt_ms),
-                ..a.common.node()
-            },
-            tuning,
-            strategy,
-            uplink_mbps: self.file.source.as_ref().and_then(|s| s.uplink_mbps),
-        };
-        let status = source::new_status(hosts, &tree, chunk_size, len);
-        self.page = live_page(a, &status, hosts, &input, &cfg.strategy).await?;
-        let keys = self.keys.clone();
-        let work = async {
-            if trees.len() > 1 {
-                source::send_balanced(input, hosts, &trees, keys, &cfg, status.clone()).await
-            } else {
-                let tree = &trees[0].0;
-                source::send(input, hosts, tree, keys, self.session, &cfg, status.clone()).await
-            }
-        };
-        let Some((result, timeline)) =
-            progress::sending(status.clone(), a.quiet, self.metrics.clone(), work).await
-        else {
-            bail!("interrupted: receivers keep what they verified; send again to resume");
-        };
-        let mut report = result?;
-        report.probe = probed;
-        report.timeline = timeline;
-        report.part_size = cfg.node.part_bytes;
-        self.retry_failed(&mut report, &cfg).await?;
-        Ok(report)
-    }
-
-    /// `--strategy multicast`; the receivers the group does not reach get the file by the
-    /// tree, said on one line.
-    async fn multicast(&mut self, input: Input, tuning: transport::TcpTuning) -> Result<Report> {
-        let a = self.a;
-        let stall = Duration::from_secs(a.stall_timeout.max(1));
-        let (mut report, fallback) = crate::send_mcast::send(
-            &a.mcast, &a.path, &input, &self.file, self.keys, &tuning, stall, a.quiet,
-        )
-        .await?;
-        let addrs: Vec<String> = self.file.hosts.iter().map(|h| h.addr.clone()).collect();
-        if let Some(u) = bulkcast_node::mcast::Unreached::in_user_cache() {
-            match fallback.len() == addrs.len() {
-                true => u.remember(&addrs),
-                false => u.forget(&addrs),
+            Event::Ended => stop(&mut display),
+            ev => {
+                if let (false, Some(note)) = (a.quiet, ev.note()) {
+                    eprintln!("{note}");
+                }
             }
         }
-        if fallback.is_empty() {
-            return Ok(report);
+    }
+    stop(&mut display);
+    Ok((page, keeps))
+}
+
+/// Ends a progress display, leaving no line behind.
+fn stop(display: &mut Option<tokio::task::JoinHandle<()>>) {
+    if let Some(d) = display.take() {
+        d.abort();
+        progress::clear();
+    }
+}
+
+/// `--strategy multicast` to the receivers that admit the source; those the group does not
+/// reach get the file by the library's tree, said on one line.
+async fn multicast(
+    a: &SendArgs,
+    object: Object,
+    input: Input,
+    file: HostsFile,
+    keys: Keys,
+    tuning: transport::TcpTuning,
+    metrics: Option<Arc<SourceMetrics>>,
+) -> Result<(Report, Option<crate::web::Page>)> {
+    let rx = api::admitted(&file, &keys, &tuning).await;
+    for (_, h, _) in rx.left_out.iter().rev().filter(|_| !a.quiet) {
+        eprintln!("warning: leaving {} out (the report says why)", h.name);
+    }
+    if rx.file.hosts.is_empty() {
+        bail!("no receiver admitted the source (see the warnings above)");
+    }
+    let skipped = input.skipped().to_vec();
+    let stall = Duration::from_secs(a.stall_timeout.max(1));
+    let (mut report, fallback) = crate::send_mcast::send(
+        &a.mcast, &a.path, &input, &rx.file, &keys, &tuning, stall, a.quiet,
+    )
+    .await?;
+    // `auto` skips multicast for a day where it reached nobody.
+    let addrs: Vec<String> = rx.file.hosts.iter().map(|h| h.addr.clone()).collect();
+    if let Some(u) = bulkcast_node::mcast::Unreached::in_user_cache() {
+        match fallback.len() == addrs.len() {
+            true => u.remember(&addrs),
+            false => u.forget(&addrs),
         }
+    }
+    let mut page = None;
+    if !fallback.is_empty() {
         let names: Vec<String> = fallback
             .iter()
-            .map(|(i, e)| format!("{} ({e})", self.file.hosts[*i].name))
+            .map(|(i, e)| format!("{} ({e})", rx.file.hosts[*i].name))
             .collect();
         eprintln!(
             "multicast does not reach {} of {} receivers; sending to them by the tree: {}",
             fallback.len(),
-            self.file.hosts.len(),
+            rx.file.hosts.len(),
             names.join(", ")
         );
-        let (hosts, given) = (self.file.hosts.clone(), self.given.clone());
-        self.file.hosts = fallback.iter().map(|(i, _)| hosts[*i].clone()).collect();
-        self.given = fallback.iter().map(|(i, _)| given[*i]).collect();
-        let tree = self.push(input, tuning).await;
-        self.file.hosts = hosts;
-        self.given = given;
-        crate::send_mcast::merge_tree(&mut report, tree?, fallback.len());
-        Ok(report)
-    }
-
-    /// `--retry`: sends again to the receivers that failed, each time a new session with only
-    /// those hanging off the source, until every one has its copy or the retries are spent; each
-    /// one's line in `report` is replaced by its latest. A receiver let go from the push because
-    /// it fell behind gets one such session even without `--retry`: it was not broken, only slow.
-    async fn retry_failed(&self, report: &mut Report, cfg: &SendConfig) -> Result<()> {
-        let (a, hosts) = (self.a, &self.file.hosts);
-        for attempt in 1..=a.retry.max(1) {
-            let failed: Vec<usize> = (0..report.receivers.len().min(hosts.len()))
-                .filter(|&i| {
-                    let r = &report.receivers[i];
-                    let behind = r
-                        .error
-                        .as_deref()
-                        .is_some_and(|e| e.starts_with("fell behind"));
-                    !r.verified && (attempt <= a.retry || behind)
-                })
-                .collect();
-            if failed.is_empty() || a.path.as_os_str() == "-" || a.expect.is_some() {
-                return Ok(());
-            }
-            if !a.quiet {
-                let names: Vec<&str> = failed.iter().map(|&i| hosts[i].name.as_str()).collect();
-                match attempt <= a.retry {
-                    true => eprintln!("retry {attempt}/{}: {}", a.retry, names.join(", ")),
-                    false => eprintln!("catching up: {}", names.join(", ")),
-                }
-            }
-            // A moment for a restarting agent to come back.
-            tokio::time::sleep(Duration::from_secs(attempt.min(5) as u64)).await;
-            let mut input = Input::open_with(&a.path, a.name.as_deref(), a.follow_symlinks)?;
-            if !a.keep_special_modes {
-                input.manifest.drop_special_modes();
-            }
-            let sub: Vec<_> = failed.iter().map(|&i| hosts[i].clone()).collect();
-            let tree = Tree::flat(sub.len());
-            let len = input.manifest.total_len;
-            let status = source::new_status(&sub, &tree, cfg.chunk_size, len);
-            let keys = self.keys.clone();
-            let work = source::send(
-                input,
-                &sub,
-                &tree,
-                keys,
-                rand::random(),
-                cfg,
-                status.clone(),
-            );
-            let Some((result, _)) =
-                progress::sending(status, a.quiet, self.metrics.clone(), work).await
-            else {
-                bail!("interrupted: receivers keep what they verified; send again to resume");
-            };
-            let again = result?;
-            for (j, &i) in failed.iter().enumerate() {
-                report.receivers[i] = again.receivers[j].clone();
-            }
-            report.edges.extend(again.edges);
-            report.rejected.extend(again.rejected);
-            report.seconds += again.seconds;
-            report.ok = report.receivers.iter().all(|r| r.verified);
-        }
-        Ok(())
-    }
-
-    /// The push's trees with their planned rates, the strategy's name for the report, and how
-    /// the round trips were measured when the tree was planned.
-    async fn trees(
-        &mut self,
-        tuning: &transport::TcpTuning,
-        len: Option<u64>,
-    ) -> Result<(Vec<(Tree, f64)>, String, Option<ProbeReport>)> {
-        let (a, n) = (self.a, self.file.hosts.len());
-        // `n` holds for every tree but the planned ones, whose probe may leave hosts out.
-        Ok(match (a.strategy, a.fanout) {
-            (Strategy::Flat, _) => (vec![(Tree::flat(n), 0.0)], "flat".into(), None),
-            (Strategy::Tree, Some(k)) => (
-                vec![(Tree::kary(n, k as usize), 0.0)],
-                format!("tree (fan-out {k})"),
-                None,
-            ),
-            // Ticket receivers take only their parent's connection, so they cannot be probed.
-            (_, None) if a.expect.is_some() => {
-                (vec![(Tree::kary(n, 1), 0.0)], "tree (chain)".into(), None)
-            }
-            (strategy, _) => {
-                let balanced = strategy == Strategy::Balanced;
-                let (p, probed) = self.planned(tuning, len, balanced).await?;
-                if balanced {
-                    (p.trees, "balanced".into(), probed)
-                } else {
-                    let name = format!("tree (planned: {})", p.algorithm);
-                    (vec![(p.tree().clone(), p.rate_mbps)], name, probed)
-                }
-            }
-        })
-    }
-
-    /// Probes (or reads `--matrix` or the probe cache) and plans, saying what it did unless
-    /// `--quiet`.
-    async fn planned(
-        &mut self,
-        tuning: &transport::TcpTuning,
-        size: Option<u64>,
-        balanced: bool,
-    ) -> Result<(bulkcast_planner::Plan, Option<ProbeReport>)> {
-        let a = self.a;
-        let cache = match a.probe_max_age {
-            0 => None,
-            secs => ProbeCache::in_user_cache(Duration::from_secs(secs)),
+        let hosts = HostsFile {
+            source: rx.file.source.clone(),
+            hosts: fallback
+                .iter()
+                .map(|(i, _)| rx.file.hosts[*i].clone())
+                .collect(),
         };
-        let sp = plan::for_send(
-            &self.file,
-            a.matrix.as_deref(),
-            self.keys,
-            tuning,
-            cache.as_ref(),
-            size,
-            self.planned_chunk(),
-            balanced,
-        )
-        .await?;
-        if !a.quiet {
-            eprintln!(
-                "{}\nplan: {} ({})",
-                sp.note, sp.plan.algorithm, sp.plan.reason
-            );
-        }
-        // The plan spans the hosts that answered the probe: the send goes to those.
-        self.leave_out(sp.left_out)?;
-        self.hop_rtt_ms = Some(sp.longest_hop_rtt_ms);
-        debug_assert_eq!(self.file.hosts.len(), sp.hosts.hosts.len());
-        Ok((sp.plan, sp.probe))
+        let send = library_send(a, object, hosts, keys, tuning, rand::random(), metrics)?;
+        let (tree, p) = drive(send.input(input), a).await?;
+        page = p;
+        crate::send_mcast::merge_tree(&mut report, tree, fallback.len());
     }
+    report.object.skipped = skipped;
+    report.leave_out(
+        rx.left_out
+            .into_iter()
+            .map(|(i, h, why)| (i, h.name, h.addr, why)),
+    );
+    Ok((report, page))
 }
 
-/// The swarm strategy behind a `--strategy` value, if it is one.
-fn swarm_strategy(s: Strategy) -> Option<SwarmStrategy> {
-    match s {
-        Strategy::Mob => Some(SwarmStrategy::Mob),
-        Strategy::Swarm => Some(SwarmStrategy::Swarm),
-        Strategy::Hybrid => Some(SwarmStrategy::Hybrid),
-        Strategy::Auto
-        | Strategy::Flat
-        | Strategy::Tree
-        | Strategy::Balanced
-        | Strategy::Multicast => None,
-    }
-}
-
-/// What `--strategy auto` means for this send ([`strategy::choose`]), said unless `--quiet`.
-fn auto_strategy(
-    a: &SendArgs,
-    input: &Input,
-    source: Option<&bulkcast_proto::hosts::SourceSpec>,
-    hosts: &[bulkcast_proto::hosts::HostSpec],
-) -> Strategy {
-    if a.strategy != Strategy::Auto {
-        return a.strategy;
-    }
-    let sites: std::collections::BTreeSet<&str> = hosts
-        .iter()
-        .filter_map(|h| h.site.as_deref())
-        .chain(source.and_then(|s| s.site.as_deref()))
-        .collect();
-    let addrs: Vec<String> = hosts.iter().map(|h| h.addr.clone()).collect();
-    let shape = strategy::SendShape {
-        len: input.manifest.total_len,
-        single_file: input.single_file().is_some(),
-        sites: sites.len(),
-        ticket: a.expect.is_some(),
-        fanout: a.fanout.is_some(),
-        lan: bulkcast_node::mcast::on_lan(&addrs),
-    };
-    let mut chosen = Strategy::from_planner(strategy::choose(strategy::Strategy::Auto, &shape));
-    let unreached = bulkcast_node::mcast::Unreached::in_user_cache();
-    if chosen == Strategy::Multicast && unreached.is_some_and(|u| u.recent(&addrs)) {
-        if !a.quiet {
-            eprintln!("strategy auto: multicast reached none of these hosts within a day");
-        }
-        chosen = Strategy::Tree;
-    }
-    if !a.quiet {
-        let name = match chosen {
-            Strategy::Multicast => "multicast on this LAN",
-            c => swarm_strategy(c).map_or("tree", SwarmStrategy::name),
-        };
-        eprintln!(
-            "strategy auto: {} ({}, {})",
-            name,
-            match sites.len() {
-                0 => "no sites given".to_string(),
-                1 => "one site".to_string(),
-                n => format!("{n} sites"),
-            },
-            shape
-                .len
-                .map_or("unknown length".to_string(), |l| format!("{} MiB", l >> 20))
-        );
-    }
-    chosen
-}
-
-/// A comma-separated list or a hosts file.
-pub fn load_hosts(to: &str) -> Result<HostsFile> {
-    let p = std::path::Path::new(to);
-    if p.extension().is_some_and(|e| e == "toml") || (p.is_file() && !to.contains(',')) {
-        let text =
-            std::fs::read_to_string(p).with_context(|| format!("reading hosts file {to}"))?;
-        Ok(HostsFile::parse_toml(&text).with_context(|| format!("hosts file {to}"))?)
-    } else {
-        Ok(HostsFile::parse_list(to)?)
-    }
-}
-
-/// Starts `--web`'s page, if asked for.
-async fn live_page(
-    a: &SendArgs,
-    status: &source::SharedStatus,
-    hosts: &[HostSpec],
-    input: &Input,
-    strategy: &str,
-) -> Result<Option<crate::web::Page>> {
-    let Some(addr) = &a.web else { return Ok(None) };
-    let sites = hosts
-        .iter()
-        .map(|h| h.site.clone().unwrap_or_default())
-        .collect();
-    let page = crate::web::Page::start(addr, status.clone(), sites, &input.manifest.name, strategy)
-        .await?;
-    eprintln!("live page on http://{}/", page.addr);
-    Ok(Some(page))
-}
 #[cfg(test)]
 mod tests {
     use super::*;

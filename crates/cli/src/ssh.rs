@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use bulkcast_proto::auth::Secret;
-use bulkcast_proto::hosts::SshTarget;
+use bulkcast_proto::hosts::{HostsFile, SshTarget};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -45,6 +45,79 @@ pub struct SshOptions<'a> {
     pub remote_dir: &'a str,
     /// Copy this binary to hosts that lack `remote_bin`.
     pub copy: bool,
+}
+
+/// How `send` and `plan` start one-shot agents over ssh.
+#[derive(clap::Args, Clone)]
+pub struct SshArgs {
+    /// More arguments for every `ssh` of `--ssh` (and of a hosts file's `ssh` hosts), as one
+    /// string (`"-p 2222 -i key"`).
+    #[arg(long, default_value = "", allow_hyphen_values = true)]
+    pub ssh_args: String,
+    /// The bulkcast binary on the `--ssh` hosts (and a hosts file's `ssh` hosts).
+    #[arg(long, default_value = "bulkcast")]
+    pub ssh_bulkcast: String,
+    /// Fail on `--ssh` (or `ssh`) hosts without the binary instead of copying this one there.
+    #[arg(long)]
+    pub ssh_no_copy: bool,
+    /// Where the `--ssh` hosts store the object (relative paths start at the login's home;
+    /// `{host}` becomes the host's name).
+    #[arg(long, default_value = "bulkcast-incoming")]
+    pub ssh_dir: String,
+}
+
+impl SshArgs {
+    /// The options of a start on `targets`.
+    pub fn options<'a>(&'a self, targets: &'a [SshTarget]) -> SshOptions<'a> {
+        SshOptions {
+            targets,
+            ssh_args: &self.ssh_args,
+            remote_bin: &self.ssh_bulkcast,
+            remote_dir: &self.ssh_dir,
+            copy: !self.ssh_no_copy,
+        }
+    }
+}
+
+/// The `ssh = "user@host[:port]"` hosts of a hosts file, in its order.
+pub fn file_targets(file: &HostsFile) -> Result<Vec<SshTarget>> {
+    file.hosts
+        .iter()
+        .filter_map(|h| h.ssh.as_deref())
+        // Checked when the file was read.
+        .map(|s| SshTarget::parse(s).map_err(|why| anyhow::anyhow!("ssh = {s:?}: {why}")))
+        .collect()
+}
+
+/// The session secret for one-shot agents: the one given, else a fresh one when every agent
+/// is one of ours (`all_ours`); running agents need theirs.
+pub fn secret(common: &crate::Common, all_ours: bool) -> Result<Secret> {
+    Ok(match (common.secret()?, all_ours) {
+        (Some(s), _) => s,
+        (None, true) => Secret::from_bytes(rand::random()),
+        (None, false) => common.require_secret()?,
+    })
+}
+
+/// Starts a one-shot agent for every `ssh` host of `file` (`targets`, from [`file_targets`])
+/// and gives the file with their addresses in place of the `ssh` entries: a hosts file of
+/// running agents.
+pub async fn start_for_file(
+    mut file: HostsFile,
+    targets: &[SshTarget],
+    args: &SshArgs,
+    secret: &Secret,
+) -> Result<(Agents, HostsFile)> {
+    let agents = start(&args.options(targets), secret).await?;
+    let mut addrs = agents.addrs.iter();
+    for h in file.hosts.iter_mut().filter(|h| h.ssh.is_some()) {
+        h.addr = addrs.next().context("an agent per ssh host")?.clone();
+        // Now an agent like any other (and the file valid with its address).
+        h.ssh = None;
+    }
+    // Checked again with the addresses: an agent may now share one with another host.
+    let file = HostsFile::parse_toml(&file.to_toml()).context("hosts with their ssh agents")?;
+    Ok((agents, file))
 }
 
 /// How long probing a host and copying the binary there may take.
