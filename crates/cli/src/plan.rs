@@ -129,8 +129,8 @@ pub async fn run(a: PlanArgs) -> Result<i32> {
 async fn ssh_agents(
     a: &PlanArgs,
     hosts: &mut HostsFile,
-) -> Result<(Option<crate::ssh::Agents>, Secret)> {
-    let targets = crate::ssh::file_targets(hosts)?;
+) -> Result<(Option<bulkcast_node::ssh::Agents>, Secret)> {
+    let targets = bulkcast_node::ssh::file_targets(hosts)?;
     if targets.is_empty() {
         return Ok((None, a.common.require_secret()?));
     }

@@ -10,7 +10,7 @@ use bulkcast_node::input::Input;
 use bulkcast_node::measure::ProbeCache;
 use bulkcast_node::metrics::SourceMetrics;
 use bulkcast_node::report::Report;
-use bulkcast_node::ticket::{self, Ticket};
+use bulkcast_node::ticket::Offer;
 use bulkcast_node::transport;
 use bulkcast_proto::auth::{Keys, Secret};
 use bulkcast_proto::hosts::HostsFile;
@@ -273,12 +273,12 @@ async fn run_send(a: SendArgs) -> Result<i32> {
 
 /// Starts the one-shot agents of `--ssh`, or of the `ssh` hosts of `--to`'s hosts file, and
 /// gives the arguments that send to them.
-async fn ssh_agents(a: SendArgs) -> Result<(Option<crate::ssh::Agents>, SendArgs)> {
+async fn ssh_agents(a: SendArgs) -> Result<(Option<bulkcast_node::ssh::Agents>, SendArgs)> {
     let file = match (&a.ssh, &a.to) {
         (Some(list), _) => {
-            let targets = crate::ssh::parse_list(list)?;
+            let targets = bulkcast_node::ssh::parse_list(list)?;
             let secret = crate::ssh::secret(&a.common, true)?;
-            let agents = crate::ssh::start(&a.ssh_opts.options(&targets), &secret).await?;
+            let agents = crate::ssh::start(&a.ssh_opts, &targets, &secret).await?;
             let to = Some(agents.addrs.join(","));
             let ssh_secret = Some(secret);
             return Ok((
@@ -293,7 +293,7 @@ async fn ssh_agents(a: SendArgs) -> Result<(Option<crate::ssh::Agents>, SendArgs
         (None, Some(to)) => api::load_hosts(to)?,
         (None, None) => return Ok((None, a)),
     };
-    let targets = crate::ssh::file_targets(&file)?;
+    let targets = bulkcast_node::ssh::file_targets(&file)?;
     if targets.is_empty() {
         return Ok((None, a));
     }
@@ -377,53 +377,28 @@ async fn ticket_receivers(
     session: u64,
     n: usize,
 ) -> Result<(HostsFile, Keys)> {
-    // A key for this session alone, never the fleet's secret (BULKCAST_SECRET): the ticket is
-    // handed around, and must admit nobody to anything after this session.
-    let secret = Secret::from_bytes(rand::random());
-    let keys = Keys::derive(&secret).with_plaintext(a.common.plaintext);
-    let listener = transport::listen(&a.listen, tuning)
+    let (listen, advertise) = (&a.listen, a.advertise.as_deref());
+    let offer = Offer::listen(listen, advertise, a.common.plaintext, tuning, session)
         .await
-        .with_context(|| format!("listening on {}", a.listen))?;
-    let port = listener.local_addr()?.port();
-    let addr = a.advertise.clone().unwrap_or_else(|| {
-        let ip = listener
-            .local_addr()
-            .map(|l| l.ip())
-            .ok()
-            .filter(|ip| !ip.is_unspecified());
-        match ip {
-            Some(ip) => format!("{ip}:{port}"),
-            None => format!("{}:{port}", progress::hostname()),
-        }
-    });
-    let t = Ticket {
-        secret: secret.clone(),
-        session,
-        addr,
-    };
+        .with_context(|| format!("listening on {listen}"))?;
+    let t = offer.ticket().to_string();
     // The ticket goes to stdout alone on its line so scripts can capture it.
     println!("{t}");
     eprintln!("waiting for {n} receivers: bulkcast recv {t}");
-    let hosts = tokio::select! {
-        h = ticket::gather(&listener, &keys, n, Duration::from_secs(a.join_timeout)) => h,
+    let (file, keys) = tokio::select! {
+        r = offer.gather(n, Duration::from_secs(a.join_timeout)) => r,
         _ = shutdown_signal() => bail!("interrupted"),
     };
-    if hosts.is_empty() {
+    if file.hosts.is_empty() {
         bail!("nobody joined within {} s", a.join_timeout);
     }
-    if hosts.len() < n {
+    if file.hosts.len() < n {
         eprintln!(
             "warning: only {} of {n} receivers joined; sending to them",
-            hosts.len()
+            file.hosts.len()
         );
     }
-    Ok((
-        HostsFile {
-            source: None,
-            hosts,
-        },
-        keys,
-    ))
+    Ok((file, keys))
 }
 
 /// The library's send for these arguments, to `file`'s receivers.

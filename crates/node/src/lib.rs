@@ -20,6 +20,7 @@
 //! - [`agent`]: the receiving daemon.
 //! - [`live`]: an agent's sessions as they run and end, for its live page.
 //! - [`ticket`]: ad-hoc sessions that receivers join with a ticket.
+//! - [`ssh`]: one-shot agents started over ssh for a send or a plan.
 //! - [`report`]: live status and the final report.
 //! - [`api`]: the library API: [`Send`] and [`Agent`] builders (see its example).
 #![warn(missing_docs)]
@@ -43,6 +44,7 @@ pub mod probe;
 pub mod report;
 pub mod secure;
 pub mod source;
+pub mod ssh;
 pub mod store;
 pub mod stripes;
 pub mod swarm;

@@ -70,6 +70,78 @@ impl std::fmt::Display for Ticket {
     }
 }
 
+/// A send's offer to receivers that join with a ticket (`send --expect`): the listener for
+/// their joins, and the ticket to hand them.
+pub struct Offer {
+    listener: TcpListener,
+    keys: Keys,
+    ticket: Ticket,
+}
+
+impl Offer {
+    /// Listens on `listen` for joins to `session`. The ticket names `advertise` (default: the
+    /// address bound, or this host's name and the port where that is unspecified) and a key for
+    /// this session alone, never a fleet's secret: the ticket is handed around, and must admit
+    /// nobody to anything after this session.
+    pub async fn listen(
+        listen: &str,
+        advertise: Option<&str>,
+        plaintext: bool,
+        tuning: &transport::TcpTuning,
+        session: SessionId,
+    ) -> std::io::Result<Offer> {
+        let secret = Secret::from_bytes(rand::random());
+        let keys = Keys::derive(&secret).with_plaintext(plaintext);
+        let listener = transport::listen(listen, tuning).await?;
+        let local = listener.local_addr()?;
+        let addr = match advertise {
+            Some(a) => a.to_string(),
+            None if !local.ip().is_unspecified() => local.to_string(),
+            None => format!("{}:{}", hostname(), local.port()),
+        };
+        let ticket = Ticket {
+            secret,
+            session,
+            addr,
+        };
+        Ok(Offer {
+            listener,
+            keys,
+            ticket,
+        })
+    }
+
+    /// The ticket receivers join with (`bulkcast recv TICKET`).
+    pub fn ticket(&self) -> &Ticket {
+        &self.ticket
+    }
+
+    /// Waits (at most `timeout`) for `n` receivers to join: those that did, in the order they
+    /// joined, as a send's hosts, and the session's keys. Send to them with
+    /// [`crate::Send::ticket_receivers`] and this session id.
+    pub async fn gather(
+        self,
+        n: usize,
+        timeout: Duration,
+    ) -> (bulkcast_proto::hosts::HostsFile, Keys) {
+        let hosts = gather(&self.listener, &self.keys, n, timeout).await;
+        let file = bulkcast_proto::hosts::HostsFile {
+            source: None,
+            hosts,
+        };
+        (file, self.keys)
+    }
+}
+
+/// This host's name, for a ticket's address.
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
 /// Sender side: accepts joins until `expect` receivers joined or `deadline` passed, and returns
 /// them in the order they joined. Connections that fail admission are refused and logged.
 pub async fn gather(
@@ -269,6 +341,31 @@ async fn route(
 mod tests {
     use super::*;
     use bulkcast_proto::manifest::{Manifest, ObjectKind};
+
+    #[tokio::test]
+    async fn an_offer_advertises_where_it_listens_with_a_fresh_secret() {
+        let tuning = transport::TcpTuning::default();
+        let o = Offer::listen("127.0.0.1:0", None, false, &tuning, 7)
+            .await
+            .unwrap();
+        let port = o.listener.local_addr().unwrap().port();
+        assert_eq!(o.ticket().addr, format!("127.0.0.1:{port}"));
+        assert_eq!(o.ticket().session, 7);
+        // The printed ticket parses back to the same.
+        assert_eq!(&Ticket::parse(&o.ticket().to_string()).unwrap(), o.ticket());
+        let other = Offer::listen("0.0.0.0:0", Some("gw:9"), false, &tuning, 7)
+            .await
+            .unwrap();
+        assert_eq!(other.ticket().addr, "gw:9");
+        assert_ne!(other.ticket().secret, o.ticket().secret);
+        let any = Offer::listen("0.0.0.0:0", None, false, &tuning, 7)
+            .await
+            .unwrap();
+        assert!(any.ticket().addr.starts_with(&format!("{}:", hostname())));
+        // Nobody joins: no hosts.
+        let (file, _) = o.gather(2, Duration::from_millis(50)).await;
+        assert!(file.hosts.is_empty());
+    }
 
     /// The sender dials a striped edge's connections at once, so an `Attach` can reach a
     /// ticket receiver before the `Open`: the receiver must still take the `Open` as its
