@@ -613,6 +613,7 @@ fn copy_io(direct: bool) -> CopyIo {
 fn tune_allocator() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only adjusts allocator thresholds; called before any other thread exists.
+    // Kept on libc: mallopt is glibc's, not a system call, so neither nix nor rustix wraps it.
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 64 << 20);
         libc::mallopt(libc::M_TRIM_THRESHOLD, 128 << 20);

@@ -354,7 +354,8 @@ pub(crate) fn install_sigbus_message() {
         const MSG: &[u8] = b"bulkcast: error: a file shrank while mapped (SIGBUS): the input \
 file, or a copy being served to peers, was truncated by another program; the receivers keep \
 what they verified: send it again to resume\n";
-        // SAFETY: write(2) and _exit(2) are async-signal-safe.
+        // SAFETY: write(2) and _exit(2) are async-signal-safe. Kept on libc (and below): the
+        // handler and its installation are unsafe in nix too.
         unsafe {
             libc::write(2, MSG.as_ptr().cast(), MSG.len());
             libc::_exit(1);

@@ -10,7 +10,6 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
@@ -25,7 +24,7 @@ use tokio::sync::{mpsc, Notify};
 /// How long a dropped stream keeps sending what was written before giving up.
 const LINGER: Duration = Duration::from_secs(10);
 /// Socket buffers: a few ms of a fast path, so a late wake-up does not drop datagrams.
-const SOCKET_BUFFER: libc::c_int = 4 << 20;
+const SOCKET_BUFFER: usize = 4 << 20;
 /// Datagrams handled per wake-up before the driver sends again.
 const RECV_BATCH: usize = 64;
 /// Connections a listener keeps at once.
@@ -94,19 +93,10 @@ pub fn config_for(peer: SocketAddr) -> Config {
 }
 
 fn set_buffers(s: &UdpSocket) {
-    for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
-        // SAFETY: a valid socket fd and an int option of the given size. Failure leaves the
-        // default size, which only costs datagrams under load.
-        unsafe {
-            libc::setsockopt(
-                s.as_raw_fd(),
-                libc::SOL_SOCKET,
-                opt,
-                (&SOCKET_BUFFER as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            );
-        }
-    }
+    // Failure leaves the default size, which only costs datagrams under load.
+    use nix::sys::socket::{setsockopt, sockopt};
+    let _ = setsockopt(s, sockopt::SndBuf, &SOCKET_BUFFER);
+    let _ = setsockopt(s, sockopt::RcvBuf, &SOCKET_BUFFER);
 }
 
 impl PacedStream {

@@ -691,7 +691,8 @@ const WRITEBACK_EVERY: u64 = 8 << 20;
 fn start_writeback(file: &File) {
     use std::os::fd::AsRawFd;
     // SAFETY: a valid fd; offset 0 and length 0 mean the whole file; the call only schedules
-    // write-back and its failure is harmless (the final fsync still syncs everything).
+    // write-back and its failure is harmless (the final fsync still syncs everything). Kept on
+    // libc: nix does not wrap sync_file_range.
     unsafe {
         libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
     }

@@ -6,7 +6,7 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::time::Duration;
 
 use bulkcast_proto::auth::{AuthError, Keys};
@@ -105,7 +105,7 @@ pub fn default_cc() -> String {
 
 /// Sets the congestion control algorithm of a socket. `auto` sets bbr where the kernel has it
 /// (a tree edge's writer then watches it, [`bulkcast_proto::cc`]).
-pub fn set_cc(stream: &impl AsRawFd, cc: &str) -> io::Result<()> {
+pub fn set_cc(stream: &impl AsFd, cc: &str) -> io::Result<()> {
     if cc.is_empty() {
         return Ok(());
     }
@@ -113,26 +113,16 @@ pub fn set_cc(stream: &impl AsRawFd, cc: &str) -> io::Result<()> {
         // A relay without bbr keeps the system's control rather than failing the edge.
         return set_cc(stream, "bbr").or(Ok(()));
     }
-    // SAFETY: the fd is a valid socket for the duration of the call and the buffer is valid
-    // for the given length.
-    let rc = unsafe {
-        libc::setsockopt(
-            stream.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_CONGESTION,
-            cc.as_ptr().cast(),
-            cc.len() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        let e = io::Error::last_os_error();
-        Err(io::Error::new(
-            e.kind(),
-            format!("congestion control {cc:?} unavailable: {e}"),
-        ))
-    }
+    let name = std::ffi::OsString::from(cc);
+    nix::sys::socket::setsockopt(stream, nix::sys::socket::sockopt::TcpCongestion, &name).map_err(
+        |e| {
+            let e = io::Error::from(e);
+            io::Error::new(
+                e.kind(),
+                format!("congestion control {cc:?} unavailable: {e}"),
+            )
+        },
+    )
 }
 
 /// Keeps at most `bytes` of not-yet-sent data in a socket's send buffer (`TCP_NOTSENT_LOWAT`):
@@ -140,11 +130,12 @@ pub fn set_cc(stream: &impl AsRawFd, cc: &str) -> io::Result<()> {
 /// new data at the pace its congestion window drains it instead of queueing megabytes. This is
 /// what makes "take the next frame when the socket has room" a real measure of a connection's
 /// speed on a striped edge.
-pub fn set_notsent_lowat(stream: &impl AsRawFd, bytes: u32) -> io::Result<()> {
-    setsockopt_u32(stream, libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT, bytes)
+pub fn set_notsent_lowat(stream: &impl AsFd, bytes: u32) -> io::Result<()> {
+    socket2::SockRef::from(stream).set_tcp_notsent_lowat(bytes)
 }
 
 /// The kernel's `TCP_INFO` of a connection and how many bytes of it the kernel filled.
+/// Raw `getsockopt`: neither nix nor socket2 reads `TCP_INFO`.
 fn tcp_info(stream: &impl AsRawFd) -> Option<(libc::tcp_info, usize)> {
     // SAFETY: `tcp_info` is plain data (all zeroes is valid); the kernel writes at most `len`
     // bytes into it and the fd is a valid socket for the duration of the call.
@@ -220,7 +211,8 @@ pub fn set_max_pacing_rate(stream: &impl AsRawFd, bytes_per_sec: u64) -> io::Res
     setsockopt_u32(stream, libc::SOL_SOCKET, libc::SO_MAX_PACING_RATE, v)
 }
 
-/// Sets a socket option whose value is a 32-bit integer.
+/// Sets a socket option whose value is a 32-bit integer. Raw `setsockopt`: its one use,
+/// `SO_MAX_PACING_RATE`, has no wrapper in nix or socket2.
 fn setsockopt_u32(stream: &impl AsRawFd, level: i32, name: i32, v: u32) -> io::Result<()> {
     // SAFETY: the fd is a valid socket for the duration of the call; `v` outlives it, and the
     // kernel reads `size_of::<u32>()` bytes (an `int` for these options).
@@ -700,22 +692,9 @@ pub async fn write_frame_tcp(w: &mut tokio::io::BufWriter<WriteHalf>, f: &Frame)
     while sent < e.data.len() {
         let r = tcp
             .async_io(tokio::io::Interest::WRITABLE, || {
-                let mut off = (offset + sent as u64) as libc::off_t;
-                // SAFETY: both fds are open for the call (the socket is borrowed, the file is
-                // held by `file`); `off` outlives it.
-                let n = unsafe {
-                    libc::sendfile(
-                        tcp.as_raw_fd(),
-                        file.as_raw_fd(),
-                        &mut off,
-                        e.data.len() - sent,
-                    )
-                };
-                if n < 0 {
-                    Err(io::Error::last_os_error())
-                } else {
-                    Ok(n as usize)
-                }
+                let mut off = (offset + sent as u64) as i64;
+                nix::sys::sendfile::sendfile(tcp, &*file, Some(&mut off), e.data.len() - sent)
+                    .map_err(io::Error::from)
             })
             .await;
         match r {
@@ -838,7 +817,8 @@ mod tests {
         let read = |c: &TcpStream| {
             let mut v: u32 = 0;
             let mut len = std::mem::size_of::<u32>() as libc::socklen_t;
-            // SAFETY: valid socket fd; `v` and `len` outlive the call.
+            // SAFETY: valid socket fd; `v` and `len` outlive the call. (No wrapper reads
+            // SO_MAX_PACING_RATE back, as none sets it.)
             let rc = unsafe {
                 libc::getsockopt(
                     c.as_raw_fd(),

@@ -22,9 +22,9 @@
 //! whenever a session opens a copy there. A copy in use by a running session (its map is locked)
 //! is never removed.
 
+use nix::fcntl::{Flock, FlockArg};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -113,7 +113,7 @@ pub(super) enum Opened {
 /// The map of a partial copy, locked for the session writing it.
 pub(super) struct Ledger {
     /// Open (and locked, `flock`) for the whole session.
-    map: File,
+    map: Flock<File>,
     /// Where the next record goes.
     end: u64,
     chunk_size: u64,
@@ -176,25 +176,22 @@ pub(super) fn open(dest: &Path, m: &Manifest, chunk_size: u32) -> io::Result<Ope
 }
 
 /// Opens and locks (`flock`) the map of a partial copy; `None`: another session holds it.
-pub(super) fn lock_map(names: &Names) -> io::Result<Option<File>> {
+pub(super) fn lock_map(names: &Names) -> io::Result<Option<Flock<File>>> {
     let map = OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
         .open(&names.map)?;
-    // SAFETY: a valid fd; LOCK_NB makes it return at once.
-    if unsafe { libc::flock(map.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Ok(None);
-    }
-    Ok(Some(map))
+    // Held until the session drops the ledger (`Flock` unlocks, then closes).
+    Ok(Flock::lock(map, FlockArg::LockExclusiveNonblock).ok())
 }
 
 /// Reads a locked map, keeps the chunks whose bytes (`read` at an offset of the object) hash
 /// as recorded, re-cut to `chunk_size`, and rewrites the map with those only. A map of another
 /// object or a torn header: `reset` empties the copy and nothing is held.
 pub(super) fn load_map(
-    mut map: File,
+    mut map: Flock<File>,
     names: Names,
     id: [u8; 32],
     m: &Manifest,
@@ -389,10 +386,9 @@ impl Partials {
 fn remove_unlocked(part: &Path) -> bool {
     let map = part.with_extension("map");
     if let Ok(f) = File::open(&map) {
-        // SAFETY: a valid fd; non-blocking.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let Ok(_locked) = Flock::lock(f, FlockArg::LockExclusiveNonblock) else {
             return false;
-        }
+        };
         let _ = fs::remove_file(&map);
     }
     match fs::symlink_metadata(part) {

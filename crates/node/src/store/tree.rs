@@ -244,29 +244,17 @@ pub(super) fn open_no_follow(p: &Path) -> io::Result<File> {
 
 /// A symlink's own modification time (`utimensat` with `AT_SYMLINK_NOFOLLOW`).
 fn set_link_mtime(p: &Path, t: Mtime) {
-    use std::os::unix::ffi::OsStrExt;
-    let Ok(c) = std::ffi::CString::new(p.as_os_str().as_bytes()) else {
-        return;
-    };
-    let times = [
-        libc::timespec {
-            tv_sec: 0,
-            tv_nsec: libc::UTIME_OMIT,
-        },
-        libc::timespec {
-            tv_sec: t.secs as libc::time_t,
-            tv_nsec: t.nanos as libc::c_long,
-        },
-    ];
-    // SAFETY: a NUL-terminated path and two timespecs, as utimensat(2) takes.
-    unsafe {
-        libc::utimensat(
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            times.as_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW,
-        );
-    }
+    use nix::sys::stat::{utimensat, UtimensatFlags};
+    use nix::sys::time::TimeSpec;
+    let mtime = TimeSpec::new(t.secs as _, t.nanos as _);
+    // A failure leaves the link's own time, which only the mtime check of a later resume reads.
+    let _ = utimensat(
+        nix::fcntl::AT_FDCWD,
+        p,
+        &TimeSpec::UTIME_OMIT,
+        &mtime,
+        UtimensatFlags::NoFollowSymlink,
+    );
 }
 
 #[cfg(test)]
