@@ -25,7 +25,7 @@ pub struct EdgeArgs {
     /// How frames are dealt to the connections of an edge.
     #[arg(long, value_enum, default_value_t = SchedulerArg::Pull)]
     scheduler: SchedulerArg,
-    /// Append the connections' rates and weights of every striped edge of the source to this
+    /// Append the connections' rates and weights of every spread edge of the source to this
     /// file as JSON lines (a time series to plot).
     #[arg(long)]
     stats: Option<PathBuf>,

@@ -1,5 +1,5 @@
 //! Real processes on loopback: agents, senders and ticket receivers, as users run them: files
-//! and streams by tree, tickets, refused and malformed peers, plans and probes, striped and paced
+//! and streams by tree, tickets, refused and malformed peers, plans and probes, spread and paced
 //! edges, hosts left out. Directories are in `directories.rs`, the swarm strategies in
 //! `strategies.rs`, `bulkcast pipe` in `pipe.rs`.
 //!

@@ -147,7 +147,7 @@ fn readme_report_keys_and_exit_codes_match_the_binary() {
     let file = s.0.join("w.bin");
     make_file(&file, 3 * MIB + 77);
 
-    // A tree send over striped edges (two connections) prints the report example's keys.
+    // A tree send over spread edges (two connections) prints the report example's keys.
     let out = send(
         &[
             file.to_str().unwrap(),

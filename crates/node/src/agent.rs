@@ -34,7 +34,7 @@ pub struct AgentConfig {
     pub stored: Option<Arc<AtomicU64>>,
     /// Objects being received as stripes of a balanced send.
     pub groups: Groups,
-    /// Sessions waiting for further connections of their parent's striped edge.
+    /// Sessions waiting for further connections of their parent's spread edge.
     pub attachments: Attachments,
     /// Write every object to stdout instead of `dir` (`pipe recv`).
     pub stdout: bool,
@@ -312,7 +312,7 @@ pub enum Served {
     },
     /// A probe from a planning source, answered.
     Probe,
-    /// A further connection of a running session's striped edge, handed to that session.
+    /// A further connection of a running session's spread edge, handed to that session.
     Attached,
 }
 
@@ -418,7 +418,7 @@ async fn session_admitted(
             probe::serve_sink(&mut stream).await?;
             return Ok(Served::Probe);
         }
-        // A further connection of a striped edge: it belongs to a session already running.
+        // A further connection of a spread edge: it belongs to a session already running.
         Frame::Attach {
             session,
             token,

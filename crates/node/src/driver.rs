@@ -49,13 +49,13 @@ const LINGER: Duration = Duration::from_secs(2);
 /// would tip that back, so the cap stays where no queue builds.
 pub const RELAY_UPLINK_SHARE: f64 = 0.95;
 
-/// Events from the link tasks; `u16` is the connection's number on a striped edge (0 for a
+/// Events from the link tasks; `u16` is the connection's number on a spread edge (0 for a
 /// plain link).
 enum Ev {
     Frame(Link, u16, Frame),
     Closed(Link, u16, String),
     Written(Link, u16),
-    /// A striped edge's connection 0 reached the child (before our handshake), with the round
+    /// A spread edge's connection 0 reached the child (before our handshake), with the round
     /// trip its transport measured and which transport it got.
     Dialed(usize, Option<Duration>, transport::Transport),
     Connected(usize, u16, Stream),
@@ -77,7 +77,7 @@ pub enum Upstream {
 
 type EdgesFn = dyn FnMut(&[EdgeStreams]) + Send;
 
-/// A periodic report of the striped edges (`--stats`).
+/// A periodic report of the spread edges (`--stats`).
 struct StatsSink {
     every: Duration,
     next: Instant,
@@ -96,7 +96,7 @@ pub struct Driver {
     parent_tx: Option<mpsc::Sender<FromParent>>,
     /// `Got` frames for connection 0 of the parent's edge.
     parent_acks: Option<mpsc::UnboundedSender<Frame>>,
-    /// The parent's edge, once it announced itself striped.
+    /// The parent's edge, once it announced itself spread.
     in_edge: Option<InEdge<Parcel>>,
     /// Where this agent's extra connections arrive ([`Driver::accept_attachments`]).
     attachments: Option<Attachments>,
@@ -105,18 +105,18 @@ pub struct Driver {
     store: Option<Box<dyn LocalCopy>>,
     store_rx: Option<mpsc::UnboundedReceiver<StoreEvent>>,
     writers: HashMap<Link, Writer>,
-    /// Striped edges to children, by child; kept after the link ends, for the report.
+    /// Spread edges to children, by child; kept after the link ends, for the report.
     out_edges: HashMap<usize, OutEdge>,
     tasks: HashMap<Link, Vec<JoinHandle<()>>>,
     other_tasks: Vec<JoinHandle<()>>,
     stats: Option<StatsSink>,
-    /// A relay with a declared uplink: for each child, the pacing cap (bytes/s) of each of its
+    /// A relay with a declared uplink: for each child, the rate cap (bytes/s) of each of its
     /// connections, watched by their writers. The relay's [`Driver::ceiling`] is split evenly
     /// over the children with a live connection, then over each child's connections, so a
     /// child's share does not depend on how many connections it happens to have. `None` for
     /// the source, a leaf, or an unknown uplink.
-    pace: Option<HashMap<usize, watch::Sender<u64>>>,
-    /// What the node's edges may carry together in bytes/s (a relay: its pacing cap,
+    rate_cap: Option<HashMap<usize, watch::Sender<u64>>>,
+    /// What the node's edges may carry together in bytes/s (a relay: its rate cap,
     /// [`RELAY_UPLINK_SHARE`] of its uplink; the source: its declared uplink); `None` where the
     /// uplink is not known.
     ceiling: Option<u64>,
@@ -169,7 +169,7 @@ impl Driver {
             tasks: HashMap::new(),
             other_tasks: Vec::new(),
             stats: None,
-            pace: None,
+            rate_cap: None,
             ceiling: None,
             edge_transport: HashMap::new(),
             predialed: None,
@@ -198,7 +198,7 @@ impl Driver {
         let uplink = f64::from(d.node.uplink_kbps()) * 1000.0 / 8.0;
         if uplink > 0.0 && !d.node.children().is_empty() {
             if d.parent_rx.is_some() {
-                d.pace = Some(HashMap::new());
+                d.rate_cap = Some(HashMap::new());
                 d.ceiling = Some((uplink * RELAY_UPLINK_SHARE) as u64);
             } else {
                 d.ceiling = Some(uplink as u64);
@@ -244,12 +244,12 @@ impl Driver {
         self.predialed = Some(pool);
     }
 
-    /// Accept further connections of a striped parent edge through `a` (agents).
+    /// Accept further connections of a spread parent edge through `a` (agents).
     pub fn accept_attachments(&mut self, a: Attachments) {
         self.attachments = Some(a);
     }
 
-    /// Call `f` with the striped edges' figures every `every` while the session runs.
+    /// Call `f` with the spread edges' figures every `every` while the session runs.
     pub fn report_edges_every(
         &mut self,
         every: Duration,
@@ -262,7 +262,7 @@ impl Driver {
         });
     }
 
-    /// The striped edges to children, in child order (empty for plain links).
+    /// The spread edges to children, in child order (empty for plain links).
     pub fn edge_reports(&self) -> Vec<EdgeStreams> {
         let mut ks: Vec<_> = self.out_edges.keys().copied().collect();
         ks.sort_unstable();
@@ -498,7 +498,7 @@ impl Driver {
                 parcel,
             } => {
                 let Some(e) = &mut self.in_edge else {
-                    return Err("parent broke the protocol: striped frame before Attach".into());
+                    return Err("parent broke the protocol: spread frame before Attach".into());
                 };
                 e.handle(conn, seq, parcel)
                     .map_err(|e| format!("parent broke the protocol: {e}"))
@@ -655,7 +655,7 @@ impl Driver {
                     }
                     let (ftx, frx) = mpsc::channel(WRITE_SLOTS + 1);
                     let ev = self.ev_tx.clone();
-                    let sock = child_socket(&mut self.pace, self.ceiling, &self.tuning, k);
+                    let sock = child_socket(&mut self.rate_cap, self.ceiling, &self.tuning, k);
                     let task = tokio::spawn(write_link(w, frx, None, sock, link, conn, ev));
                     self.tasks.entry(link).or_default().push(task);
                     e.handle_connected(conn, ftx, now);
@@ -704,7 +704,7 @@ impl Driver {
         }
     }
 
-    /// A connection of `link` ended. On a striped edge, a connection other than the first only
+    /// A connection of `link` ended. On a spread edge, a connection other than the first only
     /// hands its frames to the others.
     fn conn_lost(&mut self, link: Link, conn: u16, reason: String, now: Instant) {
         if let Link::Child(k) = link {
@@ -745,9 +745,9 @@ impl Driver {
         let (tx, rx) = mpsc::channel(WRITE_SLOTS + 1);
         let ev = self.ev_tx.clone();
         let sock = match link {
-            Link::Child(k) => child_socket(&mut self.pace, self.ceiling, &self.tuning, k),
+            Link::Child(k) => child_socket(&mut self.rate_cap, self.ceiling, &self.tuning, k),
             _ => SocketControl {
-                pace: None,
+                rate_cap: None,
                 adapt: false,
             },
         };
@@ -756,17 +756,17 @@ impl Driver {
         self.writers.insert(link, Writer { tx, inflight: 0 });
     }
 
-    /// Gives each edge its share of the node's ceiling, and splits a relay's pacing cap evenly
+    /// Gives each edge its share of the node's ceiling, and splits a relay's rate cap evenly
     /// over its children with a live connection, then over each one's live connections (a
     /// connection being made counts once it is up).
-    fn repace(&mut self) {
+    fn split_caps(&mut self) {
         if let Some(c) = self.ceiling {
             let share = c / self.node.children().len().max(1) as u64;
             for e in self.out_edges.values_mut() {
                 e.set_ceiling(Some(share));
             }
         }
-        let (Some(p), Some(total)) = (&self.pace, self.ceiling) else {
+        let (Some(p), Some(total)) = (&self.rate_cap, self.ceiling) else {
             return;
         };
         let live = |k: usize| match self.out_edges.get(&k) {
@@ -785,7 +785,7 @@ impl Driver {
     }
 
     fn pump_writers(&mut self) {
-        self.repace();
+        self.split_caps();
         for (link, w) in self.writers.iter_mut() {
             while w.inflight < WRITE_SLOTS {
                 let Some(f) = self.node.poll_transmit(*link) else {
@@ -861,7 +861,7 @@ enum Parcel {
 
 /// What a reader of the parent's connections hands over.
 enum FromParent {
-    /// A frame from connection `conn`, with its sequence number if it came `Striped`.
+    /// A frame from connection `conn`, with its sequence number if it came `Spread`.
     Item {
         conn: u16,
         seq: Option<u64>,
@@ -882,7 +882,7 @@ async fn read_parent<R: AsyncRead + Unpin>(
         let item = match transport::read_frame(&mut r, wire::MAX_FRAME).await {
             Ok(Some(f)) => {
                 let (seq, f) = match f {
-                    Frame::Striped { seq, inner } => (Some(seq), *inner),
+                    Frame::Spread { seq, inner } => (Some(seq), *inner),
                     f => (None, f),
                 };
                 let parcel = match f {

@@ -2,9 +2,9 @@
 //! several addresses (paths) of the child.
 //!
 //! The parent side ([`OutEdge`]) numbers every frame the node sends to the child, wraps it in
-//! `Striped{seq}` and lets a [`Striper`] deal it to a connection whose socket has room. The
+//! `Spread{seq}` and lets a [`Spreader`] deal it to a connection whose socket has room. The
 //! child side ([`InEdge`]) puts the frames back in order with a [`Joiner`] and answers
-//! `Got{seq}` on the connection that carried each, which is what the striper measures each
+//! `Got{seq}` on the connection that carried each, which is what the spreader measures each
 //! connection by. Frames the child sends up (acknowledgements, requests) all use connection 0.
 //!
 //! Set-up: connection 0 is made like a plain edge (handshake, `Open`), then announces the edge
@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use crate::transport::Stream;
 use bulkcast_proto::multipath::grow::{start_for, Decision, Grow};
 use bulkcast_proto::multipath::{
-    ConnStats, JoinError, Joiner, Scheduler, Striper, StriperConfig, StriperError,
+    ConnStats, JoinError, Joiner, Scheduler, Spreader, SpreaderConfig, SpreaderError,
 };
 use bulkcast_proto::node::{Link, Node};
 use bulkcast_proto::wire::{EdgeMode, EdgeScheduler, Frame, SessionId};
@@ -57,7 +57,7 @@ pub fn window_for(chunk_size: u32) -> u32 {
     (WINDOW_BYTES / u64::from(chunk_size.max(1))).clamp(16, 4096) as u32
 }
 
-/// About the bytes a frame takes on the wire (what the striper measures rates in).
+/// About the bytes a frame takes on the wire (what the spreader measures rates in).
 fn frame_len(f: &Frame) -> u32 {
     match f {
         Frame::Chunk(c) => c.data.len() as u32 + 96,
@@ -121,12 +121,12 @@ pub type StreamsFn = dyn Fn(&[EdgeStreams]) + Send + Sync;
 /// An edge's attaching connections, by session and edge token.
 type Waiting = HashMap<(SessionId, u64), mpsc::UnboundedSender<(u16, Stream)>>;
 
-/// Receives the striped edges' figures periodically while a session runs (`--stats`, `-v`).
+/// Receives the spread edges' figures periodically while a session runs (`--stats`, `-v`).
 #[derive(Clone)]
 pub struct StreamsObserver {
     /// How often.
     pub every: Duration,
-    /// Called with every striped edge of the node.
+    /// Called with every spread edge of the node.
     pub f: Arc<StreamsFn>,
 }
 
@@ -140,9 +140,9 @@ impl std::fmt::Debug for StreamsObserver {
 
 struct OutConn {
     addr: String,
-    /// Which of the child's addresses it goes to: its path, for the striper.
+    /// Which of the child's addresses it goes to: its path, for the spreader.
     path: usize,
-    /// The striper's number for it, once connected.
+    /// The spreader's number for it, once connected.
     id: Option<usize>,
     tx: Option<mpsc::Sender<Frame>>,
     inflight: usize,
@@ -162,10 +162,10 @@ struct AutoStreams {
     limited: bool,
 }
 
-/// The parent side of a striped edge.
+/// The parent side of a spread edge.
 pub struct OutEdge {
     name: String,
-    striper: Striper,
+    spreader: Spreader,
     conns: Vec<OutConn>,
     /// The frames from `base` up, until acknowledged (a lost connection's are sent again).
     frames: VecDeque<Frame>,
@@ -204,18 +204,18 @@ impl OutEdge {
         let window = window_for(chunk_size);
         // Each connection's socket keeps at most `lowat` unsent bytes, so "its writer has
         // room" already follows its congestion window, as TCP's own self-clocking. The
-        // striper's in-flight cap (made for sockets with deep buffers) would only hold a
+        // spreader's in-flight cap (made for sockets with deep buffers) would only hold a
         // connection below its window while the rate estimate catches up with slow start, so it
         // is set out of the way; the window and the blocking estimate still keep a connection
         // too slow for the join from stalling it.
-        let config = StriperConfig {
+        let config = SpreaderConfig {
             window: u64::from(window),
             pull_queue_delay: Duration::from_secs(10),
             pull_min_inflight: 4 * u64::from(chunk_size),
             // A rate estimate that follows a connection's slow start within a few round
             // trips; the in-flight cap is derived from it.
             rate_tau: Duration::from_millis(150),
-            ..StriperConfig::with(scheduler(mode.scheduler))
+            ..SpreaderConfig::with(scheduler(mode.scheduler))
         };
         let paths = addrs.len().max(1) as u16;
         let (target, grow) = match mode.streams {
@@ -235,7 +235,7 @@ impl OutEdge {
         };
         Self {
             name,
-            striper: Striper::new(config),
+            spreader: Spreader::new(config),
             conns: Vec::new(),
             frames: VecDeque::new(),
             base: 0,
@@ -336,7 +336,7 @@ impl OutEdge {
     /// Connection `conn` passed the handshake; frames for it go to `tx`.
     pub fn handle_connected(&mut self, conn: u16, tx: mpsc::Sender<Frame>, now: Instant) {
         let path = self.conns.get(conn as usize).map_or(0, |c| c.path);
-        let id = self.striper.add_conn_on(path, now);
+        let id = self.spreader.add_conn_on(path, now);
         if let Some(c) = self.conns.get_mut(conn as usize) {
             c.id = Some(id);
             c.tx = Some(tx);
@@ -351,12 +351,12 @@ impl OutEdge {
             .conns
             .get(conn as usize)
             .and_then(|c| c.id)
-            .and_then(|id| self.striper.stats().get(id).map(|s| s.inflight_items > 0))
+            .and_then(|id| self.spreader.stats().get(id).map(|s| s.inflight_items > 0))
             .unwrap_or(false);
         if let Some(c) = self.conns.get_mut(conn as usize) {
             c.tx = None;
             if let Some(id) = c.id {
-                let _ = self.striper.handle_conn_lost(id, now);
+                let _ = self.spreader.handle_conn_lost(id, now);
             }
             // A failed connection is not replaced by auto growth: it was counted.
             c.id = c.id.or(Some(usize::MAX));
@@ -372,21 +372,21 @@ impl OutEdge {
     }
 
     /// The child took frame `seq` from connection `conn`.
-    pub fn handle_got(&mut self, conn: u16, seq: u64, now: Instant) -> Result<(), StriperError> {
+    pub fn handle_got(&mut self, conn: u16, seq: u64, now: Instant) -> Result<(), SpreaderError> {
         let c = self
             .conns
             .get(conn as usize)
-            .ok_or(StriperError::UnknownConn(conn as usize))?;
+            .ok_or(SpreaderError::UnknownConn(conn as usize))?;
         let Some(id) = c.id.filter(|&id| id != usize::MAX) else {
-            return Err(StriperError::UnknownConn(conn as usize));
+            return Err(SpreaderError::UnknownConn(conn as usize));
         };
         if c.tx.is_none() {
             // A connection lost or retired: its frames were handed to the others, and what it
             // still delivers is a second copy the child drops.
             return Ok(());
         }
-        self.striper.handle_acked(id, seq, now)?;
-        let below = self.striper.acked_below();
+        self.spreader.handle_acked(id, seq, now)?;
+        let below = self.spreader.acked_below();
         while self.base < below {
             self.frames.pop_front();
             self.base += 1;
@@ -394,20 +394,20 @@ impl OutEdge {
         Ok(())
     }
 
-    /// Moves frames from the node into the striper while the window allows, and from the
-    /// striper to every connection whose writer has room.
-    pub fn pump(&mut self, node: &mut Node, link: Link, now: Instant) -> Result<(), StriperError> {
+    /// Moves frames from the node into the spreader while the window allows, and from the
+    /// spreader to every connection whose writer has room.
+    pub fn pump(&mut self, node: &mut Node, link: Link, now: Instant) -> Result<(), SpreaderError> {
         if self.closed {
             return Ok(());
         }
         loop {
             let mut moved = false;
-            while self.striper.wants_input() {
+            while self.spreader.wants_input() {
                 let Some(f) = node.poll_transmit(link) else {
                     break;
                 };
                 let len = frame_len(&f);
-                self.striper.handle_input(len, now)?;
+                self.spreader.handle_input(len, now)?;
                 self.frames.push_back(f);
                 moved = true;
             }
@@ -416,17 +416,17 @@ impl OutEdge {
                     continue;
                 };
                 while c.inflight < SLOTS {
-                    let Some(item) = self.striper.poll_assign(id, now) else {
+                    let Some(item) = self.spreader.poll_assign(id, now) else {
                         break;
                     };
                     let Some(f) = self.frames.get((item.index - self.base) as usize) else {
                         break;
                     };
-                    let striped = Frame::Striped {
+                    let spread = Frame::Spread {
                         seq: item.index,
                         inner: Box::new(f.clone()),
                     };
-                    if tx.try_send(striped).is_err() {
+                    if tx.try_send(spread).is_err() {
                         // The writer is gone; its failure event is on the way and will hand
                         // this item to another connection.
                         break;
@@ -447,7 +447,7 @@ impl OutEdge {
         {
             // Data waiting that no connection could take: the connections are the limit.
             let limited =
-                !self.striper.wants_input() || self.frames.len() as u64 > self.in_flight_items();
+                !self.spreader.wants_input() || self.frames.len() as u64 > self.in_flight_items();
             if let Some(a) = &mut self.grow {
                 a.limited = limited;
             }
@@ -456,7 +456,7 @@ impl OutEdge {
     }
 
     fn in_flight_items(&self) -> u64 {
-        self.striper
+        self.spreader
             .stats()
             .iter()
             .map(|s| s.inflight_items as u64)
@@ -464,7 +464,7 @@ impl OutEdge {
     }
 
     fn acked_bytes(&self) -> u64 {
-        self.striper.stats().iter().map(|s| s.bytes_acked).sum()
+        self.spreader.stats().iter().map(|s| s.bytes_acked).sum()
     }
 
     /// `--streams auto`: at the end of each measurement interval, let [`Grow`] decide.
@@ -515,7 +515,7 @@ impl OutEdge {
         if let Some(c) = self.conns.get_mut(conn as usize) {
             c.tx = None;
             if let Some(id) = c.id {
-                let _ = self.striper.handle_conn_lost(id, now);
+                let _ = self.spreader.handle_conn_lost(id, now);
             }
         }
     }
@@ -528,7 +528,7 @@ impl OutEdge {
         }
     }
 
-    /// The most this edge may carry in bytes/s (its share of a relay's pacing cap; `None`: no
+    /// The most this edge may carry in bytes/s (its share of a relay's rate cap; `None`: no
     /// cap). `--streams auto` stops adding connections near it.
     pub fn set_ceiling(&mut self, bytes_per_sec: Option<u64>) {
         let c = bytes_per_sec.map(|b| b as f64);
@@ -560,7 +560,7 @@ impl OutEdge {
 
     /// The edge's connections now.
     pub fn report(&self) -> EdgeStreams {
-        let stats: Vec<ConnStats> = self.striper.stats();
+        let stats: Vec<ConnStats> = self.spreader.stats();
         let conns: Vec<ConnReport> = self
             .conns
             .iter()
@@ -584,13 +584,13 @@ impl OutEdge {
             edge: self.name.clone(),
             total_mbps: conns.iter().filter(|c| c.alive).map(|c| c.mbps).sum(),
             conns,
-            hedges: self.striper.hedges(),
+            hedges: self.spreader.hedges(),
             transport: self.transport.map(String::from),
         }
     }
 }
 
-/// The child side of a striped edge: the join, and the `Got` answers.
+/// The child side of a spread edge: the join, and the `Got` answers.
 pub struct InEdge<T> {
     /// The edge's token (connections attaching must carry it).
     pub token: u64,
@@ -635,7 +635,7 @@ impl<T> InEdge<T> {
     }
 }
 
-/// Where an agent's sessions wait for the extra connections of their striped edges.
+/// Where an agent's sessions wait for the extra connections of their spread edges.
 #[derive(Clone, Default, Debug)]
 pub struct Attachments {
     inner: Arc<Mutex<Waiting>>,
@@ -689,7 +689,7 @@ impl Attachments {
     }
 }
 
-/// Why a further connection of a striped edge found no session to join.
+/// Why a further connection of a spread edge found no session to join.
 #[derive(Debug, thiserror::Error)]
 pub enum AttachError {
     /// No session with that edge registered here in time (connection number given).

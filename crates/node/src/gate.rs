@@ -31,7 +31,7 @@ pub struct Limits {
 
 impl Default for Limits {
     /// 256 in all, 64 per source (a relay pre-dials up to [`crate::predial::MAX_DIAL`]
-    /// children and a striped edge opens several connections, all from one address), 10 s.
+    /// children and a spread edge opens several connections, all from one address), 10 s.
     fn default() -> Self {
         Self {
             total: 256,

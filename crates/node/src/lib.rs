@@ -6,7 +6,7 @@
 //!   any `AsyncRead`/`AsyncWrite`, the handshake with deadlines.
 //! - [`paced`]: the paced UDP transport's driver: `AsyncRead`/`AsyncWrite` streams, a listener.
 //! - [`driver`]: the event loop around one [`bulkcast_proto::node::Node`].
-//! - [`edge`]: an edge over several connections (and paths): striping, join, `--streams auto`.
+//! - [`edge`]: an edge over several connections (and paths): spreading, join, `--streams auto`.
 //! - [`feed`]: product feeds: `feed serve` with its queue on disk, subscribers, inserts.
 //! - [`input`]: the source's file, directory or stdin reader.
 //! - [`mapped`]: a file's chunks as page-cache mappings, sent with `sendfile(2)`.

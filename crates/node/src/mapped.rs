@@ -6,7 +6,7 @@
 //! mapped chunk is hashed where it lies in the page cache and handed to the socket by reference,
 //! so the source touches each byte once (to hash it) however many receivers it feeds.
 //!
-//! The chunk stays an ordinary [`Bytes`] for the rest of the stack (the core, the striper, the
+//! The chunk stays an ordinary [`Bytes`] for the rest of the stack (the core, the spreader, the
 //! retransmit window); only the writer asks [`file_range`] whether the bytes it is about to write
 //! lie in a mapping.
 //!

@@ -327,10 +327,10 @@ pub struct EdgeReport {
     pub seconds: f64,
     /// `bytes / seconds` in Mbit/s.
     pub rate_mbps: f64,
-    /// The edge's connections, where it is striped over several (the source's own edges).
+    /// The edge's connections, where it is spread over several (the source's own edges).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub connections: Vec<crate::edge::ConnReport>,
-    /// Frames of a striped edge sent again on another connection because the first was late.
+    /// Frames of a spread edge sent again on another connection because the first was late.
     #[serde(skip_serializing_if = "is_zero")]
     pub hedges: u64,
     /// `tcp` or `udp` (the paced transport), where the edge is the source's own.
@@ -481,7 +481,7 @@ impl Report {
 }
 
 impl Report {
-    /// Adds the connections of the source's striped edges to their edges.
+    /// Adds the connections of the source's spread edges to their edges.
     pub fn add_streams(&mut self, streams: Vec<crate::edge::EdgeStreams>) {
         for s in streams {
             if let Some(e) = self

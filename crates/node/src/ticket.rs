@@ -367,7 +367,7 @@ mod tests {
         assert!(file.hosts.is_empty());
     }
 
-    /// The sender dials a striped edge's connections at once, so an `Attach` can reach a
+    /// The sender dials a spread edge's connections at once, so an `Attach` can reach a
     /// ticket receiver before the `Open`: the receiver must still take the `Open` as its
     /// session (here one it refuses, which names the `Open`'s fault).
     #[tokio::test]

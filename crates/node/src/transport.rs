@@ -129,7 +129,7 @@ pub fn set_cc(stream: &impl AsFd, cc: &str) -> io::Result<()> {
 /// the socket reports room only when its unsent backlog is below that, so a connection takes
 /// new data at the pace its congestion window drains it instead of queueing megabytes. This is
 /// what makes "take the next frame when the socket has room" a real measure of a connection's
-/// speed on a striped edge.
+/// speed on a spread edge.
 pub fn set_notsent_lowat(stream: &impl AsFd, bytes: u32) -> io::Result<()> {
     socket2::SockRef::from(stream).set_tcp_notsent_lowat(bytes)
 }

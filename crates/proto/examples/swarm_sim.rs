@@ -3,7 +3,7 @@
 //! hybrid, at 20 ms and 100 ms RTT between clusters.
 //!
 //! ```text
-//! cargo run --release -p bulkcast-proto --example swarm_sim [-- --per-cluster N --mb M --piece-kib K --lab [--tcp] --unequal --servers N --shares blocks|stripes]
+//! cargo run --release -p bulkcast-proto --example swarm_sim [-- --per-cluster N --mb M --piece-kib K --lab [--tcp] --unequal --servers N --shares blocks|interleaved]
 //! ```
 //!
 //! Throughput is the object size over the time until the last receiver finished (the paper's
@@ -50,9 +50,9 @@ fn main() {
         if a == "--shares" {
             tune.shares = match it.next().map(String::as_str) {
                 Some("blocks") => ShareLayout::Blocks,
-                Some("stripes") => ShareLayout::Stripes,
+                Some("interleaved") => ShareLayout::Interleaved,
                 _ => {
-                    eprintln!("--shares takes blocks or stripes");
+                    eprintln!("--shares takes blocks or interleaved");
                     std::process::exit(2);
                 }
             };
@@ -75,7 +75,7 @@ fn main() {
             }
             _ => {
                 eprintln!(
-                    "usage: swarm_sim [--per-cluster N] [--mb M] [--piece-kib K] [--detail CONDITION RTT_MS] [--sweep] [--lab [--tcp]] [--unequal] [--servers N] [--shares blocks|stripes]"
+                    "usage: swarm_sim [--per-cluster N] [--mb M] [--piece-kib K] [--detail CONDITION RTT_MS] [--sweep] [--lab [--tcp]] [--unequal] [--servers N] [--shares blocks|interleaved]"
                 );
                 std::process::exit(2);
             }

@@ -20,7 +20,7 @@
 //!   clock, one per protocol, for the tests, examples and the lab.
 //! - [`swarm`]: receiver-driven swarming (MOB, a BitTorrent-style baseline, a tree+pull
 //!   hybrid) over the same chunks and wire, with its own cluster/WAN simulator.
-//! - [`multipath`]: one edge over N parallel connections: striping, in-order join, and the
+//! - [`multipath`]: one edge over N parallel connections: spreading, in-order join, and the
 //!   paper's weighted fork-join controller, with its own simulator.
 //! - [`feed`]: product feeds (seed 003): a queue, subscriptions, multicast push with unicast
 //!   repair.

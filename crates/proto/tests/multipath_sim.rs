@@ -104,8 +104,8 @@ fn join_is_exact_when_all_but_one_connection_is_lost_and_another_joins() {
 fn join_is_exact_while_the_controller_reweights_mid_stream() {
     let mut spec = jittery(Scheduler::Weighted, 5);
     spec.bytes = Some(120 * MIB + 1);
-    spec.striper.weighted.alarm = Some(Duration::from_secs(2));
-    spec.striper.weighted.settle = Duration::from_millis(200);
+    spec.spreader.weighted.alarm = Some(Duration::from_secs(2));
+    spec.spreader.weighted.settle = Duration::from_millis(200);
     spec.rate_changes = vec![
         (Duration::from_secs(2), 0, 2e6),
         (Duration::from_secs(4), 3, 4e6),
@@ -124,7 +124,7 @@ fn join_is_exact_while_the_controller_reweights_mid_stream() {
 #[test]
 fn a_joiner_window_smaller_than_the_senders_is_caught_as_a_violation() {
     let mut spec = jittery(Scheduler::Pull, 3);
-    spec.joiner_window = spec.striper.window / 8;
+    spec.joiner_window = spec.spreader.window / 8;
     spec.bytes = Some(8 * MIB);
     let r = run(&spec);
     assert!(
@@ -157,7 +157,7 @@ fn step_spec(to: f64) -> ForkJoinSpec {
 #[test]
 fn weighted_controller_follows_a_step_down_by_its_33_percent_rule() {
     let mut spec = step_spec(5.0);
-    spec.striper.weighted.alarm = None;
+    spec.spreader.weighted.alarm = None;
     let r = run(&spec);
     // Before: 30:10, so weights 0.75 / 0.25.
     let before = weight_at(&r, Duration::from_secs(19), 0);
@@ -303,7 +303,7 @@ fn a_large_socket_buffer_on_a_slow_connection_does_not_stall_pull() {
     let mut spec = ForkJoinSpec::paper(&[100.0, 2.0], 2, Scheduler::Pull);
     spec.duration = Duration::from_secs(20);
     spec.conns[1].window = 8 * MIB;
-    spec.striper.window = 4096;
+    spec.spreader.window = 4096;
     spec.joiner_window = 4096;
     let peak = |r: &ForkJoinReport| {
         r.samples
@@ -318,7 +318,7 @@ fn a_large_socket_buffer_on_a_slow_connection_does_not_stall_pull() {
     assert!(r.carried[1] > 20, "{:?}", r.carried);
     // Without the cap it queues far more.
     let mut uncapped = spec.clone();
-    uncapped.striper.pull_queue_delay = Duration::from_secs(3600);
+    uncapped.spreader.pull_queue_delay = Duration::from_secs(3600);
     let r = run(&uncapped);
     assert!(peak(&r) > MIB, "uncapped peak in flight {}", peak(&r));
 }
@@ -381,10 +381,10 @@ fn join_is_exact_on_random_edges() {
             });
         }
         let window = rng.gen_range(4..300);
-        spec.striper.window = window;
+        spec.spreader.window = window;
         spec.joiner_window = window;
         spec.item_len = rng.gen_range(1000..100_000);
-        spec.striper.weighted.block = rng.gen_range(10_000..1_000_000);
+        spec.spreader.weighted.block = rng.gen_range(10_000..1_000_000);
         spec.bytes = Some(total);
         spec.duration = Duration::from_secs(600);
         spec.seed = case as u64;
@@ -414,7 +414,7 @@ fn pull_uses_a_long_path_beside_a_short_one_when_the_window_covers_it() {
     for c in &mut spec.conns {
         c.window = 4 * MIB;
     }
-    spec.striper.window = 1024;
+    spec.spreader.window = 1024;
     spec.joiner_window = 1024;
     spec.duration = Duration::from_secs(8);
     let r = run(&spec);
@@ -461,7 +461,7 @@ fn a_stalled_connection_has_its_frames_sent_again_instead_of_stalling_the_join()
     let copies = r.carried.iter().sum::<u64>() - r.released_items;
     assert!((1..=8).contains(&copies), "{copies} second copies");
     let mut off = spec.clone();
-    off.striper.hedge_after = 0.0;
+    off.spreader.hedge_after = 0.0;
     // (The frame in service when the channel slowed takes a minute at its rate: without a
     // second copy the stream does not even finish within the run.)
     let r = run(&off);
@@ -491,11 +491,11 @@ fn a_finite_stream_is_not_held_up_at_its_end_by_the_slow_connections() {
             let mut spec = ForkJoinSpec::paper(channels, n, Scheduler::Pull);
             let frame = 256u32 << 10;
             spec.item_len = frame;
-            spec.striper.window = 128;
+            spec.spreader.window = 128;
             spec.joiner_window = 128;
-            spec.striper.pull_queue_delay = Duration::from_secs(10);
-            spec.striper.pull_min_inflight = 4 * u64::from(frame);
-            spec.striper.rate_tau = Duration::from_millis(150);
+            spec.spreader.pull_queue_delay = Duration::from_secs(10);
+            spec.spreader.pull_min_inflight = 4 * u64::from(frame);
+            spec.spreader.rate_tau = Duration::from_millis(150);
             for c in &mut spec.conns {
                 c.window = 2 * u64::from(frame);
             }

@@ -715,7 +715,7 @@ fn peer_stats_tell_a_full_window_from_a_peer_with_nothing_to_give() {
 }
 
 #[test]
-fn hybrid_members_share_the_dealt_pieces_by_stripes_so_each_fetches_from_the_start() {
+fn hybrid_members_share_the_dealt_pieces_interleaved_so_each_fetches_from_the_start() {
     // Clusters: {0 (source), 1}, {2}, {3, 4, 5, 6}. Node 5 has rank 2 of 4 in its cluster;
     // node 2 holds the first 8 of 400 pieces, the first the deal sends out.
     let keys = Keys::derive(&Secret::from_bytes([3; 32]));
@@ -738,8 +738,8 @@ fn hybrid_members_share_the_dealt_pieces_by_stripes_so_each_fetches_from_the_sta
             })
             .collect::<Vec<u64>>()
     };
-    // Stripes: its share is every fourth piece from 2 on, so it asks for 2 and 6 at once.
-    assert_eq!(asked(ShareLayout::Stripes), vec![2, 6]);
+    // Interleaved: its share is every fourth piece from 2 on, so it asks for 2 and 6 at once.
+    assert_eq!(asked(ShareLayout::Interleaved), vec![2, 6]);
     // Blocks (MOB's): its share is pieces 200..300, so it has nothing to fetch until the deal
     // gets there, half-way through.
     assert_eq!(asked(ShareLayout::Blocks), Vec::<u64>::new());

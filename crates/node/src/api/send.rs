@@ -513,7 +513,7 @@ impl Send {
         self
     }
 
-    /// Receives the striped edges' figures while a push runs (`--stats`, `-v`).
+    /// Receives the spread edges' figures while a push runs (`--stats`, `-v`).
     pub fn observer(mut self, o: StreamsObserver) -> Send {
         self.observer = Some(o);
         self

@@ -1,4 +1,4 @@
-//! A link's writer task: frames out to a connection, the socket's pacing cap and congestion
+//! A link's writer task: frames out to a connection, the socket's rate cap and congestion
 //! control changed while it runs, and a word at its end on where the connection's time went.
 
 use std::collections::HashMap;
@@ -24,7 +24,7 @@ fn write_buffer(w: &transport::WriteHalf) -> usize {
     }
 }
 
-/// Writes a link's frames, reporting each one written; `acks` (`Got` frames of a striped
+/// Writes a link's frames, reporting each one written; `acks` (`Got` frames of a spread
 /// parent edge) go first and are not reported.
 pub(super) async fn write_link(
     w: transport::WriteHalf,
@@ -35,13 +35,16 @@ pub(super) async fn write_link(
     conn: u16,
     ev: mpsc::Sender<Ev>,
 ) {
-    let SocketControl { mut pace, adapt } = sock;
-    // The socket, to change its pacing cap while a write is under way (a frame can take
+    let SocketControl {
+        mut rate_cap,
+        adapt,
+    } = sock;
+    // The socket, to change its rate cap while a write is under way (a frame can take
     // seconds on a slow connection). It stays open while this task holds `w`.
     // A paced connection has no kernel pacing to cap (a known limit: uplink caps apply to
     // TCP edges only).
     let fd = w.tcp().map(|t| t.as_raw_fd());
-    let repace = |rate: u64| {
+    let apply_cap = |rate: u64| {
         let Some(fd) = fd else { return };
         // SAFETY: `fd` is `w`'s socket, which this task owns for as long as it calls this.
         let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
@@ -49,8 +52,8 @@ pub(super) async fn write_link(
             tracing::debug!("SO_MAX_PACING_RATE: {e}");
         }
     };
-    if let Some(p) = &mut pace {
-        repace(*p.borrow_and_update());
+    if let Some(p) = &mut rate_cap {
+        apply_cap(*p.borrow_and_update());
     }
     let mut cc = fd.filter(|_| adapt).map(CcWatch::new);
     let mut w = BufWriter::with_capacity(write_buffer(&w), w);
@@ -77,7 +80,7 @@ pub(super) async fn write_link(
             loop {
                 tokio::select! {
                     r = &mut write => break r,
-                    rate = next_pace(&mut pace) => repace(rate),
+                    rate = next_cap(&mut rate_cap) => apply_cap(rate),
                 }
             }
         };
@@ -152,8 +155,8 @@ fn log_send_times(
 
 /// What a link's writer controls on its socket besides writing.
 pub(super) struct SocketControl {
-    /// The pacing cap, changed while the session runs (a paced relay's children).
-    pub(super) pace: Option<watch::Receiver<u64>>,
+    /// The rate cap, changed while the session runs (a capped relay's children).
+    pub(super) rate_cap: Option<watch::Receiver<u64>>,
     /// Run bbr until the path shows it is clean, then cubic ([`CcWatch`]).
     pub(super) adapt: bool,
 }
@@ -208,41 +211,41 @@ impl CcWatch {
     }
 }
 
-/// What the writer of a connection to child `k` controls on its socket: its pacing cap
-/// ([`pace_for`]), and under `--cc auto` its congestion control (it starts on bbr and is
+/// What the writer of a connection to child `k` controls on its socket: its rate cap
+/// ([`cap_for`]), and under `--cc auto` its congestion control (it starts on bbr and is
 /// watched, [`CcWatch`]).
 pub(super) fn child_socket(
-    pace: &mut Option<HashMap<usize, watch::Sender<u64>>>,
+    rate_cap: &mut Option<HashMap<usize, watch::Sender<u64>>>,
     ceiling: Option<u64>,
     tuning: &TcpTuning,
     k: usize,
 ) -> SocketControl {
     SocketControl {
-        pace: pace_for(pace, ceiling, k),
+        rate_cap: cap_for(rate_cap, ceiling, k),
         adapt: tuning.cc == "auto",
     }
 }
 
-/// For a new writer to child `k` of a paced relay ([`Driver::pace`]): where its connection's cap
-/// comes from (the whole `ceiling` until the next [`Driver::repace`] splits it).
-fn pace_for(
-    pace: &mut Option<HashMap<usize, watch::Sender<u64>>>,
+/// For a new writer to child `k` of a capped relay ([`Driver::rate_cap`]): where its connection's cap
+/// comes from (the whole `ceiling` until the next [`Driver::split_caps`] splits it).
+fn cap_for(
+    rate_cap: &mut Option<HashMap<usize, watch::Sender<u64>>>,
     ceiling: Option<u64>,
     k: usize,
 ) -> Option<watch::Receiver<u64>> {
     let total = ceiling?;
-    let tx = pace.as_mut()?.entry(k);
+    let tx = rate_cap.as_mut()?.entry(k);
     Some(tx.or_insert_with(|| watch::Sender::new(total)).subscribe())
 }
 
-/// The next pacing cap a writer should apply; never ready without a cap to watch (or once its
+/// The next rate cap a writer should apply; never ready without a cap to watch (or once its
 /// driver is gone).
-async fn next_pace(pace: &mut Option<watch::Receiver<u64>>) -> u64 {
-    if let Some(p) = pace {
+async fn next_cap(rate_cap: &mut Option<watch::Receiver<u64>>) -> u64 {
+    if let Some(p) = rate_cap {
         if p.changed().await.is_ok() {
             return *p.borrow_and_update();
         }
-        *pace = None;
+        *rate_cap = None;
     }
     std::future::pending().await
 }

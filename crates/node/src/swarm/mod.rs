@@ -42,7 +42,7 @@
 //!   that stops moving while its connection stays up holds up its peers until the source's
 //!   stall timeout ends the session; a connection between two agents that drops is only a
 //!   lost peer (its requests move elsewhere), never retried.
-//! - One connection per pair of members; no striping, no extra paths.
+//! - One connection per pair of members; no spreading, no extra paths.
 
 mod agent;
 mod net;

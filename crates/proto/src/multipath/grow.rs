@@ -17,7 +17,7 @@ pub const RTT_PER_START_CONN: Duration = Duration::from_millis(20);
 /// [`start_for`]: the most connections an edge starts with.
 pub const MAX_START: u16 = 8;
 
-/// A settled rate at this fraction of the edge's ceiling (its pacing cap) ends growth: more
+/// A settled rate at this fraction of the edge's ceiling (its rate cap) ends growth: more
 /// connections cannot raise it.
 pub const CEILING_SHARE: f64 = 0.9;
 
@@ -65,7 +65,7 @@ pub struct Grow {
     prev: Option<f64>,
     /// The settled rate before the last connection was added.
     baseline: Option<f64>,
-    /// The most the edge may carry (its pacing cap), in the unit of the rates.
+    /// The most the edge may carry (its rate cap), in the unit of the rates.
     ceiling: Option<f64>,
     done: bool,
 }
@@ -85,7 +85,7 @@ impl Grow {
         }
     }
 
-    /// The most the edge may carry (a pacing cap), in the unit of the rates; `None`: no cap.
+    /// The most the edge may carry (a rate cap), in the unit of the rates; `None`: no cap.
     /// Growth stops once the settled rate is near it.
     pub fn set_ceiling(&mut self, ceiling: Option<f64>) {
         self.ceiling = ceiling;
@@ -103,7 +103,7 @@ impl Grow {
 
     /// The end of a measurement interval: the edge's rate over it (any unit), and whether the
     /// connections were the limit (data waited for them). An interval in which the source or
-    /// the receiver set the pace is ignored.
+    /// the receiver set the rate_cap is ignored.
     pub fn handle_interval(&mut self, rate: f64, limited: bool) -> Decision {
         if self.done {
             return Decision::Stop;

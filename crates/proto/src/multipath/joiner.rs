@@ -1,4 +1,4 @@
-//! The receiving side of a striped edge: joins items from any connection back into order.
+//! The receiving side of a spread edge: joins items from any connection back into order.
 
 use std::collections::VecDeque;
 

@@ -6,7 +6,7 @@
 //! carries it, when, and when the receiver may release it.
 //!
 //! # The pieces
-//! - [`Striper`] (sender): numbers the items of the input, deals them to connections, tracks
+//! - [`Spreader`] (sender): numbers the items of the input, deals them to connections, tracks
 //!   them until acknowledged, reassigns those of a lost connection, measures each connection
 //!   ([`ConnStats`]: bytes, rate, weight, in flight) and runs the paper's controller.
 //! - [`Joiner`] (receiver): takes items from any connection in any order, drops second
@@ -18,19 +18,19 @@
 //!   fraction of the channels' summed rate, a time series and re-convergence after steps.
 //!
 //! # Driving it
-//! Sender, per edge: [`Striper::new`], then [`Striper::add_conn_on`] per connection (with its
+//! Sender, per edge: [`Spreader::new`], then [`Spreader::add_conn_on`] per connection (with its
 //! path). Then, after every event, until nothing moves:
-//! 1. while [`Striper::wants_input`], read an item and pass its length to
-//!    [`Striper::handle_input`], which returns its index (keep the bytes: they may have to be
+//! 1. while [`Spreader::wants_input`], read an item and pass its length to
+//!    [`Spreader::handle_input`], which returns its index (keep the bytes: they may have to be
 //!    sent again);
-//! 2. for each connection whose socket has room, send what [`Striper::poll_assign`] returns
+//! 2. for each connection whose socket has room, send what [`Spreader::poll_assign`] returns
 //!    until `None` (this is `handle_writable` and `poll_assign` in one call: the driver only
 //!    asks when the socket can take an item);
 //! 3. for each acknowledgement `(index)` read back from connection `c`,
-//!    [`Striper::handle_acked`]; free the bytes of items below [`Striper::acked_below`];
-//! 4. when a connection fails, [`Striper::handle_conn_lost`]: its unacknowledged items are
+//!    [`Spreader::handle_acked`]; free the bytes of items below [`Spreader::acked_below`];
+//! 4. when a connection fails, [`Spreader::handle_conn_lost`]: its unacknowledged items are
 //!    handed out again, first, to the others;
-//! 5. for `--json` and `-v`: [`Striper::stats`] and [`Striper::controller`].
+//! 5. for `--json` and `-v`: [`Spreader::stats`] and [`Spreader::controller`].
 //!
 //! Receiver: one [`Joiner`] per edge with the same window. For each item read from
 //! connection `c`: [`Joiner::handle_item`] (an `Err` closes the edge), acknowledge its index
@@ -76,7 +76,7 @@
 //! it takes an item only if, at its rate, it would deliver it before the others, at theirs,
 //! use up the reorder window (a connection too slow for the window is left idle).
 //!
-//! Both are bounded by the same reorder window: the striper takes no input at or beyond
+//! Both are bounded by the same reorder window: the spreader takes no input at or beyond
 //! `oldest unacknowledged + window`, so the joiner never holds more than `window` items.
 //!
 //! # Where we differ from the paper
@@ -115,15 +115,15 @@ pub mod grow;
 mod joiner;
 #[cfg(feature = "sim")]
 pub use crate::sim::multipath as sim;
-mod striper;
+mod spreader;
 
 pub use joiner::{Accepted, JoinError, Joiner};
-pub use striper::{
-    ConnStats, ControllerStats, Phase, Scheduler, Striper, StriperConfig, StriperError,
+pub use spreader::{
+    ConnStats, ControllerStats, Phase, Scheduler, Spreader, SpreaderConfig, SpreaderError,
     WeightedConfig,
 };
 
-/// A connection of an edge, as numbered by [`Striper::add_conn`] (0, 1, ...).
+/// A connection of an edge, as numbered by [`Spreader::add_conn`] (0, 1, ...).
 pub type ConnId = usize;
 
 /// An item of the stream: its index (from 0, in input order) and length. The bytes stay with

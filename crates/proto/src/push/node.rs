@@ -957,7 +957,7 @@ impl Node {
     /// The driver measured child `k`'s round trip (its connection's handshake, or TCP's
     /// smoothed estimate): a child on a long path is allowed a longer silence before it counts
     /// as stopped ([`silent_period`]). The longest report wins, so a fast second connection of
-    /// a striped edge does not shorten it.
+    /// a spread edge does not shorten it.
     pub fn handle_child_rtt(&mut self, k: usize, rtt: Duration) {
         if let Some(c) = self.children.get_mut(k) {
             c.rtt = Some(c.rtt.map_or(rtt, |r| r.max(rtt)));

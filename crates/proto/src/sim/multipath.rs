@@ -5,12 +5,12 @@
 //! an item at a time, among those with bytes queued. Each connection has a send window (its
 //! socket buffers): it takes no new item while that many bytes are sent but not yet arrived.
 //! Arrivals on a connection stay in order (TCP), acknowledgements go back after the latency.
-//! A [`Striper`] and a [`Joiner`] run on both ends; the stream is memory to memory (input is
+//! A [`Spreader`] and a [`Joiner`] run on both ends; the stream is memory to memory (input is
 //! always ready, output always drained), as in the paper's tests.
 //!
 //! Channel rates can change at given times and connections can join or be lost: a lost
 //! connection drops what it had queued or in flight and every acknowledgement not yet
-//! delivered, so that the striper must send some items again that the joiner already has.
+//! delivered, so that the spreader must send some items again that the joiner already has.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -20,7 +20,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::multipath::{
-    ConnId, ConnStats, ControllerStats, Item, Joiner, Phase, Scheduler, Striper, StriperConfig,
+    ConnId, ConnStats, ControllerStats, Item, Joiner, Phase, Scheduler, Spreader, SpreaderConfig,
 };
 
 /// One channel (a rate-limited path).
@@ -69,7 +69,7 @@ pub struct ForkJoinSpec {
     /// At time t, channel c runs at this many bytes per second.
     pub rate_changes: Vec<(Duration, usize, f64)>,
     /// The sender's settings.
-    pub striper: StriperConfig,
+    pub spreader: SpreaderConfig,
     /// The receiver's reorder window in items.
     pub joiner_window: u64,
     /// Item (chunk) size.
@@ -101,13 +101,13 @@ impl ForkJoinSpec {
                 lost_at: None,
             })
             .collect();
-        let striper = StriperConfig::with(scheduler);
+        let spreader = SpreaderConfig::with(scheduler);
         Self {
             channels,
             conns,
             rate_changes: Vec::new(),
-            joiner_window: striper.window,
-            striper,
+            joiner_window: spreader.window,
+            spreader,
             item_len: 64 << 10,
             bytes: None,
             duration: Duration::from_secs(60),
@@ -140,7 +140,7 @@ pub struct Sample {
     pub throughput: f64,
     /// Summed rate of the channels with a live connection, at the end of the interval.
     pub capacity: f64,
-    /// The striper's per-connection figures at the end of the interval.
+    /// The spreader's per-connection figures at the end of the interval.
     pub conns: Vec<ConnStats>,
     /// The controller's phase at the end of the interval.
     pub phase: Phase,
@@ -177,7 +177,7 @@ pub struct ForkJoinReport {
     pub duplicates: u64,
     /// Most items the joiner held out of order at once.
     pub peak_held: usize,
-    /// Items the joiner refused (beyond its window) and acknowledgements the striper refused
+    /// Items the joiner refused (beyond its window) and acknowledgements the spreader refused
     /// (must be empty).
     pub violations: Vec<String>,
     /// Items each connection carried (copies included).
@@ -240,7 +240,7 @@ struct Sim<'a> {
     events: BinaryHeap<Reverse<(Instant, u64, Ev)>>,
     seq: u64,
     rng: SmallRng,
-    striper: Striper,
+    spreader: Spreader,
     joiner: Joiner<(u64, u32)>,
     conns: Vec<SimConn>,
     channels: Vec<SimChannel>,
@@ -292,7 +292,7 @@ impl<'a> Sim<'a> {
             events: BinaryHeap::new(),
             seq: 0,
             rng: SmallRng::seed_from_u64(spec.seed),
-            striper: Striper::new(spec.striper.clone()),
+            spreader: Spreader::new(spec.spreader.clone()),
             joiner: Joiner::new(spec.joiner_window),
             conns,
             channels,
@@ -433,13 +433,15 @@ impl<'a> Sim<'a> {
                     return;
                 }
                 let id = c.id.expect("acks only on joined connections");
-                if let Err(e) = self.striper.handle_acked(id, index, now) {
-                    self.violations.push(format!("striper: {e}"));
+                if let Err(e) = self.spreader.handle_acked(id, index, now) {
+                    self.violations.push(format!("spreader: {e}"));
                 }
             }
             Ev::Rate { ch, bits } => self.channels[ch].spec.rate = f64::from_bits(bits),
             Ev::Join(conn) => {
-                let id = self.striper.add_conn_on(self.conns[conn].spec.channel, now);
+                let id = self
+                    .spreader
+                    .add_conn_on(self.conns[conn].spec.channel, now);
                 self.conns[conn].id = Some(id);
             }
             Ev::Lost(conn) => {
@@ -447,7 +449,7 @@ impl<'a> Sim<'a> {
                 c.lost = true;
                 c.queue.clear();
                 if let Some(id) = c.id {
-                    self.striper
+                    self.spreader
                         .handle_conn_lost(id, now)
                         .expect("a joined connection");
                 }
@@ -460,8 +462,8 @@ impl<'a> Sim<'a> {
                     at: now - self.start,
                     throughput: bytes as f64 / dt,
                     capacity: self.capacity(),
-                    conns: self.striper.stats(),
-                    phase: self.striper.controller().phase,
+                    conns: self.spreader.stats(),
+                    phase: self.spreader.controller().phase,
                 });
                 self.push(now + self.spec.sample, Ev::Sample);
             }
@@ -472,13 +474,13 @@ impl<'a> Sim<'a> {
     fn pump(&mut self) {
         let now = self.now;
         let len = u64::from(self.spec.item_len.max(1));
-        while self.striper.wants_input() {
+        while self.spreader.wants_input() {
             let l = match self.spec.bytes {
                 Some(total) if self.fed >= total => break,
                 Some(total) => len.min(total - self.fed),
                 None => len,
             };
-            if self.striper.handle_input(l as u32, now).is_err() {
+            if self.spreader.handle_input(l as u32, now).is_err() {
                 break;
             }
             self.fed += l;
@@ -493,7 +495,7 @@ impl<'a> Sim<'a> {
                     continue;
                 };
                 while c.unread < c.spec.window {
-                    let Some(item) = self.striper.poll_assign(id, now) else {
+                    let Some(item) = self.spreader.poll_assign(id, now) else {
                         break;
                     };
                     c.unread += u64::from(item.len);
@@ -564,7 +566,7 @@ impl<'a> Sim<'a> {
             },
             samples: self.samples,
             steps,
-            controller: self.striper.controller(),
+            controller: self.spreader.controller(),
         }
     }
 }

@@ -212,7 +212,7 @@ impl SwarmNode {
         }
     }
 
-    /// Peer k's request window. With striped shares every member of this cluster pulls over
+    /// Peer k's request window. With interleaved shares every member of this cluster pulls over
     /// the same WAN link at once, so the spare pieces beyond the rate-delay product are split
     /// among them: the link's queue of requests stays as deep as when one member at a time
     /// pulled, which matters behind a thin link.
@@ -220,7 +220,7 @@ impl SwarmNode {
         let p = &self.peers[k];
         let members = self.mobs.members(self.my_cluster()).len().max(1);
         let spare = match self.share_layout() {
-            super::mob::ShareLayout::Stripes if !p.local => SPARE as f64 / members as f64,
+            super::mob::ShareLayout::Interleaved if !p.local => SPARE as f64 / members as f64,
             _ => SPARE as f64,
         };
         p.rate.window(spare)

@@ -6,7 +6,7 @@
 //! - Node n's *mob share* is `floor(r * P / s) <= i < floor((r + 1) * P / s)`: the pieces it
 //!   alone in its cluster steals from other clusters ([`ShareLayout::Blocks`]). The hybrid
 //!   deals pieces lowest first, so with blocks one member at a time would pull its cluster's
-//!   WAN pieces; it takes every `s`-th piece instead ([`ShareLayout::Stripes`]).
+//!   WAN pieces; it takes every `s`-th piece instead ([`ShareLayout::Interleaved`]).
 //! - Node n's *global peer candidates* are, for every other cluster y, the member of rank
 //!   `r(x, n) mod s(y)`.
 //!
@@ -27,8 +27,8 @@ pub enum ShareLayout {
     /// time: with blocks a single member did, over one connection per WAN link, and at each
     /// hand-over to the next member its idle connections started again from a small window
     /// (lab, fast links at 100 ms: the links into the bound's cluster at 0.85-0.89 of their
-    /// rate with blocks, 0.96 with stripes).
-    Stripes,
+    /// rate with blocks, 0.96 interleaved).
+    Interleaved,
 }
 
 /// The mob layout of a session: who is in which cluster, ranks and shares.
@@ -161,14 +161,14 @@ impl ShareMask {
     pub fn word(&self, w: usize) -> u64 {
         match self.layout {
             ShareLayout::Blocks => crate::swarm::bits::range_word(w, self.blocks.0, self.blocks.1),
-            ShareLayout::Stripes => stripe_word(self.rank, self.size, self.pieces, w),
+            ShareLayout::Interleaved => interleaved_word(self.rank, self.size, self.pieces, w),
         }
     }
 }
 
-/// Word `w` of the stripes share of the member of rank `rank` among `size`: pieces
+/// Word `w` of the interleaved share of the member of rank `rank` among `size`: pieces
 /// `i < pieces` with `i mod size = rank`.
-fn stripe_word(rank: usize, size: usize, pieces: u64, w: usize) -> u64 {
+fn interleaved_word(rank: usize, size: usize, pieces: u64, w: usize) -> u64 {
     if size == 0 || rank >= size {
         return 0;
     }
@@ -223,7 +223,7 @@ mod tests {
             let m = Mobs::new(&labels, &vec![true; size]);
             for pieces in [0u64, 1, 63, 64, 65, 200, 1000] {
                 let words = pieces.div_ceil(64) as usize;
-                for layout in [ShareLayout::Blocks, ShareLayout::Stripes] {
+                for layout in [ShareLayout::Blocks, ShareLayout::Interleaved] {
                     for w in 0..words {
                         let all: Vec<u64> = (0..size)
                             .map(|n| m.share_mask(n, pieces, layout).word(w))
@@ -237,10 +237,10 @@ mod tests {
                         assert_eq!(union, want, "{layout:?} size {size} pieces {pieces}");
                     }
                 }
-                // Stripes: piece i belongs to rank i mod size.
+                // Interleaved: piece i belongs to rank i mod size.
                 for i in 0..pieces {
                     let n = (i % size as u64) as usize;
-                    let mask = m.share_mask(n, pieces, ShareLayout::Stripes);
+                    let mask = m.share_mask(n, pieces, ShareLayout::Interleaved);
                     let word = mask.word((i / 64) as usize);
                     assert_ne!(word & (1 << (i % 64)), 0, "piece {i} size {size}");
                 }
@@ -248,9 +248,9 @@ mod tests {
         }
         // A member that is not live has no share.
         let m = Mobs::new(&[1, 1, 1], &[true, false, true]);
-        assert_eq!(m.share_mask(1, 100, ShareLayout::Stripes).word(0), 0);
+        assert_eq!(m.share_mask(1, 100, ShareLayout::Interleaved).word(0), 0);
         assert_eq!(
-            m.share_mask(2, 100, ShareLayout::Stripes).word(0) & 0b111,
+            m.share_mask(2, 100, ShareLayout::Interleaved).word(0) & 0b111,
             0b010
         );
     }

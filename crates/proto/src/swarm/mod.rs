@@ -68,11 +68,11 @@
 //!   under a second, so that a member's connection never idles a round trip between pieces
 //!   when it pulls a small share of a WAN link; a piece that came back with nothing else
 //!   outstanding can only raise the rate, so a window of one still sees its link speed up).
-//!   The shares are stripes, not MOB's blocks ([`mob::ShareLayout`]): the deal goes lowest
+//!   The shares are interleaved, not MOB's blocks ([`mob::ShareLayout`]): the deal goes lowest
 //!   piece first, so with blocks one member per cluster at a time fetched over each WAN
 //!   link, and each hand-over to the next member restarted cold connections and windows
 //!   (lab, fast links at 100 ms: the links into the bound's cluster at 0.85-0.89 of their
-//!   rate, 0.96 with stripes). The two spare
+//!   rate, 0.96 interleaved). The two spare
 //!   pieces are then split among the members that pull over the same link, so its request
 //!   queue stays as deep as before (simulator: level with blocks, 0.93 of the bound in the
 //!   worst static cell). Of what a global peer can give it asks first for what no peer in a
@@ -269,7 +269,7 @@ impl SwarmConfig {
             local_peers: 5,
             global_peers: 5,
             hybrid_servers: HYBRID_SERVERS,
-            hybrid_shares: mob::ShareLayout::Stripes,
+            hybrid_shares: mob::ShareLayout::Interleaved,
             swarm_peers: 10,
             unchoke_slots: 4,
             rechoke_every: Duration::from_secs(10),
@@ -619,7 +619,7 @@ impl SwarmNode {
     }
 
     /// Node n's share mask, word by word: the pieces n fetches from other clusters and serves
-    /// to theirs (MOB: the paper's contiguous blocks; the hybrid: stripes, see
+    /// to theirs (MOB: the paper's contiguous blocks; the hybrid: interleaved, see
     /// [`mob::ShareLayout`]). The share is worked out once, here, not per word.
     fn share_mask(&self, n: NodeId) -> mob::ShareMask {
         self.mobs

@@ -1,6 +1,6 @@
 //! Edges over several connections (see [`crate::multipath`]): how a session's edges are
-//! carried ([`EdgeMode`], announced in `Open`), and the frames of a striped edge (`Attach` a
-//! connection, `Striped` frames of the edge's sequence, `Got` back).
+//! carried ([`EdgeMode`], announced in `Open`), and the frames of a spread edge (`Attach` a
+//! connection, `Spread` frames of the edge's sequence, `Got` back).
 
 use bytes::{BufMut, Bytes, BytesMut};
 
@@ -18,7 +18,7 @@ pub struct EdgeMode {
 }
 
 impl Default for EdgeMode {
-    /// One connection per edge: no striping.
+    /// One connection per edge: no spreading.
     fn default() -> Self {
         Self {
             streams: 1,
@@ -28,12 +28,12 @@ impl Default for EdgeMode {
 }
 
 impl EdgeMode {
-    /// Whether edges are striped over connections (more than one, or automatic).
+    /// Whether edges are spread over connections (more than one, or automatic).
     pub fn is_striped(&self) -> bool {
         self.streams != 1
     }
 
-    /// What automatic striping (`streams` 0) comes to for a session whose hops use congestion
+    /// What automatic spreading (`streams` 0) comes to for a session whose hops use congestion
     /// control `cc` (`auto`: bbr, cubic once the path shows no random loss, [`crate::cc`]), where
     /// `multipath` says whether some host has more than one address.
     ///
@@ -42,7 +42,7 @@ impl EdgeMode {
     /// bottleneck only share its queue, and the child puts their frames back in order. On the
     /// lab's 100 Mbit/s star (2026-11-26, `bench/lab-run star-8`) a chain of 8 finished with
     /// its receivers 0.06 s apart on plain edges and 0.2-0.3 s apart per hop with automatic
-    /// striping, which had added a second connection at the source. Striping stays where it
+    /// spreading, which had added a second connection at the source. Spreading stays where it
     /// pays: loss-based control on long round trips (seed 002), and several paths.
     pub fn for_session(self, cc: &str, multipath: bool) -> EdgeMode {
         if self.streams == 0 && (cc == "bbr" || cc == "auto") && !multipath {
@@ -80,10 +80,10 @@ pub(super) fn encode(f: &Frame, b: &mut BytesMut) -> Bytes {
             b.put_u16(*conn);
             b.put_u32(*window);
         }
-        Frame::Striped { seq, inner } => {
+        Frame::Spread { seq, inner } => {
             // The inner frame's type and body follow the sequence number; its data (a
             // chunk's bytes) stays a separate part, so wrapping copies nothing.
-            b.put_u8(T_STRIPED);
+            b.put_u8(T_SPREAD);
             b.put_u64(*seq);
             let e = inner.encode();
             b.put_slice(&e.head[4..]);
@@ -110,14 +110,14 @@ pub(super) fn decode(ty: u8, r: &mut Reader) -> Result<Frame, WireError> {
                 window: r.u32()?,
             }
         }
-        T_STRIPED => {
-            r.what = "Striped";
+        T_SPREAD => {
+            r.what = "Spread";
             let seq = r.u64()?;
             let inner = std::mem::take(&mut r.b);
-            if inner.first() == Some(&T_STRIPED) {
-                return Err(WireError::BadValue("Striped", "nested"));
+            if inner.first() == Some(&T_SPREAD) {
+                return Err(WireError::BadValue("Spread", "nested"));
             }
-            return Ok(Frame::Striped {
+            return Ok(Frame::Spread {
                 seq,
                 inner: Box::new(Frame::decode(inner)?),
             });

@@ -14,7 +14,7 @@
 //! chunk in verified parts: `Head` then `Part`s; `End`),
 //! feedback that flows up a tree (`Ack`, `Done`, `Failed`), pulls (`Request`, used for repair
 //! today and by receiver-driven strategies later), network probing for the planner (`Ping`,
-//! `Pong`, `Probe`, `Probed`), multi-stream edges (`Attach` a connection to an edge, `Striped`
+//! `Pong`, `Probe`, `Probed`), multi-stream edges (`Attach` a connection to an edge, `Spread`
 //! frames of the edge's sequence, `Got` back on the connection that carried one),
 //! receiver-driven swarming (`Swarm`, see [`crate::swarm`]; its session set-up, peer
 //! connections and reports are `SwarmSetup`), multicast control (`Mcast`) and `Error` for a
@@ -237,7 +237,7 @@ pub enum Frame {
     },
     /// Multi-stream edges: the first frame of a connection that joins an edge (after the
     /// handshake), and, on the edge's first connection right after `Open`, the announcement
-    /// that every later frame to the child comes wrapped in [`Frame::Striped`].
+    /// that every later frame to the child comes wrapped in [`Frame::Spread`].
     Attach {
         /// The session the edge belongs to.
         session: SessionId,
@@ -253,7 +253,7 @@ pub enum Frame {
     },
     /// Multi-stream edges: a frame of the parent's in-order sequence, on any connection of the
     /// edge; the child puts the frames back in `seq` order. Never nested.
-    Striped {
+    Spread {
         /// Position in the edge's sequence, from 0.
         seq: u64,
         /// The frame itself (a chunk, an end, an error...).
@@ -324,7 +324,7 @@ const T_OPEN: u8 = 0x10;
 const T_CHUNK: u8 = 0x11;
 const T_END: u8 = 0x12;
 const T_ATTACH: u8 = 0x13;
-const T_STRIPED: u8 = 0x14;
+const T_SPREAD: u8 = 0x14;
 const T_IDLE: u8 = 0x15;
 const T_CHUNK_SIGNED: u8 = 0x16;
 const T_HEAD: u8 = 0x17;
@@ -413,7 +413,7 @@ impl Frame {
             Frame::Idle => "Idle",
             Frame::SinkReport { .. } => "SinkReport",
             Frame::Attach { .. } => "Attach",
-            Frame::Striped { .. } => "Striped",
+            Frame::Spread { .. } => "Spread",
             Frame::Got { .. } => "Got",
             Frame::Swarm(_) => "Swarm",
             Frame::Mcast(_) => "Mcast",
@@ -446,7 +446,7 @@ impl Frame {
             | Frame::Have { .. }
             | Frame::Failed { .. }
             | Frame::Rejected { .. } => report::encode(self, &mut b),
-            Frame::Attach { .. } | Frame::Striped { .. } | Frame::Got { .. } => {
+            Frame::Attach { .. } | Frame::Spread { .. } | Frame::Got { .. } => {
                 edge::encode(self, &mut b)
             }
             Frame::Ping { .. }
@@ -488,7 +488,7 @@ impl Frame {
             T_OPEN | T_CHUNK | T_CHUNK_SIGNED | T_HEAD | T_PART | T_END | T_END_SIGNED | T_IDLE
             | T_REQUEST | T_DIAL => tree::decode(ty, &mut r)?,
             T_ACK | T_DONE | T_HAVE | T_FAILED | T_REJECTED => report::decode(ty, &mut r)?,
-            T_ATTACH | T_STRIPED | T_GOT => edge::decode(ty, &mut r)?,
+            T_ATTACH | T_SPREAD | T_GOT => edge::decode(ty, &mut r)?,
             T_PING | T_PONG | T_PROBE | T_PROBED | T_BWPROBE | T_BWRESULT | T_SINK
             | T_SINKREPORT => probe::decode(ty, &mut r)?,
             T_SWARM => swarm::decode_msg(&mut r)?,

@@ -50,7 +50,7 @@ pub(super) fn kind_index(f: &Frame) -> usize {
         Frame::Sink => 25,
         Frame::SinkReport { .. } => 26,
         Frame::Attach { .. } => 27,
-        Frame::Striped { .. } => 28,
+        Frame::Spread { .. } => 28,
         Frame::Got { .. } => 29,
         Frame::Swarm(_) => 30,
         Frame::SwarmSetup(_) => 31,
@@ -311,7 +311,7 @@ pub(super) fn samples() -> Vec<Frame> {
             conn: 3,
             window: 256,
         },
-        Frame::Striped {
+        Frame::Spread {
             seq: 41,
             inner: Box::new(Frame::Chunk(Chunk {
                 index: 9,
@@ -321,7 +321,7 @@ pub(super) fn samples() -> Vec<Frame> {
                 data: Bytes::from_static(b"striped bytes"),
             })),
         },
-        Frame::Striped {
+        Frame::Spread {
             seq: 42,
             inner: Box::new(Frame::Ack { node: 1, upto: 2 }),
         },

@@ -10,7 +10,7 @@ use super::*;
 use crate::manifest::{Entry, EntryKind, Manifest, Mtime, ObjectKind};
 
 #[test]
-fn automatic_striping_is_one_plain_connection_with_bbr_on_one_path() {
+fn automatic_spreading_is_one_plain_connection_with_bbr_on_one_path() {
     let auto = EdgeMode {
         streams: 0,
         scheduler: EdgeScheduler::Pull,
@@ -19,7 +19,7 @@ fn automatic_striping_is_one_plain_connection_with_bbr_on_one_path() {
     // `--cc auto` ends on bbr wherever the path is lossy.
     assert_eq!(auto.for_session("auto", false).streams, 1);
     assert!(!auto.for_session("bbr", false).is_striped());
-    // Loss-based control, the system's choice, or several paths keep striping.
+    // Loss-based control, the system's choice, or several paths keep spreading.
     assert_eq!(auto.for_session("cubic", false).streams, 0);
     assert_eq!(auto.for_session("", false).streams, 0);
     assert_eq!(auto.for_session("bbr", true).streams, 0);
@@ -63,7 +63,7 @@ fn every_truncation_of_a_body_is_an_error_not_a_panic() {
             if matches!(f, Frame::Part(_)) && cut >= 1 + 8 + 4 {
                 continue;
             }
-            if let Frame::Striped { inner, .. } = &f {
+            if let Frame::Spread { inner, .. } = &f {
                 if matches!(**inner, Frame::Chunk(_)) && cut >= 1 + 8 + 1 + 8 + 64 {
                     continue;
                 }
@@ -75,18 +75,18 @@ fn every_truncation_of_a_body_is_an_error_not_a_panic() {
 
 #[test]
 fn striped_frames_do_not_nest() {
-    let inner = Frame::Striped {
+    let inner = Frame::Spread {
         seq: 1,
         inner: Box::new(Frame::Got { seq: 0 }),
     };
-    let twice = Frame::Striped {
+    let twice = Frame::Spread {
         seq: 2,
         inner: Box::new(inner),
     };
     let wire = twice.encode().to_vec();
     assert_eq!(
         Frame::decode(Bytes::copy_from_slice(&wire[4..])),
-        Err(WireError::BadValue("Striped", "nested"))
+        Err(WireError::BadValue("Spread", "nested"))
     );
 }
 
@@ -219,7 +219,7 @@ fn random_garbage_never_panics() {
                 T_CHUNK,
                 T_FAILED,
                 T_JOIN,
-                T_STRIPED,
+                T_SPREAD,
                 T_SWARM_SETUP,
             ][rng.gen_range(0..8)];
         }

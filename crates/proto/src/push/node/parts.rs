@@ -12,7 +12,7 @@
 //!
 //! Why: with whole chunks every hop adds a chunk's arrival time, several round trips during
 //! slow start on a long path (0.7 s per hop at 200 ms in the lab); with parts it is a group's.
-//! Edges striped over several connections carry whole chunks (their frames may be reordered).
+//! Edges spread over several connections carry whole chunks (their frames may be reordered).
 
 use std::time::Instant;
 
@@ -216,7 +216,7 @@ impl Node {
         self.request(index, now);
     }
 
-    /// Whether chunks go to children in parts: over edges of one connection each (a striped
+    /// Whether chunks go to children in parts: over edges of one connection each (a spread
     /// edge may reorder frames), when the node is set to.
     fn sends_parts(&self) -> bool {
         self.cfg.part_bytes > 0 && !self.params.edges.is_striped()

@@ -1,4 +1,4 @@
-//! The sending side of a striped edge: which connection carries which item.
+//! The sending side of a spread edge: which connection carries which item.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -9,7 +9,7 @@ mod weighted;
 use weighted::Controller;
 
 /// Pull: a connection is judged at least this fraction as fast as the mean of the others on
-/// its path ([`Striper::add_conn_on`]): half, because TCP flows sharing one bottleneck settle
+/// its path ([`Spreader::add_conn_on`]): half, because TCP flows sharing one bottleneck settle
 /// within a factor of two of each other, so a connection slower than that is in a transient.
 const SAME_PATH_FLOOR: f64 = 0.5;
 
@@ -17,7 +17,7 @@ const SAME_PATH_FLOOR: f64 = 0.5;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scheduler {
     /// Each connection takes the next item whenever its socket has room and its own in-flight
-    /// cap ([`StriperConfig::pull_queue_delay`]) allows: self-clocking.
+    /// cap ([`SpreaderConfig::pull_queue_delay`]) allows: self-clocking.
     Pull,
     /// The paper's weighted fork-join: a fixed weighted round-robin deal, re-weighted by the
     /// sojourn-time controller ([`WeightedConfig`]).
@@ -65,17 +65,17 @@ impl Default for WeightedConfig {
     }
 }
 
-/// Settings of a [`Striper`].
+/// Settings of a [`Spreader`].
 #[derive(Debug, Clone)]
-pub struct StriperConfig {
+pub struct SpreaderConfig {
     /// The scheduler.
     pub scheduler: Scheduler,
     /// The reorder window in items, as agreed with the receiver's [`Joiner`](super::Joiner):
-    /// the striper never hands out an item at or beyond `oldest un-acknowledged + window`.
+    /// the spreader never hands out an item at or beyond `oldest un-acknowledged + window`.
     pub window: u64,
     /// Pull only: a connection takes a new item only while its bytes in flight are under
     /// `rate * (rtt + pull_queue_delay)` (its rate and round trip as judged against its path,
-    /// see [`Striper::add_conn_on`]), so that a
+    /// see [`Spreader::add_conn_on`]), so that a
     /// slow connection does not queue seconds of data in a large socket buffer while the
     /// others wait for it at the join.
     pub pull_queue_delay: Duration,
@@ -96,7 +96,7 @@ pub struct StriperConfig {
     pub hedge_after: f64,
 }
 
-impl Default for StriperConfig {
+impl Default for SpreaderConfig {
     fn default() -> Self {
         Self {
             scheduler: Scheduler::Pull,
@@ -110,7 +110,7 @@ impl Default for StriperConfig {
     }
 }
 
-impl StriperConfig {
+impl SpreaderConfig {
     /// The default settings with this scheduler.
     pub fn with(scheduler: Scheduler) -> Self {
         Self {
@@ -122,7 +122,7 @@ impl StriperConfig {
 
 /// A mistake of the driver or the peer, reported instead of corrupting the state.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
-pub enum StriperError {
+pub enum SpreaderError {
     /// An acknowledgement for an item not in flight on that connection.
     #[error("item {index} is not in flight on connection {conn}")]
     NotInFlight {
@@ -134,7 +134,7 @@ pub enum StriperError {
     /// No such connection.
     #[error("no connection {0}")]
     UnknownConn(ConnId),
-    /// Input offered while [`Striper::wants_input`] is false.
+    /// Input offered while [`Spreader::wants_input`] is false.
     #[error("input beyond the reorder window or without a live connection")]
     WindowFull,
 }
@@ -287,8 +287,8 @@ impl Conn {
 ///    items go to the other connections;
 /// 5. go to 2 after any of these.
 #[derive(Debug)]
-pub struct Striper {
-    config: StriperConfig,
+pub struct Spreader {
+    config: SpreaderConfig,
     conns: Vec<Conn>,
     next_index: u64,
     /// The largest item seen (the window's items are taken to be this large).
@@ -303,7 +303,7 @@ pub struct Striper {
     pending_bytes: u64,
     /// Items of lost connections, handed out again first.
     orphans: BTreeMap<u64, (Item, Instant)>,
-    /// Unacknowledged items sent a second time (see [`StriperConfig::hedge_after`]), and how
+    /// Unacknowledged items sent a second time (see [`SpreaderConfig::hedge_after`]), and how
     /// many items were.
     hedged: BTreeSet<u64>,
     hedges: u64,
@@ -314,9 +314,9 @@ pub struct Striper {
     controller: Controller,
 }
 
-impl Striper {
-    /// A striper with no connections yet.
-    pub fn new(config: StriperConfig) -> Self {
+impl Spreader {
+    /// A spreader with no connections yet.
+    pub fn new(config: SpreaderConfig) -> Self {
         let phase = match config.scheduler {
             Scheduler::Weighted => Phase::Measure,
             Scheduler::Pull | Scheduler::Equal => Phase::Off,
@@ -380,9 +380,9 @@ impl Striper {
 
     /// A new item of `len` bytes from upstream; returns its index (items are numbered from 0
     /// in input order).
-    pub fn handle_input(&mut self, len: u32, now: Instant) -> Result<u64, StriperError> {
+    pub fn handle_input(&mut self, len: u32, now: Instant) -> Result<u64, SpreaderError> {
         if !self.wants_input() {
-            return Err(StriperError::WindowFull);
+            return Err(SpreaderError::WindowFull);
         }
         let item = Item {
             index: self.next_index,
@@ -445,18 +445,18 @@ impl Striper {
         conn: ConnId,
         index: u64,
         now: Instant,
-    ) -> Result<(), StriperError> {
+    ) -> Result<(), SpreaderError> {
         let tau = self.config.rate_tau.as_secs_f64();
         let c = self
             .conns
             .get_mut(conn)
-            .ok_or(StriperError::UnknownConn(conn))?;
+            .ok_or(SpreaderError::UnknownConn(conn))?;
         let pos = c
             .inflight
             .iter()
             .position(|s| s.item.index == index)
             .filter(|_| c.alive)
-            .ok_or(StriperError::NotInFlight { conn, index })?;
+            .ok_or(SpreaderError::NotInFlight { conn, index })?;
         let sent = c.inflight.remove(pos).expect("position is in range");
         let len = u64::from(sent.item.len);
         c.inflight_bytes -= len;
@@ -506,11 +506,11 @@ impl Striper {
 
     /// `conn` failed: its unacknowledged and dealt items are handed out again, first, to the
     /// other connections (the receiver drops any second copy).
-    pub fn handle_conn_lost(&mut self, conn: ConnId, now: Instant) -> Result<(), StriperError> {
+    pub fn handle_conn_lost(&mut self, conn: ConnId, now: Instant) -> Result<(), SpreaderError> {
         let c = self
             .conns
             .get_mut(conn)
-            .ok_or(StriperError::UnknownConn(conn))?;
+            .ok_or(SpreaderError::UnknownConn(conn))?;
         if !c.alive {
             return Ok(());
         }
@@ -596,7 +596,7 @@ impl Striper {
     }
 
     /// The settings.
-    pub fn config(&self) -> &StriperConfig {
+    pub fn config(&self) -> &SpreaderConfig {
         &self.config
     }
 
@@ -709,7 +709,7 @@ impl Striper {
     /// The oldest item the join waits for (unacknowledged while a later one was acknowledged)
     /// on a connection other than `conn` that has stalled, and that was not sent twice
     /// already. A connection has stalled when nothing it carries arrived for
-    /// [`StriperConfig::hedge_after`] times its usual time for its oldest frame (its round trip
+    /// [`SpreaderConfig::hedge_after`] times its usual time for its oldest frame (its round trip
     /// plus the frame at its rate): a retransmission timeout, not a queue.
     fn late_item(&self, conn: ConnId, now: Instant) -> Option<(Item, Instant)> {
         if self.config.hedge_after <= 0.0 {

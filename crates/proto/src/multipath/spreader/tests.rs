@@ -1,10 +1,10 @@
 use super::*;
 
-fn striper(scheduler: Scheduler, window: u64, conns: usize) -> (Striper, Instant) {
+fn spreader(scheduler: Scheduler, window: u64, conns: usize) -> (Spreader, Instant) {
     let now = Instant::now();
-    let mut s = Striper::new(StriperConfig {
+    let mut s = Spreader::new(SpreaderConfig {
         window,
-        ..StriperConfig::with(scheduler)
+        ..SpreaderConfig::with(scheduler)
     });
     for _ in 0..conns {
         s.add_conn(now);
@@ -14,7 +14,7 @@ fn striper(scheduler: Scheduler, window: u64, conns: usize) -> (Striper, Instant
 
 /// Pull: two items per connection, acknowledged 10 and 20 ms later, so that each has a
 /// rate (100 kB/s) and may take more. Returns the acknowledged items and the new time.
-fn prime(s: &mut Striper, now: Instant) -> (Vec<u64>, Instant) {
+fn prime(s: &mut Spreader, now: Instant) -> (Vec<u64>, Instant) {
     let n = s.stats().len();
     let items: Vec<(usize, Item)> = (0..n)
         .flat_map(|c| [c, c])
@@ -28,7 +28,7 @@ fn prime(s: &mut Striper, now: Instant) -> (Vec<u64>, Instant) {
     (done, now + Duration::from_millis(20))
 }
 
-fn fill(s: &mut Striper, now: Instant) {
+fn fill(s: &mut Spreader, now: Instant) {
     while s.wants_input() {
         s.handle_input(1000, now).expect("wanted");
     }
@@ -38,7 +38,7 @@ fn fill(s: &mut Striper, now: Instant) {
 fn pull_sends_a_late_oldest_item_again_on_another_connection_once() {
     let ms = Duration::from_millis;
     for late_copy_arrives in [true, false] {
-        let (mut s, now) = striper(Scheduler::Pull, 64, 2);
+        let (mut s, now) = spreader(Scheduler::Pull, 64, 2);
         fill(&mut s, now);
         // Each connection: 100 kB/s, 10 ms round trip; a 1000-byte item usually takes 20 ms.
         let (_, now) = prime(&mut s, now);
@@ -91,9 +91,9 @@ fn pull_judges_a_laggard_by_the_others_on_its_path() {
     let ms = Duration::from_millis;
     for same_path in [true, false] {
         let now = Instant::now();
-        let mut s = Striper::new(StriperConfig {
+        let mut s = Spreader::new(SpreaderConfig {
             window: 16,
-            ..StriperConfig::with(Scheduler::Pull)
+            ..SpreaderConfig::with(Scheduler::Pull)
         });
         for path in 0..3 {
             s.add_conn_on(if same_path { 0 } else { path }, now);
@@ -120,7 +120,7 @@ fn pull_judges_a_laggard_by_the_others_on_its_path() {
 #[test]
 fn pull_judges_a_new_connection_by_the_measured_ones_on_its_path() {
     for same_path in [true, false] {
-        let (mut s, now) = striper(Scheduler::Pull, 64, 2);
+        let (mut s, now) = spreader(Scheduler::Pull, 64, 2);
         fill(&mut s, now);
         let (_, now) = prime(&mut s, now);
         let new = s.add_conn_on(if same_path { 0 } else { 1 }, now);
@@ -140,7 +140,7 @@ fn pull_judges_a_new_connection_by_the_measured_ones_on_its_path() {
 fn pull_measures_a_rate_when_one_item_fills_the_minimum_cap() {
     // Items as large as `pull_min_inflight`: one alone would reach the cap, and a
     // connection that only ever has one item in flight never gets a rate sample.
-    let (mut s, t0) = striper(Scheduler::Pull, 64, 1);
+    let (mut s, t0) = spreader(Scheduler::Pull, 64, 1);
     for _ in 0..4 {
         s.handle_input((256 << 10) + 96, t0).unwrap();
     }
@@ -159,7 +159,7 @@ fn a_small_item_after_large_ones_is_taken_by_some_connection() {
     // small one last (an end marker). Judged by its own length, the window ahead of the
     // small item is a few hundred bytes, which no connection could deliver within; the
     // fastest must take it anyway, or the edge stalls.
-    let (mut s, t0) = striper(Scheduler::Pull, 8, 2);
+    let (mut s, t0) = spreader(Scheduler::Pull, 8, 2);
     for _ in 0..4 {
         s.handle_input(256 << 10, t0).expect("wanted");
     }
@@ -203,10 +203,10 @@ fn a_small_item_after_large_ones_is_taken_by_some_connection() {
 
 #[test]
 fn input_stops_at_the_window_past_the_oldest_unacknowledged_item() {
-    let (mut s, now) = striper(Scheduler::Pull, 4, 2);
+    let (mut s, now) = spreader(Scheduler::Pull, 4, 2);
     fill(&mut s, now);
     assert_eq!(s.items_in(), 4);
-    assert_eq!(s.handle_input(1000, now), Err(StriperError::WindowFull));
+    assert_eq!(s.handle_input(1000, now), Err(SpreaderError::WindowFull));
     let a = s.poll_assign(0, now).expect("item 0");
     let b = s.poll_assign(1, now).expect("item 1");
     assert_eq!((a.index, b.index), (0, 1));
@@ -221,14 +221,17 @@ fn input_stops_at_the_window_past_the_oldest_unacknowledged_item() {
 
 #[test]
 fn acknowledgements_must_match_what_is_in_flight() {
-    let (mut s, now) = striper(Scheduler::Pull, 8, 2);
+    let (mut s, now) = spreader(Scheduler::Pull, 8, 2);
     fill(&mut s, now);
     let a = s.poll_assign(0, now).expect("item");
     assert_eq!(
         s.handle_acked(1, a.index, now),
-        Err(StriperError::NotInFlight { conn: 1, index: 0 })
+        Err(SpreaderError::NotInFlight { conn: 1, index: 0 })
     );
-    assert_eq!(s.handle_acked(7, 0, now), Err(StriperError::UnknownConn(7)));
+    assert_eq!(
+        s.handle_acked(7, 0, now),
+        Err(SpreaderError::UnknownConn(7))
+    );
     s.handle_acked(0, a.index, now).expect("in flight");
     assert!(
         s.handle_acked(0, a.index, now).is_err(),
@@ -239,7 +242,7 @@ fn acknowledgements_must_match_what_is_in_flight() {
 #[test]
 fn a_lost_connection_hands_its_items_to_the_others_oldest_first() {
     for scheduler in [Scheduler::Pull, Scheduler::Weighted, Scheduler::Equal] {
-        let (mut s, now) = striper(scheduler, 64, 2);
+        let (mut s, now) = spreader(scheduler, 64, 2);
         fill(&mut s, now);
         let (mut done, now) = if scheduler == Scheduler::Pull {
             prime(&mut s, now)
@@ -276,7 +279,7 @@ fn a_lost_connection_hands_its_items_to_the_others_oldest_first() {
 
 #[test]
 fn equal_dealing_is_round_robin_in_blocks_and_blocks_on_a_full_buffer() {
-    let (mut s, now) = striper(Scheduler::Equal, 1000, 2);
+    let (mut s, now) = spreader(Scheduler::Equal, 1000, 2);
     // 512 KiB blocks of 64 KiB items: 8 items per connection per round.
     for _ in 0..40 {
         s.handle_input(64 << 10, now).expect("wanted");
@@ -297,7 +300,7 @@ fn equal_dealing_is_round_robin_in_blocks_and_blocks_on_a_full_buffer() {
 
 #[test]
 fn pull_caps_what_a_connection_has_in_flight() {
-    let (mut s, now) = striper(Scheduler::Pull, 1000, 1);
+    let (mut s, now) = spreader(Scheduler::Pull, 1000, 1);
     fill(&mut s, now);
     // Without a rate estimate: two items at a time.
     assert!(s.poll_assign(0, now).is_some());

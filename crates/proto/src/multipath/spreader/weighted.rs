@@ -21,7 +21,7 @@ pub(super) struct Controller {
     pub(super) stats: ControllerStats,
 }
 
-impl Striper {
+impl Spreader {
     /// The fork (weighted and equal): deals waiting input, in order, into the connections'
     /// buffers of `B * w_i` bytes. As in the paper, it blocks on the next connection in the
     /// deal order while that one's buffer is still full, however much room the others have:
