@@ -43,7 +43,7 @@ pub struct SendArgs {
     /// The session secret of `--ssh` agents (set by `run`).
     #[arg(skip)]
     ssh_secret: Option<Secret>,
-    /// The hosts file of `--to`, its `ssh` hosts' addresses filled in (set by `run`).
+    /// The hosts file of `--to` as parsed, its `ssh` hosts' addresses filled in (set by `run`).
     #[arg(skip)]
     hosts: Option<HostsFile>,
     /// Receivers from a file of host names, one Slurm host list per line (`node[01-04,07]`,
@@ -295,6 +295,11 @@ async fn ssh_agents(a: SendArgs) -> Result<(Option<bulkcast_node::ssh::Agents>, 
     };
     let targets = bulkcast_node::ssh::file_targets(&file)?;
     if targets.is_empty() {
+        // Kept, so that the file is read and parsed once.
+        let a = SendArgs {
+            hosts: Some(file),
+            ..a
+        };
         return Ok((None, a));
     }
     let all_ours = file.hosts.iter().all(|h| h.ssh.is_some());

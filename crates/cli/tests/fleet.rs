@@ -437,11 +437,7 @@ fn ssh_launcher_copies_the_binary_where_missing_and_removes_it_after() {
     #[cfg(bulkcast_sshd)]
     {
         let s = Scratch::new("fleet-ssh");
-        let sshd = common::Sshd::start(
-            &s.0,
-            option_env!("BULKCAST_SSHD").unwrap_or("/usr/sbin/sshd"),
-            "AcceptEnv TMPDIR\n",
-        );
+        let sshd = common::Sshd::start(&s.0, "AcceptEnv TMPDIR\n");
         let remote_tmp = s.0.join("remote-tmp");
         std::fs::create_dir_all(&remote_tmp).unwrap();
         let ssh_args = format!(

@@ -32,20 +32,9 @@ fn to_list(agents: &[Agent]) -> String {
     v.join(",")
 }
 
-/// Writes `len` pseudo-random bytes.
+/// Writes `len` pseudo-random bytes (seeded by the path).
 fn make_file(path: &Path, len: u64) {
-    let mut xof = blake3::Hasher::new()
-        .update(path.as_os_str().as_encoded_bytes())
-        .finalize_xof();
-    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
-    let mut buf = vec![0u8; MIB as usize];
-    let mut left = len;
-    while left > 0 {
-        let n = left.min(MIB) as usize;
-        xof.fill(&mut buf[..n]);
-        f.write_all(&buf[..n]).unwrap();
-        left -= n as u64;
-    }
+    common::make_file(path, len, path.as_os_str().as_encoded_bytes());
 }
 
 fn send(args: &[&str], secret: &str) -> Output {
@@ -753,12 +742,8 @@ fn ssh_launcher_starts_one_shot_agents_and_leaves_none_behind() {
     #[cfg(bulkcast_sshd)]
     {
         let s = Scratch::new("ops-ssh");
-        let sshd = common::Sshd::start(
-            &s.0,
-            option_env!("BULKCAST_SSHD").unwrap_or("/usr/sbin/sshd"),
-            "",
-        );
-        let user = std::env::var("USER").unwrap_or_else(|_| "root".into());
+        let sshd = common::Sshd::start(&s.0, "");
+        let user = common::Sshd::user();
         let file = s.0.join("s.bin");
         make_file(&file, 3 * MIB + 9);
         let ssh_args = sshd.ssh_args.as_str();
@@ -788,16 +773,7 @@ fn ssh_launcher_starts_one_shot_agents_and_leaves_none_behind() {
             let got = std::fs::read(s.0.join(format!("rx-{host}/s.bin"))).unwrap();
             assert!(got == want, "the copy at {host} differs");
         }
-        // The one-shot agents (and their wrappers) are gone.
-        let marker = format!("{d}/rx-");
-        let start = Instant::now();
-        while common::processes_with(&marker) > 0 {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "agents left running"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        common::assert_none_left(&format!("{d}/rx-"));
     }
 }
 
@@ -812,12 +788,8 @@ fn hosts_file_ssh_hosts_get_one_shot_agents_beside_running_ones() {
     #[cfg(bulkcast_sshd)]
     {
         let s = Scratch::new("ops-ssh-hosts");
-        let sshd = common::Sshd::start(
-            &s.0,
-            option_env!("BULKCAST_SSHD").unwrap_or("/usr/sbin/sshd"),
-            "",
-        );
-        let user = std::env::var("USER").unwrap_or_else(|_| "root".into());
+        let sshd = common::Sshd::start(&s.0, "");
+        let user = common::Sshd::user();
         let key = secret(0x5e);
         let running = agent(&s.0.join("running"), &key, &[]);
         let file = s.0.join("s.bin");
@@ -860,15 +832,7 @@ fn hosts_file_ssh_hosts_get_one_shot_agents_beside_running_ones() {
             let got = std::fs::read(s.0.join(dir).join("s.bin")).unwrap();
             assert!(got == want, "the copy in {dir} differs");
         }
-        let marker = format!("{d}/rx-");
-        let start = Instant::now();
-        while common::processes_with(&marker) > 0 {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "agents left running"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        common::assert_none_left(&format!("{d}/rx-"));
         // A malformed value is refused before any ssh, naming the host and what is wrong.
         let out = send(format!(
             "[[host]]\nname = \"bad\"\nssh = \"{user}@127.0.0.1:0\"\n"

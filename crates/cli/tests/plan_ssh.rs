@@ -16,16 +16,11 @@ fn plan_probes_ssh_hosts_through_one_shot_agents_and_leaves_none_behind() {
     {
         use common::{secret, spawn_agent, Scratch, Sshd};
         use std::process::Command;
-        use std::time::{Duration, Instant};
         const BIN: &str = env!("CARGO_BIN_EXE_bulkcast");
 
         let s = Scratch::new("plan-ssh");
-        let sshd = Sshd::start(
-            &s.0,
-            option_env!("BULKCAST_SSHD").unwrap_or("/usr/sbin/sshd"),
-            "",
-        );
-        let user = std::env::var("USER").unwrap_or_else(|_| "root".into());
+        let sshd = Sshd::start(&s.0, "");
+        let user = Sshd::user();
         let key = secret(0x5f);
         let running = spawn_agent(&s.0.join("running"), &["127.0.0.1:0"], |c| {
             c.env("BULKCAST_SECRET", &key);
@@ -65,15 +60,6 @@ fn plan_probes_ssh_hosts_through_one_shot_agents_and_leaves_none_behind() {
             assert!(text.contains(name), "{name} missing from\n{text}");
         }
         assert!(s.0.join("p.svg").is_file());
-        // The one-shot agents (and their wrappers) are gone.
-        let marker = format!("{d}/rx-");
-        let start = Instant::now();
-        while common::processes_with(&marker) > 0 {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "agents left running"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        common::assert_none_left(&format!("{d}/rx-"));
     }
 }

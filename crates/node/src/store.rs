@@ -25,6 +25,8 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 
 pub mod partial;
+#[cfg(test)]
+mod testing;
 mod tree;
 pub use partial::{Partials, Resumed};
 use tree::{create_tree, finish_tree};

@@ -53,6 +53,20 @@ pub fn processes_with(needle: &str) -> usize {
         .count()
 }
 
+/// Waits (10 s at most) until no process's command line mentions `needle`: the one-shot agents
+/// (and their wrappers) a send started over ssh are gone.
+#[allow(dead_code)] // only the ssh launcher's tests wait for them
+pub fn assert_none_left(needle: &str) {
+    let start = std::time::Instant::now();
+    while processes_with(needle) > 0 {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(10),
+            "agents left running"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 /// A 32-byte fleet secret in hex, every byte `b`.
 #[allow(dead_code)] // not every test binary starts agents
 pub fn secret(b: u8) -> String {
@@ -100,11 +114,12 @@ impl Drop for Sshd {
 
 #[allow(dead_code)]
 impl Sshd {
-    /// Starts it with its files in `dir`, `extra` lines added to its config; `sshd` is the
-    /// daemon's path.
-    pub fn start(dir: &Path, sshd: &str, extra: &str) -> Sshd {
+    /// Starts it with its files in `dir`, `extra` lines added to its config. The daemon is the
+    /// one `build.rs` found (`BULKCAST_SSHD`).
+    pub fn start(dir: &Path, extra: &str) -> Sshd {
         use std::process::{Command, Stdio};
         use std::time::{Duration, Instant};
+        let sshd = option_env!("BULKCAST_SSHD").unwrap_or("/usr/sbin/sshd");
         for name in ["host_key", "user_key"] {
             let st = Command::new("ssh-keygen")
                 .args(["-q", "-t", "ed25519", "-N", ""])
@@ -155,5 +170,10 @@ impl Sshd {
             std::thread::sleep(Duration::from_millis(50));
         }
         sshd
+    }
+
+    /// The user the tests log in to it as (this one).
+    pub fn user() -> String {
+        std::env::var("USER").unwrap_or_else(|_| "root".into())
     }
 }

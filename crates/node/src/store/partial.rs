@@ -412,12 +412,10 @@ fn tree_len(dir: &Path) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::direct::CopyIo;
-    use crate::store::{LocalCopy, Store, StoreEvent, Target};
+    use crate::store::testing::{self, Events};
+    use crate::store::{LocalCopy, Store, StoreEvent};
     use bulkcast_proto::manifest::ObjectKind;
-    use bytes::Bytes;
     use std::io::Write;
-    use tokio::sync::mpsc;
 
     const CS: u32 = 4096;
 
@@ -443,27 +441,12 @@ mod tests {
         d
     }
 
-    fn open(d: &Path, m: &Manifest) -> (Store, Resumed, mpsc::UnboundedReceiver<StoreEvent>) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let (s, r) = Store::open_resumable(
-            Target::Dir(d.into()),
-            m,
-            CS,
-            1,
-            CopyIo::Buffered,
-            tx,
-            None,
-            Partials::default(),
-        )
-        .unwrap();
-        (s, r, rx)
+    fn open(d: &Path, m: &Manifest) -> (Store, Resumed, Events) {
+        testing::open(d, m, CS)
     }
 
-    async fn write(s: &Store, rx: &mut mpsc::UnboundedReceiver<StoreEvent>, b: &[u8], i: u64) {
-        let at = (i * CS as u64) as usize;
-        let end = (at + CS as usize).min(b.len());
-        s.write(i, at as u64, Bytes::copy_from_slice(&b[at..end]));
-        assert!(matches!(rx.recv().await, Some(StoreEvent::Stored(j)) if j == i));
+    async fn write(s: &Store, rx: &mut Events, b: &[u8], i: u64) {
+        testing::write(s, rx, b, CS, i).await
     }
 
     #[tokio::test]

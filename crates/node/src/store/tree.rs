@@ -260,11 +260,9 @@ fn set_link_mtime(p: &Path, t: Mtime) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::direct::CopyIo;
-    use crate::store::{LocalCopy, Partials, Resumed, Store, StoreEvent, Target};
+    use crate::store::testing::{self, Events};
+    use crate::store::{LocalCopy, Resumed, Store, StoreEvent};
     use bulkcast_proto::manifest::{Entry, ObjectKind};
-    use bytes::Bytes;
-    use tokio::sync::mpsc;
 
     const CS: u32 = 4;
 
@@ -301,30 +299,15 @@ mod tests {
 
     const BODY: &[u8; 14] = b"abcdefghijklmn";
 
-    fn open(d: &Path, m: &Manifest) -> (Store, Resumed, mpsc::UnboundedReceiver<StoreEvent>) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let (s, r) = Store::open_resumable(
-            Target::Dir(d.into()),
-            m,
-            CS,
-            1,
-            CopyIo::Buffered,
-            tx,
-            None,
-            Partials::default(),
-        )
-        .unwrap();
-        (s, r, rx)
+    fn open(d: &Path, m: &Manifest) -> (Store, Resumed, Events) {
+        testing::open(d, m, CS)
     }
 
-    async fn write(s: &Store, rx: &mut mpsc::UnboundedReceiver<StoreEvent>, i: u64) {
-        let at = (i * CS as u64) as usize;
-        let end = (at + CS as usize).min(BODY.len());
-        s.write(i, at as u64, Bytes::copy_from_slice(&BODY[at..end]));
-        assert!(matches!(rx.recv().await, Some(StoreEvent::Stored(j)) if j == i));
+    async fn write(s: &Store, rx: &mut Events, i: u64) {
+        testing::write(s, rx, BODY, CS, i).await
     }
 
-    async fn finish(s: &Store, rx: &mut mpsc::UnboundedReceiver<StoreEvent>) {
+    async fn finish(s: &Store, rx: &mut Events) {
         s.finalize();
         assert!(matches!(
             rx.recv().await,
