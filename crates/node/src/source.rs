@@ -340,8 +340,9 @@ pub async fn send_balanced(
     ))
 }
 
-/// A receiver's progress over all trees: chunks add up, it is done when every tree is, and it
-/// failed if any tree failed it. Parents are those of the first (fastest) tree.
+/// A receiver's progress over all trees: chunks (and chunks held before, and bytes received)
+/// add up, it is done when every tree is, and it failed if any tree failed it. Parents are
+/// those of the first (fastest) tree.
 fn merge_status(per_tree: &[SharedStatus], into: &SharedStatus, read: &AtomicU64) {
     // Read first: no tree's progress then runs ahead of it.
     let read = read.load(Ordering::Relaxed);
@@ -359,6 +360,14 @@ fn merge_status(per_tree: &[SharedStatus], into: &SharedStatus, read: &AtomicU64
             .collect::<Option<Vec<_>>>()
             .and_then(|d| d.into_iter().max());
         r.failed = parts.iter().find_map(|p| p.receivers[i].failed.clone());
+        // What it held before the session: its part of every stripe; in place only if every
+        // tree found it so.
+        r.held = parts.iter().map(|p| p.receivers[i].held).sum();
+        r.already = parts.iter().all(|p| p.receivers[i].already);
+        r.received = parts
+            .iter()
+            .map(|p| p.receivers[i].received)
+            .sum::<Option<u64>>();
         if let Some(p) = parts.first() {
             r.parent = p.receivers[i].parent;
         }

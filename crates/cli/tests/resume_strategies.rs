@@ -1,0 +1,48 @@
+//! Real processes on loopback: resume with the strategies other than one tree. A balanced send
+//! (several trees, each its own session) and the swarm strategies keep what a killed receiver
+//! verified, move only the rest the next time, and nothing for an unchanged object.
+
+use std::path::Path;
+
+// The root-test helper in `common` is not used here.
+#[allow(dead_code, unused_imports)]
+mod common;
+use common::resume::{files, kill_resume_and_send_unchanged, part_len, Way};
+use common::{hash, make_file, secret, Scratch};
+
+const MIB: u64 = 1 << 20;
+
+/// A hosts file for two agents whose uplinks are half the source's, so that the balanced plan
+/// takes two trees (source -> a -> b and source -> b -> a); returns its path.
+fn balanced_hosts(path: &Path, a: &str, b: &str) -> String {
+    let mut toml = String::from("[source]\nname = \"src\"\nuplink_mbps = 100\n");
+    for (i, addr) in [a, b].iter().enumerate() {
+        toml += &format!(
+            "[[host]]\nname = \"h{i}\"\naddr = \"{addr}\"\nuplink_mbps = 50\ndownlink_mbps = 100\n"
+        );
+    }
+    std::fs::write(path, toml).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+#[test]
+fn balanced_resumes_a_killed_receiver_and_moves_nothing_unchanged() {
+    let s = Scratch::new("resume-balanced");
+    let src = s.0.join("weights.bin");
+    let len = 96 * MIB;
+    make_file(&src, len, b"balanced");
+    let want = hash(&src);
+    let hosts = s.0.join("hosts.toml");
+    let to = |a: &str, b: &str| balanced_hosts(&hosts, a, b);
+    let way = Way {
+        args: &["--strategy", "balanced"],
+        unchanged: &["--strategy", "balanced"],
+        to: &to,
+    };
+    let (a, b) =
+        kill_resume_and_send_unchanged(&src, len, &secret(0x34), |d| part_len(d).is_some(), &way);
+    for d in [&a.dir, &b.dir] {
+        assert_eq!(hash(&d.join("weights.bin")), want);
+        assert_eq!(files(d), vec![".weights.bin.bulkcast.done", "weights.bin"]);
+    }
+}
