@@ -46,3 +46,42 @@ fn balanced_resumes_a_killed_receiver_and_moves_nothing_unchanged() {
         assert_eq!(files(d), vec![".weights.bin.bulkcast.done", "weights.bin"]);
     }
 }
+
+/// A swarm strategy (`args`) on two agents: the killed one resumes, serving what it kept.
+fn swarm_resumes(tag: &str, key: u8, args: &[&str]) {
+    let s = Scratch::new(tag);
+    let src = s.0.join("weights.bin");
+    let len = 64 * MIB + 12345;
+    make_file(&src, len, tag.as_bytes());
+    let want = hash(&src);
+    let way = Way {
+        args,
+        unchanged: args,
+        to: &common::resume::listed,
+    };
+    let (a, b) =
+        kill_resume_and_send_unchanged(&src, len, &secret(key), |d| part_len(d).is_some(), &way);
+    for d in [&a.dir, &b.dir] {
+        assert_eq!(hash(&d.join("weights.bin")), want);
+        assert_eq!(files(d), vec![".weights.bin.bulkcast.done", "weights.bin"]);
+    }
+}
+
+#[test]
+fn mob_resumes_a_killed_receiver_and_moves_nothing_unchanged() {
+    swarm_resumes("resume-mob", 0x35, &["--strategy", "mob"]);
+}
+
+#[test]
+fn swarm_resumes_a_killed_receiver_and_moves_nothing_unchanged() {
+    swarm_resumes("resume-swarm", 0x36, &["--strategy", "swarm"]);
+}
+
+#[test]
+fn hybrid_resumes_a_killed_receiver_and_moves_nothing_unchanged() {
+    swarm_resumes(
+        "resume-hybrid",
+        0x37,
+        &["--strategy", "hybrid", "--fanout", "2"],
+    );
+}

@@ -88,6 +88,30 @@ pub fn wait_for_part(dir: &Path, len: u64) {
     }
 }
 
+/// Bytes of the chunks (of `chunk` bytes) the partial copy in `dir` recorded as written: its
+/// map's records. Unlike the file's length, this counts what a swarm wrote at random offsets.
+pub fn mapped_len(dir: &Path, chunk: u64) -> u64 {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    rd.flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".map"))
+        .filter_map(|e| e.metadata().ok())
+        // A header of 52 bytes, then 40 per chunk.
+        .map(|m| m.len().saturating_sub(52) / 40 * chunk)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Waits until the partial copy in `dir` recorded at least `len` bytes (or panics after 60 s).
+pub fn wait_for_map(dir: &Path, len: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while mapped_len(dir, 256 << 10) < len {
+        assert!(Instant::now() < deadline, "no partial copy of {len} bytes");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 pub fn u(v: &serde_json::Value) -> u64 {
     v.as_u64().unwrap_or(0)
 }
@@ -132,7 +156,7 @@ pub fn kill_resume_and_send_unchanged(
     let mut b = agent(&root.join("b"), key);
     let to = (way.to)(&a.addr, &b.addr);
     let sender = send_cmd(src, &to, way.args, key).spawn().unwrap();
-    wait_for_part(&b.dir, len / 4);
+    wait_for_map(&b.dir, len / 4);
     b.child.kill().unwrap(); // SIGKILL, mid-transfer
     b.child.wait().unwrap();
     let out = sender.wait_with_output().unwrap();
@@ -152,6 +176,12 @@ pub fn kill_resume_and_send_unchanged(
     let held = u(&rb["held_bytes"]);
     assert!(held >= len / 8, "kept only {held} bytes: {r}");
     let missing = len - held;
+    eprintln!(
+        "{}: held {held}, missing {missing}, moved {} ({} bytes)",
+        way.args.join(" "),
+        rb["received_bytes"],
+        len
+    );
     assert!(
         u(&rb["received_bytes"]) <= missing + len / 100,
         "moved {} for {missing} missing: {r}",
