@@ -85,3 +85,32 @@ fn hybrid_resumes_a_killed_receiver_and_moves_nothing_unchanged() {
         &["--strategy", "hybrid", "--fanout", "2"],
     );
 }
+
+/// A directory swarms from memory: what a killed member kept of it is read back into memory
+/// when it resumes, and served from there.
+#[test]
+fn mob_resumes_a_directory() {
+    let s = Scratch::new("resume-mobdir");
+    let src = s.0.join("shards");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    let n = 4;
+    for i in 0..n {
+        make_file(&src.join(format!("sub/{i}.bin")), 12 * MIB, &[i as u8]);
+    }
+    make_file(&src.join("config.json"), 777, b"config");
+    let len = n * 12 * MIB + 777;
+    let way = Way {
+        args: &["--strategy", "mob"],
+        unchanged: &["--strategy", "mob"],
+        to: &common::resume::listed,
+    };
+    let kept = |d: &Path| common::resume::part_tree_len(d).is_some();
+    let (a, b) = kill_resume_and_send_unchanged(&src, len, &secret(0x38), kept, &way);
+    for d in [&a.dir, &b.dir] {
+        for i in 0..n {
+            let p = format!("shards/sub/{i}.bin");
+            assert_eq!(hash(&d.join(&p)), hash(&s.0.join(&p)), "{p}");
+        }
+        assert_eq!(files(d), vec![".shards.bulkcast.done", "shards"]);
+    }
+}
