@@ -172,6 +172,17 @@ async fn open_session(
     .await
     .map_err(|e| SwarmError::Store(e.to_string()))?
     .map_err(|e| SwarmError::Store(e.to_string()))?;
+    // With host keys peers take only pieces the source signed, and a member cannot sign what
+    // it kept for this session: it fetches the object whole again (into the same copy).
+    let resumed = match keys.requires_source() && (resumed.complete || !resumed.held.is_empty()) {
+        true => {
+            tracing::info!(
+                "swarm: host keys: a kept copy is not served to peers, fetching it whole"
+            );
+            Resumed::default()
+        }
+        false => resumed,
+    };
     let held_map = match resumed.complete {
         true => ChunkMap::from_ranges(&[(0, pieces)], pieces),
         false => ChunkMap::from_ranges(&resumed.held.ranges(), pieces),
