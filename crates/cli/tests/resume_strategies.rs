@@ -114,3 +114,43 @@ fn mob_resumes_a_directory() {
         assert_eq!(files(d), vec![".shards.bulkcast.done", "shards"]);
     }
 }
+
+/// What a resumed member kept is served to its peers (read back and sealed for the new
+/// session): a fresh member beside it takes pieces from it, verified, and ends byte-exact.
+#[test]
+fn a_resumed_mob_member_serves_what_it_kept_to_a_new_one() {
+    use common::resume::{agent, report, send_cmd, u, wait_for_map};
+    let s = Scratch::new("resume-mobserve");
+    let src = s.0.join("weights.bin");
+    let len = 64 * MIB + 4321;
+    make_file(&src, len, b"serve");
+    let key = secret(0x39);
+    let mob = ["--strategy", "mob"];
+    let mut b = agent(&s.0.join("b"), &key);
+    let sender = send_cmd(&src, &b.addr, &mob, &key).spawn().unwrap();
+    wait_for_map(&b.dir, len / 3);
+    b.child.kill().unwrap();
+    b.child.wait().unwrap();
+    let _ = sender.wait_with_output().unwrap();
+    let b = agent(&b.dir, &key);
+    let c = agent(&s.0.join("c"), &key);
+    let to = format!("{},{}", b.addr, c.addr);
+    let out = send_cmd(&src, &to, &mob, &key).output().unwrap();
+    let r = report(&out);
+    assert!(out.status.success(), "{r}");
+    assert!(u(&r["receivers"][0]["held_bytes"]) >= len / 4, "{r}");
+    let from_b: u64 = r["receivers"][1]["received_from"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["peer"] == r["receivers"][0]["name"])
+        .map(|p| u(&p["bytes"]))
+        .sum();
+    assert!(
+        from_b > 0,
+        "the new member took nothing from the resumed one: {r}"
+    );
+    let want = hash(&src);
+    assert_eq!(hash(&b.dir.join("weights.bin")), want);
+    assert_eq!(hash(&c.dir.join("weights.bin")), want);
+}
