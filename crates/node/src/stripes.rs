@@ -81,6 +81,11 @@ pub struct Group {
 struct GroupState {
     /// Per tree: where its store events go, once attached.
     routes: Vec<Option<mpsc::UnboundedSender<StoreEvent>>>,
+    /// Per tree: how many sessions attached so far (the current one's number).
+    attached: Vec<u64>,
+    /// Chunks queued for writing (global index) and the attachment that wrote them: a chunk
+    /// an ended session wrote is not reported to the one that took over from it.
+    writing: HashMap<u64, u64>,
     /// Per tree: its stripe is complete.
     complete: Vec<bool>,
     /// The copy failed (sent to every stripe, also to those attaching later).
@@ -120,6 +125,7 @@ impl Group {
             complete: resumed.complete,
             state: Mutex::new(GroupState {
                 routes: vec![None; trees],
+                attached: vec![0; trees],
                 complete: vec![false; trees],
                 held: resumed.held,
                 ..GroupState::default()
@@ -160,6 +166,8 @@ impl Group {
             let _ = tx.send(StoreEvent::Failed(e.clone()));
         }
         st.routes[tree as usize] = Some(tx);
+        st.attached[tree as usize] += 1;
+        let number = st.attached[tree as usize];
         let held = match self.complete {
             true => Default::default(),
             false => self.stripes.split(&st.held).swap_remove(tree as usize),
@@ -172,6 +180,7 @@ impl Group {
             StripeCopy {
                 group: self.clone(),
                 tree,
+                number,
             },
             rx,
             resumed,
@@ -184,6 +193,10 @@ impl Group {
             StoreEvent::Stored(g) => {
                 st.held.insert(g);
                 let t = self.stripes.tree_of(g) as usize;
+                let by = st.writing.remove(&g);
+                if by != st.attached.get(t).copied() {
+                    return;
+                }
                 if let Some(Some(tx)) = st.routes.get(t) {
                     let _ = tx.send(StoreEvent::Stored(self.stripes.local_of(g)));
                 }
@@ -215,13 +228,16 @@ impl Group {
 pub struct StripeCopy {
     group: Arc<Group>,
     tree: u16,
+    /// Which of the tree's attachments this is.
+    number: u64,
 }
 
 impl Drop for StripeCopy {
     /// The tree's session is over: another may attach (a new parent opens it again here).
     fn drop(&mut self) {
         let mut st = self.group.state.lock().expect("group lock");
-        if let Some(r) = st.routes.get_mut(self.tree as usize) {
+        let current = st.attached.get(self.tree as usize) == Some(&self.number);
+        if let Some(r) = st.routes.get_mut(self.tree as usize).filter(|_| current) {
             *r = None;
         }
     }
@@ -230,6 +246,9 @@ impl Drop for StripeCopy {
 impl LocalCopy for StripeCopy {
     fn write(&self, index: u64, _offset: u64, data: Bytes) {
         let g = self.group.stripes.global(self.tree, index);
+        let mut st = self.group.state.lock().expect("group lock");
+        st.writing.insert(g, self.number);
+        drop(st);
         self.group
             .store
             .write(g, g * self.group.chunk_size as u64, data);
