@@ -3,104 +3,27 @@
 //! `--retry` finishes what a fault left.
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 // The root-test helper in `common` is not used here.
 #[allow(dead_code, unused_imports)]
 mod common;
+use common::resume::{
+    agent, files, kill_resume_and_send_unchanged, listed, part_len, part_tree_len, report,
+    send_cmd, u, wait_for_part, Way,
+};
 use common::{hash, make_file, secret, spawn_agent, Agent, Scratch};
 
 const BIN: &str = env!("CARGO_BIN_EXE_bulkcast");
 const MIB: u64 = 1 << 20;
 
-/// An agent on an ephemeral loopback port.
-fn agent(dir: &Path, secret: &str) -> Agent {
-    spawn_agent(dir, &["127.0.0.1:0"], |c| {
-        c.env("BULKCAST_SECRET", secret);
-    })
-}
-
-fn send_cmd(src: &Path, to: &str, extra: &[&str], secret: &str) -> Command {
-    let mut c = Command::new(BIN);
-    c.arg("send")
-        .arg(src)
-        .args(["--to", to, "--json", "--quiet", "--chunk-kib", "256"])
-        .args(extra)
-        .env("BULKCAST_SECRET", secret)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    c
-}
-
-fn report(out: &Output) -> serde_json::Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "no JSON report ({e}); stderr:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
-}
-
-/// The size of the partial copy in `dir`, if there is one.
-fn part_len(dir: &Path) -> Option<u64> {
-    std::fs::read_dir(dir).ok()?.flatten().find_map(|e| {
-        let n = e.file_name().to_string_lossy().into_owned();
-        n.ends_with(".part")
-            .then(|| e.metadata().ok())
-            .flatten()
-            .map(|m| m.len())
-    })
-}
-
-/// The bytes of the files under `dir` (links not followed).
-fn tree_len(dir: &Path) -> u64 {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    rd.flatten()
-        .map(|e| match std::fs::symlink_metadata(e.path()) {
-            Ok(m) if m.is_dir() => tree_len(&e.path()),
-            Ok(m) => m.len(),
-            Err(_) => 0,
-        })
-        .sum()
-}
-
-/// The size of the partial tree (a directory's copy) in `dir`, if there is one.
-fn part_tree_len(dir: &Path) -> Option<u64> {
-    std::fs::read_dir(dir).ok()?.flatten().find_map(|e| {
-        let n = e.file_name().to_string_lossy().into_owned();
-        (n.ends_with(".part") && e.path().is_dir()).then(|| tree_len(&e.path()))
-    })
-}
-
-/// Waits until `dir`'s partial copy holds at least `len` bytes (or panics after 60 s).
-fn wait_for_part(dir: &Path, len: u64) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while part_len(dir)
-        .unwrap_or(0)
-        .max(part_tree_len(dir).unwrap_or(0))
-        < len
-    {
-        assert!(Instant::now() < deadline, "no partial copy of {len} bytes");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
-fn u(v: &serde_json::Value) -> u64 {
-    v.as_u64().unwrap_or(0)
-}
-
-fn files(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
+/// The flat tree, then a chain for the unchanged object.
+const FLAT: Way = Way {
+    args: &["--strategy", "flat"],
+    unchanged: &["--fanout", "1"],
+    to: &listed,
+};
 
 #[test]
 fn a_killed_receiver_resumes_and_an_unchanged_object_moves_nothing() {
@@ -110,74 +33,13 @@ fn a_killed_receiver_resumes_and_an_unchanged_object_moves_nothing() {
     make_file(&src, len, b"resume");
     let want = hash(&src);
     let (a, b) =
-        kill_resume_and_send_unchanged(&src, len, &secret(0x29), |d| part_len(d).is_some());
+        kill_resume_and_send_unchanged(&src, len, &secret(0x29), |d| part_len(d).is_some(), &FLAT);
     assert_eq!(hash(&a.dir.join("weights.bin")), want);
     assert_eq!(hash(&b.dir.join("weights.bin")), want);
     assert_eq!(
         files(&b.dir),
         vec![".weights.bin.bulkcast.done", "weights.bin"]
     );
-}
-
-/// Sends `src` (`len` bytes) to two agents and kills the second a quarter in: the send fails
-/// for it alone and `kept` finds its partial copy. Restarted, it resumes, moving at most what it
-/// lacked plus 1%, while the first, whole already, moves nothing; a third send of the
-/// unchanged object moves no payload to either. Returns the two agents.
-fn kill_resume_and_send_unchanged(
-    src: &Path,
-    len: u64,
-    key: &str,
-    kept: impl Fn(&Path) -> bool,
-) -> (Agent, Agent) {
-    let root = src.parent().unwrap();
-    let a = agent(&root.join("a"), key);
-    let mut b = agent(&root.join("b"), key);
-    let to = format!("{},{}", a.addr, b.addr);
-    let sender = send_cmd(src, &to, &["--strategy", "flat"], key)
-        .spawn()
-        .unwrap();
-    wait_for_part(&b.dir, len / 4);
-    b.child.kill().unwrap(); // SIGKILL, mid-transfer
-    b.child.wait().unwrap();
-    let out = sender.wait_with_output().unwrap();
-    let r = report(&out);
-    assert_eq!(out.status.code(), Some(1), "{r}");
-    assert_eq!(r["receivers"][0]["verified"], true, "{r}");
-    assert_eq!(r["receivers"][1]["verified"], false, "{r}");
-    assert!(kept(&b.dir), "the partial copy is gone");
-
-    // Restarted, it resumes: the send moves only what it lacks, plus at most 1%.
-    b = agent(&b.dir, key);
-    let to = format!("{},{}", a.addr, b.addr);
-    let out = send_cmd(src, &to, &["--strategy", "flat"], key)
-        .output()
-        .unwrap();
-    let r = report(&out);
-    assert!(out.status.success(), "{r}");
-    let rb = &r["receivers"][1];
-    let held = u(&rb["held_bytes"]);
-    assert!(held >= len / 8, "kept only {held} bytes: {r}");
-    let missing = len - held;
-    assert!(
-        u(&rb["received_bytes"]) <= missing + len / 100,
-        "moved {} for {missing} missing: {r}",
-        rb["received_bytes"]
-    );
-    // The first receiver had it all already.
-    assert_eq!(r["receivers"][0]["already_in_place"], true, "{r}");
-    assert_eq!(u(&r["receivers"][0]["received_bytes"]), 0, "{r}");
-
-    // Unchanged: no payload moves at all, and the report says why.
-    let out = send_cmd(src, &to, &["--fanout", "1"], key)
-        .output()
-        .unwrap();
-    let r = report(&out);
-    assert!(out.status.success(), "{r}");
-    for rx in r["receivers"].as_array().unwrap() {
-        assert_eq!(rx["already_in_place"], true, "{r}");
-        assert_eq!(u(&rx["received_bytes"]), 0, "{r}");
-    }
-    (a, b)
 }
 
 /// A directory of model shards: `n` files of `each` bytes, a small one, an empty one in a
@@ -212,8 +74,13 @@ fn a_killed_receiver_resumes_a_directory_and_an_unchanged_one_moves_nothing() {
     let src = s.0.join("model");
     let n = 6;
     let len = make_tree(&src, n, 32 * MIB);
-    let (a, b) =
-        kill_resume_and_send_unchanged(&src, len, &secret(0x33), |d| part_tree_len(d).is_some());
+    let (a, b) = kill_resume_and_send_unchanged(
+        &src,
+        len,
+        &secret(0x33),
+        |d| part_tree_len(d).is_some(),
+        &FLAT,
+    );
     same_tree(&src, &a.dir.join("model"), n);
     same_tree(&src, &b.dir.join("model"), n);
     assert_eq!(files(&b.dir), vec![".model.bulkcast.done", "model"]);

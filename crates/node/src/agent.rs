@@ -745,19 +745,16 @@ async fn local_copy(
     {
         return Err(bad("stripe does not match its object".into()));
     }
-    let group = cfg.groups.get_or_open(st.group, || {
-        Group::open(
-            target,
-            &st.object,
-            st.group,
-            stripes,
-            open.chunk_size,
-            cfg.io,
-            cfg.stored.clone(),
-        )
-    })?;
-    let (copy, rx) = group.attach(st.tree)?;
-    Ok((Box::new(copy), rx, Default::default()))
+    let (object, group_id, cs) = (st.object.clone(), st.group, open.chunk_size);
+    let (io, stored, partials) = (cfg.io, cfg.stored.clone(), cfg.partials);
+    let group = cfg
+        .groups
+        .get_or_open(group_id, move || {
+            Group::open(target, &object, group_id, stripes, cs, io, stored, partials)
+        })
+        .await?;
+    let (copy, rx, resumed) = group.attach(st.tree)?;
+    Ok((Box::new(copy), rx, resumed))
 }
 
 async fn run_without_copy(

@@ -278,19 +278,34 @@ pub async fn send_balanced(
     }
     status.lock().expect("status lock").started = Instant::now();
     let read = input.read_counter();
-    let rxs = input.spawn_striped(cfg.chunk_size as usize, keys.clone(), sessions, stripes);
+    let file = input.single_file().map(|p| p.to_path_buf());
+    let rxs = input.spawn_striped(
+        cfg.chunk_size as usize,
+        keys.clone(),
+        sessions,
+        stripes.clone(),
+    );
     // One driver per tree, each with its own status; a task merges them for the display.
     let mut per_tree = Vec::new();
     let mut tasks = Vec::new();
-    for ((node, rx), (tree, _)) in nodes.into_iter().zip(rxs).zip(trees) {
+    for (t, ((mut node, rx), (tree, _))) in nodes.into_iter().zip(rxs).zip(trees).enumerate() {
         let st = new_status(hosts, tree, cfg.chunk_size, object.total_len);
         per_tree.push(st.clone());
+        // What a receiver adopted after its relay died lacks below the tree's buffer is read
+        // from the file again, at the stripe's chunks' places in it.
+        let (stripes, cs) = (stripes.clone(), cfg.chunk_size as u64);
+        let reread = file.as_deref().and_then(|p| {
+            Reread::open_at(p, move |j, _| stripes.global(t as u16, j) * cs)
+                .inspect_err(|e| tracing::debug!("{}: cannot read it again: {e}", p.display()))
+                .ok()
+        });
+        node.set_rereadable(reread.is_some());
         let mut driver = Driver::new(
             node,
             keys.clone(),
             cfg.tuning.clone(),
             Upstream::Input(rx),
-            None,
+            reread,
         );
         observe_streams(&mut driver, cfg);
         tasks.push(tokio::spawn(async move {
@@ -340,8 +355,9 @@ pub async fn send_balanced(
     ))
 }
 
-/// A receiver's progress over all trees: chunks add up, it is done when every tree is, and it
-/// failed if any tree failed it. Parents are those of the first (fastest) tree.
+/// A receiver's progress over all trees: chunks (and chunks held before, and bytes received)
+/// add up, it is done when every tree is, and it failed if any tree failed it. Parents are
+/// those of the first (fastest) tree.
 fn merge_status(per_tree: &[SharedStatus], into: &SharedStatus, read: &AtomicU64) {
     // Read first: no tree's progress then runs ahead of it.
     let read = read.load(Ordering::Relaxed);
@@ -359,6 +375,14 @@ fn merge_status(per_tree: &[SharedStatus], into: &SharedStatus, read: &AtomicU64
             .collect::<Option<Vec<_>>>()
             .and_then(|d| d.into_iter().max());
         r.failed = parts.iter().find_map(|p| p.receivers[i].failed.clone());
+        // What it held before the session: its part of every stripe; in place only if every
+        // tree found it so.
+        r.held = parts.iter().map(|p| p.receivers[i].held).sum();
+        r.already = parts.iter().all(|p| p.receivers[i].already);
+        r.received = parts
+            .iter()
+            .map(|p| p.receivers[i].received)
+            .sum::<Option<u64>>();
         if let Some(p) = parts.first() {
             r.parent = p.receivers[i].parent;
         }
@@ -387,6 +411,19 @@ impl Reread {
         Box<dyn LocalCopy>,
         tokio::sync::mpsc::UnboundedReceiver<StoreEvent>,
     )> {
+        Self::open_at(path, |_, offset| offset)
+    }
+
+    /// As [`Reread::open`], with `at` turning a chunk's index and offset in the session into
+    /// its offset in the file (a stripe of a balanced send is a subset of the file's chunks).
+    #[allow(clippy::type_complexity)]
+    fn open_at(
+        path: &std::path::Path,
+        at: impl Fn(u64, u64) -> u64 + Send + 'static,
+    ) -> std::io::Result<(
+        Box<dyn LocalCopy>,
+        tokio::sync::mpsc::UnboundedReceiver<StoreEvent>,
+    )> {
         use std::os::unix::fs::FileExt;
         let file = std::fs::File::open(path)?;
         let (tx, rx) = std::sync::mpsc::channel::<(u64, u64, u64)>();
@@ -397,7 +434,7 @@ impl Reread {
                 for (index, offset, len) in rx {
                     let mut buf = vec![0u8; len as usize];
                     let r = file
-                        .read_exact_at(&mut buf, offset)
+                        .read_exact_at(&mut buf, at(index, offset))
                         .map(|()| bytes::Bytes::from(buf))
                         .map_err(|e| format!("reading the input again: {e}"));
                     if ev_tx.send(StoreEvent::Loaded(index, r)).is_err() {

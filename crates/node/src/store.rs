@@ -255,6 +255,8 @@ impl Store {
                 Some(r) => Disk::Direct(Arc::new(r)),
                 None => Disk::Cached(Arc::new(File::open(tmp)?)),
             }),
+            // An identical copy in place: its pieces are served from it.
+            Sink::Complete { file, .. } => Some(Disk::Cached(Arc::new(file.try_clone()?))),
             _ => None,
         };
         let (tx, rx) = std_mpsc::channel::<Cmd>();
@@ -312,7 +314,8 @@ impl Store {
     }
 
     /// The copy's file, for reading back stored chunks, when it is one file (not a tree or
-    /// standard output). A chunk is there once its [`StoreEvent::Stored`] came.
+    /// standard output), kept or in place already. A chunk is there once its
+    /// [`StoreEvent::Stored`] came, or if the copy held it when it was opened.
     pub fn reader(&self) -> Option<Disk> {
         self.reader.clone()
     }

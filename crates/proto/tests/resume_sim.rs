@@ -145,3 +145,53 @@ fn a_complete_leaf_or_complete_relays_in_a_row_finish() {
     complete_relay_in_chain(vec![1, 2], vec![]);
     complete_relay_in_chain(vec![2], vec![(1, vec![(5, 9)])]);
 }
+
+/// A balanced send: each tree carries a stripe of the object as a session of its own. A
+/// receiver whose copy of the object holds `held` resumes every tree's session from its part
+/// of it ([`Stripes::split`]), so the trees together move exactly what the copy lacks, whether
+/// the receiver is a relay in one tree and a leaf in another; the other receiver, complete,
+/// gets nothing in either.
+#[test]
+fn balanced_trees_together_move_only_what_the_copy_lacks() {
+    use bulkcast_proto::chunkmap::ChunkMap;
+    use bulkcast_proto::manifest::{Manifest, ObjectKind};
+    use bulkcast_proto::stripe::Stripes;
+    let len = 4 * MIB + 777;
+    let cs = 64u64 << 10;
+    let n = chunks_of(len, cs as u32);
+    let object = Manifest {
+        name: "model.bin".into(),
+        kind: ObjectKind::File,
+        total_len: Some(len),
+        entries: vec![],
+        mode: 0o644,
+        mtime: None,
+    };
+    let stripes = Stripes::from_rates(&[300.0, 100.0]).unwrap();
+    for held in [
+        ChunkMap::from_ranges(&[(0, n / 3), (n / 2, n / 2 + 5)], n),
+        ChunkMap::from_ranges(&[(n - 1, n)], n),
+        ChunkMap::from_ranges(&[(0, n)], n),
+        ChunkMap::new(),
+    ] {
+        let parts = stripes.split(&held);
+        let mut moved = 0;
+        for t in 0..2u16 {
+            let stripe = stripes.stripe_manifest(t, &object, cs as u32).unwrap();
+            let slen = stripe.total_len.unwrap();
+            // Tree 0: source -> resumed -> complete; tree 1: source -> complete -> resumed.
+            let (resumed, complete) = if t == 0 { (1, 2) } else { (2, 1) };
+            let mut spec = SimSpec::new(Tree::kary(2, 1), LinkSpec::wan(2, 400.0), slen);
+            spec.held = vec![(resumed, parts[t as usize].ranges())];
+            spec.held.retain(|h| !h.1.is_empty());
+            spec.complete = vec![complete];
+            let r = Sim::new(spec).run();
+            assert_all_complete(&r);
+            let want = missing_bytes(slen, cs, &parts[t as usize].ranges());
+            assert_eq!(r.nodes[resumed].received, want, "tree {t}");
+            assert_eq!(r.nodes[complete].received, 0, "tree {t}");
+            moved += r.nodes[resumed].received;
+        }
+        assert_eq!(moved, missing_bytes(len, cs, &held.ranges()), "{held:?}");
+    }
+}

@@ -408,8 +408,11 @@ fn hybrid_with_several_servers_per_cluster_delivers_everything_about_once() {
 /// The endgame asks a peer in another cluster for a second copy only when that peer would
 /// deliver it sooner than the first request. On the lab's fast links at 8 MiB (64 KiB
 /// pieces, the driver's size for it) the hybrid brought 1.08 copies into each cluster
-/// while it doubled every piece left once all were requested; now at most 1.02, and it still
-/// finishes well ahead of MOB and the tree.
+/// while it doubled every piece left once all were requested; then at most 1.02, and it still
+/// finishes well ahead of MOB and the tree. Since the source deals to a target only once it
+/// heard what the target holds (a round trip at the start, so that a resumed target is dealt
+/// nothing it kept), at most 1.04 (seeds 1-10 at 20 ms: 1.023 on average before, 1.037 after;
+/// at 100 ms 1.011 and 1.013).
 #[test]
 fn hybrid_endgame_brings_a_second_copy_from_afar_only_when_it_is_sooner() {
     let len = 8 * MIB;
@@ -428,7 +431,7 @@ fn hybrid_endgame_brings_a_second_copy_from_afar_only_when_it_is_sooner() {
                 let m = r.wan_multiples();
                 eprintln!("{rtt_ms} ms: hybrid WAN copies {m:?}");
                 assert!(
-                    m[1..].iter().all(|&c| c <= 1.02),
+                    m[1..].iter().all(|&c| c <= 1.04),
                     "{rtt_ms} ms: copies per cluster {m:?}"
                 );
             }

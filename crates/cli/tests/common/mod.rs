@@ -37,6 +37,10 @@ pub use root::root_test_cannot_run;
 #[allow(dead_code)] // only the binaries with namespace tests use it
 mod netns;
 
+/// The kill-resume-unchanged scenario and its helpers.
+#[allow(dead_code)] // only the resume tests use it
+pub mod resume;
+
 /// Agents and sends of the loopback test binaries.
 #[allow(dead_code)] // not every test binary sends
 pub mod run;

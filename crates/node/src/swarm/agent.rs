@@ -1,7 +1,9 @@
 //! An agent's side of a swarm session.
 
-use super::net::{with_queued, Ev, Net};
+use super::net::{with_queued, Ev, Held, Net};
 use super::*;
+use crate::store::Resumed;
+use bulkcast_proto::chunkmap::ChunkMap;
 
 /// An agent's side of a swarm session: `stream` is the source's connection, its `Open`
 /// already read. Stores the object into the agent's directory; returns once the copy is in
@@ -37,8 +39,17 @@ pub async fn serve(
         }
     };
     let (_registered, mut peers_rx) = cfg.swarms.register(open.session);
-    let (mut net, mut store_rx) = open_session(&open, me, cfg, keys)?;
+    let mut stream = stream;
+    // Verifying a kept copy reads it whole: the source hears from us meanwhile.
+    let opened = keep_source_waiting(&mut stream, me, open_session(&open, me, cfg, keys)).await;
+    let (mut net, mut store_rx, resumed) = opened?;
     net.add_conn(0, stream);
+    // What the copy held, for the source's report, before anything else on its connection.
+    net.tell_source(Frame::Have {
+        node: me as u32,
+        complete: resumed.complete,
+        ranges: net.node.have().ranges(),
+    });
     // Dial the peers with a higher id (the lower id of each pair dials).
     for j in (me + 1)..open.members.len() {
         if net.linked[j] {
@@ -117,13 +128,14 @@ pub async fn serve(
 }
 
 /// Checks the set-up (everything the store relies on, before a file is created), then opens
-/// the store and the member's connections state.
-fn open_session(
+/// the store (resuming what an earlier session of the object kept, see
+/// [`Store::open_resumable`]) and the member's connections state, its node resumed from it.
+async fn open_session(
     open: &SwarmOpen,
     me: NodeId,
     cfg: &crate::agent::AgentConfig,
     keys: Keys,
-) -> Result<(Net, mpsc::UnboundedReceiver<StoreEvent>), SwarmError> {
+) -> Result<(Net, mpsc::UnboundedReceiver<StoreEvent>, Resumed), SwarmError> {
     open.manifest
         .validate()
         .map_err(|e| SwarmError::SetUp(format!("bad manifest: {e}")))?;
@@ -134,18 +146,47 @@ fn open_session(
         )));
     }
     // Agents store into a directory: a one-file object has a file to serve pieces from.
-    check_size(&open.manifest, open.manifest.kind == ObjectKind::File)?;
+    let len = check_size(&open.manifest, open.manifest.kind == ObjectKind::File)?;
     let pieces = open.manifest.chunks(open.chunk_size).unwrap_or(0);
-    let (store_tx, store_rx) = mpsc::unbounded_channel();
-    let store = Store::open(
-        Target::Dir(cfg.dir.clone()),
-        &open.manifest,
+    let (store_tx, mut store_rx) = mpsc::unbounded_channel();
+    let (dir, manifest, cs, session) = (
+        cfg.dir.clone(),
+        open.manifest.clone(),
+        open.chunk_size,
         open.session,
-        cfg.io,
-        store_tx,
-        cfg.stored.clone(),
-    )
+    );
+    let (io, stored, partials) = (cfg.io, cfg.stored.clone(), cfg.partials);
+    // Verifying a kept copy reads it whole: off the event loop.
+    let (store, resumed) = tokio::task::spawn_blocking(move || {
+        Store::open_resumable(
+            Target::Dir(dir),
+            &manifest,
+            cs,
+            session,
+            io,
+            store_tx,
+            stored,
+            partials,
+        )
+    })
+    .await
+    .map_err(|e| SwarmError::Store(e.to_string()))?
     .map_err(|e| SwarmError::Store(e.to_string()))?;
+    // With host keys peers take only pieces the source signed, and a member cannot sign what
+    // it kept for this session: it fetches the object whole again (into the same copy).
+    let resumed = match keys.requires_source() && (resumed.complete || !resumed.held.is_empty()) {
+        true => {
+            tracing::info!(
+                "swarm: host keys: a kept copy is not served to peers, fetching it whole"
+            );
+            Resumed::default()
+        }
+        false => resumed,
+    };
+    let held_map = match resumed.complete {
+        true => ChunkMap::from_ranges(&[(0, pieces)], pieces),
+        false => ChunkMap::from_ranges(&resumed.held.ranges(), pieces),
+    };
     let mut net = Net::new(
         open,
         me,
@@ -157,8 +198,69 @@ fn open_session(
     if net.disk.is_some() {
         crate::input::install_sigbus_message();
     }
+    let piece_len = |i: u64| (cs as u64).min(len - i * cs as u64);
+    for (s, e) in held_map.ranges() {
+        for i in s..e {
+            net.held[i as usize] = Some(match net.disk {
+                Some(_) => Held::Kept {
+                    len: piece_len(i) as u32,
+                },
+                // A directory's pieces are held in memory: read back what it kept.
+                None => Held::Mem(read_kept(&store, &mut store_rx, &net, i, piece_len(i)).await?),
+            });
+        }
+    }
+    net.stored = held_map.len();
+    net.node.resume(&held_map);
     net.store = Some(store);
-    Ok((net, store_rx))
+    Ok((net, store_rx, resumed))
+}
+
+/// Piece `i` (`len` bytes) of a kept copy, read back through the store and sealed for this
+/// session.
+async fn read_kept(
+    store: &Store,
+    rx: &mut mpsc::UnboundedReceiver<StoreEvent>,
+    net: &Net,
+    i: u64,
+    len: u64,
+) -> Result<Chunk, SwarmError> {
+    use crate::store::LocalCopy;
+    if !store.load(i, i * net.chunk_size as u64, len) {
+        return Err(SwarmError::Store(
+            "the kept copy cannot be read back".into(),
+        ));
+    }
+    match rx.recv().await {
+        Some(StoreEvent::Loaded(j, Ok(data))) if j == i => Ok(net.keys.seal(net.session, i, data)),
+        Some(StoreEvent::Loaded(_, Err(e))) => Err(SwarmError::Store(e)),
+        _ => Err(SwarmError::Store(format!(
+            "reading piece {i} of the kept copy back"
+        ))),
+    }
+}
+
+/// Runs `work`, telling the source every 5 s that this member is still here (a progress of
+/// nothing), so that verifying a large kept copy does not outlast its stall timeout.
+async fn keep_source_waiting<F: std::future::Future>(
+    stream: &mut Stream,
+    me: NodeId,
+    work: F,
+) -> F::Output {
+    tokio::pin!(work);
+    let mut tick = tokio::time::interval(Duration::from_secs(5));
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            r = &mut work => return r,
+            _ = tick.tick() => {
+                let alive = Frame::Ack { node: me as u32, upto: 0 };
+                if let Err(e) = transport::write_frame(stream, &alive).await {
+                    tracing::debug!("swarm: the source is gone while resuming: {e}");
+                }
+            }
+        }
+    }
 }
 
 /// The peer at the other end of `s`, for messages that name a culprit.

@@ -253,15 +253,34 @@ fn from_member(
             let r = &mut st.receivers[j - 1];
             r.chunks = r.chunks.max(upto);
         }
+        // What the member's copy held before the session (it resumed, or is in place).
+        Ev::Frame(
+            j,
+            Frame::Have {
+                node,
+                complete,
+                ranges,
+            },
+        ) if node as usize == j => {
+            watch.handle_progress(j, now);
+            let held = bulkcast_proto::chunkmap::ChunkMap::from_ranges(&ranges, pieces);
+            let mut st = status.lock().expect("status lock");
+            let r = &mut st.receivers[j - 1];
+            r.held = if complete { pieces } else { held.len() };
+            r.already = complete;
+            r.chunks = r.chunks.max(r.held);
+        }
         Ev::Frame(j, Frame::SwarmSetup(SwarmSetup::Report { node, received }))
             if node as usize == j =>
         {
+            let moved = received.iter().map(|&(_, b)| b).sum();
             watch.handle_report(j, received, now);
             let mut st = status.lock().expect("status lock");
             let t = st.started.elapsed();
             let r = &mut st.receivers[j - 1];
             r.chunks = pieces;
             r.done.get_or_insert(t);
+            r.received = Some(moved);
         }
         Ev::Frame(j, Frame::Failed { node, reason }) if node as usize == j => {
             status.lock().expect("status lock").receivers[j - 1].failed = Some(reason.clone());

@@ -8,6 +8,7 @@
 //! source deals chunks in pattern order with a small queue per tree: a tree that falls behind
 //! its share holds the dealer back, which keeps every tree at its planned share of the rate.
 
+use crate::chunkmap::ChunkMap;
 use crate::manifest::{chunk_count, Manifest, ObjectKind};
 
 /// Longest pattern (shares are rounded to 1/64).
@@ -157,6 +158,18 @@ impl Stripes {
         })
     }
 
+    /// What a receiver holds of each tree's stripe (indices local to the stripe) when its copy
+    /// of the object holds `held` (global indices): each tree's session resumes from its part.
+    pub fn split(&self, held: &ChunkMap) -> Vec<ChunkMap> {
+        let mut out = vec![ChunkMap::new(); self.trees()];
+        for (s, e) in held.ranges() {
+            for g in s..e {
+                out[self.tree_of(g) as usize].insert(self.local_of(g));
+            }
+        }
+        out
+    }
+
     fn share(&self, t: u16) -> usize {
         self.pattern.iter().filter(|&&x| x == t).count()
     }
@@ -208,6 +221,22 @@ mod tests {
             }
             assert!(seen.iter().all(|&x| x), "{rates:?}");
         }
+    }
+
+    #[test]
+    fn what_a_copy_holds_splits_into_each_stripe_and_back() {
+        let s = Stripes::from_rates(&[3.0, 2.0, 1.0]).unwrap();
+        let chunks = 500u64;
+        let held = ChunkMap::from_ranges(&[(0, 7), (64, 130), (333, 334), (490, 500)], chunks);
+        let parts = s.split(&held);
+        assert_eq!(parts.len(), 3);
+        assert_eq!(parts.iter().map(ChunkMap::len).sum::<u64>(), held.len());
+        for (t, part) in parts.iter().enumerate() {
+            for j in 0..s.count(t as u16, chunks) {
+                assert_eq!(part.contains(j), held.contains(s.global(t as u16, j)));
+            }
+        }
+        assert!(s.split(&ChunkMap::new()).iter().all(ChunkMap::is_empty));
     }
 
     #[test]

@@ -246,20 +246,27 @@ impl SwarmNode {
         let p = &mut self.peers[k];
         p.pushed.set(i);
         p.up_window += 1;
-        if self.exported.count() == self.cfg.pieces {
-            self.dealt_all = true;
-            for j in 0..self.peers.len() {
-                if !self.peers[j].connected {
-                    continue;
-                }
-                if self.peers[j].local {
-                    self.peers[j].ctrl.push_back(Frame::Swarm(SwarmMsg::Dealt));
-                } else {
-                    self.announce_all(j);
-                }
+        self.check_dealt_all();
+        Some(Transmit::Piece(i))
+    }
+
+    /// Once every piece is out of the source's cluster (dealt, or held by a target already),
+    /// the source's cluster mates are told and other clusters may ask the source.
+    pub(crate) fn check_dealt_all(&mut self) {
+        if self.dealt_all || self.exported.count() != self.cfg.pieces {
+            return;
+        }
+        self.dealt_all = true;
+        for j in 0..self.peers.len() {
+            if !self.peers[j].connected {
+                continue;
+            }
+            if self.peers[j].local {
+                self.peers[j].ctrl.push_back(Frame::Swarm(SwarmMsg::Dealt));
+            } else {
+                self.announce_all(j);
             }
         }
-        Some(Transmit::Piece(i))
     }
 
     /// Target `lost` is gone: what was dealt to it is dealt again, to another live member of

@@ -148,6 +148,15 @@
 //! rather than a strict bound (storage lets a schedule beat a per-instant cut: mayhem reaches
 //! 0.99 of it); and nothing here has met a real network yet.
 //!
+//! # Resuming
+//! A member whose copy kept verified pieces from an earlier session of the same object starts
+//! with them ([`SwarmNode::resume`]): it announces and serves them like pieces it received and
+//! fetches only the rest; holding all, it is complete at once. Every member's first frame to a
+//! peer is a `Bitfield`, sent even when empty; to a peer that pushes to it (its tree parent,
+//! the hybrid's dealing source) it lists every piece held, and nothing is pushed or dealt to a
+//! peer before it arrived, so no kept piece is pushed (a round trip at the start). At the
+//! hybrid's source, a piece a target kept counts as dealt.
+//!
 //! # Driving it (sans-IO)
 //! Construct one [`SwarmNode`] per member with [`SwarmNode::new`]. Dial every node in
 //! [`SwarmNode::connect_to`], accept every member that dials in, and call
@@ -370,6 +379,9 @@ struct Peer {
     up_window: u64,
     /// Hybrid: measured delivery rate and round trip of our requests to it.
     rate: hybrid::PeerRate,
+    /// Its first `Bitfield` arrived: it may have resumed with pieces, so nothing is pushed
+    /// or dealt to it before (see [`SwarmNode::resume`]).
+    heard: bool,
 }
 
 /// One peer as seen by [`SwarmNode::peer_stats`].
@@ -543,6 +555,30 @@ impl SwarmNode {
         Ok(node)
     }
 
+    /// A receiver, before any connection: its local copy already holds `held` (verified
+    /// pieces kept from an earlier session of the same object). It announces them like pieces
+    /// it received (its first `Bitfield` to a peer that pushes to it lists them all, so nothing
+    /// held is pushed again), serves them, and fetches only the rest; holding every piece, it is
+    /// complete at once. Pieces outside the object are ignored; so is a call at the source or
+    /// once connected.
+    pub fn resume(&mut self, held: &ChunkMap) {
+        if self.me == SOURCE || self.peers.iter().any(|p| p.connected) {
+            return;
+        }
+        for (s, e) in held.ranges() {
+            for i in s..e.min(self.cfg.pieces) {
+                if self.have.insert(i) {
+                    self.have_bits.set(i);
+                }
+            }
+        }
+        if self.have.len() == self.cfg.pieces && !self.complete {
+            self.complete = true;
+            self.events.push_back(SwarmEvent::Complete);
+            self.try_ack();
+        }
+    }
+
     /// This node's id.
     pub fn id(&self) -> NodeId {
         self.me
@@ -646,11 +682,12 @@ impl SwarmNode {
         let bt = self.cfg.strategy == Strategy::Swarm;
         let p = &mut self.peers[k];
         p.connected = true;
+        p.heard = false;
         p.am_choking = bt;
         p.peer_choking = bt;
         p.am_interested = false;
         p.peer_interested = false;
-        self.announce_all(k);
+        self.greet(k);
     }
 
     /// The connection to `peer` dropped: its requests go to other peers.
@@ -806,8 +843,11 @@ impl SwarmNode {
         }
         self.top_up(k, now);
         let hybrid = self.cfg.strategy == Strategy::Hybrid;
-        let deal = hybrid && self.targets.contains(&peer);
-        let push = self.peers[k].child
+        // Pushes wait for the peer's first announcement: what it held before the session.
+        let heard = self.peers[k].heard;
+        let deal = hybrid && heard && self.targets.contains(&peer);
+        let push = heard
+            && self.peers[k].child
             && self.cfg.strategy.pushes()
             // The hybrid's push stays inside clusters; out of the source's, it deals.
             && (!hybrid || self.peers[k].local);

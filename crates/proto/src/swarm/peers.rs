@@ -34,6 +34,7 @@ impl SwarmNode {
             down_window: 0,
             up_window: 0,
             rate: hybrid::PeerRate::default(),
+            heard: false,
         });
         self.index[id] = Some(k);
         k
@@ -63,6 +64,33 @@ impl SwarmNode {
                 }
             }
         }
+    }
+
+    /// The first `Bitfield` to peer k once connected, sent even when empty: a peer that pushes
+    /// to us (our tree parent, or the source dealing) waits for it and hears of every piece we
+    /// hold, so that it pushes none we kept from an earlier session; others hear what they
+    /// should know of, as later.
+    pub(super) fn greet(&mut self, k: usize) {
+        let id = self.peers[k].id;
+        let pushes_here = self.cfg.strategy.pushes()
+            && (self.tree_parent == Some(id)
+                || self.cfg.strategy == Strategy::Hybrid && id == SOURCE);
+        let pieces = self.cfg.pieces;
+        let mut new = Bits::new(pieces);
+        for w in 0..self.have_bits.words() {
+            let mask = if pushes_here {
+                u64::MAX
+            } else {
+                self.interest_word(k, w)
+            };
+            new.or_word(w, self.have_bits.word(w) & mask);
+        }
+        let p = &mut self.peers[k];
+        for w in 0..new.words() {
+            p.announced.or_word(w, new.word(w));
+        }
+        p.ctrl
+            .push_back(Frame::Swarm(SwarmMsg::bitfield(pieces, |i| new.get(i))));
     }
 
     /// Tells peer k every piece we hold that it should know of and has not heard of.

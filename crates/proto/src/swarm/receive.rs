@@ -101,8 +101,18 @@ impl SwarmNode {
                 return Err(SwarmError::BadBitfield(n, pieces));
             }
             m @ SwarmMsg::Bitfield { .. } => {
+                let first = !std::mem::replace(&mut self.peers[k].heard, true);
+                let target = self.targets.contains(&self.peers[k].id);
                 for i in m.bitfield_pieces() {
                     self.peer_has(k, i);
+                    // At the hybrid's source: a piece a deal target kept from an earlier
+                    // session is out of the source's cluster already, and is not dealt.
+                    if first && target && !self.exported.get(i) {
+                        self.exported.set(i);
+                    }
+                }
+                if first && target {
+                    self.check_dealt_all();
                 }
             }
             SwarmMsg::Have { index } => {

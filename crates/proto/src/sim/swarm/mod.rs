@@ -32,6 +32,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::auth::{Keys, Secret};
+use crate::chunkmap::ChunkMap;
 use crate::swarm::session::{Outcome, SourceSession};
 use crate::swarm::{Strategy, SwarmConfig, SwarmEvent, SwarmNode, Transmit};
 use crate::tree::{NodeId, Tree};
@@ -65,6 +66,10 @@ pub struct SwarmSimSpec {
     /// once (the set-up connections are not simulated). `None`: no session, the run ends
     /// when the completion tree is done.
     pub stall_timeout: Option<Duration>,
+    /// Pieces a member's copy already holds from an earlier session of the same object (it
+    /// resumes, [`SwarmNode::resume`]): with [`SwarmSimSpec::data`], sealed again for this
+    /// session, as a member re-seals what it reads back.
+    pub held: Vec<(NodeId, Vec<(u64, u64)>)>,
     /// Move real sealed bytes and verify them at every hop.
     pub data: bool,
     /// Seed for the data and the strategy's random choices.
@@ -88,6 +93,7 @@ impl SwarmSimSpec {
             lost: Vec::new(),
             frozen: Vec::new(),
             stall_timeout: None,
+            held: Vec::new(),
             data: false,
             seed: 1,
             time_limit: Duration::from_secs(3600),
@@ -126,6 +132,9 @@ pub struct SwarmSimReport {
     pub verified: Vec<bool>,
     /// Pieces that arrived at a node that already held them.
     pub duplicates: u64,
+    /// `arrivals[n][i]`: how many times piece i arrived at node n (a member that resumed
+    /// should never be sent a piece it kept).
+    pub arrivals: Vec<Vec<u32>>,
     /// Bytes of control frames sent.
     pub control_bytes: u64,
     /// With [`SwarmSimSpec::stall_timeout`]: what the source's session made of each
@@ -263,7 +272,7 @@ impl Sim {
         };
         let nodes = (0..n)
             .map(|i| {
-                let node = SwarmNode::new(
+                let mut node = SwarmNode::new(
                     spec.config.clone(),
                     keys.clone(),
                     &labels,
@@ -272,9 +281,17 @@ impl Sim {
                     start,
                 )
                 .expect("valid simulation plan");
+                let held = spec.held.iter().find(|h| h.0 == i).map(|h| {
+                    let map = ChunkMap::from_ranges(&h.1, pieces);
+                    node.resume(&map);
+                    map
+                });
                 let mut store = vec![None; if spec.data { pieces as usize } else { 0 }];
-                if i == 0 && spec.data {
+                if spec.data && (i == 0 || held.is_some()) {
                     for (k, s) in store.iter_mut().enumerate() {
+                        if held.as_ref().is_some_and(|h| !h.contains(k as u64)) {
+                            continue;
+                        }
                         let lo = k * spec.piece_len as usize;
                         let hi = (lo + spec.piece_len as usize).min(object.len());
                         *s = Some(keys.seal(
@@ -331,6 +348,7 @@ impl Sim {
             wan_timeline: vec![vec![Vec::new(); c]; c],
             verified: vec![false; n],
             duplicates: 0,
+            arrivals: vec![vec![0; pieces as usize]; n],
             control_bytes: 0,
             outcomes: Vec::new(),
         };
@@ -651,6 +669,7 @@ impl Sim {
                     s.handle_progress(b, now);
                 }
                 *self.report.received_from[b].entry(a).or_insert(0) += len;
+                self.report.arrivals[b][i as usize] += 1;
                 let (x, y) = (self.cluster(a), self.cluster(b));
                 if x != y {
                     self.report.wan_into[y] += len;
