@@ -196,7 +196,7 @@ pub fn parse_list(list: &str) -> Result<Vec<SshTarget>, SshError> {
     Ok(targets)
 }
 
-/// Starts an agent on every target and waits (at most [`START`]) until each listens.
+/// Starts an agent on every target and waits (at most 30 s, `START`) until each listens.
 pub async fn start(o: &SshOptions<'_>, secret: &Secret) -> Result<Agents, SshError> {
     let mut agents = Agents {
         children: Vec::new(),
