@@ -27,6 +27,16 @@ pub struct ProbeCache {
     pub max_age: Duration,
 }
 
+/// bulkcast's folder in the user's cache: `$XDG_CACHE_HOME/bulkcast` (or `~/.cache/bulkcast`);
+/// `None` where neither variable is set.
+pub fn user_cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("bulkcast"))
+}
+
 /// How long a probed matrix is reused by default.
 pub const DEFAULT_MAX_AGE: Duration = Duration::from_secs(600);
 
@@ -34,12 +44,8 @@ impl ProbeCache {
     /// `$XDG_CACHE_HOME/bulkcast/probes` (or `~/.cache/bulkcast/probes`) with `max_age`; `None`
     /// where neither variable is set.
     pub fn in_user_cache(max_age: Duration) -> Option<ProbeCache> {
-        let base = std::env::var_os("XDG_CACHE_HOME")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
         Some(ProbeCache {
-            dir: base.join("bulkcast").join("probes"),
+            dir: user_cache_dir()?.join("probes"),
             max_age,
         })
     }

@@ -143,14 +143,8 @@ impl Unreached {
     /// `$XDG_CACHE_HOME/bulkcast/mcast-unreached` (or under `~/.cache`), one day; `None` where
     /// neither variable is set.
     pub fn in_user_cache() -> Option<Unreached> {
-        let base = std::env::var_os("XDG_CACHE_HOME")
-            .filter(|v| !v.is_empty())
-            .map(std::path::PathBuf::from)
-            .or_else(|| {
-                std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache"))
-            })?;
         Some(Unreached {
-            dir: base.join("bulkcast").join("mcast-unreached"),
+            dir: crate::measure::user_cache_dir()?.join("mcast-unreached"),
             max_age: std::time::Duration::from_secs(24 * 3600),
         })
     }
