@@ -663,8 +663,13 @@ impl Sink {
             } => {
                 let _ = fs::remove_file(tmp);
             }
-            Sink::File { tmp, .. } => {
+            Sink::File {
+                tmp,
+                ledger: Some(l),
+                ..
+            } => {
                 tracing::info!("keeping the partial copy {} to resume", tmp.display());
+                l.keep();
             }
             Sink::Tree {
                 tmp, ledger: None, ..

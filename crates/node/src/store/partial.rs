@@ -9,7 +9,12 @@
 //! crash (SIGKILL, power loss) can leave a record whose bytes never reached the disk, or a torn
 //! last record; so nothing in the map is believed: when a copy is opened again every record is
 //! checked by hashing the bytes on disk, torn and mismatching ones are dropped, and the map is
-//! rewritten with the verified ones only. A torn write is never taken as verified.
+//! rewritten with the verified ones only. A torn write is never taken as verified. The one
+//! exception is a copy this very process kept when its session failed ([`Ledger::keep`]) and
+//! that nothing has touched since (same inode, length and times of the copy and its map): no
+//! crash came between its writes and its records, so a session that opens it again (a subtree
+//! re-opened below a dead relay) takes the records as they are instead of hashing the whole
+//! copy again, which took a relay of a 1 GiB copy seconds before it could open its children.
 //!
 //! Once the copy is complete and moved into place, `.NAME.bulkcast.done` records its identity
 //! and what the file looked like then (inode, length, modification and change times): a later
@@ -23,10 +28,12 @@
 //! is never removed.
 
 use nix::fcntl::{Flock, FlockArg};
+use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::sync::{LazyLock, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bulkcast_proto::chunkmap::ChunkMap;
@@ -132,6 +139,16 @@ impl Ledger {
         Ok(())
     }
 
+    /// The session failed and its copy stays for the next one: remember what the copy and its
+    /// map look like now, so that this process, opening them again untouched, can take the
+    /// records without hashing the copy ([`load_map`]). Only for one-file copies: a directory's
+    /// stamp does not change when a file inside it does.
+    pub fn keep(self) {
+        if let Some(stamps) = kept_stamps(&self.names) {
+            kept().insert(self.names.map.clone(), stamps);
+        }
+    }
+
     /// The copy is in place at `dest`: remember it as identical, forget the map.
     pub fn finish(self, dest: &Path) {
         self.finish_with(|done, id| write_done(done, id, dest));
@@ -187,6 +204,35 @@ pub(super) fn lock_map(names: &Names) -> io::Result<Option<Flock<File>>> {
     Ok(Flock::lock(map, FlockArg::LockExclusiveNonblock).ok())
 }
 
+/// The stamps of a partial copy and its map, as [`Ledger::keep`] left them.
+type Kept = HashMap<PathBuf, [u8; 96]>;
+
+/// Copies this process kept at the end of a failed session, by map path.
+fn kept() -> std::sync::MutexGuard<'static, Kept> {
+    static KEPT: LazyLock<Mutex<Kept>> = LazyLock::new(Mutex::default);
+    KEPT.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn kept_stamps(names: &Names) -> Option<[u8; 96]> {
+    let part = fs::symlink_metadata(&names.part)
+        .ok()
+        .filter(|m| m.is_file())?;
+    let map = fs::symlink_metadata(&names.map).ok()?;
+    let mut s = [0u8; 96];
+    s[..48].copy_from_slice(&stamp_of(&part));
+    s[48..].copy_from_slice(&stamp_of(&map));
+    Some(s)
+}
+
+/// True when this process kept the copy at `names` and nothing touched it since (the entry
+/// is used up: a copy is taken on trust once per keep).
+fn untouched_since_kept(names: &Names) -> bool {
+    let Some(was) = kept().remove(&names.map) else {
+        return false;
+    };
+    kept_stamps(names) == Some(was)
+}
+
 /// Reads a locked map, keeps the chunks whose bytes (`read` at an offset of the object) hash
 /// as recorded, re-cut to `chunk_size`, and rewrites the map with those only. A map of another
 /// object or a torn header: `reset` empties the copy and nothing is held.
@@ -214,24 +260,37 @@ pub(super) fn load_map(
         && old[..40] == header[..40]
         && old[44..HEADER] == header[44..HEADER]
         && old_cs > 0;
-    let held = if same {
-        let verified = verify(&read, &old[HEADER..], old_cs, total);
-        recut(&verified, old_cs, chunk_size as u64, total)
-    } else {
+    let trusted = same && untouched_since_kept(&names);
+    let good = if !same {
         reset()?;
-        ChunkMap::new()
+        Vec::new()
+    } else if trusted {
+        believe(&old[HEADER..], old_cs, total)
+    } else {
+        verify(&read, &old[HEADER..], old_cs, total)
     };
-    // The map is rewritten with what was verified only (a torn last record is gone too).
+    // The map is rewritten with what was verified only (a torn last record is gone too); at
+    // the same chunk size the verified records are the new map, else the chunks are re-cut
+    // and hashed again.
     let mut fresh = header;
-    for (s, e) in held.ranges() {
-        for i in s..e {
-            let len = chunk_len(i, chunk_size as u64, total);
-            let mut buf = vec![0u8; len as usize];
-            read(&mut buf, i * chunk_size as u64)?;
-            fresh.extend_from_slice(&i.to_le_bytes());
-            fresh.extend_from_slice(blake3::hash(&buf).as_bytes());
+    let held = if old_cs == chunk_size as u64 {
+        for r in &good {
+            fresh.extend_from_slice(r);
         }
-    }
+        held_of(&good)
+    } else {
+        let held = recut(&held_of(&good), old_cs, chunk_size as u64, total);
+        for (s, e) in held.ranges() {
+            for i in s..e {
+                let len = chunk_len(i, chunk_size as u64, total);
+                let mut buf = vec![0u8; len as usize];
+                read(&mut buf, i * chunk_size as u64)?;
+                fresh.extend_from_slice(&i.to_le_bytes());
+                fresh.extend_from_slice(blake3::hash(&buf).as_bytes());
+            }
+        }
+        held
+    };
     map.set_len(0)?;
     map.write_all_at(&fresh, 0)?;
     let ledger = Ledger {
@@ -244,25 +303,52 @@ pub(super) fn load_map(
     Ok((ledger, held))
 }
 
-/// Chunks of the map's `records` whose bytes (`read` at an offset) hash as recorded.
+/// The map's `records` whose bytes (`read` at an offset) hash as recorded, each chunk once.
 fn verify(
     read: &impl Fn(&mut [u8], u64) -> io::Result<()>,
     records: &[u8],
     cs: u64,
     total: u64,
-) -> ChunkMap {
-    let n = chunk_count(total, cs as u32);
-    let mut held = ChunkMap::new();
+) -> Vec<[u8; RECORD]> {
     let mut buf = Vec::new();
+    unique_records(records, cs, total, |i, hash| {
+        buf.resize(chunk_len(i, cs, total) as usize, 0);
+        read(&mut buf, i * cs).is_ok() && blake3::hash(&buf).as_bytes() == hash
+    })
+}
+
+/// The map's `records` as they are, each chunk once: for a copy nothing touched since this
+/// process wrote it ([`Ledger::keep`]).
+fn believe(records: &[u8], cs: u64, total: u64) -> Vec<[u8; RECORD]> {
+    unique_records(records, cs, total, |_, _| true)
+}
+
+/// The whole records of `records` for chunks of the object that `good` accepts, the first
+/// accepted record of each chunk only.
+fn unique_records(
+    records: &[u8],
+    cs: u64,
+    total: u64,
+    mut good: impl FnMut(u64, &[u8]) -> bool,
+) -> Vec<[u8; RECORD]> {
+    let n = chunk_count(total, cs as u32);
+    let mut seen = ChunkMap::new();
+    let mut out = Vec::new();
     for r in records.chunks_exact(RECORD) {
         let i = u64::from_le_bytes(r[..8].try_into().expect("8 bytes"));
-        if i >= n || held.contains(i) {
+        if i >= n || seen.contains(i) || !good(i, &r[8..]) {
             continue;
         }
-        buf.resize(chunk_len(i, cs, total) as usize, 0);
-        if read(&mut buf, i * cs).is_ok() && blake3::hash(&buf).as_bytes() == &r[8..] {
-            held.insert(i);
-        }
+        seen.insert(i);
+        out.push(r.try_into().expect("a whole record"));
+    }
+    out
+}
+
+fn held_of(records: &[[u8; RECORD]]) -> ChunkMap {
+    let mut held = ChunkMap::new();
+    for r in records {
+        held.insert(u64::from_le_bytes(r[..8].try_into().expect("8 bytes")));
     }
     held
 }
@@ -507,6 +593,45 @@ mod tests {
         fs::remove_dir_all(d).unwrap();
     }
 
+    #[tokio::test]
+    async fn a_copy_this_process_kept_is_taken_untouched_once_without_hashing() {
+        let d = tmpdir("kept");
+        let b = body(4 * CS as usize);
+        let m = manifest(b.len() as u64);
+        let (s, _, mut rx) = open(&d, &m);
+        for i in [0, 1, 3] {
+            write(&s, &mut rx, &b, i).await;
+        }
+        drop(s); // the session failed: the copy is kept
+        let id = object_id(&m);
+        let reopen = || {
+            let names = Names::new(&d.join("obj"), &id);
+            let part = File::open(&names.part).unwrap();
+            let map = lock_map(&names).unwrap().unwrap();
+            let reads = std::cell::Cell::new(0);
+            let (ledger, held) = load_map(
+                map,
+                names,
+                id,
+                &m,
+                CS,
+                || Ok(()),
+                |buf, at| {
+                    reads.set(reads.get() + 1);
+                    part.read_exact_at(buf, at)
+                },
+            )
+            .unwrap();
+            drop(ledger); // not kept: the next open checks again
+            (held.ranges(), reads.get())
+        };
+        // Taken as recorded, not read back.
+        assert_eq!(reopen(), (vec![(0, 2), (3, 4)], 0));
+        // Once: after that every record is checked against the bytes again.
+        assert_eq!(reopen(), (vec![(0, 2), (3, 4)], 3));
+        fs::remove_dir_all(d).unwrap();
+    }
+
     #[test]
     fn chunks_verified_at_one_size_are_recut_to_another() {
         let held = ChunkMap::from_ranges(&[(0, 2), (3, 6)], 6);
@@ -532,6 +657,8 @@ mod tests {
         }
         drop(s);
         let names = Names::new(&d.join("obj"), &object_id(&m));
+        // A crash: the process that kept the copy is gone, and with it its word for the copy.
+        kept().remove(&names.map);
         // Chunk 1's bytes only half reached the disk (a crash mid-write); the map's last record
         // is cut short.
         let part = OpenOptions::new().write(true).open(&names.part).unwrap();
