@@ -11,7 +11,7 @@ use bulkcast_node::mcast::send::{self as mcast, McastConfig, RxOutcome};
 use bulkcast_node::report::{McastRateReport, ObjectReport, ReceiverReport, Report, TrainSeen};
 use bulkcast_node::transport::TcpTuning;
 use bulkcast_proto::hosts::HostsFile;
-use bulkcast_proto::mcast::msg::LAN_SYMBOL;
+use bulkcast_proto::mcast::msg::lan_symbol;
 use clap::Args;
 
 /// The multicast strategy's options.
@@ -79,7 +79,7 @@ pub async fn send(
         rate_bps: rate.map(|r| (r * 1e6) as u64),
         ttl: a.mcast_ttl,
         detect: Duration::from_millis(a.mcast_detect_ms),
-        symbol: LAN_SYMBOL,
+        symbol: lan_symbol(!keys.plaintext()),
         // Parity for a quarter of a block: past 25% loss a block's repairs are its own
         // symbols again. Coding cost grows with k + m, and the source codes inline.
         k: 256,
@@ -163,7 +163,7 @@ pub async fn send(
             skipped: Vec::new(),
         },
         strategy,
-        chunk_size: LAN_SYMBOL,
+        chunk_size: cfg.symbol,
         part_size: 0,
         seconds: r.seconds,
         ok: receivers.iter().all(|x| x.verified),

@@ -25,9 +25,14 @@ impl Drop for Agent {
 }
 
 fn agent(ns: Option<&str>, dir: &Path) -> Agent {
+    agent_with(ns, dir, &[])
+}
+
+fn agent_with(ns: Option<&str>, dir: &Path, extra: &[&str]) -> Agent {
     let mut child = bin_in(ns)
         .args(["agent", "--listen", "127.0.0.1:0", "--dir"])
         .arg(dir)
+        .args(extra)
         .env("BULKCAST_SECRET", SECRET)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -169,6 +174,117 @@ fn auto_multicasts_on_a_lan_and_remembers_where_it_cannot() {
     assert!(
         report["strategy"].as_str().unwrap().starts_with("tree"),
         "{report}"
+    );
+}
+
+/// What the group carried during a send: every datagram of ours (magic `BCM2`), as a third
+/// party on the LAN joined to the group sees it.
+struct Capture {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<Vec<u8>>>,
+}
+
+impl Capture {
+    fn start(group: &str) -> Capture {
+        use socket2::{Domain, Socket, Type};
+        let g: std::net::SocketAddrV4 = group.parse().unwrap();
+        let s = Socket::new(Domain::IPV4, Type::DGRAM, None).unwrap();
+        // The agents bind the same group and port.
+        s.set_reuse_address(true).unwrap();
+        s.set_recv_buffer_size(32 << 20).unwrap();
+        s.bind(&std::net::SocketAddr::V4(g).into()).unwrap();
+        s.join_multicast_v4(g.ip(), &std::net::Ipv4Addr::LOCALHOST)
+            .unwrap();
+        let sock: std::net::UdpSocket = s.into();
+        sock.set_read_timeout(Some(std::time::Duration::from_millis(50)))
+            .unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let st = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            let mut buf = vec![0u8; 65_536];
+            while !st.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok(n) = sock.recv(&mut buf) {
+                    if buf[..n].starts_with(b"BCM2") {
+                        got.push(buf[..n].to_vec());
+                    }
+                }
+            }
+            got
+        });
+        Capture { stop, thread }
+    }
+
+    fn finish(self) -> Vec<Vec<u8>> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap()
+    }
+}
+
+/// The group's datagrams are sealed by default: a listener on the group sees none of the
+/// file's bytes. With `--plaintext` on both ends they go in clear (so the check can fail);
+/// with it on the source only, the receivers refuse the group and take the file by the tree.
+#[test]
+fn multicast_datagrams_are_encrypted_unless_both_ends_choose_plaintext() {
+    let s = Scratch::new("mcast-seal");
+    let file = s.0.join("obj.bin");
+    let pattern = b"<<bulkcast: a recognisable payload pattern 0123456789>>";
+    let body: Vec<u8> = pattern.iter().copied().cycle().take(4 << 20).collect();
+    std::fs::write(&file, &body).unwrap();
+    let group = format!("239.255.77.3:{}", 20_001 + std::process::id() % 20_000);
+    let shows = |d: &[u8]| d.windows(pattern.len()).any(|w| w == pattern);
+    let run = |agent_extra: &[&str], send_extra: &[&str], tag: &str| {
+        let dirs: Vec<_> = (0..2).map(|i| s.0.join(format!("{tag}{i}"))).collect();
+        let agents: Vec<Agent> = dirs
+            .iter()
+            .map(|d| agent_with(None, d, agent_extra))
+            .collect();
+        let cap = Capture::start(&group);
+        let mut args = vec!["--mcast-rate", "300", "--mcast-group", &group];
+        args.extend(send_extra);
+        let out = send(None, &file, &agents, &args);
+        let got = cap.finish();
+        let (report, err) = check(&out, &file, &dirs);
+        (got, report, err)
+    };
+    // Default: every datagram sealed. The file is 2,942 data datagrams; a listener on a
+    // loaded host may miss some, but it must have seen the data go by.
+    let (got, report, err) = run(&[], &[], "sealed");
+    let data = got.iter().filter(|d| d.len() > 1000 && d[12] == 0).count();
+    assert!(data >= 500, "only {data} data datagrams seen");
+    assert!(
+        !got.iter().any(|d| shows(d)),
+        "the file's bytes went in clear"
+    );
+    assert!(
+        report["strategy"]
+            .as_str()
+            .unwrap()
+            .starts_with("multicast")
+            && !err.contains("by the tree"),
+        "{report} {err}"
+    );
+    // Both ends plaintext: the file's bytes are on the wire.
+    let (got, _, _) = run(&["--plaintext"], &["--plaintext"], "plain");
+    assert!(
+        got.iter().any(|d| shows(d)),
+        "{} datagrams, none in clear",
+        got.len()
+    );
+    // The source alone: each receiver refuses the group in clear, says why, and gets the
+    // file over its encrypted connection.
+    let (got, report, err) = run(&[], &["--plaintext"], "mixed");
+    assert!(
+        err.contains("refusing a multicast session in clear") && err.contains("by the tree"),
+        "{err}"
+    );
+    assert!(
+        report["strategy"].as_str().unwrap().contains("2 by tree"),
+        "{report}"
+    );
+    assert!(
+        !got.iter().any(|d| shows(d)),
+        "refused, yet the file went in clear"
     );
 }
 

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use bulkcast_proto::mcast::msg::McastOpen;
 use bulkcast_proto::mcast::receiver::{Receiver, ReceiverConfig, RxEvent, RxStats};
+use bulkcast_proto::mcast::seal::{GroupCipher, GroupKey};
 use bulkcast_proto::mcast::{Layout, McastMsg};
 use bulkcast_proto::wire::{self, Frame};
 use tokio::sync::mpsc;
@@ -46,7 +47,7 @@ pub async fn serve_agent(
         open.size,
         open.group
     );
-    match serve(stream, open, &cfg.dir).await {
+    match serve(stream, open, &cfg.dir, !cfg.keys.plaintext()).await {
         Ok(Outcome::Done) => Ok(Served::Session(session)),
         Ok(Outcome::Cancelled(why)) => {
             tracing::info!("multicast session {session:016x}: not by multicast here ({why})");
@@ -56,9 +57,15 @@ pub async fn serve_agent(
     }
 }
 
-/// Runs the session whose `Open` came on `stream`, storing into `dir`.
-pub async fn serve(mut stream: Stream, open: McastOpen, dir: &Path) -> Result<Outcome, String> {
-    let prepared = prepare(&stream, &open, dir);
+/// Runs the session whose `Open` came on `stream`, storing into `dir`; `sealed`: this end
+/// did not choose `--plaintext`, and refuses a session whose datagrams go in clear.
+pub async fn serve(
+    mut stream: Stream,
+    open: McastOpen,
+    dir: &Path,
+    sealed: bool,
+) -> Result<Outcome, String> {
+    let prepared = prepare(&stream, &open, dir, sealed);
     let (sock, layout, part, file) = match prepared {
         Ok(p) => p,
         Err(reason) => {
@@ -83,8 +90,9 @@ pub async fn serve(mut stream: Stream, open: McastOpen, dir: &Path) -> Result<Ou
     let (out_tx, mut out_rx) = mpsc::unbounded_channel();
     let renak = Duration::from_millis(u64::from(open.renak_ms.clamp(5, 5_000)));
     let session = open.session;
+    let cipher = open.key.as_ref().map(GroupKey::cipher);
     let worker = tokio::task::spawn_blocking(move || {
-        receive(sock, layout, session, renak, &file, ctl_rx, out_tx)
+        receive(sock, layout, session, cipher, renak, &file, ctl_rx, out_tx)
     });
     let (mut rd, mut wr) = stream.into_split();
     let result: Option<Result<(), String>> = loop {
@@ -111,6 +119,13 @@ pub async fn serve(mut stream: Stream, open: McastOpen, dir: &Path) -> Result<Ou
     // The thread ends on its own (complete, failed, cancelled) or when told to stop.
     let _ = ctl_tx.send(None);
     let (end, stats) = worker.await.map_err(|e| e.to_string())?;
+    if stats.refused > 0 {
+        tracing::warn!(
+            "multicast session {session:016x}: {} datagrams did not open under the group key \
+             (altered, forged or from another sender) and were dropped",
+            stats.refused
+        );
+    }
     // Told to stop because the connection failed: that is the reason.
     let end = match (end, result) {
         (Err(_), Some(Err(e))) => Err(e),
@@ -137,9 +152,15 @@ pub async fn serve(mut stream: Stream, open: McastOpen, dir: &Path) -> Result<Ou
 
 type Prepared = (std::net::UdpSocket, Layout, PathBuf, File);
 
-/// Checks the set-up, joins the group on the address the source reached us on, and opens
-/// the partial copy.
-fn prepare(stream: &Stream, open: &McastOpen, dir: &Path) -> Result<Prepared, String> {
+/// Checks the set-up (a receiver that wants encryption refuses datagrams in clear), joins
+/// the group on the address the source reached us on, and opens the partial copy.
+fn prepare(
+    stream: &Stream,
+    open: &McastOpen,
+    dir: &Path,
+    sealed: bool,
+) -> Result<Prepared, String> {
+    refuse_plaintext(open, sealed)?;
     let name = &open.name;
     if name.is_empty() || name == "." || name == ".." || name.contains(['/', '\0']) {
         return Err(format!("bad file name {name:?}"));
@@ -162,6 +183,17 @@ fn prepare(stream: &Stream, open: &McastOpen, dir: &Path) -> Result<Prepared, St
     Ok((sock, layout, part, file))
 }
 
+/// A receiver that did not choose `--plaintext` takes only sealed sessions.
+fn refuse_plaintext(open: &McastOpen, sealed: bool) -> Result<(), String> {
+    match (sealed, &open.key) {
+        (true, None) => Err("refusing a multicast session in clear: the source chose \
+             --plaintext and this receiver did not (it gets the file over its encrypted \
+             connection instead; give --plaintext on both ends to multicast in clear)"
+            .into()),
+        _ => Ok(()),
+    }
+}
+
 /// Moves the verified copy into place with its mode.
 fn finish(part: &Path, dir: &Path, open: &McastOpen) -> Result<(), String> {
     use std::os::unix::fs::PermissionsExt;
@@ -173,10 +205,12 @@ fn finish(part: &Path, dir: &Path, open: &McastOpen) -> Result<(), String> {
 
 /// The datagram thread: runs the receiver until the copy is complete, fails, or is cancelled
 /// (`None` on `ctl`: stop).
+#[allow(clippy::too_many_arguments)]
 fn receive(
     sock: std::net::UdpSocket,
     layout: Layout,
     session: u64,
+    cipher: Option<GroupCipher>,
     renak: Duration,
     file: &File,
     ctl: std_mpsc::Receiver<Option<McastMsg>>,
@@ -186,7 +220,7 @@ fn receive(
         renak: renak.as_micros() as u64,
         ..ReceiverConfig::default()
     };
-    let mut rx = Receiver::new(layout, session, cfg);
+    let mut rx = Receiver::new(layout, session, cipher, cfg);
     let epoch = Instant::now();
     let mut buf = vec![0u8; 65_536];
     let mut next_timer = 0;
@@ -197,7 +231,7 @@ fn receive(
         match got {
             // The train is timed by when its datagrams arrived.
             Ok((n, ago, seg)) => {
-                for d in buf[..n].chunks(seg.unwrap_or(n).max(1)) {
+                for d in buf[..n].chunks_mut(seg.unwrap_or(n).max(1)) {
                     rx.handle_datagram(now.saturating_sub(ago), d);
                 }
             }

@@ -18,9 +18,10 @@ use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, Instant};
 
 use bulkcast_proto::auth::Keys;
-use bulkcast_proto::mcast::msg::{DgramHeader, DgramKind, McastOpen, Nak, DGRAM_HEADER};
+use bulkcast_proto::mcast::msg::{DgramKind, McastOpen, Nak};
+use bulkcast_proto::mcast::seal::{DgramWriter, GroupKey};
 use bulkcast_proto::mcast::sender::{
-    CodedBlock, Sender, SenderConfig, SenderStats, Tx, OVERHEAD, TRAIN_WAIT,
+    wire_overhead, CodedBlock, Sender, SenderConfig, SenderStats, Tx, TRAIN_WAIT,
 };
 use bulkcast_proto::mcast::train::{rate_from, TrainReport};
 use bulkcast_proto::mcast::{Layout, McastMsg};
@@ -128,6 +129,16 @@ pub async fn send(
     let layout = Layout::new(size, cfg.symbol, cfg.k, cfg.m)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     let session: u64 = rand::random();
+    // A key for this session alone, unless this end chose `--plaintext` (a receiver that
+    // did not refuses the session and gets the file by the tree, encrypted).
+    let key = match keys.plaintext() {
+        true => None,
+        false => Some(
+            GroupKey::generate(&ring::rand::SystemRandom::new())
+                .map_err(|_| std::io::Error::other("no random bytes for the group key"))?,
+        ),
+    };
+    let mut writer = DgramWriter::new(session, key.as_ref().map(GroupKey::cipher));
     let open = McastOpen {
         session,
         group: cfg.group.to_string(),
@@ -138,6 +149,7 @@ pub async fn send(
         k: cfg.k,
         m: cfg.m,
         renak_ms: 40,
+        key,
     };
     let n = addrs.len();
     let mut outcomes: Vec<Option<RxOutcome>> = vec![None; n];
@@ -177,7 +189,7 @@ pub async fn send(
     detect(
         &sock,
         group,
-        session,
+        &mut writer,
         cfg.detect,
         &mut up_rx,
         &mut outcomes,
@@ -192,7 +204,7 @@ pub async fn send(
             group,
             file,
             layout,
-            session,
+            writer,
             cfg,
             &mut up_rx,
             &mut outcomes,
@@ -223,6 +235,7 @@ async fn futures_connect(
         .iter()
         .map(|a| {
             let (a, keys, tuning) = (a.clone(), keys.clone(), tuning.clone());
+            let has_key = open.key.is_some();
             let open = Frame::Mcast(McastMsg::Open(Box::new(open.clone())));
             tokio::spawn(async move {
                 let s = transport::connect(&a, &tuning)
@@ -231,6 +244,13 @@ async fn futures_connect(
                 let mut s = transport::handshake_connect(s, &keys)
                     .await
                     .map_err(|e| e.to_string())?;
+                // Never the group key in clear (the handshake encrypts every connection of
+                // a source that did not choose plaintext: this holds).
+                if has_key && !s.is_sealed() {
+                    return Err(
+                        "refusing to send the group key on an unencrypted connection".into(),
+                    );
+                }
                 transport::write_frame(&mut s, &open)
                     .await
                     .map_err(|e| e.to_string())?;
@@ -252,22 +272,11 @@ async fn tell(w: &mut Option<WriteHalf>, m: McastMsg) -> bool {
     }
 }
 
-fn datagram(session: u64, kind: DgramKind, block: u32, index: u32, buf: &mut Vec<u8>) {
-    buf.resize(DGRAM_HEADER, 0);
-    DgramHeader {
-        session,
-        kind,
-        block,
-        index,
-    }
-    .write(buf);
-}
-
 /// Hello datagrams until every receiver that joined has heard one, at most `wait`.
 async fn detect(
     sock: &UdpSocket,
     group: SocketAddr,
-    session: u64,
+    writer: &mut DgramWriter,
     wait: Duration,
     up: &mut mpsc::UnboundedReceiver<(usize, Option<McastMsg>)>,
     outcomes: &mut [Option<RxOutcome>],
@@ -279,7 +288,6 @@ async fn detect(
     let deadline = Instant::now() + wait + Duration::from_secs(5);
     let mut hello_until = None;
     let mut buf = Vec::new();
-    datagram(session, DgramKind::Hello, 0, 0, &mut buf);
     loop {
         let waiting = (0..n).any(|i| outcomes[i].is_none() && !heard[i]);
         if !waiting
@@ -293,6 +301,8 @@ async fn detect(
             hello_until = Some(Instant::now() + wait);
         }
         if hello_until.is_some() {
+            // Each one numbered (and sealed) anew: a nonce is never used twice.
+            writer.write(DgramKind::Hello, 0, 0, &[], &mut buf);
             let _ = sock.send_to(&buf, group);
         }
         match tokio::time::timeout(Duration::from_millis(10), up.recv()).await {
@@ -340,7 +350,7 @@ async fn data(
     group: SocketAddr,
     file: File,
     layout: Layout,
-    session: u64,
+    writer: DgramWriter,
     cfg: &McastConfig,
     up: &mut mpsc::UnboundedReceiver<(usize, Option<McastMsg>)>,
     outcomes: &mut [Option<RxOutcome>],
@@ -353,12 +363,13 @@ async fn data(
         rate: cfg.rate_bps.unwrap_or(FALLBACK_BPS) / 8,
         end_interval: 20_000,
         stale: 20_000,
+        overhead: wire_overhead(writer.sealed()),
     };
     let measure = cfg.rate_bps.is_none();
-    let wire = u64::from(layout.symbol) + OVERHEAD;
+    let wire = u64::from(layout.symbol) + scfg.overhead;
     let worker = tokio::task::spawn_blocking(move || {
         pace(
-            sock, group, file, layout, session, scfg, measure, ctl_rx, hash_tx,
+            sock, group, file, layout, writer, scfg, measure, ctl_rx, hash_tx,
         )
     });
     let active = |o: &[Option<RxOutcome>]| o.iter().any(Option::is_none);
@@ -521,7 +532,7 @@ fn pace(
     group: SocketAddr,
     file: File,
     layout: Layout,
-    session: u64,
+    mut writer: DgramWriter,
     cfg: SenderConfig,
     measure: bool,
     ctl: std_mpsc::Receiver<Ctl>,
@@ -536,21 +547,22 @@ fn pace(
     }
     let mut cache: VecDeque<(u32, CodedBlock)> = VecDeque::new();
     let mut hashed = 0u32;
-    let mut buf = Vec::with_capacity(DGRAM_HEADER + layout.symbol as usize);
+    let seg = writer.overhead() + layout.symbol as usize;
+    let mut buf = Vec::with_capacity(seg);
     let mut told_end = false;
-    let mut batch = Batch::new(sock, group, DGRAM_HEADER + layout.symbol as usize);
+    let mut batch = Batch::new(sock, group, seg);
     loop {
         let now = super::micros(epoch);
         let tx = s.poll_transmit(now);
         if !matches!(tx, Some(Tx::Data { .. })) {
             batch.flush();
             if !train_told {
-                train_written(&s, &mut train_t0, &mut train_told, &layout, &up);
+                let wire = u64::from(layout.symbol) + cfg.overhead;
+                train_written(&s, &mut train_t0, &mut train_told, wire, &up);
             }
         }
         match tx {
             Some(Tx::Data { block, index }) => {
-                datagram(session, DgramKind::Data, block, index, &mut buf);
                 // Each block is hashed when its first pass starts (its first read).
                 let fresh = |data: &[u8]| {
                     if block == hashed {
@@ -566,7 +578,7 @@ fn pace(
                     }
                 };
                 match c.symbol(&layout, block, index) {
-                    Ok(sym) => buf.extend_from_slice(sym),
+                    Ok(sym) => writer.write(DgramKind::Data, block, index, sym, &mut buf),
                     Err(e) => {
                         let _ = up.send(Up::Failed(e.to_string()));
                         return s.stats;
@@ -580,7 +592,8 @@ fn pace(
                 }
             }
             Some(Tx::End) => {
-                datagram(session, DgramKind::End, layout.blocks() as u32, 0, &mut buf);
+                let blocks = layout.blocks() as u32;
+                writer.write(DgramKind::End, blocks, 0, &[], &mut buf);
                 batch.send_one(&buf);
             }
             None => {
@@ -611,14 +624,15 @@ fn pace(
     }
 }
 
-/// Times the train as it is written (`t0`: when its first datagram was out): once the last
+/// Times the train as it is written (`t0`: when its first datagram was out; `wire`: bytes a
+/// datagram costs on the wire): once the last
 /// one is, tells the rate it went out at (the source's own link, when that is the bottleneck,
 /// held the socket back). `told` is then set.
 fn train_written(
     s: &Sender,
     t0: &mut Option<Instant>,
     told: &mut bool,
-    layout: &Layout,
+    wire: u64,
     up: &mpsc::UnboundedSender<Up>,
 ) {
     let Some(t0) = *t0 else { return };
@@ -627,7 +641,7 @@ fn train_written(
     }
     *told = true;
     let gaps = s.stats.first_pass.saturating_sub(1).max(1);
-    let bytes = gaps * (u64::from(layout.symbol) + OVERHEAD);
+    let bytes = gaps * wire;
     let secs = t0.elapsed().as_secs_f64().max(1e-6);
     let _ = up.send(Up::TrainSent((bytes as f64 / secs) as u64));
 }
@@ -697,7 +711,7 @@ impl Batch {
 /// Microseconds the pacing thread sleeps at least between batches of datagrams.
 const BATCH: u64 = 1_000;
 
-/// Blocks kept for repairs (about 24 MiB at 256 symbols of 1450 bytes).
+/// Blocks kept for repairs (about 23 MiB at 256 symbols of 1426 bytes).
 const CACHED_BLOCKS: usize = 64;
 
 /// Block `b`, coded, from the cache or read from the file (`fresh` sees the bytes read).

@@ -13,19 +13,25 @@
 //! - [`fec`]: the erasure code (`reed-solomon-simd`, GF(2^16), any `k` of `k + m`).
 //! - [`msg`]: the control messages (on the authenticated TCP connection to each receiver)
 //!   and the datagram header.
+//! - [`seal`]: datagrams sealed with AES-256-GCM under a group key drawn per session.
 //! - [`sender`]: the source: pacing, first pass, parity granted on requests, end markers.
 //! - [`receiver`]: a receiver: assembly, decoding, per-block hash checks, repair requests.
 //! - [`train`]: the sending rate, measured from how fast the first symbols arrive.
 //! - `sim`: a seeded simulation of a source and many receivers on a lossy LAN (tests).
 //!
-//! Integrity: the datagrams are not authenticated (a LAN peer could forge one), but every
-//! block's BLAKE3 hash travels on the authenticated connection and a block is written only
-//! once it matches; a block that does not is dropped and asked for again.
+//! Confidentiality and integrity: every datagram is sealed under the session's group key,
+//! which reached each receiver on its encrypted connection ([`seal`]); a datagram that does
+//! not open is counted and dropped. A receiver holds the key and could forge datagrams to the
+//! others, so every block's BLAKE3 hash also travels on each receiver's authenticated
+//! connection and a block is written only once it matches; a block that does not is dropped
+//! and asked for again. Both ends given `--plaintext` send the datagrams in clear (the
+//! hashes still hold).
 
 pub mod fec;
 pub mod layout;
 pub mod msg;
 pub mod receiver;
+pub mod seal;
 pub mod sender;
 #[cfg(test)]
 mod sim;

@@ -4,7 +4,7 @@
 //! ```text
 //! msg    = sub:u8 | body
 //! Open   = 0x01 | session:u64 | group | name | size:u64 | mode:u32 | symbol:u32 | k:u32
-//!               | m:u32 | renak_ms:u32
+//!               | m:u32 | renak_ms:u32 | sealed:u8 | key[32] (sealed only)
 //! Ready  = 0x02 | joined:u8 | reason
 //! Heard  = 0x03
 //! Hashes = 0x04 | first:u32 | count:u32 | hash[32]*
@@ -14,12 +14,16 @@
 //! Cancel = 0x08 | reason
 //! string = len:u16 | utf-8
 //!
-//! datagram = "BCM1" | session:u64 | kind:u8 (0 data, 1 end, 2 hello) | block:u32
-//!            | index:u32 | symbol bytes (data only)
+//! datagram = "BCM2" | session:u64 | kind:u8 (0 data, 1 end, 2 hello) | block:u32
+//!            | index:u32 | number:u64 | symbol bytes (data only) | tag[16] (sealed only)
 //! ```
+//!
+//! A sealed session's datagrams are AES-256-GCM under the `Open`'s group key, the header
+//! their associated data and `number` their nonce ([`super::seal`]).
 
 use bytes::{Buf, BufMut, Bytes};
 
+use super::seal::{GroupKey, KEY_BYTES};
 use super::train::TrainReport;
 use crate::wire::WireError;
 
@@ -44,6 +48,9 @@ pub struct McastOpen {
     pub m: u32,
     /// Milliseconds between repeated requests for a block without progress.
     pub renak_ms: u32,
+    /// The group key the datagrams are sealed under; `None`: in clear (both ends chose
+    /// `--plaintext`).
+    pub key: Option<GroupKey>,
 }
 
 /// One block's repair request.
@@ -123,6 +130,13 @@ impl McastMsg {
                 for v in [o.mode, o.symbol, o.k, o.m, o.renak_ms] {
                     b.put_u32(v);
                 }
+                match &o.key {
+                    Some(k) => {
+                        b.put_u8(1);
+                        b.put_slice(k.bytes());
+                    }
+                    None => b.put_u8(0),
+                }
             }
             McastMsg::Ready { joined, reason } => {
                 b.put_u8(2);
@@ -187,6 +201,16 @@ impl McastMsg {
                 for x in &mut v {
                     *x = get_u32(b)?;
                 }
+                let key = match get_u8(b)? {
+                    0 => None,
+                    1 => {
+                        need(b, KEY_BYTES)?;
+                        let mut k = [0u8; KEY_BYTES];
+                        b.copy_to_slice(&mut k);
+                        Some(GroupKey::from_bytes(k))
+                    }
+                    _ => return Err(WireError::BadValue(WHAT, "bad group key flag")),
+                };
                 McastMsg::Open(Box::new(McastOpen {
                     session,
                     group,
@@ -197,6 +221,7 @@ impl McastMsg {
                     k: v[2],
                     m: v[3],
                     renak_ms: v[4],
+                    key,
                 }))
             }
             2 => McastMsg::Ready {
@@ -300,11 +325,17 @@ fn get_str(b: &mut Bytes) -> Result<String, WireError> {
 }
 
 /// Magic at the start of every datagram.
-pub const DGRAM_MAGIC: [u8; 4] = *b"BCM1";
+pub const DGRAM_MAGIC: [u8; 4] = *b"BCM2";
 /// Bytes of a datagram's header.
-pub const DGRAM_HEADER: usize = 21;
-/// Symbol bytes that fill a 1500-byte Ethernet frame (1472 bytes of UDP payload), even.
-pub const LAN_SYMBOL: u32 = 1450;
+pub const DGRAM_HEADER: usize = 29;
+/// Bytes of UDP payload in a 1500-byte Ethernet frame.
+pub const LAN_PAYLOAD: usize = 1472;
+
+/// Symbol bytes that fill a 1500-byte Ethernet frame with the header and, when `sealed`, the
+/// tag; even (the erasure code works on pairs of bytes).
+pub const fn lan_symbol(sealed: bool) -> u32 {
+    ((LAN_PAYLOAD - super::seal::overhead(sealed)) & !1) as u32
+}
 
 /// What a datagram carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -328,6 +359,8 @@ pub struct DgramHeader {
     pub block: u32,
     /// Symbol index in the block.
     pub index: u32,
+    /// The datagram's number in its session, never repeated: the nonce of a sealed one.
+    pub number: u64,
 }
 
 impl DgramHeader {
@@ -342,9 +375,11 @@ impl DgramHeader {
         };
         out[13..17].copy_from_slice(&self.block.to_be_bytes());
         out[17..21].copy_from_slice(&self.index.to_be_bytes());
+        out[21..29].copy_from_slice(&self.number.to_be_bytes());
     }
 
-    /// Reads a header; `None` for anything that is not one of ours.
+    /// Reads a header and the bytes after it (a sealed session's are the sealed body and
+    /// the tag); `None` for anything that is not one of ours.
     pub fn read(d: &[u8]) -> Option<(DgramHeader, &[u8])> {
         if d.len() < DGRAM_HEADER || d[..4] != DGRAM_MAGIC {
             return None;
@@ -356,14 +391,18 @@ impl DgramHeader {
             _ => return None,
         };
         let u32_at = |i: usize| u32::from_be_bytes([d[i], d[i + 1], d[i + 2], d[i + 3]]);
-        let mut s = [0u8; 8];
-        s.copy_from_slice(&d[4..12]);
+        let u64_at = |i: usize| {
+            let mut s = [0u8; 8];
+            s.copy_from_slice(&d[i..i + 8]);
+            u64::from_be_bytes(s)
+        };
         Some((
             DgramHeader {
-                session: u64::from_be_bytes(s),
+                session: u64_at(4),
                 kind,
                 block: u32_at(13),
                 index: u32_at(17),
+                number: u64_at(21),
             },
             &d[DGRAM_HEADER..],
         ))
@@ -395,7 +434,41 @@ mod tests {
             k: 256,
             m: 256,
             renak_ms: 30,
+            key: None,
         })));
+        round(McastMsg::Open(Box::new(McastOpen {
+            session: 8,
+            group: "239.1.2.3:7390".into(),
+            name: "g.bin".into(),
+            size: 5,
+            mode: 0o600,
+            symbol: 1426,
+            k: 4,
+            m: 2,
+            renak_ms: 30,
+            key: Some(GroupKey::from_bytes([9; KEY_BYTES])),
+        })));
+        // A key flag without its key, and a flag that is neither: errors.
+        let mut b = BytesMut::new();
+        McastMsg::Open(Box::new(McastOpen {
+            session: 8,
+            group: "g".into(),
+            name: "n".into(),
+            size: 5,
+            mode: 0,
+            symbol: 2,
+            k: 1,
+            m: 1,
+            renak_ms: 1,
+            key: Some(GroupKey::from_bytes([9; KEY_BYTES])),
+        }))
+        .encode(&mut b);
+        let full = b.freeze();
+        let mut cut = full.slice(..full.len() - 1);
+        assert!(McastMsg::decode(&mut cut).is_err());
+        let mut bad = full.slice(..full.len() - KEY_BYTES).to_vec();
+        *bad.last_mut().unwrap() = 2;
+        assert!(McastMsg::decode(&mut Bytes::from(bad)).is_err());
         round(McastMsg::Ready {
             joined: false,
             reason: "no route".into(),
@@ -440,6 +513,7 @@ mod tests {
             kind: DgramKind::Data,
             block: 5,
             index: 300,
+            number: 0x0102_0304_0506_0708,
         };
         let mut d = vec![0u8; DGRAM_HEADER + 3];
         h.write(&mut d);
@@ -449,6 +523,7 @@ mod tests {
         assert!(DgramHeader::read(&d[..10]).is_none());
         d[0] = b'X';
         assert!(DgramHeader::read(&d).is_none());
-        assert_eq!(LAN_SYMBOL as usize + DGRAM_HEADER, 1471);
+        assert_eq!(lan_symbol(false) as usize + DGRAM_HEADER, 1471);
+        assert_eq!(lan_symbol(true) as usize + DGRAM_HEADER + 16, 1471);
     }
 }

@@ -5,7 +5,8 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use super::layout::{Layout, Slot};
-use super::msg::{DgramHeader, DgramKind, McastMsg, Nak};
+use super::msg::{DgramHeader, DgramKind, McastMsg, Nak, DGRAM_HEADER};
+use super::seal::GroupCipher;
 use super::train::TrainMeter;
 use super::{fec, Micros};
 
@@ -49,6 +50,9 @@ pub enum RxEvent {
 pub struct RxStats {
     /// Datagrams of this session taken.
     pub datagrams: u64,
+    /// Datagrams naming this session that did not open under its key (altered, forged,
+    /// sealed under another key, or in clear): dropped unread.
+    pub refused: u64,
     /// Symbols that were already here.
     pub duplicates: u64,
     /// Blocks rebuilt with parity.
@@ -72,6 +76,7 @@ struct Partial {
 pub struct Receiver {
     layout: Layout,
     session: u64,
+    cipher: Option<GroupCipher>,
     cfg: ReceiverConfig,
     blocks: u32,
     done: Vec<bool>,
@@ -95,12 +100,19 @@ pub struct Receiver {
 }
 
 impl Receiver {
-    /// A receiver of `session`'s file cut as `layout`.
-    pub fn new(layout: Layout, session: u64, cfg: ReceiverConfig) -> Self {
+    /// A receiver of `session`'s file cut as `layout`, whose datagrams are sealed under
+    /// `cipher` (`None`: a plaintext session).
+    pub fn new(
+        layout: Layout,
+        session: u64,
+        cipher: Option<GroupCipher>,
+        cfg: ReceiverConfig,
+    ) -> Self {
         let blocks = layout.blocks() as u32;
         let mut r = Self {
             layout,
             session,
+            cipher,
             cfg,
             blocks,
             done: vec![false; blocks as usize],
@@ -134,15 +146,26 @@ impl Receiver {
         u64::from(self.done_count) * self.layout.block_bytes()
     }
 
-    /// A datagram from the group (any content: what is not this session's is ignored).
-    /// `now` is when it arrived: the train's timing ([`super::train`]) depends on it.
-    pub fn handle_datagram(&mut self, now: Micros, d: &[u8]) {
-        let Some((h, body)) = DgramHeader::read(d) else {
+    /// A datagram from the group (any content: what is not this session's is ignored, what
+    /// does not open under its key is counted and dropped). It is opened in place. `now` is
+    /// when it arrived: the train's timing ([`super::train`]) depends on it.
+    pub fn handle_datagram(&mut self, now: Micros, d: &mut [u8]) {
+        let Some((h, _)) = DgramHeader::read(d) else {
             return;
         };
         if h.session != self.session || self.failed {
             return;
         }
+        let body = match &self.cipher {
+            Some(c) => match c.open(h.number, DGRAM_HEADER, d) {
+                Some(b) => b,
+                None => {
+                    self.stats.refused += 1;
+                    return;
+                }
+            },
+            None => &d[DGRAM_HEADER..],
+        };
         if !self.heard {
             self.heard = true;
             self.out.push_back(McastMsg::Heard);

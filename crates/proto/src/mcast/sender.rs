@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::layout::{Layout, Slot};
-use super::msg::{Nak, DGRAM_HEADER};
+use super::msg::Nak;
 use super::train::TRAIN_DATAGRAMS;
 use super::{fec, Micros};
 
@@ -26,6 +26,8 @@ pub struct SenderConfig {
     /// Symbols sent longer ago than this are taken as lost by a request that asks past
     /// them (shorter than the receivers' `renak`).
     pub stale: Micros,
+    /// Bytes a datagram costs on the wire beyond its symbol ([`wire_overhead`]).
+    pub overhead: u64,
 }
 
 /// What the shell sends next.
@@ -42,8 +44,11 @@ pub enum Tx {
     End,
 }
 
-/// Bytes a datagram costs on an Ethernet LAN beyond its symbol.
-pub const OVERHEAD: u64 = 14 + 20 + 8 + DGRAM_HEADER as u64;
+/// Bytes a datagram costs on an Ethernet LAN beyond its symbol: Ethernet, IP and UDP
+/// headers, ours, and the tag when `sealed`.
+pub const fn wire_overhead(sealed: bool) -> u64 {
+    14 + 20 + 8 + super::seal::overhead(sealed) as u64
+}
 /// Most credit the pacer banks when polled late: a sending thread held up by the scheduler
 /// or a full socket buffer catches up on up to this much time at once, so a stall of a few
 /// milliseconds costs no rate; never more, so a long stall (or an idle spell before repairs)
@@ -186,8 +191,8 @@ impl Sender {
             return Some(tx);
         }
         let bytes = match tx {
-            Tx::Data { .. } => u64::from(self.layout.symbol) + OVERHEAD,
-            Tx::End => OVERHEAD,
+            Tx::Data { .. } => u64::from(self.layout.symbol) + self.cfg.overhead,
+            Tx::End => self.cfg.overhead,
         };
         let cost = bytes * 1_000_000 / self.cfg.rate.max(1);
         // Late by more than a burst: the excess credit is dropped.
@@ -327,6 +332,7 @@ mod tests {
                 rate: 1_000_000,
                 end_interval: 1_000,
                 stale: 500,
+                overhead: 63,
             },
         )
     }

@@ -9,11 +9,20 @@ use std::collections::{BinaryHeap, HashMap};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use super::msg::{DgramHeader, DgramKind, McastMsg, DGRAM_HEADER};
+use super::msg::{DgramKind, McastMsg};
 use super::receiver::{Receiver, ReceiverConfig, RxEvent};
-use super::sender::{CodedBlock, Sender, SenderConfig, Tx, OVERHEAD};
+use super::seal::{DgramWriter, GroupKey};
+use super::sender::{wire_overhead, CodedBlock, Sender, SenderConfig, Tx};
 use super::train::{rate_from, TrainReport};
 use super::{Layout, Micros};
+
+/// The simulated sessions seal their datagrams, as a real one does by default.
+const OVERHEAD: u64 = wire_overhead(true);
+
+/// The group key of the simulated session.
+fn key() -> GroupKey {
+    GroupKey::from_bytes([0x42; 32])
+}
 
 /// Decides whether receiver `r` loses the `n`th datagram.
 type Loss = Box<dyn FnMut(usize, u64) -> bool>;
@@ -29,6 +38,7 @@ struct Sim {
     file: Vec<u8>,
     delay: Micros,
     sender: Sender,
+    writer: DgramWriter,
     rx: Vec<Receiver>,
     copies: Vec<Vec<u8>>,
     done: Vec<Option<Micros>>,
@@ -66,6 +76,7 @@ impl Sim {
             rate,
             end_interval: 20_000,
             stale: 15_000,
+            overhead: OVERHEAD,
         };
         let rcfg = ReceiverConfig {
             renak: 40_000,
@@ -75,7 +86,10 @@ impl Sim {
             layout,
             delay: 200,
             sender: Sender::new(layout, cfg),
-            rx: (0..n).map(|_| Receiver::new(layout, 9, rcfg)).collect(),
+            writer: DgramWriter::new(9, Some(key().cipher())),
+            rx: (0..n)
+                .map(|_| Receiver::new(layout, 9, Some(key().cipher()), rcfg))
+                .collect(),
             copies: vec![vec![0; size]; n],
             done: vec![None; n],
             queue: BinaryHeap::new(),
@@ -111,22 +125,17 @@ impl Sim {
             Tx::Data { block, index } => (DgramKind::Data, block, index),
             Tx::End => (DgramKind::End, self.layout.blocks() as u32, 0),
         };
-        let mut d = vec![0u8; DGRAM_HEADER];
-        DgramHeader {
-            session: 9,
-            kind,
-            block,
-            index,
-        }
-        .write(&mut d);
+        let mut d = Vec::new();
+        let mut body: &[u8] = &[];
         if kind == DgramKind::Data {
             let (l, file) = (self.layout, &self.file);
             let c = self.cache.entry(block).or_insert_with(|| {
                 let (off, len) = l.block_range(block);
                 CodedBlock::new(&l, block, file[off as usize..(off + len) as usize].to_vec())
             });
-            d.extend_from_slice(c.symbol(&l, block, index).unwrap());
+            body = c.symbol(&l, block, index).unwrap();
         }
+        self.writer.write(kind, block, index, body, &mut d);
         d
     }
 
@@ -156,7 +165,7 @@ impl Sim {
                 }
                 self.queue.pop();
                 match self.events.remove(&id) {
-                    Some(Ev::Dgram(r, d)) => self.rx[r].handle_datagram(now, &d),
+                    Some(Ev::Dgram(r, mut d)) => self.rx[r].handle_datagram(now, &mut d),
                     Some(Ev::ToRx(r, m)) => self.rx[r].handle_msg(now, m),
                     Some(Ev::ToTx(McastMsg::Nak(list))) => list
                         .into_iter()
@@ -199,7 +208,7 @@ impl Sim {
         if start - now > queue {
             return None;
         }
-        let wire = len as u64 - DGRAM_HEADER as u64 + OVERHEAD;
+        let wire = len as u64 - super::seal::overhead(true) as u64 + OVERHEAD;
         self.free[r] = start + wire * 1_000_000 / rate;
         Some(self.free[r])
     }
@@ -292,7 +301,7 @@ fn every_receiver_gets_an_exact_copy_at_0_1_and_5_percent_loss() {
         let out = sim.run(random_loss(p, 7), 600_000_000);
         sim.assert_exact();
         // The first pass alone, at the rate: the floor.
-        let floor = sim.sender.stats.first_pass * (64 + super::sender::OVERHEAD) * 1_000_000 / RATE;
+        let floor = sim.sender.stats.first_pass * (64 + OVERHEAD) * 1_000_000 / RATE;
         let eff = floor as f64 / out.finish as f64;
         assert!(
             out.cost <= max_cost,
@@ -318,28 +327,40 @@ fn a_receiver_that_misses_whole_blocks_catches_up() {
         600_000_000,
     );
     sim.assert_exact();
-    assert!(out.finish < 10_000_000, "finished at {} us", out.finish);
+    // Within a fifth of the time the first pass alone takes at the rate (about 10 s).
+    let floor = sim.sender.stats.first_pass * (64 + OVERHEAD) * 1_000_000 / RATE;
+    assert!(
+        out.finish < floor * 6 / 5,
+        "finished at {} us, the first pass alone takes {floor} us",
+        out.finish
+    );
     assert!(sim.rx[1].stats.naks > 0);
 }
 
 #[test]
-fn a_forged_symbol_is_caught_by_the_block_hash() {
-    let mut sim = Sim::new(1 << 20, SHAPE, 2, RATE, 3);
-    // A forged datagram for block 3 at receiver 0 before anything else: its block does not
-    // match its hash, and is asked for again.
-    let mut d = vec![0u8; DGRAM_HEADER + 64];
-    DgramHeader {
-        session: 9,
-        kind: DgramKind::Data,
-        block: 3,
-        index: 5,
-    }
-    .write(&mut d);
-    sim.at(0, Ev::Dgram(0, d));
+fn a_forged_symbol_is_refused_or_caught_by_the_block_hash() {
+    let mut sim = Sim::new(1 << 20, SHAPE, 3, RATE, 3);
+    // An outsider's datagram for block 3 at receiver 0 (no key: in clear, and one sealed
+    // under another key), before anything else: neither opens, nothing is taken from it.
+    let mut d = Vec::new();
+    DgramWriter::new(9, None).write(DgramKind::Data, 3, 5, &[7; 64], &mut d);
+    sim.at(0, Ev::Dgram(0, d.clone()));
+    let other = GroupKey::from_bytes([1; 32]).cipher();
+    DgramWriter::new(9, Some(other)).write(DgramKind::Data, 3, 5, &[7; 64], &mut d);
+    sim.at(0, Ev::Dgram(0, d.clone()));
+    // An insider (it holds the group key) forges one for block 3 at receiver 1: it opens,
+    // but its block does not match the hash the source sent on the receiver's own
+    // connection, and is asked for again.
+    let mut insider = DgramWriter::new(9, Some(key().cipher()));
+    insider.write(DgramKind::Data, 3, 5, &[7; 64], &mut d);
+    sim.at(0, Ev::Dgram(1, d));
     sim.run(random_loss(0.0, 1), 600_000_000);
     sim.assert_exact();
-    assert_eq!(sim.rx[0].stats.corrupt, 1);
-    assert_eq!(sim.rx[1].stats.corrupt, 0);
+    assert_eq!(sim.rx[0].stats.refused, 2);
+    assert_eq!(sim.rx[0].stats.corrupt, 0);
+    assert_eq!(sim.rx[1].stats.refused, 0);
+    assert_eq!(sim.rx[1].stats.corrupt, 1);
+    assert_eq!((sim.rx[2].stats.refused, sim.rx[2].stats.corrupt), (0, 0));
 }
 
 #[test]

@@ -61,8 +61,9 @@ pub const HEADER_LEN: usize = 5;
 /// Noise handshake (`Noise` frames) and source-signed chunks. 6: chunks may travel in parts
 /// (`Head`, `Part`), each checked on arrival, so a relay forwards before the chunk is whole;
 /// the source signs `Open`, `SwarmOpen` and `End`; `Rejected` names a hop that sent a bad
-/// chunk; relays send `Idle` upwards too.
-pub const VERSION: u16 = 6;
+/// chunk; relays send `Idle` upwards too. 7: multicast datagrams are numbered and sealed
+/// under a group key that the multicast `Open` carries.
+pub const VERSION: u16 = 7;
 
 /// Magic bytes at the start of every connection's first frame, so a stray client (an HTTP
 /// probe, a port scanner) is told apart from a peer with the wrong secret.

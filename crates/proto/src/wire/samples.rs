@@ -17,8 +17,8 @@ use bytes::Bytes;
 pub(super) const KINDS: usize = 34;
 
 /// BLAKE3 over every sample's encoding (each prefixed by its length) and a manifest's
-/// [`object_id`], as wire.rs encoded them when this test was written (protocol version 6).
-pub(super) const PIN: &str = "b1f383d7b86003e6107316338f7bf81a25e04233ca71620710598f3e1499a666";
+/// [`object_id`], as wire.rs encoded them when this test was written (protocol version 7).
+pub(super) const PIN: &str = "ebc4e7efa97eb7a971993d5671cf2a7a4d2bc76df09735df99d35023bca19165";
 
 pub(super) fn kind_index(f: &Frame) -> usize {
     match f {
@@ -376,6 +376,7 @@ pub(super) fn samples() -> Vec<Frame> {
                 k: 64,
                 m: 16,
                 renak_ms: 50,
+                key: Some(crate::mcast::seal::GroupKey::from_bytes([0x5a; 32])),
             })),
             McastMsg::Ready {
                 joined: true,
