@@ -205,7 +205,7 @@ async fn run_serve(a: ServeArgs) -> Result<i32> {
     if a.rate_mbps <= 0.0 {
         bail!("--rate-mbps must be positive");
     }
-    if a.parity_k > 0 && a.block % 2 != 0 {
+    if a.parity_k > 0 && !a.block.is_multiple_of(2) {
         bail!("--block must be even for repair by parity (or --parity-k 0)");
     }
     let push = a.multicast.as_ref().map(|g| PushConfig {

@@ -411,14 +411,13 @@ fn sixteen(seed: u64, loss: f64, k: u32) -> (f64, f64, f64) {
     let rxs = (0..16).map(|_| rx("ANY", lossy(loss))).collect();
     let r = run(seed, cfg, rxs, inserts, 120 * SEC);
     assert_exact(&r, |_, _, _| true);
-    let worst = r
-        .rx
-        .iter()
-        .map(|x| {
-            let last = x.delivered_at.iter().max().copied().unwrap_or(u64::MAX);
-            bytes as f64 / ((last - SEC) as f64 / 1e6) / rate as f64
-        })
-        .fold(f64::MAX, f64::min);
+    let worst =
+        r.rx.iter()
+            .map(|x| {
+                let last = x.delivered_at.iter().max().copied().unwrap_or(u64::MAX);
+                bytes as f64 / ((last - SEC) as f64 / 1e6) / rate as f64
+            })
+            .fold(f64::MAX, f64::min);
     let group = r.multicast_repair.1 as f64 / bytes as f64;
     (worst, group, r.unicast_repair as f64 / bytes as f64)
 }
@@ -430,7 +429,10 @@ fn sixteen_receivers_at_one_percent_keep_to_the_rate() {
     // The ceiling is 1400 / 1472 = 0.951 (headers); LDM7's unicast repair reads 0.77 here.
     assert!(tput >= 0.90, "throughput {tput:.3} of the rate");
     // The worst of 16 receivers' losses per block, not 16 x 1%.
-    assert!(group < 0.035 && uni < 0.002, "group {group:.4}, unicast {uni:.4}");
+    assert!(
+        group < 0.035 && uni < 0.002,
+        "group {group:.4}, unicast {uni:.4}"
+    );
 }
 
 #[test]
@@ -438,7 +440,10 @@ fn sixteen_receivers_at_five_percent_keep_to_the_rate() {
     let (tput, group, uni) = sixteen(12, 0.05, DEFAULT_K);
     eprintln!("5%: throughput {tput:.3}, group repair {group:.4}, unicast {uni:.4}");
     assert!(tput >= 0.85, "throughput {tput:.3} of the rate");
-    assert!(group < 0.10 && uni < 0.005, "group {group:.4}, unicast {uni:.4}");
+    assert!(
+        group < 0.10 && uni < 0.005,
+        "group {group:.4}, unicast {uni:.4}"
+    );
 }
 
 #[test]
@@ -448,7 +453,10 @@ fn unicast_repair_alone_is_what_parity_beats() {
     let (tput, group, uni) = sixteen(12, 0.05, 0);
     eprintln!("5%, unicast repair: throughput {tput:.3}, unicast {uni:.4}");
     assert_eq!(group, 0.0);
-    assert!(uni > 0.6 && tput < 0.7, "throughput {tput:.3}, unicast {uni:.3}");
+    assert!(
+        uni > 0.6 && tput < 0.7,
+        "throughput {tput:.3}, unicast {uni:.3}"
+    );
 }
 
 #[test]

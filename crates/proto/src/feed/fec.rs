@@ -22,9 +22,9 @@ use bytes::Bytes;
 
 use super::product::Micros;
 use super::ranges::RangeSet;
+use crate::mcast::fec;
 use crate::mcast::layout::{Layout, Slot};
 use crate::mcast::msg::Nak;
-use crate::mcast::fec;
 use crate::mcast::sender::CodedBlock;
 
 /// Default source symbols per block: large blocks make the worst of many receivers' losses
@@ -128,7 +128,13 @@ impl ProductFec {
 
     /// A source symbol arrived by multicast (its bytes are already in `have`); `room`: it may
     /// be held. Returns restored source symbols `(offset, bytes)` if its block was rebuilt.
-    pub fn source(&mut self, offset: u64, data: &Bytes, have: &RangeSet, room: bool) -> Vec<(u64, Bytes)> {
+    pub fn source(
+        &mut self,
+        offset: u64,
+        data: &Bytes,
+        have: &RangeSet,
+        room: bool,
+    ) -> Vec<(u64, Bytes)> {
         let Some((b, i)) = self.locate(offset) else {
             return Vec::new();
         };
@@ -136,7 +142,14 @@ impl ProductFec {
     }
 
     /// A symbol past a block's first pass arrived: rebuilds the block when it has `k`.
-    pub fn parity(&mut self, b: u32, index: u32, data: Bytes, have: &RangeSet, room: bool) -> Vec<(u64, Bytes)> {
+    pub fn parity(
+        &mut self,
+        b: u32,
+        index: u32,
+        data: Bytes,
+        have: &RangeSet,
+        room: bool,
+    ) -> Vec<(u64, Bytes)> {
         if u64::from(b) >= self.layout.blocks() || data.len() != self.layout.symbol as usize {
             return Vec::new();
         }
@@ -282,7 +295,15 @@ impl ProductFec {
         plan
     }
 
-    fn plan_block(&mut self, now: Micros, b: u32, have: &RangeSet, cfg: &RepairConfig, again: Micros, plan: &mut Plan) {
+    fn plan_block(
+        &mut self,
+        now: Micros,
+        b: u32,
+        have: &RangeSet,
+        cfg: &RepairConfig,
+        again: Micros,
+        plan: &mut Plan,
+    ) {
         let k = self.layout.k_of(b);
         let h = self.blocks.entry(b).or_default();
         let need = k.saturating_sub(h.syms.len() as u32);
@@ -298,7 +319,10 @@ impl ProductFec {
             }
             return;
         }
-        if h.last_nak.is_some_and(|t| now.saturating_sub(t) < cfg.renak) || need == 0 {
+        if h.last_nak
+            .is_some_and(|t| now.saturating_sub(t) < cfg.renak)
+            || need == 0
+        {
             return;
         }
         h.last_nak = Some(now);
@@ -311,13 +335,19 @@ impl ProductFec {
     }
 
     /// When [`ProductFec::plan`] will next ask something (0: now).
-    pub fn next_at(&self, limit: u64, have: &RangeSet, cfg: &RepairConfig, again: Micros) -> Micros {
+    pub fn next_at(
+        &self,
+        limit: u64,
+        have: &RangeSet,
+        cfg: &RepairConfig,
+        again: Micros,
+    ) -> Micros {
         let mut t = Micros::MAX;
         for b in self.gap_blocks(limit, have) {
             let at = match self.blocks.get(&b) {
                 None => 0,
                 Some(h) => match (h.unicast, h.last_nak) {
-                    (Some(u), _) if u == 0 => 0,
+                    (Some(0), _) => 0,
                     (Some(u), _) => u + again,
                     (None, None) => 0,
                     (None, Some(n)) => n + cfg.renak,
@@ -342,28 +372,30 @@ const CACHED_BLOCKS: usize = 64;
 impl ParityCache {
     /// Symbol `index` of block `block` of product `seq` (cut as `layout`), reading the
     /// block's bytes with `read(offset, len)` on a miss.
-    pub fn symbol<E: From<fec::FecError>>(
+    pub fn symbol<E: std::fmt::Display>(
         &mut self,
         seq: u64,
         layout: &Layout,
         block: u32,
         index: u32,
         read: impl FnOnce(u64, u64) -> Result<Vec<u8>, E>,
-    ) -> Result<Bytes, E> {
+    ) -> Result<Bytes, String> {
         let key = (seq, block);
         let pos = match self.blocks.iter().position(|(k, _)| *k == key) {
             Some(p) => p,
             None => {
                 let (off, len) = layout.block_range(block);
-                let data = read(off, len)?;
+                let data = read(off, len).map_err(|e| e.to_string())?;
                 if self.blocks.len() >= CACHED_BLOCKS {
                     self.blocks.pop_front();
                 }
-                self.blocks.push_back((key, CodedBlock::new(layout, block, data)));
+                self.blocks
+                    .push_back((key, CodedBlock::new(layout, block, data)));
                 self.blocks.len() - 1
             }
         };
         let c = &mut self.blocks[pos].1;
-        Ok(Bytes::copy_from_slice(c.symbol(layout, block, index)?))
+        let sym = c.symbol(layout, block, index).map_err(|e| e.to_string())?;
+        Ok(Bytes::copy_from_slice(sym))
     }
 }

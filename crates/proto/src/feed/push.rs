@@ -197,10 +197,7 @@ impl Pusher {
                 continue;
             }
             let k = l.k_of(b);
-            let r = self
-                .repairs
-                .entry((seq, b))
-                .or_insert(BlockRepair::new(k));
+            let r = self.repairs.entry((seq, b)).or_insert(BlockRepair::new(k));
             if r.grant(now, n.seen, n.need.min(k), self.cfg.stale) {
                 self.due.insert((seq, b));
                 self.layouts.insert(seq, l);
@@ -234,7 +231,8 @@ impl Pusher {
         // Repairs go before new blocks: a block's subscribers wait on them, and they are what
         // keeps the incomplete blocks (held in memory for decoding) few.
         while let Some(&(seq, block)) = self.due.first() {
-            let (Some(r), Some(layout)) = (self.repairs.get_mut(&(seq, block)), self.layouts.get(&seq))
+            let (Some(r), Some(layout)) =
+                (self.repairs.get_mut(&(seq, block)), self.layouts.get(&seq))
             else {
                 self.due.remove(&(seq, block));
                 continue;

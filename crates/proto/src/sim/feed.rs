@@ -310,9 +310,10 @@ impl World {
                     let Some(d) = self.store.get(&seq) else {
                         continue;
                     };
-                    let read = |off: u64, len: u64| -> Result<Vec<u8>, crate::mcast::fec::FecError> {
-                        Ok(d[off as usize..(off + len) as usize].to_vec())
-                    };
+                    let read =
+                        |off: u64, len: u64| -> Result<Vec<u8>, crate::mcast::fec::FecError> {
+                            Ok(d[off as usize..(off + len) as usize].to_vec())
+                        };
                     match self.parity.symbol(seq, &layout, block, index, read) {
                         Ok(data) => Msg::Parity {
                             seq,
