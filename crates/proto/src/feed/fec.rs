@@ -399,3 +399,107 @@ impl ParityCache {
         Ok(Bytes::copy_from_slice(sym))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A product of 10 symbols of 4 bytes and a short last one (42 bytes), blocks of 4.
+    fn product() -> (Layout, Vec<u8>) {
+        let l = product_layout(42, 4, 4, 4).unwrap();
+        (l, (0..42u8).collect())
+    }
+
+    fn sym(d: &[u8], l: &Layout, b: u32, i: u32) -> Bytes {
+        let mut c = CodedBlock::new(
+            l,
+            b,
+            d[l.block_range(b).0 as usize..][..l.block_range(b).1 as usize].to_vec(),
+        );
+        Bytes::copy_from_slice(c.symbol(l, b, i).unwrap())
+    }
+
+    #[test]
+    fn parity_rebuilds_lost_symbols_including_a_short_last_one() {
+        let (l, d) = product();
+        assert_eq!((l.blocks(), l.k_of(2)), (3, 3));
+        let mut f = ProductFec::new(l);
+        let mut have = RangeSet::default();
+        let cfg = RepairConfig::default();
+        // Block 2 (bytes 32..42): symbols 0 and 2 (the short one, 2 bytes) lost.
+        have.insert(36, 40);
+        assert!(f
+            .source(36, &Bytes::copy_from_slice(&d[36..40]), &have, true)
+            .is_empty());
+        // Blocks 0 and 1 passed with nothing held: everything lacking is heavy, so unicast;
+        // block 2 is not passed yet.
+        let p = f.plan(0, 40, &have, &cfg, 1_000_000);
+        assert!(
+            p.naks.is_empty() && p.unicast == vec![(0, 16), (16, 32)],
+            "{p:?}"
+        );
+        let mut f = ProductFec::new(l);
+        f.source(36, &Bytes::copy_from_slice(&d[36..40]), &have, true);
+        have.insert(0, 32);
+        let plan = f.plan(50_000, 42, &have, &cfg, 1_000_000);
+        assert_eq!(
+            plan.naks,
+            vec![Nak {
+                block: 2,
+                seen: 3,
+                need: 2
+            }]
+        );
+        assert!(f.next_at(42, &have, &cfg, 1_000_000) == 90_000);
+        assert!(f.parity(2, 3, sym(&d, &l, 2, 3), &have, true).is_empty());
+        let got = f.parity(2, 5, sym(&d, &l, 2, 5), &have, true);
+        assert_eq!(
+            got,
+            vec![
+                (32, Bytes::copy_from_slice(&d[32..36])),
+                (40, Bytes::copy_from_slice(&d[40..42]))
+            ]
+        );
+        assert_eq!((f.decoded, f.held()), (1, 0));
+    }
+
+    #[test]
+    fn heavy_loss_and_too_many_rounds_go_by_unicast() {
+        let l = product_layout(4 * 64, 4, 64, 64).unwrap();
+        let mut f = ProductFec::new(l);
+        let cfg = RepairConfig {
+            max_rounds: 2,
+            ..RepairConfig::default()
+        };
+        let d = vec![7u8; 4];
+        let mut have = RangeSet::default();
+        // 40 of 64 symbols here: 24 lacking is above a quarter and two: unicast.
+        for i in 0..40u64 {
+            have.insert(i * 4, i * 4 + 4);
+            f.source(i * 4, &Bytes::copy_from_slice(&d), &have, true);
+        }
+        let p = f.plan(0, 256, &have, &cfg, 1_000_000);
+        assert!(p.naks.is_empty());
+        assert_eq!(p.unicast, vec![(160, 256)]);
+        // Asked again only after `again`.
+        assert_eq!(f.plan(10, 256, &have, &cfg, 1_000_000), Plan::default());
+        assert_eq!(
+            f.plan(1_000_010, 256, &have, &cfg, 1_000_000).unicast.len(),
+            1
+        );
+
+        // 60 of 64: parity, for two rounds, then unicast.
+        let mut f = ProductFec::new(l);
+        let mut have = RangeSet::default();
+        for i in 0..60u64 {
+            have.insert(i * 4, i * 4 + 4);
+            f.source(i * 4, &Bytes::copy_from_slice(&d), &have, true);
+        }
+        let round = |f: &mut ProductFec, t| f.plan(t, 256, &have, &cfg, 1_000_000);
+        assert_eq!(round(&mut f, 0).naks.len(), 1);
+        assert_eq!(round(&mut f, 10), Plan::default(), "renak not due");
+        assert_eq!(round(&mut f, 40_000).naks.len(), 1);
+        let p = round(&mut f, 80_000);
+        assert!(p.naks.is_empty() && p.unicast == vec![(240, 256)], "{p:?}");
+    }
+}

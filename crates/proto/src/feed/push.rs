@@ -358,4 +358,73 @@ mod tests {
         assert_eq!(drain(1_006_636), 0, "then the rate again");
         assert_eq!(drain(1_007_136), 1);
     }
+
+    #[test]
+    fn counts_from_many_subscribers_share_one_grant() {
+        let mut q = ProductQueue::new(
+            QueueLimits {
+                max_bytes: u64::MAX,
+                max_age: u64::MAX,
+            },
+            1,
+        );
+        let meta = ProductMeta {
+            seq: 0,
+            name: "p".into(),
+            feedtype: "X".into(),
+            created: 0,
+            size: 100 * 10,
+            hash: [0; 32],
+            tag: bytes::Bytes::new(),
+        };
+        let seq = q.insert(meta, 0).map(|_| q.last_seq()).unwrap().unwrap();
+        // Blocks of 4 symbols of 10 bytes: 25 blocks.
+        let cfg = PushConfig {
+            group: "239.1.1.1:1".into(),
+            rate: 1_000_000_000,
+            block: 10,
+            index_interval: 1_000_000,
+            k: 4,
+            m: 4,
+            stale: 20_000,
+        };
+        let mut p = Pusher::new(cfg, seq);
+        p.push(seq);
+        let now = 1_000;
+        // The start and the first 5 blocks' symbols, then counts arrive.
+        let first: Vec<_> = (0..21).filter_map(|_| p.poll(now, &q)).collect();
+        assert_eq!(first.len(), 21);
+        let nak = |block, need| Nak {
+            block,
+            seen: 4,
+            need,
+        };
+        // Block 9 is not sent yet: its count is early and ignored.
+        p.handle_nak(now, seq, 1000, &[nak(1, 2), nak(9, 1)]);
+        p.handle_nak(now, seq, 1000, &[nak(1, 1), nak(2, 3)]);
+        p.handle_nak(now, seq, 1000, &[nak(1, 2)]);
+        let sym = |o: Option<PushOut>| match o {
+            Some(PushOut::Symbol { block, index, .. }) => Some((block, index)),
+            _ => None,
+        };
+        let repairs: Vec<_> = (0..5).map(|_| sym(p.poll(now, &q))).collect();
+        // Two for block 1 (the worst of 2, 1, 2), three for block 2, before new data.
+        assert_eq!(
+            repairs,
+            vec![
+                Some((1, 4)),
+                Some((1, 5)),
+                Some((2, 4)),
+                Some((2, 5)),
+                Some((2, 6))
+            ]
+        );
+        assert_eq!(sym(p.poll(now, &q)), None, "then the product goes on");
+        assert_eq!(p.repair.0, 5);
+        // A count that crossed them in flight gets nothing more; once stale, one more.
+        p.handle_nak(now + 100, seq, 1000, &[nak(1, 1)]);
+        assert_eq!(sym(p.poll(now + 100, &q)), None);
+        p.handle_nak(now + 30_000, seq, 1000, &[nak(1, 1)]);
+        assert_eq!(sym(p.poll(now + 30_000, &q)), Some((1, 6)));
+    }
 }
