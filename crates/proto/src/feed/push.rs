@@ -110,6 +110,8 @@ pub struct Pusher {
 
 /// Most blocks with repair state at once (a bound on what forged counts can hold).
 const MAX_REPAIRS: usize = 1 << 16;
+/// A block's repair state is kept this long after its last grant went out.
+const FORGET_AFTER: Micros = 5_000_000;
 
 impl Pusher {
     /// A pusher whose first product will be `next_seq`.
@@ -194,7 +196,15 @@ impl Pusher {
                 continue;
             }
             if self.repairs.len() >= MAX_REPAIRS && !self.repairs.contains_key(&(seq, b)) {
-                continue;
+                // Forget blocks whose repairs ended a while ago (their receivers went on to
+                // unicast or are done); a count past the bound waits for that.
+                let due = &self.due;
+                self.repairs.retain(|key, r| {
+                    due.contains(key) || now.saturating_sub(r.caught_up()) < FORGET_AFTER
+                });
+                if self.repairs.len() >= MAX_REPAIRS {
+                    continue;
+                }
             }
             let k = l.k_of(b);
             let r = self.repairs.entry((seq, b)).or_insert(BlockRepair::new(k));

@@ -105,9 +105,9 @@ impl BlockRepair {
         (index, done)
     }
 
-    /// Symbols sent past the first pass.
-    pub fn extra(&self, k: u32) -> u32 {
-        self.sent.saturating_sub(k)
+    /// When the last grant was used up (0: never).
+    pub fn caught_up(&self) -> Micros {
+        self.caught_up
     }
 }
 
