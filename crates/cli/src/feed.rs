@@ -11,6 +11,7 @@ use bulkcast_node::feed::metrics::SubscribeMetrics;
 use bulkcast_node::feed::serve::{self, ServeConfig};
 use bulkcast_node::feed::{now_us, DEFAULT_PORT};
 use bulkcast_proto::auth::Keys;
+use bulkcast_proto::feed::fec::{DEFAULT_K, DEFAULT_M};
 use bulkcast_proto::feed::msg::Start;
 use bulkcast_proto::feed::product::{AllowRule, ProductAuth, SecretAuth, SignedAuth};
 use bulkcast_proto::feed::push::PushConfig;
@@ -65,6 +66,11 @@ pub struct ServeArgs {
     /// Product bytes per multicast datagram (keep datagrams under the LAN's MTU).
     #[arg(long, default_value_t = 1400, value_parser = clap::value_parser!(u32).range(256..=65000))]
     block: u32,
+    /// Multicast repair: symbols per block of the parity code (any this many of a block's
+    /// symbols rebuild it; the group carries the worst subscriber's loss per block); 0
+    /// repairs by unicast from the source only, LDM7's way.
+    #[arg(long, default_value_t = DEFAULT_K, value_parser = clap::value_parser!(u32).range(0..=32768))]
+    parity_k: u32,
     /// Interface address multicast leaves from.
     #[arg(long)]
     multicast_if: Option<Ipv4Addr>,
@@ -199,11 +205,17 @@ async fn run_serve(a: ServeArgs) -> Result<i32> {
     if a.rate_mbps <= 0.0 {
         bail!("--rate-mbps must be positive");
     }
+    if a.parity_k > 0 && !a.block.is_multiple_of(2) {
+        bail!("--block must be even for repair by parity (or --parity-k 0)");
+    }
     let push = a.multicast.as_ref().map(|g| PushConfig {
         group: g.clone(),
         rate: (a.rate_mbps * 1e6 / 8.0) as u64,
         block: a.block,
         index_interval: 200_000,
+        k: a.parity_k,
+        m: DEFAULT_M,
+        stale: 20_000,
     });
     let server = ServerConfig {
         limits: QueueLimits {

@@ -464,6 +464,13 @@ fn multicast_repairs_real_loss_and_falls_back_where_it_cannot_go() {
                 .any(|l| l["transport"] == "multicast" && l["repaired_bytes"].as_u64() > Some(0)),
             "some product was repaired"
         );
+        // Repaired by parity on the group (blocks rebuilt), not only by unicast.
+        assert!(
+            v.iter()
+                .any(|l| l["event"] == "summary" && l["stats"]["decoded"].as_u64() > Some(0)),
+            "no block was rebuilt from parity: {:?}",
+            v.last()
+        );
         assert!(!v.iter().any(|l| l["event"] == "fallback"));
     }
     drop(server);

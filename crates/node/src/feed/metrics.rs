@@ -336,6 +336,7 @@ mod tests {
             max_bytes: 1 << 20,
             group: None,
             multicast_sent: (0, 0),
+            multicast_repair: (0, 0),
             subscribers: vec![sub(1, "unicast", 2), sub(2, "multicast", 0)],
         };
         #[derive(Debug)]

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bulkcast_proto::auth::Keys;
+use bulkcast_proto::feed::fec::ParityCache;
 use bulkcast_proto::feed::msg::Msg;
 use bulkcast_proto::feed::product::ProductAuth;
 use bulkcast_proto::feed::push::PushOut;
@@ -177,6 +178,7 @@ fn read_block(
 async fn pace_multicast(ctx: Arc<Ctx>, sock: UdpSocket, group: SocketAddr) {
     let mut wake = ctx.wake.subscribe();
     let mut cache = None;
+    let mut parity = ParityCache::default();
     loop {
         let now = now_us();
         let (out, next, id) = {
@@ -192,6 +194,28 @@ async fn pace_multicast(ctx: Arc<Ctx>, sock: UdpSocket, group: SocketAddr) {
                         tracing::debug!(
                             "multicast: product {seq} unreadable ({e}); receivers will repair"
                         );
+                        continue;
+                    }
+                }
+            }
+            Some(PushOut::Symbol {
+                seq,
+                layout,
+                block,
+                index,
+            }) => {
+                let read = |off: u64, len: u64| {
+                    read_block(&ctx.dir, &mut cache, seq, off, len as u32).map(|b| b.to_vec())
+                };
+                match parity.symbol(seq, &layout, block, index, read) {
+                    Ok(data) => Msg::Parity {
+                        seq,
+                        block,
+                        index,
+                        data,
+                    },
+                    Err(e) => {
+                        tracing::debug!("multicast: no parity of product {seq} ({e})");
                         continue;
                     }
                 }
@@ -275,7 +299,7 @@ async fn subscriber(ctx: &Arc<Ctx>, stream: TcpStream, id: SubId) -> io::Result<
     let c = ctx.clone();
     let mut reader = tokio::spawn(async move {
         while let Some(m) = read_msg(&mut r).await? {
-            c.lock().handle_msg(id, m);
+            c.lock().handle_msg(id, m, now_us());
             c.poke();
         }
         io::Result::Ok(())
@@ -314,6 +338,7 @@ fn count_sent(msg: &Msg, transport: &str) {
     match msg {
         Msg::Product { .. } => super::metrics::global().product_sent(transport),
         Msg::Data { data, .. } => super::metrics::global().sent(transport, data.len()),
+        Msg::Parity { data, .. } => super::metrics::global().sent("parity", data.len()),
         _ => {}
     }
 }

@@ -4,6 +4,7 @@
 //! - [`product`]: product metadata and its authentication, feedtype patterns, subscriptions,
 //!   allow rules.
 //! - [`queue`]: the source's product queue, bounded by size and age.
+//! - [`fec`]: repair by parity on the group (the file send's code), unicast where it fits.
 //! - [`msg`]: messages and their encoding (unicast frames, multicast datagrams).
 //! - [`server`]: the source: subscribers' backlogs and streams, repairs, multicast pacing.
 //! - [`push`]: the multicast pusher.
@@ -11,6 +12,7 @@
 //! - [`ranges`]: byte-range sets.
 //! - [`sim`]: a seeded simulation of one source and many receivers on a lossy LAN.
 
+pub mod fec;
 pub mod msg;
 pub mod product;
 pub mod push;

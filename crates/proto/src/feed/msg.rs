@@ -6,6 +6,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::product::{Micros, ProductMeta, MAX_NAME};
+use crate::mcast::msg::Nak;
 
 /// Largest frame on a unicast connection (a data block plus headers).
 pub const MAX_FRAME: usize = (1 << 20) + 4096;
@@ -141,6 +142,36 @@ pub enum Msg {
         /// JSON text.
         json: String,
     },
+    /// Source to a multicast subscriber, after `Accepted`: multicast products are cut into
+    /// blocks of `k` symbols (the multicast block size each) and repaired by parity on the
+    /// group ([`crate::feed::fec`]). A source that never sends it repairs by unicast only.
+    Coding {
+        /// Source symbols per block.
+        k: u32,
+        /// Parity symbols per block before indexes wrap to source symbols again.
+        m: u32,
+    },
+    /// Subscriber to source: how many symbols it still lacks of blocks of product `seq` (a
+    /// count per block, not a list: the source sends the worst receiver's count of parity
+    /// to the group).
+    Nak {
+        /// Which product.
+        seq: u64,
+        /// Per block: one past the highest symbol index seen, symbols still needed.
+        blocks: Vec<Nak>,
+    },
+    /// A symbol of a product past a block's first pass (on the group): parity, or a source
+    /// symbol again once the parity indexes are used up ([`crate::mcast::Layout::slot`]).
+    Parity {
+        /// Which product.
+        seq: u64,
+        /// Which block.
+        block: u32,
+        /// Symbol index in the block (`>= k` of the block).
+        index: u32,
+        /// The symbol (the multicast block size; a source symbol zero-padded).
+        data: Bytes,
+    },
 }
 
 /// A message that could not be decoded.
@@ -252,6 +283,34 @@ impl Msg {
                 out.put_u32(json.len() as u32);
                 out.put_slice(json.as_bytes());
             }
+            Msg::Coding { k, m } => {
+                out.put_u8(17);
+                out.put_u32(*k);
+                out.put_u32(*m);
+            }
+            Msg::Nak { seq, blocks } => {
+                out.put_u8(18);
+                out.put_u64(*seq);
+                out.put_u32(blocks.len() as u32);
+                for n in blocks {
+                    out.put_u32(n.block);
+                    out.put_u32(n.seen);
+                    out.put_u32(n.need);
+                }
+            }
+            Msg::Parity {
+                seq,
+                block,
+                index,
+                data,
+            } => {
+                out.put_u8(19);
+                out.put_u64(*seq);
+                out.put_u32(*block);
+                out.put_u32(*index);
+                out.put_u32(data.len() as u32);
+                out.put_slice(data);
+            }
         }
     }
 
@@ -327,6 +386,32 @@ impl Msg {
                 }
             }
             16 => Msg::Describe { seq: r.u64()? },
+            17 => Msg::Coding {
+                k: r.u32()?,
+                m: r.u32()?,
+            },
+            18 => {
+                let seq = r.u64()?;
+                let n = r.u32()? as usize;
+                if n > 65536 {
+                    return Err(MsgError::BadField);
+                }
+                let mut blocks = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let (block, seen, need) = (r.u32()?, r.u32()?, r.u32()?);
+                    blocks.push(Nak { block, seen, need });
+                }
+                Msg::Nak { seq, blocks }
+            }
+            19 => {
+                let (seq, block, index, n) = (r.u64()?, r.u32()?, r.u32()?, r.u32()? as usize);
+                Msg::Parity {
+                    seq,
+                    block,
+                    index,
+                    data: Bytes::copy_from_slice(r.take(n)?),
+                }
+            }
             t => return Err(MsgError::UnknownType(t)),
         };
         Ok(m)
@@ -489,6 +574,28 @@ mod tests {
             Msg::Inserted { seq: 3 },
             Msg::Status,
             Msg::StatusReply { json: "{}".into() },
+            Msg::Coding { k: 256, m: 256 },
+            Msg::Nak {
+                seq: 4,
+                blocks: vec![
+                    Nak {
+                        block: 0,
+                        seen: 256,
+                        need: 3,
+                    },
+                    Nak {
+                        block: 7,
+                        seen: 260,
+                        need: 1,
+                    },
+                ],
+            },
+            Msg::Parity {
+                seq: 4,
+                block: 1,
+                index: 258,
+                data: Bytes::from_static(b"pq"),
+            },
         ];
         for m in msgs {
             let d = m.to_datagram(77);

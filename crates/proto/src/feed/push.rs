@@ -7,11 +7,15 @@
 //! whole, or the tail of one, learns of it without waiting for the next product (LDM7's
 //! receivers learn of a lost product only from the next one's BOP).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+use super::fec::product_layout;
 use super::msg::Msg;
 use super::product::Micros;
 use super::queue::ProductQueue;
+use crate::mcast::layout::Layout;
+use crate::mcast::msg::Nak;
+use crate::mcast::sender::BlockRepair;
 
 /// Multicast settings.
 #[derive(Debug, Clone)]
@@ -24,6 +28,24 @@ pub struct PushConfig {
     pub block: u32,
     /// Heartbeat period when idle.
     pub index_interval: Micros,
+    /// Source symbols per block for repair by parity ([`super::fec`]); 0: unicast repair
+    /// only (LDM7's way).
+    pub k: u32,
+    /// Parity symbols per block before indexes wrap to source symbols.
+    pub m: u32,
+    /// Symbols sent longer ago than this are taken as lost by a count that asks past them
+    /// (shorter than the subscribers' `renak`).
+    pub stale: Micros,
+}
+
+impl PushConfig {
+    /// How product `seq` of `size` bytes is cut for parity, when the feed repairs by parity.
+    pub fn layout(&self, size: u64) -> Option<Layout> {
+        if self.k == 0 {
+            return None;
+        }
+        product_layout(size, self.block, self.k, self.m)
+    }
 }
 
 /// What the shell sends next on the group.
@@ -39,6 +61,18 @@ pub enum PushOut {
         offset: u64,
         /// How many bytes.
         len: u32,
+    },
+    /// Symbol `index` (past the block's first pass) of block `block` of product `seq`, as a
+    /// [`Msg::Parity`] ([`super::fec::ParityCache`] computes it).
+    Symbol {
+        /// Which product.
+        seq: u64,
+        /// How it is cut.
+        layout: Layout,
+        /// Which block.
+        block: u32,
+        /// Symbol index.
+        index: u32,
     },
 }
 
@@ -61,9 +95,23 @@ pub struct Pusher {
     index_due: bool,
     last_index: Micros,
     sent_at: BTreeMap<u64, Micros>,
+    /// Blocks granted parity: (product, block).
+    repairs: BTreeMap<(u64, u32), BlockRepair>,
+    /// Blocks with granted symbols still to send, and their products' cut.
+    due: BTreeSet<(u64, u32)>,
+    layouts: BTreeMap<u64, Layout>,
     /// Datagrams and bytes sent.
     pub sent: (u64, u64),
+    /// Of those, repair symbols (datagrams, bytes).
+    pub repair: (u64, u64),
+    /// Counts taken.
+    pub naks: u64,
 }
+
+/// Most blocks with repair state at once (a bound on what forged counts can hold).
+const MAX_REPAIRS: usize = 1 << 16;
+/// A block's repair state is kept this long after its last grant went out.
+const FORGET_AFTER: Micros = 5_000_000;
 
 impl Pusher {
     /// A pusher whose first product will be `next_seq`.
@@ -77,7 +125,12 @@ impl Pusher {
             index_due: false,
             last_index: 0,
             sent_at: BTreeMap::new(),
+            repairs: BTreeMap::new(),
+            due: BTreeSet::new(),
+            layouts: BTreeMap::new(),
             sent: (0, 0),
+            repair: (0, 0),
+            naks: 0,
         }
     }
 
@@ -105,11 +158,61 @@ impl Pusher {
     /// Forgets send times of products no longer queued.
     pub fn forget_before(&mut self, seq: u64) {
         self.sent_at = self.sent_at.split_off(&seq);
+        self.repairs = self.repairs.split_off(&(seq, 0));
+        self.due = self.due.split_off(&(seq, 0));
+        self.layouts = self.layouts.split_off(&seq);
     }
 
     /// True when nothing is queued or in progress.
     pub fn idle(&self) -> bool {
-        self.pending.is_empty() && self.current.is_none()
+        self.pending.is_empty() && self.current.is_none() && self.due.is_empty()
+    }
+
+    /// True when block `b` of product `seq` (cut as `l`) has had its first pass.
+    fn passed(&self, seq: u64, l: &Layout, b: u32) -> bool {
+        if !self.sent_at.contains_key(&seq) {
+            return false;
+        }
+        match self.current {
+            Some((cur, offset, _)) if cur == seq => {
+                let (a, n) = l.block_range(b);
+                offset >= a + n
+            }
+            _ => true,
+        }
+    }
+
+    /// A subscriber's counts of symbols it lacks of blocks of product `seq` (`size` bytes):
+    /// each block gets what the worst subscriber lacks, past what is already on its way
+    /// ([`BlockRepair::grant`]).
+    pub fn handle_nak(&mut self, now: Micros, seq: u64, size: u64, naks: &[Nak]) {
+        let Some(l) = self.cfg.layout(size) else {
+            return;
+        };
+        self.naks += 1;
+        for n in naks {
+            let b = n.block;
+            if u64::from(b) >= l.blocks() || !self.passed(seq, &l, b) {
+                continue;
+            }
+            if self.repairs.len() >= MAX_REPAIRS && !self.repairs.contains_key(&(seq, b)) {
+                // Forget blocks whose repairs ended a while ago (their receivers went on to
+                // unicast or are done); a count past the bound waits for that.
+                let due = &self.due;
+                self.repairs.retain(|key, r| {
+                    due.contains(key) || now.saturating_sub(r.caught_up()) < FORGET_AFTER
+                });
+                if self.repairs.len() >= MAX_REPAIRS {
+                    continue;
+                }
+            }
+            let k = l.k_of(b);
+            let r = self.repairs.entry((seq, b)).or_insert(BlockRepair::new(k));
+            if r.grant(now, n.seen, n.need.min(k), self.cfg.stale) {
+                self.due.insert((seq, b));
+                self.layouts.insert(seq, l);
+            }
+        }
     }
 
     /// The next datagram, if the pacer allows one now.
@@ -120,8 +223,13 @@ impl Pusher {
         let out = self.next_out(now, q)?;
         let bytes = match &out {
             PushOut::Block { len, .. } => u64::from(*len),
+            PushOut::Symbol { .. } => u64::from(self.cfg.block) + 12,
             PushOut::Msg(_) => 64,
         } + OVERHEAD;
+        if let PushOut::Symbol { .. } = out {
+            self.repair.0 += 1;
+            self.repair.1 += bytes;
+        }
         self.sent.0 += 1;
         self.sent.1 += bytes;
         let cost = bytes * 1_000_000 / self.cfg.rate.max(1);
@@ -130,6 +238,26 @@ impl Pusher {
     }
 
     fn next_out(&mut self, now: Micros, q: &ProductQueue) -> Option<PushOut> {
+        // Repairs go before new blocks: a block's subscribers wait on them, and they are what
+        // keeps the incomplete blocks (held in memory for decoding) few.
+        while let Some(&(seq, block)) = self.due.first() {
+            let (Some(r), Some(layout)) =
+                (self.repairs.get_mut(&(seq, block)), self.layouts.get(&seq))
+            else {
+                self.due.remove(&(seq, block));
+                continue;
+            };
+            let (index, done) = r.next(now);
+            if done {
+                self.due.remove(&(seq, block));
+            }
+            return Some(PushOut::Symbol {
+                seq,
+                layout: *layout,
+                block,
+                index,
+            });
+        }
         if let Some((seq, offset, size)) = self.current {
             let len = (size - offset).min(u64::from(self.cfg.block));
             if offset + len >= size {
@@ -223,6 +351,9 @@ mod tests {
             rate: 1_000_000,
             block: 928,
             index_interval: 1_000_000,
+            k: 0,
+            m: 0,
+            stale: 20_000,
         };
         let mut p = Pusher::new(cfg, seq);
         p.push(seq);
@@ -236,5 +367,74 @@ mod tests {
         assert_eq!(drain(1_006_136), 21);
         assert_eq!(drain(1_006_636), 0, "then the rate again");
         assert_eq!(drain(1_007_136), 1);
+    }
+
+    #[test]
+    fn counts_from_many_subscribers_share_one_grant() {
+        let mut q = ProductQueue::new(
+            QueueLimits {
+                max_bytes: u64::MAX,
+                max_age: u64::MAX,
+            },
+            1,
+        );
+        let meta = ProductMeta {
+            seq: 0,
+            name: "p".into(),
+            feedtype: "X".into(),
+            created: 0,
+            size: 100 * 10,
+            hash: [0; 32],
+            tag: bytes::Bytes::new(),
+        };
+        let seq = q.insert(meta, 0).map(|_| q.last_seq()).unwrap().unwrap();
+        // Blocks of 4 symbols of 10 bytes: 25 blocks.
+        let cfg = PushConfig {
+            group: "239.1.1.1:1".into(),
+            rate: 1_000_000_000,
+            block: 10,
+            index_interval: 1_000_000,
+            k: 4,
+            m: 4,
+            stale: 20_000,
+        };
+        let mut p = Pusher::new(cfg, seq);
+        p.push(seq);
+        let now = 1_000;
+        // The start and the first 5 blocks' symbols, then counts arrive.
+        let first: Vec<_> = (0..21).filter_map(|_| p.poll(now, &q)).collect();
+        assert_eq!(first.len(), 21);
+        let nak = |block, need| Nak {
+            block,
+            seen: 4,
+            need,
+        };
+        // Block 9 is not sent yet: its count is early and ignored.
+        p.handle_nak(now, seq, 1000, &[nak(1, 2), nak(9, 1)]);
+        p.handle_nak(now, seq, 1000, &[nak(1, 1), nak(2, 3)]);
+        p.handle_nak(now, seq, 1000, &[nak(1, 2)]);
+        let sym = |o: Option<PushOut>| match o {
+            Some(PushOut::Symbol { block, index, .. }) => Some((block, index)),
+            _ => None,
+        };
+        let repairs: Vec<_> = (0..5).map(|_| sym(p.poll(now, &q))).collect();
+        // Two for block 1 (the worst of 2, 1, 2), three for block 2, before new data.
+        assert_eq!(
+            repairs,
+            vec![
+                Some((1, 4)),
+                Some((1, 5)),
+                Some((2, 4)),
+                Some((2, 5)),
+                Some((2, 6))
+            ]
+        );
+        assert_eq!(sym(p.poll(now, &q)), None, "then the product goes on");
+        assert_eq!(p.repair.0, 5);
+        // A count that crossed them in flight gets nothing more; once stale, one more.
+        p.handle_nak(now + 100, seq, 1000, &[nak(1, 1)]);
+        assert_eq!(sym(p.poll(now + 100, &q)), None);
+        p.handle_nak(now + 30_000, seq, 1000, &[nak(1, 1)]);
+        assert_eq!(sym(p.poll(now + 30_000, &q)), Some((1, 6)));
     }
 }

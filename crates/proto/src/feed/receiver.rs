@@ -15,6 +15,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde::Serialize;
 
+use super::fec::{product_layout, ProductFec, RepairConfig};
 use super::msg::Msg;
 use super::product::{Micros, ProductAuth, ProductMeta, Subscription};
 use super::ranges::RangeSet;
@@ -30,6 +31,8 @@ pub struct ReceiverConfig {
     pub fallback_after: Micros,
     /// Least time between acknowledgements.
     pub ack_interval: Micros,
+    /// Repair by parity on the group (when the source offers it).
+    pub parity: RepairConfig,
 }
 
 impl Default for ReceiverConfig {
@@ -39,6 +42,7 @@ impl Default for ReceiverConfig {
             rerequest: 1_000_000,
             fallback_after: 3_000_000,
             ack_interval: 100_000,
+            parity: RepairConfig::default(),
         }
     }
 }
@@ -102,8 +106,12 @@ pub enum RxEvent {
 pub struct RxStats {
     /// Multicast datagrams taken.
     pub datagrams: u64,
-    /// Block-range repair requests sent.
+    /// Block-range repair requests sent (unicast repair).
     pub repair_requests: u64,
+    /// Parity counts sent (repair by parity on the group).
+    pub naks: u64,
+    /// Blocks rebuilt with parity.
+    pub decoded: u64,
     /// Whole-product requests sent.
     pub whole_requests: u64,
     /// Products whose tag did not verify (ignored).
@@ -133,6 +141,8 @@ struct Partial {
     repair_from: Option<Micros>,
     repaired: u64,
     complete: bool,
+    /// Blocks held for repair by parity (multicast products, when the source codes them).
+    fec: Option<ProductFec>,
 }
 
 /// One subscriber's receiving side.
@@ -141,6 +151,8 @@ pub struct Receiver {
     auth: Arc<dyn ProductAuth>,
     sub: Subscription,
     block: u64,
+    /// The source's parity coding `(k, m)` ([`Msg::Coding`]), if it repairs by parity.
+    coding: Option<(u32, u32)>,
     multicast: bool,
     mcast_from: u64,
     expected: u64,
@@ -190,6 +202,7 @@ impl Receiver {
             auth,
             sub,
             block: u64::from((*block).max(1)),
+            coding: None,
             multicast,
             mcast_from: *mcast_from,
             expected: *mcast_from,
@@ -256,8 +269,55 @@ impl Receiver {
                 self.take(now, msg, true);
             }
             Msg::Index { last_seq } => self.saw_seq(now, last_seq, true),
+            Msg::Parity {
+                seq,
+                block,
+                index,
+                data,
+            } => self.take_parity(now, seq, block, index, data),
             _ => {}
         }
+    }
+
+    /// Bytes held for decoding, over every product.
+    fn fec_held(&self) -> u64 {
+        self.partial
+            .values()
+            .filter_map(|p| p.fec.as_ref())
+            .map(ProductFec::held)
+            .sum()
+    }
+
+    fn take_parity(&mut self, now: Micros, seq: u64, block: u32, index: u32, data: Bytes) {
+        let room = self.fec_held() < self.cfg.parity.max_held;
+        let Some(p) = self.partial.get_mut(&seq) else {
+            return;
+        };
+        let Some(fec) = p.fec.as_mut().filter(|_| !p.complete) else {
+            return;
+        };
+        p.last_activity = now;
+        let restored = fec.parity(block, index, data, &p.have, room);
+        self.restored(seq, restored);
+    }
+
+    /// Source symbols rebuilt from parity: written like any bytes, counted as repaired.
+    fn restored(&mut self, seq: u64, restored: Vec<(u64, Bytes)>) {
+        let Some(p) = self.partial.get_mut(&seq) else {
+            return;
+        };
+        if restored.is_empty() {
+            return;
+        }
+        self.stats.decoded += 1;
+        for (offset, data) in restored {
+            let new = p.have.insert(offset, offset + data.len() as u64);
+            p.repaired += new;
+            if new > 0 {
+                self.events.push_back(RxEvent::Data { seq, offset, data });
+            }
+        }
+        self.check_complete(seq);
     }
 
     /// A message on the unicast connection.
@@ -280,6 +340,7 @@ impl Receiver {
                 }
             }
             Msg::Skip { from, to, gone } => self.skip(from, to, gone),
+            Msg::Coding { k, m } => self.coding = Some((k, m)),
             _ => {}
         }
     }
@@ -328,6 +389,11 @@ impl Receiver {
                 // A described product goes on arriving by multicast; its gaps are repaired.
                 let (mcast, eop) = (mcast || described, described && self.expected > seq + 1);
                 self.events.push_back(RxEvent::Begin(meta.clone()));
+                let fec = self
+                    .coding
+                    .filter(|_| mcast)
+                    .and_then(|(k, m)| product_layout(meta.size, self.block as u32, k, m))
+                    .map(ProductFec::new);
                 let p = Partial {
                     meta,
                     sent_at,
@@ -342,11 +408,13 @@ impl Receiver {
                     repair_from: noticed,
                     repaired: 0,
                     complete: false,
+                    fec,
                 };
                 self.partial.insert(seq, p);
                 self.check_complete(seq);
             }
             Msg::Data { seq, offset, data } => {
+                let held = if mcast { self.fec_held() } else { 0 };
                 let Some(p) = self.partial.get_mut(&seq) else {
                     // Blocks of a product whose start was lost: its metadata is asked for,
                     // and the blocks missed meanwhile are repaired once it is here.
@@ -368,7 +436,15 @@ impl Receiver {
                     p.repaired += new;
                 }
                 if new > 0 {
+                    let restored = match (&mut p.fec, mcast) {
+                        (Some(fec), true) => {
+                            let room = held < self.cfg.parity.max_held;
+                            fec.source(offset, &data, &p.have, room)
+                        }
+                        _ => Vec::new(),
+                    };
                     self.events.push_back(RxEvent::Data { seq, offset, data });
+                    self.restored(seq, restored);
                     self.check_complete(seq);
                 }
             }
@@ -380,6 +456,7 @@ impl Receiver {
         if let Some(p) = self.partial.get_mut(&seq) {
             if !p.complete && p.have.len() == p.meta.size {
                 p.complete = true;
+                p.fec = None;
                 self.events.push_back(RxEvent::Complete(seq));
             }
         }
@@ -459,11 +536,32 @@ impl Receiver {
             self.events.push_back(RxEvent::FellBack);
         }
         let (delay, again, block) = (self.cfg.repair_delay, self.cfg.rerequest, self.block);
+        let parity = self.cfg.parity;
         for (seq, p) in self
             .partial
             .iter_mut()
             .filter(|(_, p)| p.mcast && !p.complete)
         {
+            if let Some(fec) = &mut p.fec {
+                let limit = if p.eop { p.meta.size } else { p.high };
+                let plan = fec.plan(now, limit, &p.have, &parity, again);
+                if !plan.naks.is_empty() || !plan.unicast.is_empty() {
+                    p.repair_from.get_or_insert(now);
+                }
+                if !plan.naks.is_empty() {
+                    self.stats.naks += 1;
+                    self.out.push_back(Msg::Nak {
+                        seq: *seq,
+                        blocks: plan.naks,
+                    });
+                }
+                if !plan.unicast.is_empty() {
+                    self.stats.repair_requests += 1;
+                    let ranges = block_ranges(plan.unicast, block);
+                    self.out.push_back(Msg::Repair { seq: *seq, ranges });
+                }
+                continue;
+            }
             if let Some(ranges) = repair_ranges(p, now, delay, again, block) {
                 p.requested_at = Some(now);
                 p.repair_from.get_or_insert(now);
@@ -499,7 +597,13 @@ impl Receiver {
             t = t.min(self.last_mcast + self.cfg.fallback_after);
         }
         for p in self.partial.values().filter(|p| p.mcast && !p.complete) {
-            t = t.min(next_repair_at(p, self.cfg.repair_delay, self.cfg.rerequest));
+            t = t.min(match &p.fec {
+                Some(fec) => {
+                    let limit = if p.eop { p.meta.size } else { p.high };
+                    fec.next_at(limit, &p.have, &self.cfg.parity, self.cfg.rerequest)
+                }
+                None => next_repair_at(p, self.cfg.repair_delay, self.cfg.rerequest),
+            });
         }
         for w in self.wanted.values().chain(self.described.values()) {
             t = t.min(if w.1 == 0 {
@@ -551,9 +655,16 @@ fn repair_ranges(
     if gaps.is_empty() {
         return None;
     }
+    for (a, b) in &gaps {
+        p.asked.insert(*a, *b);
+    }
+    Some(block_ranges(gaps, block))
+}
+
+/// Byte gaps as `(first block, count)` ranges of `block`-byte blocks.
+fn block_ranges(gaps: Vec<(u64, u64)>, block: u64) -> Vec<(u32, u32)> {
     let mut ranges: Vec<(u32, u32)> = Vec::new();
     for (a, b) in gaps {
-        p.asked.insert(a, b);
         let (first, last) = ((a / block) as u32, ((b - 1) / block) as u32);
         match ranges.last_mut() {
             Some(r) if r.0 + r.1 >= first => r.1 = last + 1 - r.0,
@@ -561,7 +672,7 @@ fn repair_ranges(
         }
     }
     ranges.truncate(4096);
-    Some(ranges)
+    ranges
 }
 
 /// When [`repair_ranges`] will next have something for `p` (`u64::MAX`: not before more

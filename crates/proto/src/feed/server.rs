@@ -112,6 +112,8 @@ pub struct ServerStatus {
     pub group: Option<String>,
     /// Datagrams and bytes multicast.
     pub multicast_sent: (u64, u64),
+    /// Of those, repair symbols (parity) on the group.
+    pub multicast_repair: (u64, u64),
     /// The subscribers.
     pub subscribers: Vec<SubStatus>,
 }
@@ -250,6 +252,9 @@ impl Server {
             mcast_from: if multicast { until } else { u64::MAX },
             first: cursor,
         });
+        if let Some(p) = push.as_ref().filter(|p| multicast && p.layout(1).is_some()) {
+            ctrl.insert(1, Msg::Coding { k: p.k, m: p.m });
+        }
         let id = self.next_id;
         self.next_id += 1;
         let acked = cursor.saturating_sub(1);
@@ -281,7 +286,7 @@ impl Server {
     }
 
     /// A message from a subscriber.
-    pub fn handle_msg(&mut self, id: SubId, msg: Msg) {
+    pub fn handle_msg(&mut self, id: SubId, msg: Msg, now: Micros) {
         let block = self
             .pusher
             .as_ref()
@@ -313,6 +318,19 @@ impl Server {
                         s.repair_bytes += u64::from(len);
                         o += u64::from(len);
                     }
+                }
+            }
+            Msg::Nak { seq, blocks } => {
+                let (Some(p), true) = (&mut self.pusher, s.multicast) else {
+                    return;
+                };
+                match self.queue.get(seq) {
+                    Some(e) => p.handle_nak(now, seq, e.meta.size, &blocks),
+                    None => s.ctrl.push_back(Msg::Skip {
+                        from: seq,
+                        to: seq,
+                        gone: true,
+                    }),
                 }
             }
             Msg::Describe { seq } => {
@@ -490,6 +508,7 @@ impl Server {
             max_bytes: self.queue.limits().max_bytes,
             group: self.cfg.push.as_ref().map(|p| p.group.clone()),
             multicast_sent: self.pusher.as_ref().map_or((0, 0), |p| p.sent),
+            multicast_repair: self.pusher.as_ref().map_or((0, 0), |p| p.repair),
             subscribers: self
                 .subs
                 .iter()

@@ -59,14 +59,61 @@ pub const BURST: Micros = 20_000;
 /// the train by then is slower than 6 Mbit/s, or gone.
 pub const TRAIN_WAIT: Micros = 2_000_000;
 
+/// One block's repair state at a source: how many symbols went out past its first pass and
+/// how many more are granted. Shared by the file send ([`Sender`]) and the feed's pusher
+/// ([`crate::feed::push`]): both grant the worst receiver's need, not the sum.
 #[derive(Debug, Clone, Copy)]
-struct Repair {
+pub struct BlockRepair {
     /// Next index to send.
     sent: u32,
     /// Send up to (not including) this index.
     target: u32,
     /// When `sent` last reached `target`.
     caught_up: Micros,
+}
+
+impl BlockRepair {
+    /// A block of `k` source symbols whose first pass is over.
+    pub fn new(k: u32) -> Self {
+        Self {
+            sent: k,
+            target: k,
+            caught_up: 0,
+        }
+    }
+
+    /// A receiver still `need`s symbols of the block (at most `k`) and has seen indexes below
+    /// `seen`. Grants that many past everything sent or queued, less those that may still be
+    /// on their way: the ones queued, and the ones sent within `stale` (a request that
+    /// crossed them in flight). Returns true when symbols are due to go out.
+    pub fn grant(&mut self, now: Micros, seen: u32, need: u32, stale: Micros) -> bool {
+        let seen = seen.min(self.sent);
+        let mut coming = self.target - self.sent;
+        let sending = self.target > self.sent;
+        if sending || now.saturating_sub(self.caught_up) < stale {
+            coming += self.sent - seen;
+        }
+        if need > coming {
+            self.target = self.target.saturating_add(need - coming);
+        }
+        self.target > self.sent
+    }
+
+    /// The next granted index to send, and whether the grant is then used up.
+    pub fn next(&mut self, now: Micros) -> (u32, bool) {
+        let index = self.sent;
+        self.sent += 1;
+        let done = self.sent >= self.target;
+        if done {
+            self.caught_up = now;
+        }
+        (index, done)
+    }
+
+    /// When the last grant was used up (0: never).
+    pub fn caught_up(&self) -> Micros {
+        self.caught_up
+    }
 }
 
 /// Counters.
@@ -90,7 +137,7 @@ pub struct Sender {
     blocks: u32,
     next_send: Micros,
     pass: (u32, u32),
-    repairs: BTreeMap<u32, Repair>,
+    repairs: BTreeMap<u32, BlockRepair>,
     due: BTreeSet<u32>,
     last_end: Option<Micros>,
     stopped: bool,
@@ -203,10 +250,8 @@ impl Sender {
     fn next_tx(&mut self, now: Micros) -> Option<Tx> {
         if let Some(&block) = self.due.first() {
             let r = self.repairs.get_mut(&block)?;
-            let index = r.sent;
-            r.sent += 1;
-            if r.sent >= r.target {
-                r.caught_up = now;
+            let (index, done) = r.next(now);
+            if done {
                 self.due.remove(&block);
             }
             self.stats.repair += 1;
@@ -243,20 +288,8 @@ impl Sender {
         self.stats.naks += 1;
         let k = self.layout.k_of(b);
         let need = nak.need.min(k);
-        let r = self.repairs.entry(b).or_insert(Repair {
-            sent: k,
-            target: k,
-            caught_up: 0,
-        });
-        let seen = nak.seen.min(r.sent);
-        // Queued symbols reach it; sent ones past what it saw may still be in flight.
-        let mut coming = r.target - r.sent;
-        let sending = r.target > r.sent;
-        if sending || now.saturating_sub(r.caught_up) < self.cfg.stale {
-            coming += r.sent - seen;
-        }
-        if need > coming {
-            r.target = r.target.saturating_add(need - coming);
+        let r = self.repairs.entry(b).or_insert(BlockRepair::new(k));
+        if r.grant(now, nak.seen, need, self.cfg.stale) {
             self.due.insert(b);
         }
     }

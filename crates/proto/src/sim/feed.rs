@@ -13,6 +13,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::auth::Secret;
+use crate::feed::fec::ParityCache;
 use crate::feed::msg::{Msg, Start};
 use crate::feed::product::{Micros, ProductAuth, SecretAuth, Subscription};
 use crate::feed::push::PushOut;
@@ -71,6 +72,8 @@ pub struct Insert {
 pub struct RxReport {
     /// Sequence numbers delivered, in delivery order.
     pub delivered: Vec<u64>,
+    /// When each was delivered.
+    pub delivered_at: Vec<Micros>,
     /// Latencies of the deliveries.
     pub latencies: Vec<Latency>,
     /// Ranges reported gone.
@@ -96,6 +99,10 @@ pub struct SimReport {
     pub refused: Vec<String>,
     /// Datagrams and bytes multicast.
     pub multicast_sent: (u64, u64),
+    /// Of those, repair symbols (parity).
+    pub multicast_repair: (u64, u64),
+    /// Bytes of product data sent by unicast as repairs, over every subscriber.
+    pub unicast_repair: u64,
     /// Simulated time at the end.
     pub end: Micros,
 }
@@ -132,6 +139,7 @@ struct World {
     inserts: Vec<Insert>,
     inserted: Vec<(u64, String)>,
     refused: Vec<String>,
+    parity: ParityCache,
 }
 
 /// Runs a feed: `server` settings, receivers, products; stops at `until` or when every
@@ -159,6 +167,7 @@ pub fn run(
         inserts,
         inserted: Vec::new(),
         refused: Vec::new(),
+        parity: ParityCache::default(),
     };
     for i in 0..w.inserts.len() {
         w.sched(w.inserts[i].at, Ev::Insert(i));
@@ -220,8 +229,11 @@ pub fn run(
             r.report.stats = rx.stats;
         }
     }
+    let status = w.server.status();
     SimReport {
-        multicast_sent: w.server.status().multicast_sent,
+        multicast_sent: status.multicast_sent,
+        multicast_repair: status.multicast_repair,
+        unicast_repair: status.subscribers.iter().map(|s| s.repair_bytes).sum(),
         rx: w.st.into_iter().map(|r| r.report).collect(),
         inserted: w.inserted,
         refused: w.refused,
@@ -289,6 +301,29 @@ impl World {
                     Some(m) => m,
                     None => continue,
                 },
+                PushOut::Symbol {
+                    seq,
+                    layout,
+                    block,
+                    index,
+                } => {
+                    let Some(d) = self.store.get(&seq) else {
+                        continue;
+                    };
+                    let read =
+                        |off: u64, len: u64| -> Result<Vec<u8>, crate::mcast::fec::FecError> {
+                            Ok(d[off as usize..(off + len) as usize].to_vec())
+                        };
+                    match self.parity.symbol(seq, &layout, block, index, read) {
+                        Ok(data) => Msg::Parity {
+                            seq,
+                            block,
+                            index,
+                            data,
+                        },
+                        Err(_) => continue,
+                    }
+                }
             };
             let dgram = msg.to_datagram(self.cfg.feed_id);
             for i in 0..self.st.len() {
@@ -347,7 +382,7 @@ impl World {
             }
             Ev::ToServer(i, m) => {
                 if let Some(id) = self.st[i].id {
-                    self.server.handle_msg(id, m);
+                    self.server.handle_msg(id, m, now);
                 }
             }
         }
@@ -433,6 +468,7 @@ fn drain_events(r: &mut RxState, now: Micros) {
             } => {
                 r.bufs.remove(&meta.seq);
                 r.report.delivered.push(meta.seq);
+                r.report.delivered_at.push(now);
                 r.report.latencies.push(latency);
                 r.report.repaired += repaired;
             }
