@@ -167,6 +167,8 @@ fn main() {
         write("manifest", name, &body(&Frame::Open(open(m)))[1..]);
     }
     paced_seeds();
+    mcast_seeds();
+    feed_seeds();
     write(
         "hosts_matrix",
         "hosts.toml",
@@ -270,3 +272,66 @@ fn paced_seeds() {
         ]),
     );
 }
+
+/// Control messages, and datagram runs as `fuzz_targets/mcast.rs` cuts them (a length byte in
+/// 12-byte units, the top bit for a control message), sealed and in clear.
+fn mcast_seeds() {
+    use bulkcast_proto::mcast::msg::DgramKind;
+    use bulkcast_proto::mcast::seal::{DgramWriter, GroupKey};
+    use bulkcast_proto::mcast::McastMsg;
+    let msgs = [
+        McastMsg::Hashes { first: 0, hashes: vec![[7; 32]; 2] },
+        McastMsg::End { blocks: 5 },
+        McastMsg::Cancel { reason: "stopped".into() },
+        McastMsg::Heard,
+    ];
+    for (i, m) in msgs.iter().enumerate() {
+        let mut b = bytes::BytesMut::new();
+        m.encode(&mut b);
+        write("mcast", &format!("msg-{i}"), &b);
+    }
+    for (name, key) in [("clear", None), ("sealed", Some(GroupKey::from_bytes([3; 32])))] {
+        let mut w = DgramWriter::new(7, key.map(|k| k.cipher()));
+        let mut run = Vec::new();
+        let mut buf = Vec::new();
+        for (kind, block, index) in [
+            (DgramKind::Hello, 0, 0),
+            (DgramKind::Data, 0, 0),
+            (DgramKind::Data, 0, 1),
+            (DgramKind::Data, 0, 9),
+            (DgramKind::End, 5, 0),
+        ] {
+            w.write(kind, block, index, &[0x5a; 64], &mut buf);
+            // Padded to the target's 12-byte units.
+            buf.resize(buf.len().div_ceil(12) * 12, 0);
+            run.push((buf.len() / 12) as u8);
+            run.extend_from_slice(&buf);
+        }
+        write("mcast", &format!("datagrams-{name}"), &run);
+    }
+}
+
+/// Feed messages, as bodies and as datagrams.
+fn feed_seeds() {
+    use bulkcast_proto::feed::msg::{Msg, Start};
+    let msgs = [
+        Msg::Subscribe {
+            feedtype: "NEXRAD3".into(),
+            name: "".into(),
+            start: Start::Seq(3),
+            multicast: true,
+        },
+        Msg::Data { seq: 4, offset: 0, data: Bytes::from_static(b"product bytes") },
+        Msg::Index { last_seq: 9 },
+        Msg::Skip { from: 1, to: 2, gone: true },
+        Msg::Repair { seq: 4, ranges: vec![(0, 2), (5, 1)] },
+        Msg::Ack { seq: 3 },
+    ];
+    for (i, m) in msgs.iter().enumerate() {
+        let mut b = bytes::BytesMut::new();
+        m.encode(&mut b);
+        write("feed_msg", &format!("msg-{i}"), &b);
+        write("feed_msg", &format!("dgram-{i}"), &m.to_datagram(11));
+    }
+}
+
