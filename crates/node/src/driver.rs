@@ -1,9 +1,10 @@
 //! The event loop that drives one [`Node`]: it owns the node's sockets, its input or local copy,
 //! and its timer, and does nothing the node did not ask for.
 //!
-//! Reading and writing run in one task per link. A link's writer takes at most
-//! [`WRITE_SLOTS`] frames at a time and reports each one written, so a slow socket stops
-//! `poll_transmit` for that link (and, through the node's buffer, reading upstream). The
+//! Reading and writing run in one task per connection. A connection's writer
+//! ([`crate::writer`]) takes at most [`WRITE_SLOTS`] payload frames at a time and reports each
+//! one written, so a slow socket stops `poll_transmit` for that link (and, through the node's
+//! buffer, reading upstream). The
 //! parent's reader hands frames over a small bounded channel that is drained only while the
 //! node wants input, which back-pressures the parent through TCP.
 
@@ -23,11 +24,10 @@ use crate::predial::PreDialed;
 use crate::store::{LocalCopy, StoreEvent};
 use crate::transport::{self, Stream, TcpTuning};
 
-mod writer;
-use writer::{child_socket, recv_opt_unbounded, write_acks, write_link, SocketControl};
-
-/// Frames queued to one link's writer at once.
-pub const WRITE_SLOTS: usize = 2;
+pub use crate::writer::WRITE_SLOTS;
+use crate::writer::{
+    child_socket, recv_opt_unbounded, write_acks, write_conn, Note, Outbox, SocketControl, Written,
+};
 
 /// See [`Driver::linger`]: a few round trips of the longest paths, so that the parent, which
 /// closes once it has our `Done`, normally closes first.
@@ -54,17 +54,12 @@ pub const RELAY_UPLINK_SHARE: f64 = 0.95;
 enum Ev {
     Frame(Link, u16, Frame),
     Closed(Link, u16, String),
-    Written(Link, u16),
+    Written(Link, u16, Written),
     /// A spread edge's connection 0 reached the child (before our handshake), with the round
     /// trip its transport measured and which transport it got.
     Dialed(usize, Option<Duration>, transport::Transport),
     Connected(usize, u16, Stream),
     ConnectFailed(usize, u16, String),
-}
-
-struct Writer {
-    tx: mpsc::Sender<Frame>,
-    inflight: usize,
 }
 
 /// What a driver is attached to upstream.
@@ -104,7 +99,7 @@ pub struct Driver {
     input_rx: Option<mpsc::Receiver<InputEvent>>,
     store: Option<Box<dyn LocalCopy>>,
     store_rx: Option<mpsc::UnboundedReceiver<StoreEvent>>,
-    writers: HashMap<Link, Writer>,
+    writers: HashMap<Link, Outbox>,
     /// Spread edges to children, by child; kept after the link ends, for the report.
     out_edges: HashMap<usize, OutEdge>,
     tasks: HashMap<Link, Vec<JoinHandle<()>>>,
@@ -363,7 +358,7 @@ impl Driver {
                 && self
                     .writers
                     .get(&Link::Parent)
-                    .is_none_or(|w| w.inflight == 0)
+                    .is_none_or(Outbox::is_drained)
             {
                 self.emit_stats(true);
                 self.linger().await;
@@ -615,8 +610,8 @@ impl Driver {
                 };
                 if let Err(e) = r {
                     tracing::warn!("{link:?}: {e}");
-                    if let Some(w) = self.writers.get(&link) {
-                        let _ = w.tx.try_send(Frame::Error { reason: e.clone() });
+                    if let Some(w) = self.writers.get_mut(&link) {
+                        w.send(Frame::Error { reason: e.clone() });
                     }
                     self.node
                         .handle_link_closed(link, format!("protocol error: {e}"), now);
@@ -624,15 +619,15 @@ impl Driver {
                 }
             }
             Ev::Closed(link, conn, reason) => self.conn_lost(link, conn, reason, now),
-            Ev::Written(link, conn) => {
+            Ev::Written(link, conn, done) => {
                 if let Link::Child(k) = link {
                     if let Some(e) = self.out_edges.get_mut(&k) {
-                        e.handle_written(conn);
+                        e.handle_written(conn, done);
                         return;
                     }
                 }
                 if let Some(w) = self.writers.get_mut(&link) {
-                    w.inflight = w.inflight.saturating_sub(1);
+                    w.handle_written(done);
                 }
             }
             Ev::Connected(k, conn, stream) => {
@@ -653,12 +648,13 @@ impl Driver {
                     {
                         tracing::debug!("TCP_NOTSENT_LOWAT: {err}");
                     }
-                    let (ftx, frx) = mpsc::channel(WRITE_SLOTS + 1);
+                    let (outbox, frx) = Outbox::new();
                     let ev = self.ev_tx.clone();
                     let sock = child_socket(&mut self.rate_cap, self.ceiling, &self.tuning, k);
-                    let task = tokio::spawn(write_link(w, frx, None, sock, link, conn, ev));
+                    let task =
+                        tokio::spawn(write_conn(w, frx, None, sock, conn, ev, note(link, conn)));
                     self.tasks.entry(link).or_default().push(task);
-                    e.handle_connected(conn, ftx, now);
+                    e.handle_connected(conn, outbox, now);
                 } else {
                     self.attach_writer(link, w, None, 0);
                 }
@@ -742,18 +738,18 @@ impl Driver {
         acks: Option<mpsc::UnboundedReceiver<Frame>>,
         conn: u16,
     ) {
-        let (tx, rx) = mpsc::channel(WRITE_SLOTS + 1);
+        let (outbox, rx) = Outbox::new();
         let ev = self.ev_tx.clone();
         let sock = match link {
             Link::Child(k) => child_socket(&mut self.rate_cap, self.ceiling, &self.tuning, k),
             _ => SocketControl {
-                rate_cap: None,
-                adapt: false,
+                log_times: true,
+                ..SocketControl::default()
             },
         };
-        let task = tokio::spawn(write_link(w, rx, acks, sock, link, conn, ev));
+        let task = tokio::spawn(write_conn(w, rx, acks, sock, conn, ev, note(link, conn)));
         self.tasks.entry(link).or_default().push(task);
-        self.writers.insert(link, Writer { tx, inflight: 0 });
+        self.writers.insert(link, outbox);
     }
 
     /// Gives each edge its share of the node's ceiling, and splits a relay's rate cap evenly
@@ -787,14 +783,13 @@ impl Driver {
     fn pump_writers(&mut self) {
         self.split_caps();
         for (link, w) in self.writers.iter_mut() {
-            while w.inflight < WRITE_SLOTS {
+            while w.has_room() {
                 let Some(f) = self.node.poll_transmit(*link) else {
                     break;
                 };
-                if w.tx.try_send(f).is_err() {
+                if !w.send(f) {
                     break; // the writer is gone; its Closed event is on the way
                 }
-                w.inflight += 1;
             }
         }
         let now = Instant::now();
@@ -815,6 +810,14 @@ impl Driver {
         for t in self.tasks.remove(&link).into_iter().flatten() {
             t.abort();
         }
+    }
+}
+
+/// How the writer of connection `conn` of `link` reports to the driver.
+fn note(link: Link, conn: u16) -> impl Fn(Note) -> Ev {
+    move |n| match n {
+        Note::Written(w) => Ev::Written(link, conn, w),
+        Note::Failed(e) => Ev::Closed(link, conn, e),
     }
 }
 
