@@ -250,31 +250,15 @@ pub async fn send_balanced(
     let now = Instant::now();
     let mut nodes = Vec::new();
     for (t, (tree, _)) in trees.iter().enumerate() {
-        let manifest = stripes
-            .stripe_manifest(t as u16, &object, cfg.chunk_size)
-            .expect("length known");
-        let params = SessionParams {
-            session: sessions[t],
-            chunk_size: cfg.chunk_size,
-            stall_timeout: cfg.stall_timeout,
-            cc: cfg.tuning.cc.clone(),
-            manifest,
-            stripe: Some(Box::new(StripeInfo {
-                group,
-                tree: t as u16,
-                pattern: stripes.pattern().to_vec(),
-                object: object.clone(),
-            })),
-            edges: cfg.edges,
+        let stripe = StripeInfo {
+            group,
+            tree: t as u16,
+            pattern: stripes.pattern().to_vec(),
+            object: object.clone(),
         };
-        nodes.push(Node::source(
-            params,
-            keys.clone(),
-            node_cfg.clone(),
-            tree,
-            &names,
-            now,
-        )?);
+        let params = stripe_params(&stripes, stripe, sessions[t], cfg);
+        let node = Node::source(params, keys.clone(), node_cfg.clone(), tree, &names, now)?;
+        nodes.push(node);
     }
     status.lock().expect("status lock").started = Instant::now();
     let read = input.read_counter();
@@ -353,6 +337,28 @@ pub async fn send_balanced(
             rates.join("+")
         ),
     ))
+}
+
+/// The session of tree `stripe.tree` of a balanced send: its stripe of the object, with a
+/// manifest of that stripe's length (the object's length is known: [`send_balanced`] checked).
+fn stripe_params(
+    stripes: &Stripes,
+    stripe: StripeInfo,
+    session: SessionId,
+    cfg: &SendConfig,
+) -> SessionParams {
+    let manifest = stripes
+        .stripe_manifest(stripe.tree, &stripe.object, cfg.chunk_size)
+        .expect("length known");
+    SessionParams {
+        session,
+        chunk_size: cfg.chunk_size,
+        stall_timeout: cfg.stall_timeout,
+        cc: cfg.tuning.cc.clone(),
+        manifest,
+        stripe: Some(Box::new(stripe)),
+        edges: cfg.edges,
+    }
 }
 
 /// A receiver's progress over all trees: chunks (and chunks held before, and bytes received)
