@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::edge::{Attachments, EdgeStreams, InEdge, OutEdge};
-use crate::input::InputEvent;
+use crate::input::{InputError, InputEvent};
 use crate::predial::PreDialed;
 use crate::store::{LocalCopy, StoreEvent};
 use crate::transport::{self, Stream, TcpTuning};
@@ -60,6 +60,25 @@ enum Ev {
     Dialed(usize, Option<Duration>, transport::Transport),
     Connected(usize, u16, Stream),
     ConnectFailed(usize, u16, String),
+}
+
+/// Why a driver ended its session early.
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    /// The parent sent what the protocol does not allow here (a frame out of place, a spread
+    /// frame before the edge was announced, a forged chunk or `End`).
+    #[error("parent broke the protocol: {0}")]
+    Parent(String),
+    /// The source's input could not be read, or changed while it was read.
+    #[error("{0}")]
+    Input(#[from] InputError),
+    /// The source's node refused a chunk of its own input.
+    #[error("{0}")]
+    Node(#[from] bulkcast_proto::node::NodeError),
+    /// The node gave up on the session (no receiver left, or no progress for the stall
+    /// timeout).
+    #[error("{0}")]
+    Aborted(String),
 }
 
 /// What a driver is attached to upstream.
@@ -323,7 +342,7 @@ impl Driver {
 
     /// Runs until the node is finished (`Ok`) or gives up (`Err` with the reason). Every other
     /// node-level event is passed to `observe` (progress, completions, failures, corruption).
-    pub async fn run(&mut self, mut observe: impl FnMut(&Event)) -> Result<(), String> {
+    pub async fn run(&mut self, mut observe: impl FnMut(&Event)) -> Result<(), DriverError> {
         if !self.dialled {
             self.dialled = true;
             self.dial_children();
@@ -388,15 +407,13 @@ impl Driver {
                     let now = Instant::now();
                     match ie {
                         InputEvent::Data(c, cvs) => {
-                            self.node
-                                .handle_sealed_input(c, cvs, now)
-                                .map_err(|e| e.to_string())?
+                            self.node.handle_sealed_input(c, cvs, now)?
                         }
                         InputEvent::End => {
                             self.input_rx = None;
                             self.node.handle_input_end(now);
                         }
-                        InputEvent::Failed(e) => return Err(e),
+                        InputEvent::Failed(e) => return Err(e.into()),
                     }
                 }
                 Some(se) = recv_opt_unbounded(&mut self.store_rx) => {
@@ -408,18 +425,19 @@ impl Driver {
                         }
                         StoreEvent::Failed(e) => {
                             tracing::error!("local copy failed: {e}");
-                            self.node.handle_store_failed(e, now);
+                            self.node.handle_store_failed(e.to_string(), now);
                         }
                         StoreEvent::Finalized(r) => {
                             if let Ok(p) = &r {
                                 tracing::info!("complete: {}", p.display());
                             }
-                            self.node.handle_finalized(r.map(|_| ()), now);
+                            let r = r.map(|_| ()).map_err(|e| e.to_string());
+                            self.node.handle_finalized(r, now);
                         }
                         StoreEvent::Loaded(i, Ok(data)) => self.node.handle_loaded(i, data, now),
                         StoreEvent::Loaded(i, Err(e)) => {
                             tracing::warn!("chunk {i}: {e}; fetching it from the parent");
-                            self.node.handle_load_failed(i, e, now);
+                            self.node.handle_load_failed(i, e.to_string(), now);
                         }
                     }
                 }
@@ -458,7 +476,7 @@ impl Driver {
     }
 
     /// Something from the parent's connections.
-    fn handle_parent(&mut self, f: FromParent, now: Instant) -> Result<(), String> {
+    fn handle_parent(&mut self, f: FromParent, now: Instant) -> Result<(), DriverError> {
         let session = self.node.params().session;
         match f {
             FromParent::Item {
@@ -473,9 +491,9 @@ impl Driver {
                     }),
             } if self.in_edge.is_none() => {
                 if s != session {
-                    return Err(format!(
-                        "parent broke the protocol: edge of session {s:016x} in session {session:016x}"
-                    ));
+                    return Err(DriverError::Parent(format!(
+                        "edge of session {s:016x} in session {session:016x}"
+                    )));
                 }
                 let mut e = InEdge::new(token, window);
                 if let Some(acks) = &self.parent_acks {
@@ -493,10 +511,10 @@ impl Driver {
                 parcel,
             } => {
                 let Some(e) = &mut self.in_edge else {
-                    return Err("parent broke the protocol: spread frame before Attach".into());
+                    return Err(DriverError::Parent("spread frame before Attach".into()));
                 };
                 e.handle(conn, seq, parcel)
-                    .map_err(|e| format!("parent broke the protocol: {e}"))
+                    .map_err(|e| DriverError::Parent(e.to_string()))
             }
             FromParent::Item {
                 conn: 0,
@@ -508,9 +526,9 @@ impl Driver {
                     Parcel::Frame(f) => f.kind(),
                     Parcel::Verified(_) => "Chunk",
                 };
-                Err(format!(
-                    "parent broke the protocol: unsequenced {what} on connection {conn}"
-                ))
+                Err(DriverError::Parent(format!(
+                    "unsequenced {what} on connection {conn}"
+                )))
             }
             FromParent::Closed(0, reason) => {
                 self.parent_rx = None;
@@ -527,12 +545,12 @@ impl Driver {
     }
 
     /// A frame of the parent's, in order, to the node.
-    fn deliver_parcel(&mut self, p: Parcel, now: Instant) -> Result<(), String> {
+    fn deliver_parcel(&mut self, p: Parcel, now: Instant) -> Result<(), DriverError> {
         let r = match p {
             Parcel::Frame(frame) => self.node.handle_frame(Link::Parent, frame, now),
             Parcel::Verified(c) => self.node.handle_verified_chunk(c, now),
         };
-        r.map_err(|e| format!("parent broke the protocol: {e}"))
+        r.map_err(|e| DriverError::Parent(e.to_string()))
     }
 
     /// A further connection of the parent's edge arrived through the agent.
@@ -552,7 +570,11 @@ impl Driver {
             .extend([reader, writer]);
     }
 
-    fn handle_event(&mut self, ev: Event, observe: &mut impl FnMut(&Event)) -> Result<(), String> {
+    fn handle_event(
+        &mut self,
+        ev: Event,
+        observe: &mut impl FnMut(&Event),
+    ) -> Result<(), DriverError> {
         match ev {
             Event::Deliver {
                 index,
@@ -585,7 +607,7 @@ impl Driver {
                 tracing::warn!("adopting {} ({}) from a lost relay", c.name, c.addr);
                 self.dial_child(k);
             }
-            Event::Aborted { reason } => return Err(reason),
+            Event::Aborted { reason } => return Err(DriverError::Aborted(reason)),
             other => observe(&other),
         }
         Ok(())
