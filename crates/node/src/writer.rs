@@ -4,7 +4,7 @@
 //! and congestion control changed while it runs, and a word at its end on where the
 //! connection's time went.
 //!
-//! A loop hands a connection's frames to its [`Outbox`], which counts what is still unwritten.
+//! A loop hands a connection's frames to its `Outbox`, which counts what is still unwritten.
 //! At most [`WRITE_SLOTS`] *payload* frames (the object's bytes: a `Chunk`, a `Part`, or either
 //! inside `Spread`) wait in a writer at once; control frames do not wait for a slot. That one
 //! bound serves both loops: a slow socket stops the tree's `poll_transmit` for that connection
