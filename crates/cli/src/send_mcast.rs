@@ -10,7 +10,7 @@ use bulkcast_node::input::Input;
 use bulkcast_node::mcast::send::{self as mcast, McastConfig, RxOutcome};
 use bulkcast_node::report::{McastRateReport, ObjectReport, ReceiverReport, Report, TrainSeen};
 use bulkcast_node::transport::TcpTuning;
-use bulkcast_proto::hosts::HostsFile;
+use bulkcast_proto::hosts::{HostSpec, HostsFile};
 use bulkcast_proto::mcast::msg::lan_symbol;
 use clap::Args;
 
@@ -112,33 +112,10 @@ pub async fn send(
         .zip(&r.outcomes)
         .enumerate()
         .map(|(i, (h, o))| {
-            let (verified, seconds, error) = match o {
-                RxOutcome::Done { seconds, .. } => (true, *seconds, None),
-                RxOutcome::NoMulticast(e) => {
-                    fallback.push((i, e.clone()));
-                    (false, 0.0, Some(format!("no multicast: {e}")))
-                }
-                RxOutcome::Failed(e) => (false, 0.0, Some(e.clone())),
-            };
-            ReceiverReport {
-                name: h.name.clone(),
-                addr: h.addr.clone(),
-                parent: "source (multicast)".into(),
-                bytes: if verified { bytes } else { 0 },
-                seconds,
-                rate_mbps: if seconds > 0.0 {
-                    bytes as f64 * 8.0 / seconds / 1e6
-                } else {
-                    0.0
-                },
-                verified,
-                held_bytes: 0,
-                already_in_place: false,
-                received_bytes: None,
-                error,
-                site: h.site.clone(),
-                received_from: Vec::new(),
+            if let RxOutcome::NoMulticast(e) = o {
+                fallback.push((i, e.clone()));
             }
+            receiver_line(h, o, bytes)
         })
         .collect::<Vec<_>>();
     let s = r.stats;
@@ -198,6 +175,34 @@ pub async fn send(
         }),
     };
     Ok((report, fallback))
+}
+
+/// Receiver `h`'s report line, for `bytes` multicast with outcome `o`.
+fn receiver_line(h: &HostSpec, o: &RxOutcome, bytes: u64) -> ReceiverReport {
+    let (verified, seconds, error) = match o {
+        RxOutcome::Done { seconds, .. } => (true, *seconds, None),
+        RxOutcome::NoMulticast(e) => (false, 0.0, Some(format!("no multicast: {e}"))),
+        RxOutcome::Failed(e) => (false, 0.0, Some(e.clone())),
+    };
+    ReceiverReport {
+        name: h.name.clone(),
+        addr: h.addr.clone(),
+        parent: "source (multicast)".into(),
+        bytes: if verified { bytes } else { 0 },
+        seconds,
+        rate_mbps: if seconds > 0.0 {
+            bytes as f64 * 8.0 / seconds / 1e6
+        } else {
+            0.0
+        },
+        verified,
+        held_bytes: 0,
+        already_in_place: false,
+        received_bytes: None,
+        error,
+        site: h.site.clone(),
+        received_from: Vec::new(),
+    }
 }
 
 /// Puts the tree's report lines for the receivers multicast missed into `report`.

@@ -11,7 +11,7 @@ use bulkcast_proto::node::{Node, NodeConfig};
 use bulkcast_proto::wire::{Frame, Open, SessionId, SwarmSetup};
 use tokio::sync::mpsc;
 
-use crate::driver::{Driver, Upstream};
+use crate::driver::{Driver, DriverError, Upstream};
 use crate::edge::Attachments;
 use crate::probe;
 use crate::store::{LocalCopy, Store, Target};
@@ -624,10 +624,10 @@ async fn relay_and_store(
     r.map_err(|e| match &culprit {
         Some(c) => SessionError::Aborted(session, format!("{e} ({c})")),
         // A forged `End` (or any other breach) came over the parent's link: name it.
-        None if e.starts_with("parent broke") => {
+        None if matches!(e, DriverError::Parent(_)) => {
             SessionError::Aborted(session, format!("{e} (parent {parent})"))
         }
-        None => SessionError::Aborted(session, e),
+        None => SessionError::Aborted(session, e.to_string()),
     })?;
     counted.done(driver.node().local_done());
     if !driver.node().local_done() {
@@ -778,6 +778,6 @@ async fn run_without_copy(
     driver
         .run(|_| {})
         .await
-        .map_err(|e| SessionError::Aborted(session, e))?;
+        .map_err(|e| SessionError::Aborted(session, e.to_string()))?;
     Err(SessionError::CopyFailed(session))
 }

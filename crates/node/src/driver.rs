@@ -1,9 +1,10 @@
 //! The event loop that drives one [`Node`]: it owns the node's sockets, its input or local copy,
 //! and its timer, and does nothing the node did not ask for.
 //!
-//! Reading and writing run in one task per link. A link's writer takes at most
-//! [`WRITE_SLOTS`] frames at a time and reports each one written, so a slow socket stops
-//! `poll_transmit` for that link (and, through the node's buffer, reading upstream). The
+//! Reading and writing run in one task per connection. A connection's writer
+//! ([`crate::writer`]) takes at most [`WRITE_SLOTS`] payload frames at a time and reports each
+//! one written, so a slow socket stops `poll_transmit` for that link (and, through the node's
+//! buffer, reading upstream). The
 //! parent's reader hands frames over a small bounded channel that is drained only while the
 //! node wants input, which back-pressures the parent through TCP.
 
@@ -18,16 +19,15 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::edge::{Attachments, EdgeStreams, InEdge, OutEdge};
-use crate::input::InputEvent;
+use crate::input::{InputError, InputEvent};
 use crate::predial::PreDialed;
 use crate::store::{LocalCopy, StoreEvent};
 use crate::transport::{self, Stream, TcpTuning};
 
-mod writer;
-use writer::{child_socket, recv_opt_unbounded, write_acks, write_link, SocketControl};
-
-/// Frames queued to one link's writer at once.
-pub const WRITE_SLOTS: usize = 2;
+pub use crate::writer::WRITE_SLOTS;
+use crate::writer::{
+    child_socket, recv_opt_unbounded, write_acks, write_conn, Note, Outbox, SocketControl, Written,
+};
 
 /// See [`Driver::linger`]: a few round trips of the longest paths, so that the parent, which
 /// closes once it has our `Done`, normally closes first.
@@ -54,7 +54,7 @@ pub const RELAY_UPLINK_SHARE: f64 = 0.95;
 enum Ev {
     Frame(Link, u16, Frame),
     Closed(Link, u16, String),
-    Written(Link, u16),
+    Written(Link, u16, Written),
     /// A spread edge's connection 0 reached the child (before our handshake), with the round
     /// trip its transport measured and which transport it got.
     Dialed(usize, Option<Duration>, transport::Transport),
@@ -62,9 +62,23 @@ enum Ev {
     ConnectFailed(usize, u16, String),
 }
 
-struct Writer {
-    tx: mpsc::Sender<Frame>,
-    inflight: usize,
+/// Why a driver ended its session early.
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    /// The parent sent what the protocol does not allow here (a frame out of place, a spread
+    /// frame before the edge was announced, a forged chunk or `End`).
+    #[error("parent broke the protocol: {0}")]
+    Parent(String),
+    /// The source's input could not be read, or changed while it was read.
+    #[error("{0}")]
+    Input(#[from] InputError),
+    /// The source's node refused a chunk of its own input.
+    #[error("{0}")]
+    Node(#[from] bulkcast_proto::node::NodeError),
+    /// The node gave up on the session (no receiver left, or no progress for the stall
+    /// timeout).
+    #[error("{0}")]
+    Aborted(String),
 }
 
 /// What a driver is attached to upstream.
@@ -104,7 +118,7 @@ pub struct Driver {
     input_rx: Option<mpsc::Receiver<InputEvent>>,
     store: Option<Box<dyn LocalCopy>>,
     store_rx: Option<mpsc::UnboundedReceiver<StoreEvent>>,
-    writers: HashMap<Link, Writer>,
+    writers: HashMap<Link, Outbox>,
     /// Spread edges to children, by child; kept after the link ends, for the report.
     out_edges: HashMap<usize, OutEdge>,
     tasks: HashMap<Link, Vec<JoinHandle<()>>>,
@@ -328,7 +342,7 @@ impl Driver {
 
     /// Runs until the node is finished (`Ok`) or gives up (`Err` with the reason). Every other
     /// node-level event is passed to `observe` (progress, completions, failures, corruption).
-    pub async fn run(&mut self, mut observe: impl FnMut(&Event)) -> Result<(), String> {
+    pub async fn run(&mut self, mut observe: impl FnMut(&Event)) -> Result<(), DriverError> {
         if !self.dialled {
             self.dialled = true;
             self.dial_children();
@@ -363,7 +377,7 @@ impl Driver {
                 && self
                     .writers
                     .get(&Link::Parent)
-                    .is_none_or(|w| w.inflight == 0)
+                    .is_none_or(Outbox::is_drained)
             {
                 self.emit_stats(true);
                 self.linger().await;
@@ -393,15 +407,13 @@ impl Driver {
                     let now = Instant::now();
                     match ie {
                         InputEvent::Data(c, cvs) => {
-                            self.node
-                                .handle_sealed_input(c, cvs, now)
-                                .map_err(|e| e.to_string())?
+                            self.node.handle_sealed_input(c, cvs, now)?
                         }
                         InputEvent::End => {
                             self.input_rx = None;
                             self.node.handle_input_end(now);
                         }
-                        InputEvent::Failed(e) => return Err(e),
+                        InputEvent::Failed(e) => return Err(e.into()),
                     }
                 }
                 Some(se) = recv_opt_unbounded(&mut self.store_rx) => {
@@ -413,18 +425,19 @@ impl Driver {
                         }
                         StoreEvent::Failed(e) => {
                             tracing::error!("local copy failed: {e}");
-                            self.node.handle_store_failed(e, now);
+                            self.node.handle_store_failed(e.to_string(), now);
                         }
                         StoreEvent::Finalized(r) => {
                             if let Ok(p) = &r {
                                 tracing::info!("complete: {}", p.display());
                             }
-                            self.node.handle_finalized(r.map(|_| ()), now);
+                            let r = r.map(|_| ()).map_err(|e| e.to_string());
+                            self.node.handle_finalized(r, now);
                         }
                         StoreEvent::Loaded(i, Ok(data)) => self.node.handle_loaded(i, data, now),
                         StoreEvent::Loaded(i, Err(e)) => {
                             tracing::warn!("chunk {i}: {e}; fetching it from the parent");
-                            self.node.handle_load_failed(i, e, now);
+                            self.node.handle_load_failed(i, e.to_string(), now);
                         }
                     }
                 }
@@ -463,7 +476,7 @@ impl Driver {
     }
 
     /// Something from the parent's connections.
-    fn handle_parent(&mut self, f: FromParent, now: Instant) -> Result<(), String> {
+    fn handle_parent(&mut self, f: FromParent, now: Instant) -> Result<(), DriverError> {
         let session = self.node.params().session;
         match f {
             FromParent::Item {
@@ -478,9 +491,9 @@ impl Driver {
                     }),
             } if self.in_edge.is_none() => {
                 if s != session {
-                    return Err(format!(
-                        "parent broke the protocol: edge of session {s:016x} in session {session:016x}"
-                    ));
+                    return Err(DriverError::Parent(format!(
+                        "edge of session {s:016x} in session {session:016x}"
+                    )));
                 }
                 let mut e = InEdge::new(token, window);
                 if let Some(acks) = &self.parent_acks {
@@ -498,10 +511,10 @@ impl Driver {
                 parcel,
             } => {
                 let Some(e) = &mut self.in_edge else {
-                    return Err("parent broke the protocol: spread frame before Attach".into());
+                    return Err(DriverError::Parent("spread frame before Attach".into()));
                 };
                 e.handle(conn, seq, parcel)
-                    .map_err(|e| format!("parent broke the protocol: {e}"))
+                    .map_err(|e| DriverError::Parent(e.to_string()))
             }
             FromParent::Item {
                 conn: 0,
@@ -513,9 +526,9 @@ impl Driver {
                     Parcel::Frame(f) => f.kind(),
                     Parcel::Verified(_) => "Chunk",
                 };
-                Err(format!(
-                    "parent broke the protocol: unsequenced {what} on connection {conn}"
-                ))
+                Err(DriverError::Parent(format!(
+                    "unsequenced {what} on connection {conn}"
+                )))
             }
             FromParent::Closed(0, reason) => {
                 self.parent_rx = None;
@@ -532,12 +545,12 @@ impl Driver {
     }
 
     /// A frame of the parent's, in order, to the node.
-    fn deliver_parcel(&mut self, p: Parcel, now: Instant) -> Result<(), String> {
+    fn deliver_parcel(&mut self, p: Parcel, now: Instant) -> Result<(), DriverError> {
         let r = match p {
             Parcel::Frame(frame) => self.node.handle_frame(Link::Parent, frame, now),
             Parcel::Verified(c) => self.node.handle_verified_chunk(c, now),
         };
-        r.map_err(|e| format!("parent broke the protocol: {e}"))
+        r.map_err(|e| DriverError::Parent(e.to_string()))
     }
 
     /// A further connection of the parent's edge arrived through the agent.
@@ -557,7 +570,11 @@ impl Driver {
             .extend([reader, writer]);
     }
 
-    fn handle_event(&mut self, ev: Event, observe: &mut impl FnMut(&Event)) -> Result<(), String> {
+    fn handle_event(
+        &mut self,
+        ev: Event,
+        observe: &mut impl FnMut(&Event),
+    ) -> Result<(), DriverError> {
         match ev {
             Event::Deliver {
                 index,
@@ -590,7 +607,7 @@ impl Driver {
                 tracing::warn!("adopting {} ({}) from a lost relay", c.name, c.addr);
                 self.dial_child(k);
             }
-            Event::Aborted { reason } => return Err(reason),
+            Event::Aborted { reason } => return Err(DriverError::Aborted(reason)),
             other => observe(&other),
         }
         Ok(())
@@ -615,8 +632,8 @@ impl Driver {
                 };
                 if let Err(e) = r {
                     tracing::warn!("{link:?}: {e}");
-                    if let Some(w) = self.writers.get(&link) {
-                        let _ = w.tx.try_send(Frame::Error { reason: e.clone() });
+                    if let Some(w) = self.writers.get_mut(&link) {
+                        w.send(Frame::Error { reason: e.clone() });
                     }
                     self.node
                         .handle_link_closed(link, format!("protocol error: {e}"), now);
@@ -624,15 +641,15 @@ impl Driver {
                 }
             }
             Ev::Closed(link, conn, reason) => self.conn_lost(link, conn, reason, now),
-            Ev::Written(link, conn) => {
+            Ev::Written(link, conn, done) => {
                 if let Link::Child(k) = link {
                     if let Some(e) = self.out_edges.get_mut(&k) {
-                        e.handle_written(conn);
+                        e.handle_written(conn, done);
                         return;
                     }
                 }
                 if let Some(w) = self.writers.get_mut(&link) {
-                    w.inflight = w.inflight.saturating_sub(1);
+                    w.handle_written(done);
                 }
             }
             Ev::Connected(k, conn, stream) => {
@@ -653,12 +670,13 @@ impl Driver {
                     {
                         tracing::debug!("TCP_NOTSENT_LOWAT: {err}");
                     }
-                    let (ftx, frx) = mpsc::channel(WRITE_SLOTS + 1);
+                    let (outbox, frx) = Outbox::new();
                     let ev = self.ev_tx.clone();
                     let sock = child_socket(&mut self.rate_cap, self.ceiling, &self.tuning, k);
-                    let task = tokio::spawn(write_link(w, frx, None, sock, link, conn, ev));
+                    let task =
+                        tokio::spawn(write_conn(w, frx, None, sock, conn, ev, note(link, conn)));
                     self.tasks.entry(link).or_default().push(task);
-                    e.handle_connected(conn, ftx, now);
+                    e.handle_connected(conn, outbox, now);
                 } else {
                     self.attach_writer(link, w, None, 0);
                 }
@@ -742,18 +760,18 @@ impl Driver {
         acks: Option<mpsc::UnboundedReceiver<Frame>>,
         conn: u16,
     ) {
-        let (tx, rx) = mpsc::channel(WRITE_SLOTS + 1);
+        let (outbox, rx) = Outbox::new();
         let ev = self.ev_tx.clone();
         let sock = match link {
             Link::Child(k) => child_socket(&mut self.rate_cap, self.ceiling, &self.tuning, k),
             _ => SocketControl {
-                rate_cap: None,
-                adapt: false,
+                log_times: true,
+                ..SocketControl::default()
             },
         };
-        let task = tokio::spawn(write_link(w, rx, acks, sock, link, conn, ev));
+        let task = tokio::spawn(write_conn(w, rx, acks, sock, conn, ev, note(link, conn)));
         self.tasks.entry(link).or_default().push(task);
-        self.writers.insert(link, Writer { tx, inflight: 0 });
+        self.writers.insert(link, outbox);
     }
 
     /// Gives each edge its share of the node's ceiling, and splits a relay's rate cap evenly
@@ -787,14 +805,13 @@ impl Driver {
     fn pump_writers(&mut self) {
         self.split_caps();
         for (link, w) in self.writers.iter_mut() {
-            while w.inflight < WRITE_SLOTS {
+            while w.has_room() {
                 let Some(f) = self.node.poll_transmit(*link) else {
                     break;
                 };
-                if w.tx.try_send(f).is_err() {
+                if !w.send(f) {
                     break; // the writer is gone; its Closed event is on the way
                 }
-                w.inflight += 1;
             }
         }
         let now = Instant::now();
@@ -815,6 +832,14 @@ impl Driver {
         for t in self.tasks.remove(&link).into_iter().flatten() {
             t.abort();
         }
+    }
+}
+
+/// How the writer of connection `conn` of `link` reports to the driver.
+fn note(link: Link, conn: u16) -> impl Fn(Note) -> Ev {
+    move |n| match n {
+        Note::Written(w) => Ev::Written(link, conn, w),
+        Note::Failed(e) => Ev::Closed(link, conn, e),
     }
 }
 

@@ -34,6 +34,8 @@ use bulkcast_proto::wire::{EdgeMode, EdgeScheduler, Frame, SessionId};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
+use crate::writer::{Outbox, Written};
+
 /// Bytes an edge may have in flight beyond its oldest unacknowledged frame: the reorder
 /// window. It must cover the summed rate of the connections times the longest round trip
 /// (1 Gbit/s × 100 ms = 12.5 MB); it also bounds what the child holds for reordering.
@@ -48,9 +50,6 @@ pub const AUTO_INTERVAL: Duration = Duration::from_millis(1000);
 
 /// An added connection must raise the settled rate by this fraction to be followed by another.
 pub const AUTO_GAIN: f64 = 0.10;
-
-/// Frames queued to one connection's writer at once (as for plain links).
-const SLOTS: usize = crate::driver::WRITE_SLOTS;
 
 /// The reorder window in frames for a chunk size: [`WINDOW_BYTES`] worth, between 16 and 4096.
 pub fn window_for(chunk_size: u32) -> u32 {
@@ -144,8 +143,8 @@ struct OutConn {
     path: usize,
     /// The spreader's number for it, once connected.
     id: Option<usize>,
-    tx: Option<mpsc::Sender<Frame>>,
-    inflight: usize,
+    /// Its writer, once connected; none again once it is lost or retired.
+    tx: Option<Outbox>,
     sent: u64,
     /// When it passed the handshake, from the edge's start.
     opened: Option<Duration>,
@@ -290,7 +289,6 @@ impl OutEdge {
                 path,
                 id: None,
                 tx: None,
-                inflight: 0,
                 sent: 0,
                 opened: None,
             });
@@ -334,7 +332,7 @@ impl OutEdge {
     }
 
     /// Connection `conn` passed the handshake; frames for it go to `tx`.
-    pub fn handle_connected(&mut self, conn: u16, tx: mpsc::Sender<Frame>, now: Instant) {
+    pub(crate) fn handle_connected(&mut self, conn: u16, tx: Outbox, now: Instant) {
         let path = self.conns.get(conn as usize).map_or(0, |c| c.path);
         let id = self.spreader.add_conn_on(path, now);
         if let Some(c) = self.conns.get_mut(conn as usize) {
@@ -364,10 +362,14 @@ impl OutEdge {
         self.conns.iter().any(|c| c.tx.is_some() || c.id.is_none())
     }
 
-    /// A frame was written to connection `conn`'s socket.
-    pub fn handle_written(&mut self, conn: u16) {
-        if let Some(c) = self.conns.get_mut(conn as usize) {
-            c.inflight = c.inflight.saturating_sub(1);
+    /// Frames were written to connection `conn`'s socket.
+    pub(crate) fn handle_written(&mut self, conn: u16, done: Written) {
+        if let Some(tx) = self
+            .conns
+            .get_mut(conn as usize)
+            .and_then(|c| c.tx.as_mut())
+        {
+            tx.handle_written(done);
         }
     }
 
@@ -412,10 +414,10 @@ impl OutEdge {
                 moved = true;
             }
             for c in self.conns.iter_mut() {
-                let (Some(id), Some(tx)) = (c.id, &c.tx) else {
+                let (Some(id), Some(tx)) = (c.id, &mut c.tx) else {
                     continue;
                 };
-                while c.inflight < SLOTS {
+                while tx.has_room() {
                     let Some(item) = self.spreader.poll_assign(id, now) else {
                         break;
                     };
@@ -426,12 +428,11 @@ impl OutEdge {
                         seq: item.index,
                         inner: Box::new(f.clone()),
                     };
-                    if tx.try_send(spread).is_err() {
+                    if !tx.send(spread) {
                         // The writer is gone; its failure event is on the way and will hand
                         // this item to another connection.
                         break;
                     }
-                    c.inflight += 1;
                     c.sent += u64::from(item.len);
                     moved = true;
                 }

@@ -30,7 +30,41 @@ pub enum InputEvent {
     /// The input ended.
     End,
     /// Reading failed.
-    Failed(String),
+    Failed(InputError),
+}
+
+/// Why reading the source's input failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum InputError {
+    /// Opening or reading the input failed.
+    #[error("reading the input: {0}")]
+    Read(Arc<io::Error>),
+    /// Mapping the input file into memory failed.
+    #[error("mapping {0}")]
+    Map(Arc<io::Error>),
+    /// A file of known length ended early: it was cut while being sent.
+    #[error("the input shrank while being sent ({now} of {len} bytes)")]
+    Shrank {
+        /// Bytes it held when this was seen.
+        now: u64,
+        /// Bytes it held when the send began.
+        len: u64,
+    },
+    /// A file of known length went on past it.
+    #[error("the input grew while being sent (more than {len} bytes)")]
+    Grew {
+        /// Bytes it held when the send began.
+        len: u64,
+    },
+    /// The file's modification time changed while it was sent.
+    #[error("the input file was modified while being sent")]
+    Modified,
+}
+
+impl InputError {
+    fn read(e: io::Error) -> InputError {
+        InputError::Read(Arc::new(e))
+    }
 }
 
 /// An input and its manifest, ready to be read.
@@ -269,14 +303,12 @@ fn pump_mapped(
     expected: Option<u64>,
     txs: &[mpsc::Sender<InputEvent>],
     mut route: impl FnMut(bytes::Bytes) -> Routed,
-) -> Result<(), String> {
-    let f = File::open(path).map_err(|e| format!("reading the input: {}", with_path(e, path)))?;
+) -> Result<(), InputError> {
+    let f = File::open(path).map_err(|e| InputError::read(with_path(e, path)))?;
     let f = std::sync::Arc::new(f);
     let len = expected.unwrap_or(0);
-    let stamp = |f: &File| -> Result<(u64, Option<std::time::SystemTime>), String> {
-        let m = f
-            .metadata()
-            .map_err(|e| format!("reading the input: {e}"))?;
+    let stamp = |f: &File| -> Result<(u64, Option<std::time::SystemTime>), InputError> {
+        let m = f.metadata().map_err(InputError::read)?;
         Ok((m.len(), m.modified().ok()))
     };
     let (_, mtime) = stamp(&f)?;
@@ -292,17 +324,13 @@ fn pump_mapped(
         // with this error instead of with chunks that fail verification.
         let (now, m) = stamp(&f)?;
         if now < len {
-            return Err(format!(
-                "the input shrank while being sent ({now} of {len} bytes)"
-            ));
+            return Err(InputError::Shrank { now, len });
         }
         if now > len {
-            return Err(format!(
-                "the input grew while being sent (more than {len} bytes)"
-            ));
+            return Err(InputError::Grew { len });
         }
         if m != mtime {
-            return Err("the input file was modified while being sent".to_string());
+            return Err(InputError::Modified);
         }
         if off == len {
             return Ok(());
@@ -318,7 +346,7 @@ fn pump_mapped(
             // next chunk); wrong bytes never pass as good. `off` is a multiple of the chunk
             // size, a power of two of at least a page.
             let w = unsafe { crate::mapped::chunk(&f, off, wlen, true) }
-                .map_err(|e| format!("mapping {}: {e}", path.display()))?;
+                .map_err(|e| InputError::Map(Arc::new(with_path(e, path))))?;
             window = Some((off, w));
         }
         let (at, w) = window.as_ref().expect("mapped above");
@@ -378,7 +406,7 @@ fn pump(
     expected: Option<u64>,
     txs: &[mpsc::Sender<InputEvent>],
     mut route: impl FnMut(bytes::Bytes) -> Routed,
-) -> Result<(), String> {
+) -> Result<(), InputError> {
     let mut total = 0u64;
     let mut dead = vec![false; txs.len()];
     loop {
@@ -389,15 +417,13 @@ fn pump(
                 Ok(0) => break,
                 Ok(n) => filled += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(format!("reading the input: {e}")),
+                Err(e) => return Err(InputError::read(e)),
             }
         }
         total += filled as u64;
         if let Some(n) = expected {
             if total > n {
-                return Err(format!(
-                    "the input grew while being sent (more than {n} bytes)"
-                ));
+                return Err(InputError::Grew { len: n });
             }
         }
         if filled > 0 {
@@ -412,9 +438,7 @@ fn pump(
         if filled < cs {
             if let Some(n) = expected {
                 if total != n {
-                    return Err(format!(
-                        "the input shrank while being sent ({total} of {n} bytes)"
-                    ));
+                    return Err(InputError::Shrank { now: total, len: n });
                 }
             }
             return Ok(());
@@ -739,7 +763,7 @@ mod tests {
         assert!(chunks.len() < 63, "the change was noticed late");
         match end {
             // The size or, caught between the two updates of the write, the time.
-            InputEvent::Failed(e) => assert!(e.contains("grew") || e.contains("modified"), "{e}"),
+            InputEvent::Failed(InputError::Grew { .. } | InputError::Modified) => {}
             other => panic!("expected a failure, got {other:?}"),
         }
         std::fs::remove_file(&p).unwrap();

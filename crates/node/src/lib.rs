@@ -50,5 +50,6 @@ pub mod stripes;
 pub mod swarm;
 pub mod ticket;
 pub mod transport;
+pub mod writer;
 
 pub use api::{Agent, Send, Strategy};

@@ -16,7 +16,7 @@ use crate::driver::{Driver, Upstream};
 use crate::edge::StreamsObserver;
 use crate::input::Input;
 use crate::report::{ReceiverStatus, Report, Status};
-use crate::store::{LocalCopy, StoreEvent};
+use crate::store::{LocalCopy, StoreError, StoreEvent};
 use crate::transport::TcpTuning;
 
 /// Settings of a send.
@@ -65,6 +65,9 @@ pub enum SendError {
     /// The source gave up (input failed).
     #[error("{0}")]
     Aborted(String),
+    /// A tree's session ended early: its input failed, or its node gave up.
+    #[error("{0}")]
+    Driver(#[from] crate::driver::DriverError),
 }
 
 /// A shared, live view of the session for progress displays.
@@ -177,7 +180,7 @@ pub async fn send(
         st.total_len = Some(e.total_len);
         st.read = e.total_len;
     }
-    result.map_err(SendError::Aborted)?;
+    result?;
     let mut report = Report::build(
         &st,
         session,
@@ -250,31 +253,15 @@ pub async fn send_balanced(
     let now = Instant::now();
     let mut nodes = Vec::new();
     for (t, (tree, _)) in trees.iter().enumerate() {
-        let manifest = stripes
-            .stripe_manifest(t as u16, &object, cfg.chunk_size)
-            .expect("length known");
-        let params = SessionParams {
-            session: sessions[t],
-            chunk_size: cfg.chunk_size,
-            stall_timeout: cfg.stall_timeout,
-            cc: cfg.tuning.cc.clone(),
-            manifest,
-            stripe: Some(Box::new(StripeInfo {
-                group,
-                tree: t as u16,
-                pattern: stripes.pattern().to_vec(),
-                object: object.clone(),
-            })),
-            edges: cfg.edges,
+        let stripe = StripeInfo {
+            group,
+            tree: t as u16,
+            pattern: stripes.pattern().to_vec(),
+            object: object.clone(),
         };
-        nodes.push(Node::source(
-            params,
-            keys.clone(),
-            node_cfg.clone(),
-            tree,
-            &names,
-            now,
-        )?);
+        let params = stripe_params(&stripes, stripe, sessions[t], cfg);
+        let node = Node::source(params, keys.clone(), node_cfg.clone(), tree, &names, now)?;
+        nodes.push(node);
     }
     status.lock().expect("status lock").started = Instant::now();
     let read = input.read_counter();
@@ -328,17 +315,17 @@ pub async fn send_balanced(
         match t.await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
-                first_error.get_or_insert(e);
+                first_error.get_or_insert(SendError::Driver(e));
             }
             Err(e) => {
-                first_error.get_or_insert(e.to_string());
+                first_error.get_or_insert(SendError::Aborted(e.to_string()));
             }
         }
     }
     merge.abort();
     merge_status(&per_tree, &status, &read);
     if let Some(e) = first_error {
-        return Err(SendError::Aborted(e));
+        return Err(e);
     }
     let st = status.lock().expect("status lock");
     let rates: Vec<String> = trees.iter().map(|t| format!("{:.0}", t.1)).collect();
@@ -353,6 +340,28 @@ pub async fn send_balanced(
             rates.join("+")
         ),
     ))
+}
+
+/// The session of tree `stripe.tree` of a balanced send: its stripe of the object, with a
+/// manifest of that stripe's length (the object's length is known: [`send_balanced`] checked).
+fn stripe_params(
+    stripes: &Stripes,
+    stripe: StripeInfo,
+    session: SessionId,
+    cfg: &SendConfig,
+) -> SessionParams {
+    let manifest = stripes
+        .stripe_manifest(stripe.tree, &stripe.object, cfg.chunk_size)
+        .expect("length known");
+    SessionParams {
+        session,
+        chunk_size: cfg.chunk_size,
+        stall_timeout: cfg.stall_timeout,
+        cc: cfg.tuning.cc.clone(),
+        manifest,
+        stripe: Some(Box::new(stripe)),
+        edges: cfg.edges,
+    }
 }
 
 /// A receiver's progress over all trees: chunks (and chunks held before, and bytes received)
@@ -426,6 +435,7 @@ impl Reread {
     )> {
         use std::os::unix::fs::FileExt;
         let file = std::fs::File::open(path)?;
+        let path = path.to_path_buf();
         let (tx, rx) = std::sync::mpsc::channel::<(u64, u64, u64)>();
         let (ev_tx, ev_rx) = tokio::sync::mpsc::unbounded_channel();
         std::thread::Builder::new()
@@ -436,7 +446,7 @@ impl Reread {
                     let r = file
                         .read_exact_at(&mut buf, at(index, offset))
                         .map(|()| bytes::Bytes::from(buf))
-                        .map_err(|e| format!("reading the input again: {e}"));
+                        .map_err(|e| StoreError::io(e, "reading again", &path));
                     if ev_tx.send(StoreEvent::Loaded(index, r)).is_err() {
                         return;
                     }

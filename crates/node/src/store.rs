@@ -48,11 +48,59 @@ pub enum StoreEvent {
     /// Chunk stored.
     Stored(u64),
     /// The copy failed; the temporary copy is gone.
-    Failed(String),
+    Failed(StoreError),
     /// The copy is in place at this path (or flushed to stdout).
-    Finalized(Result<PathBuf, String>),
+    Finalized(Result<PathBuf, StoreError>),
     /// A chunk read back from the copy ([`LocalCopy::load`]).
-    Loaded(u64, Result<Bytes, String>),
+    Loaded(u64, Result<Bytes, StoreError>),
+}
+
+/// Why a copy could not be written, read back or moved into place.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    /// A file operation on the copy (`what`: "writing", "syncing", "moving into place", ...).
+    #[error("{what} {}: {error}{}", path.display(), hint(error))]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The file or directory it was done to.
+        path: PathBuf,
+        /// What the system said.
+        error: Arc<io::Error>,
+    },
+    /// Writing or flushing standard output (`recv --stdout`).
+    #[error("{what} standard output: {error}")]
+    Stdout {
+        /// What was being done.
+        what: &'static str,
+        /// What the system said.
+        error: Arc<io::Error>,
+    },
+    /// This copy goes to standard output, or is not there yet: it cannot be read back.
+    #[error("this copy cannot be read back")]
+    NotReadable,
+    /// The copy was already moved into place.
+    #[error("finalized twice")]
+    FinalizedTwice,
+}
+
+impl StoreError {
+    /// `error` while doing `what` to `path`.
+    pub fn io(error: io::Error, what: &'static str, path: &Path) -> StoreError {
+        StoreError::Io {
+            what,
+            path: path.to_path_buf(),
+            error: Arc::new(error),
+        }
+    }
+
+    /// The disk (or the user's quota) is full: space is needed back more than a resume.
+    pub fn is_out_of_space(&self) -> bool {
+        let StoreError::Io { error, .. } = self else {
+            return false;
+        };
+        matches!(error.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+    }
 }
 
 enum Cmd {
@@ -280,7 +328,7 @@ impl Store {
                             Err(e) => {
                                 failed = true;
                                 // A full disk needs its space back more than a resume.
-                                if e.ends_with(DISK_FULL) || e.ends_with(QUOTA) {
+                                if e.is_out_of_space() {
                                     sink.forget();
                                 }
                                 sink.discard();
@@ -460,7 +508,7 @@ impl Sink {
     }
 
     /// Reads `len` bytes at `offset` back from a one-file copy.
-    fn read(&self, offset: u64, len: u64) -> Result<Bytes, String> {
+    fn read(&self, offset: u64, len: u64) -> Result<Bytes, StoreError> {
         let (file, path) = match self {
             Sink::File { file, tmp, .. } => (file, tmp),
             Sink::Complete { file, dest } => (file, dest),
@@ -474,7 +522,7 @@ impl Sink {
                     .map_err(|e| describe(e, "reading back", tmp))?;
                 return Ok(Bytes::from(buf));
             }
-            _ => return Err("this copy cannot be read back".into()),
+            _ => return Err(StoreError::NotReadable),
         };
         let mut buf = vec![0u8; len as usize];
         file.read_exact_at(&mut buf, offset)
@@ -482,7 +530,7 @@ impl Sink {
         Ok(Bytes::from(buf))
     }
 
-    fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), String> {
+    fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), StoreError> {
         match self {
             Sink::File {
                 tmp,
@@ -516,7 +564,7 @@ impl Sink {
         unflushed: &mut u64,
         offset: u64,
         data: &[u8],
-    ) -> Result<(), String> {
+    ) -> Result<(), StoreError> {
         let n = match direct.as_mut().map(|w| w.write_at(offset, data)) {
             None => 0,
             Some(Ok(n)) => n,
@@ -540,7 +588,7 @@ impl Sink {
         Ok(())
     }
 
-    fn write_other(&mut self, offset: u64, data: &[u8]) -> Result<(), String> {
+    fn write_other(&mut self, offset: u64, data: &[u8]) -> Result<(), StoreError> {
         match self {
             Sink::Tree {
                 tmp,
@@ -569,17 +617,17 @@ impl Sink {
                 }
                 Ok(())
             }
-            Sink::Stdout(out) => out
-                .lock()
-                .write_all(data)
-                .map_err(|e| format!("writing to standard output: {e}")),
+            Sink::Stdout(out) => out.lock().write_all(data).map_err(|e| StoreError::Stdout {
+                what: "writing",
+                error: Arc::new(e),
+            }),
             Sink::File { .. } | Sink::Complete { .. } | Sink::CompleteTree { .. } | Sink::Done => {
                 Ok(())
             }
         }
     }
 
-    fn finalize(&mut self) -> Result<PathBuf, String> {
+    fn finalize(&mut self) -> Result<PathBuf, StoreError> {
         match std::mem::replace(self, Sink::Done) {
             Sink::File {
                 tmp,
@@ -635,13 +683,14 @@ impl Sink {
                 Ok(dest)
             }
             Sink::Stdout(out) => {
-                out.lock()
-                    .flush()
-                    .map_err(|e| format!("flushing standard output: {e}"))?;
+                out.lock().flush().map_err(|e| StoreError::Stdout {
+                    what: "flushing",
+                    error: Arc::new(e),
+                })?;
                 Ok(PathBuf::from("-"))
             }
             Sink::Complete { dest, .. } | Sink::CompleteTree { dest, .. } => Ok(dest),
-            Sink::Done => Err("finalized twice".into()),
+            Sink::Done => Err(StoreError::FinalizedTwice),
         }
     }
 
@@ -715,18 +764,22 @@ const BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 const DISK_FULL: &str = " (disk full: free space on the receiver and send again)";
 const QUOTA: &str = " (quota exceeded)";
 
-fn ctx(e: io::Error, what: &str, p: &Path) -> io::Error {
+fn ctx(e: io::Error, what: &'static str, p: &Path) -> io::Error {
     io::Error::new(e.kind(), describe(e, what, p))
 }
 
-fn describe(e: io::Error, what: &str, p: &Path) -> String {
-    let hint = match e.raw_os_error() {
+fn describe(e: io::Error, what: &'static str, p: &Path) -> StoreError {
+    StoreError::io(e, what, p)
+}
+
+/// What to do about `e`, said after it.
+fn hint(e: &io::Error) -> &'static str {
+    match e.raw_os_error() {
         Some(libc::ENOSPC) => DISK_FULL,
         Some(libc::EDQUOT) => QUOTA,
         Some(libc::EACCES) | Some(libc::EPERM) => " (permission denied: check the agent's --dir)",
         _ => "",
-    };
-    format!("{what} {}: {e}{hint}", p.display())
+    }
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@ use bulkcast_proto::wire::SessionId;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
-use crate::store::{LocalCopy, Partials, Resumed, Store, StoreEvent, Target};
+use crate::store::{LocalCopy, Partials, Resumed, Store, StoreError, StoreEvent, Target};
 
 /// The objects an agent is receiving as stripes, by group id.
 #[derive(Clone, Default)]
@@ -89,9 +89,9 @@ struct GroupState {
     /// Per tree: its stripe is complete.
     complete: Vec<bool>,
     /// The copy failed (sent to every stripe, also to those attaching later).
-    failed: Option<String>,
+    failed: Option<StoreError>,
     /// The outcome of the move into place.
-    finalized: Option<Result<PathBuf, String>>,
+    finalized: Option<Result<PathBuf, StoreError>>,
     /// Chunks the copy holds, verified and stored (global indices): what it kept from an
     /// earlier copy of the object, and what every stripe stored since.
     held: ChunkMap,

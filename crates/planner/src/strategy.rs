@@ -67,6 +67,21 @@ pub struct SendShape {
     pub lan: bool,
 }
 
+impl SendShape {
+    /// One regular file of `len` bytes (`None`: a stream of unknown length) to hosts in `sites`
+    /// sites, nothing else said: no ticket, no fixed fan-out, not all on the source's LAN.
+    pub fn file(len: Option<u64>, sites: usize) -> SendShape {
+        SendShape {
+            len,
+            single_file: true,
+            sites,
+            ticket: false,
+            fanout: false,
+            lan: false,
+        }
+    }
+}
+
 /// The strategy to run: `requested` unless it is [`Strategy::Auto`], which means a swarm where
 /// swarming pays (an object of known, non-zero length, a file or a directory of at most
 /// [`MAX_SWARM_BYTES`], hosts in two or more sites, receivers that can reach each other: not
@@ -161,45 +176,42 @@ fn floor_pow2(v: u64) -> u32 {
 mod tests {
     use super::*;
 
-    fn shape(len: Option<u64>, sites: usize) -> SendShape {
-        SendShape {
-            len,
-            single_file: true,
-            sites,
-            ticket: false,
-            fanout: false,
-            lan: false,
-        }
-    }
-
     #[test]
     fn auto_swarms_across_sites_and_pushes_otherwise() {
         let auto = |s: &SendShape| choose(Strategy::Auto, s);
-        assert_eq!(auto(&shape(Some(1 << 30), 2)), Strategy::Hybrid);
-        assert_eq!(auto(&shape(Some(1 << 20), 2)), Strategy::Mob);
-        assert_eq!(auto(&shape(Some(1 << 30), 1)), Strategy::Tree, "one site");
-        assert_eq!(auto(&shape(None, 3)), Strategy::Tree, "a stream");
-        assert_eq!(auto(&shape(Some(0), 3)), Strategy::Tree, "nothing to pull");
+        assert_eq!(auto(&SendShape::file(Some(1 << 30), 2)), Strategy::Hybrid);
+        assert_eq!(auto(&SendShape::file(Some(1 << 20), 2)), Strategy::Mob);
+        assert_eq!(
+            auto(&SendShape::file(Some(1 << 30), 1)),
+            Strategy::Tree,
+            "one site"
+        );
+        assert_eq!(auto(&SendShape::file(None, 3)), Strategy::Tree, "a stream");
+        assert_eq!(
+            auto(&SendShape::file(Some(0), 3)),
+            Strategy::Tree,
+            "nothing to pull"
+        );
         let dir = SendShape {
             single_file: false,
-            ..shape(Some(MAX_SWARM_BYTES + 1), 2)
+            ..SendShape::file(Some(MAX_SWARM_BYTES + 1), 2)
         };
         assert_eq!(auto(&dir), Strategy::Tree, "a directory too big to hold");
         let ticket = SendShape {
             ticket: true,
-            ..shape(Some(1 << 30), 2)
+            ..SendShape::file(Some(1 << 30), 2)
         };
         assert_eq!(auto(&ticket), Strategy::Tree);
         let fixed = SendShape {
             fanout: true,
-            ..shape(Some(1 << 30), 2)
+            ..SendShape::file(Some(1 << 30), 2)
         };
         assert_eq!(auto(&fixed), Strategy::Tree);
         // One big file to a LAN: multicast; not a small one, a directory, a ticket, a fixed
         // fan-out, or hosts beyond a router.
         let lan = |len| SendShape {
             lan: true,
-            ..shape(Some(len), 1)
+            ..SendShape::file(Some(len), 1)
         };
         assert_eq!(auto(&lan(1 << 30)), Strategy::Multicast);
         assert_eq!(auto(&lan(AUTO_MULTICAST_MIN_BYTES - 1)), Strategy::Tree);
@@ -216,12 +228,12 @@ mod tests {
                 fanout: true,
                 ..lan(1 << 30)
             },
-            shape(Some(1 << 30), 1),
+            SendShape::file(Some(1 << 30), 1),
         ];
         assert!(not.iter().all(|s| auto(s) == Strategy::Tree));
         // A strategy the user named is kept.
         assert_eq!(
-            choose(Strategy::Flat, &shape(Some(1 << 30), 2)),
+            choose(Strategy::Flat, &SendShape::file(Some(1 << 30), 2)),
             Strategy::Flat
         );
     }

@@ -68,7 +68,7 @@ mod session;
 
 pub use plan::{
     auto_note, choose_auto, load_hosts, plan_push, plan_push_with, read_matrix, send_shape, sites,
-    AutoChoice, PlannedPush,
+    AutoChoice, PlannedPush, PushPlanning,
 };
 pub use send::{Error, Event, Object, Send, Strategy};
 pub use session::{admitted, Admitted};

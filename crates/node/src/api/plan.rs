@@ -39,12 +39,9 @@ pub fn read_matrix(path: &Path) -> Result<MatrixFile, Error> {
 /// multicast (see [`choose_auto`]).
 pub fn send_shape(hosts: &HostsFile, input: &Input, joined: bool) -> SendShape {
     SendShape {
-        len: input.manifest.total_len,
         single_file: input.single_file().is_some(),
-        sites: sites(hosts),
         ticket: joined,
-        fanout: false,
-        lan: false,
+        ..SendShape::file(input.manifest.total_len, sites(hosts))
     }
 }
 
@@ -130,21 +127,40 @@ pub struct PlannedPush {
     pub note: String,
 }
 
+/// How [`plan_push`] and [`plan_push_with`] measure round trips, and what they plan for.
+#[derive(Clone, Copy)]
+pub struct PushPlanning<'a> {
+    /// The keys the probe's connections pass the handshake with.
+    pub keys: &'a Keys,
+    /// The probe's connections' tuning.
+    pub tuning: &'a TcpTuning,
+    /// Round trips measured before, by host set ([`ProbeCache`]); none: probe now.
+    pub cache: Option<&'a ProbeCache>,
+    /// The object's length, for the plan's rates (`None`: a stream).
+    pub size: Option<u64>,
+    /// The chunk size the plan's rates assume.
+    pub chunk: u32,
+    /// Several trees at once (a balanced plan) rather than one.
+    pub balanced: bool,
+}
+
 /// The planner's push plan for `hosts` ([`measured::push_plan`]): over the round trips from
-/// `matrix` when given, else from `cache` or probed now (hosts that do not answer are left
-/// out); `size` and `chunk` for the rates, `balanced` for several trees.
-#[allow(clippy::too_many_arguments)]
+/// `matrix` when given, else from the cache or probed now (hosts that do not answer are left
+/// out).
 pub async fn plan_push_with(
     hosts: &HostsFile,
     matrix: Option<(&MatrixFile, String)>,
-    keys: &Keys,
-    tuning: &TcpTuning,
-    cache: Option<&ProbeCache>,
-    size: Option<u64>,
-    chunk: u32,
-    balanced: bool,
+    how: &PushPlanning<'_>,
 ) -> Result<PlannedPush, Error> {
     let plan_err = |e: bulkcast_planner::PlanError| Error::Plan(e.to_string());
+    let PushPlanning {
+        keys,
+        tuning,
+        cache,
+        size,
+        chunk,
+        balanced,
+    } = *how;
     if let Some((m, note)) = matrix {
         let net = Network::from_hosts(hosts, m).map_err(plan_err)?;
         let plan = measured::push_plan(net.clone(), size, chunk, balanced).map_err(plan_err)?;
@@ -189,17 +205,9 @@ fn longest_hop(net: &Network, plan: &Plan) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// [`plan_push_with`] over round trips from `cache` or probed now.
-pub async fn plan_push(
-    hosts: &HostsFile,
-    keys: &Keys,
-    tuning: &TcpTuning,
-    cache: Option<&ProbeCache>,
-    size: Option<u64>,
-    chunk: u32,
-    balanced: bool,
-) -> Result<PlannedPush, Error> {
-    plan_push_with(hosts, None, keys, tuning, cache, size, chunk, balanced).await
+/// [`plan_push_with`] over round trips from the cache or probed now.
+pub async fn plan_push(hosts: &HostsFile, how: &PushPlanning<'_>) -> Result<PlannedPush, Error> {
+    plan_push_with(hosts, None, how).await
 }
 
 #[cfg(test)]

@@ -631,14 +631,7 @@ mod tests {
     use super::*;
 
     fn shape(len: u64, sites: usize) -> SendShape {
-        SendShape {
-            len: Some(len),
-            single_file: true,
-            sites,
-            ticket: false,
-            fanout: false,
-            lan: false,
-        }
+        SendShape::file(Some(len), sites)
     }
 
     #[test]

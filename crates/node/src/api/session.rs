@@ -10,7 +10,7 @@ use bulkcast_proto::node::NodeConfig;
 use bulkcast_proto::tree::Tree;
 
 use super::send::{Event, Send, SharedTracker, Strategy, Tracker};
-use super::{plan_push_with, send_shape, Error, PlannedPush};
+use super::{plan_push_with, send_shape, Error, PlannedPush, PushPlanning};
 use crate::input::Input;
 use crate::measure::{self, LeftOut};
 use crate::report::Report;
@@ -138,21 +138,16 @@ impl Send {
         strategy: Strategy,
     ) -> Result<PlannedPush, Error> {
         let matrix = self.matrix.as_ref().map(|(m, note)| (m, note.clone()));
-        // The planner plans with 1 MiB chunks unless told (the real ones follow the depth).
-        let chunk = self.chunk_size.unwrap_or(1 << 20);
-        let balanced = strategy == Strategy::Balanced;
-        let cache = self.cache.as_ref();
-        let p = plan_push_with(
-            hosts,
-            matrix,
+        let how = PushPlanning {
             keys,
-            &self.tuning,
-            cache,
-            len,
-            chunk,
-            balanced,
-        )
-        .await?;
+            tuning: &self.tuning,
+            cache: self.cache.as_ref(),
+            size: len,
+            // The planner plans with 1 MiB chunks unless told (the real ones follow the depth).
+            chunk: self.chunk_size.unwrap_or(1 << 20),
+            balanced: strategy == Strategy::Balanced,
+        };
+        let p = plan_push_with(hosts, matrix, &how).await?;
         self.emit(Event::Planned {
             note: p.note.clone(),
             algorithm: p.plan.algorithm.to_string(),

@@ -454,18 +454,20 @@ async fn data(
             }
         }
     }
-    let _ = ctl_tx.send(Ctl::Stop);
-    for w in writers.iter_mut() {
-        tell(
-            w,
-            McastMsg::Cancel {
-                reason: "the send is over".into(),
-            },
-        )
-        .await;
-    }
+    stop(&ctl_tx, writers).await;
     let stats = worker.await.unwrap_or_default();
     (stats, rate, train.map(|t| t.outcome(wire)))
+}
+
+/// Stops the pacing thread and tells every receiver still connected that the send is over.
+async fn stop(ctl_tx: &std_mpsc::Sender<Ctl>, writers: &mut [Option<WriteHalf>]) {
+    let _ = ctl_tx.send(Ctl::Stop);
+    for w in writers.iter_mut() {
+        let over = McastMsg::Cancel {
+            reason: "the send is over".into(),
+        };
+        tell(w, over).await;
+    }
 }
 
 /// The source's side of the train: the receivers' reports, until the rate is set.

@@ -198,7 +198,7 @@ pub(super) fn create_tree(tmp: &Path, m: &Manifest) -> io::Result<()> {
 /// Once every byte is written: syncs the files, creates the symlinks, then sets modes and
 /// modification times, files first and directories deepest first, the top one last, so no
 /// later change inside a directory moves its time again.
-pub(super) fn finish_tree(tmp: &Path, m: &Manifest) -> Result<(), String> {
+pub(super) fn finish_tree(tmp: &Path, m: &Manifest) -> Result<(), super::StoreError> {
     for e in &m.entries {
         let p = tmp.join(&e.path);
         match &e.kind {

@@ -233,7 +233,7 @@ async fn read_kept(
     }
     match rx.recv().await {
         Some(StoreEvent::Loaded(j, Ok(data))) if j == i => Ok(net.keys.seal(net.session, i, data)),
-        Some(StoreEvent::Loaded(_, Err(e))) => Err(SwarmError::Store(e)),
+        Some(StoreEvent::Loaded(_, Err(e))) => Err(SwarmError::Store(e.to_string())),
         _ => Err(SwarmError::Store(format!(
             "reading piece {i} of the kept copy back"
         ))),

@@ -18,7 +18,8 @@
 //! connections.
 //!
 //! # The loop
-//! One reader and one writer task per connection, as in [`crate::driver`]. Readers verify
+//! One reader and one writer task per connection, the writer shared with [`crate::driver`]
+//! ([`crate::writer`]). Readers verify
 //! chunks themselves (off the event loop) and pass them on as verified; the loop writes each
 //! piece to the [`Store`] (temporary name, moved into place once every piece is stored),
 //! feeds the node, and hands each writer the node's control frames ([`SwarmNode::poll_control`])
@@ -65,7 +66,7 @@ use bulkcast_proto::tree::{NodeId, Tree};
 use bulkcast_proto::wire::{
     self, Chunk, Frame, SessionId, SourceSig, SwarmMember, SwarmOpen, SwarmSetup, NO_PARENT,
 };
-use tokio::io::{AsyncRead, AsyncWriteExt, BufWriter};
+use tokio::io::AsyncRead;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -78,12 +79,7 @@ use crate::transport::{self, TcpTuning};
 /// has no limit: its pieces are served from disk).
 pub const MAX_SWARM_BYTES: u64 = bulkcast_planner::strategy::MAX_SWARM_BYTES;
 
-/// Pieces queued to one connection's writer at once (control frames are not counted). One:
-/// a piece handed to the writer is committed, while a request that waits in the member's own
-/// queue can still be cancelled and served by a faster peer (MOB's moves, the hybrid's
-/// steals). In the lab (seed 004, fast and slow links, both layouts and round trips, 32 MiB)
-/// one slot against two: MOB 0.04 of the bound ahead on average, the hybrid 0.02.
-pub const WRITE_SLOTS: usize = 1;
+pub use crate::writer::WRITE_SLOTS;
 
 /// Unsent bytes a connection's socket may hold (`TCP_NOTSENT_LOWAT`). Requests, haves and
 /// cancels share the connection with the pieces going the same way; the kernel's default

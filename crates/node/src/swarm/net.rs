@@ -3,6 +3,7 @@
 //! ([`super::serve`]).
 
 use super::*;
+use crate::writer::{write_conn, Note, Outbox, SocketControl, Written};
 use bytes::Bytes;
 
 /// Events from the connection tasks.
@@ -10,7 +11,7 @@ pub(super) enum Ev {
     Frame(NodeId, Frame),
     /// A chunk its reader verified.
     Verified(NodeId, Chunk),
-    Written(NodeId),
+    Written(NodeId, Written),
     /// The reader's end: the connection is gone, and with it what the peer had to say.
     Closed(NodeId, String),
     /// The writer's end: the peer stopped reading (it may have finished and closed first); its
@@ -20,11 +21,9 @@ pub(super) enum Ev {
 }
 
 pub(super) struct Conn {
-    /// Every frame, in order: not bounded here (the node's control frames are what they are
-    /// either way); pieces are, by `inflight`.
-    pub(super) tx: mpsc::UnboundedSender<Frame>,
-    /// Pieces handed to the writer and not yet written.
-    pub(super) inflight: usize,
+    /// Every frame, in order: the node's control frames are what they are either way; pieces
+    /// are bounded by [`WRITE_SLOTS`].
+    pub(super) out: Outbox,
     pub(super) reader: JoinHandle<()>,
     pub(super) writer: JoinHandle<()>,
 }
@@ -238,7 +237,7 @@ impl Net {
             }
         }
         let (r, w) = stream.into_split();
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (out, rx) = Outbox::new();
         let reader = tokio::spawn(read_conn(
             r,
             j,
@@ -246,12 +245,17 @@ impl Net {
             self.session,
             self.ev_tx.clone(),
         ));
-        let writer = tokio::spawn(write_conn(w, rx, j, self.ev_tx.clone()));
+        let note = move |n| match n {
+            Note::Written(w) => Ev::Written(j, w),
+            // The peer stopped reading (it may have finished and closed first).
+            Note::Failed(e) => Ev::WriteFailed(j, e),
+        };
+        let sock = SocketControl::default();
+        let writer = tokio::spawn(write_conn(w, rx, None, sock, 0, self.ev_tx.clone(), note));
         self.conns.insert(
             j,
             Conn {
-                tx,
-                inflight: 0,
+                out,
                 reader,
                 writer,
             },
@@ -287,8 +291,8 @@ impl Net {
     }
 
     pub(super) fn tell_source(&mut self, f: Frame) {
-        if let Some(c) = self.conns.get(&0) {
-            let _ = c.tx.send(f);
+        if let Some(c) = self.conns.get_mut(&0) {
+            c.out.send(f);
         }
     }
 
@@ -325,14 +329,14 @@ impl Net {
 
     /// Nothing left to send: every writer has room, so the node had nothing more to give.
     pub(super) fn drained(&self) -> bool {
-        self.conns.values().all(|c| c.inflight < WRITE_SLOTS)
+        self.conns.values().all(|c| c.out.has_room())
     }
 
     pub(super) fn handle(&mut self, ev: Ev, now: Instant) {
         match ev {
-            Ev::Written(j) => {
+            Ev::Written(j, done) => {
                 if let Some(c) = self.conns.get_mut(&j) {
-                    c.inflight = c.inflight.saturating_sub(1);
+                    c.out.handle_written(done);
                 }
             }
             Ev::Closed(j, reason) | Ev::WriteFailed(j, reason) => {
@@ -429,10 +433,10 @@ impl Net {
             StoreEvent::Loaded(..) => {}
             StoreEvent::Failed(e) => {
                 tracing::error!("swarm {:016x}: storing failed: {e}", self.session);
-                self.copy_failed = Some(e.clone());
+                self.copy_failed = Some(e.to_string());
                 self.tell_source(Frame::Failed {
                     node: self.me as u32,
-                    reason: e,
+                    reason: e.to_string(),
                 });
             }
             StoreEvent::Finalized(Ok(path)) => {
@@ -449,10 +453,10 @@ impl Net {
                 self.reported = true;
             }
             StoreEvent::Finalized(Err(e)) => {
-                self.copy_failed = Some(e.clone());
+                self.copy_failed = Some(e.to_string());
                 self.tell_source(Frame::Failed {
                     node: self.me as u32,
-                    reason: e,
+                    reason: e.to_string(),
                 });
             }
         }
@@ -470,18 +474,18 @@ impl Net {
         self.connected[j] = false;
         self.node.handle_member_lost(j, now);
         if self.me == 0 {
-            for c in self.conns.values() {
-                let _ =
-                    c.tx.send(Frame::SwarmSetup(SwarmSetup::Lost { node: j as u32 }));
+            for c in self.conns.values_mut() {
+                c.out
+                    .send(Frame::SwarmSetup(SwarmSetup::Lost { node: j as u32 }));
             }
         }
     }
 
     pub(super) fn drop_conn(&mut self, j: NodeId, why: &str, now: Instant) {
         tracing::warn!("swarm {:016x}: dropping node {j}: {why}", self.session);
-        if let Some(c) = self.conns.remove(&j) {
+        if let Some(mut c) = self.conns.remove(&j) {
             c.reader.abort();
-            let _ = c.tx.send(Frame::Error { reason: why.into() });
+            c.out.send(Frame::Error { reason: why.into() });
         }
         if self.connected[j] {
             self.connected[j] = false;
@@ -538,12 +542,12 @@ impl Net {
             // Control frames whether or not a piece may go: requests and haves do not wait
             // for a slot.
             while let Some(f) = self.node.poll_control(j, now) {
-                let _ = c.tx.send(f);
+                c.out.send(f);
             }
-            while c.inflight < WRITE_SLOTS {
+            while c.out.has_room() {
                 let f = match self.node.poll_transmit(j, now) {
                     Some(Transmit::Frame(f)) => {
-                        let _ = c.tx.send(f);
+                        c.out.send(f);
                         continue;
                     }
                     Some(Transmit::Piece(i)) => {
@@ -564,10 +568,9 @@ impl Net {
                     }
                     None => break,
                 };
-                if c.tx.send(f).is_err() {
+                if !c.out.send(f) {
                     break;
                 }
-                c.inflight += 1;
             }
             if let Some(e) = missing {
                 self.fatal = Some(e);
@@ -584,7 +587,7 @@ impl Net {
         let mut writers = Vec::new();
         for c in conns {
             c.reader.abort();
-            drop(c.tx);
+            drop(c.out);
             writers.push(c.writer);
         }
         self.ev_rx.close();
@@ -619,32 +622,6 @@ pub(super) async fn read_conn<R: AsyncRead + Unpin>(
             return;
         }
     }
-}
-
-/// Writes the frames in order; reports each piece written (see [`WRITE_SLOTS`]).
-pub(super) async fn write_conn(
-    w: transport::WriteHalf,
-    mut rx: mpsc::UnboundedReceiver<Frame>,
-    j: NodeId,
-    ev: mpsc::Sender<Ev>,
-) {
-    let mut w = BufWriter::with_capacity(64 << 10, w);
-    while let Some(f) = rx.recv().await {
-        let mut r = transport::write_frame_tcp(&mut w, &f).await;
-        if r.is_ok() && rx.is_empty() {
-            r = w.flush().await;
-        }
-        if let Err(e) = r {
-            let _ = ev.send(Ev::WriteFailed(j, format!("writing: {e}"))).await;
-            return;
-        }
-        // The loop may be gone (closing): the remaining frames are still written.
-        if matches!(f, Frame::Chunk(_)) {
-            let _ = ev.send(Ev::Written(j)).await;
-        }
-    }
-    let _ = w.flush().await;
-    let _ = w.shutdown().await;
 }
 
 /// `first` and up to 63 more events already queued behind it, taken in one go.

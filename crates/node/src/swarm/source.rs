@@ -151,9 +151,7 @@ async fn read_pieces(
                 None => Held::Mem(c),
             })),
             Some(InputEvent::End) => break,
-            Some(InputEvent::Failed(e)) => {
-                return Err(SwarmError::Input(format!("reading the input: {e}")))
-            }
+            Some(InputEvent::Failed(e)) => return Err(SwarmError::Input(e.to_string())),
             None => return Err(SwarmError::Input("the input reader stopped".into())),
         }
     }
