@@ -180,6 +180,8 @@ pub(crate) mod bits;
 mod bt;
 mod completion;
 use completion::Ack;
+mod hashes;
+pub use hashes::PieceHashes;
 mod hybrid;
 pub mod mob;
 pub mod msg;
@@ -426,10 +428,18 @@ pub struct SwarmNode {
     me: NodeId,
     labels: Vec<u32>,
     alive: Vec<bool>,
+    /// Members that were lost and came back ([`SwarmNode::handle_member_back`]): outside the
+    /// completion tree, they report to the source, which waits for them before `AllDone`.
+    returned: Vec<bool>,
     mobs: Mobs,
     source_cluster: usize,
     tree_parent: Option<NodeId>,
     tree_children: Vec<NodeId>,
+    /// The planned tree's parent and children, restored when a lost member comes back.
+    planned: (Option<NodeId>, Vec<NodeId>),
+    /// The source's signed list of piece hashes: every piece is checked against it, so pieces
+    /// need no signature of their own ([`PieceHashes`]).
+    hashes: Option<PieceHashes>,
     /// Hybrid, at the source: the node of each other cluster it deals pieces to.
     targets: Vec<NodeId>,
     peers: Vec<Peer>,
@@ -522,7 +532,10 @@ impl SwarmNode {
             me,
             labels: clusters.to_vec(),
             alive,
+            returned: vec![false; n],
             mobs,
+            planned: (tree_parent, tree_children.clone()),
+            hashes: None,
             tree_parent,
             tree_children,
             targets,
@@ -770,7 +783,11 @@ impl SwarmNode {
         match frame {
             Frame::Chunk(c) => {
                 check("Chunk", c.index)?;
-                match self.keys.verify(self.cfg.session, &c) {
+                let verified = match &self.hashes {
+                    Some(h) => h.verify(&self.keys, self.cfg.session, &c),
+                    None => self.keys.verify(self.cfg.session, &c),
+                };
+                match verified {
                     Ok(()) => {
                         let index = c.index;
                         self.events.push_back(SwarmEvent::Piece {
