@@ -623,6 +623,16 @@ impl SwarmNode {
         self.ack.all_done
     }
 
+    /// Whether `node` is in the session: not lost, or lost and back.
+    pub fn is_alive(&self, node: NodeId) -> bool {
+        self.alive.get(node).copied().unwrap_or(false)
+    }
+
+    /// Whether `node` was lost and came back ([`SwarmNode::handle_member_back`]).
+    pub fn is_returned(&self, node: NodeId) -> bool {
+        self.returned.get(node).copied().unwrap_or(false)
+    }
+
     /// Pieces that arrived a second time.
     pub fn duplicates(&self) -> u64 {
         self.duplicates
