@@ -20,14 +20,22 @@ const BIN: &str = env!("CARGO_BIN_EXE_bulkcast");
 /// `bulkcast keygen FILE`: the public key it prints.
 fn keygen(path: &Path) -> String {
     let out = Command::new(BIN).arg("keygen").arg(path).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
 /// Sends a signal to a process this test started.
 fn signal(a: &Agent, sig: &str) {
     let pid = a.child.id().to_string();
-    assert!(Command::new("kill").args([sig, &pid]).status().unwrap().success());
+    assert!(Command::new("kill")
+        .args([sig, &pid])
+        .status()
+        .unwrap()
+        .success());
 }
 
 #[test]
@@ -75,7 +83,9 @@ fn killed_member_rejoins(strategy: &str) {
     if strategy == "hybrid" {
         args.extend(["--fanout", "2"]);
     }
-    let sender = send_cmd(&src, &to.join(","), &args, &fleet).spawn().unwrap();
+    let sender = send_cmd(&src, &to.join(","), &args, &fleet)
+        .spawn()
+        .unwrap();
 
     // Node 2 (agents[1]) is killed a quarter in and restarted on its address. Node 1 is held
     // (SIGSTOP) while it is away, so that the session cannot end before the source tries again
@@ -113,11 +123,17 @@ fn killed_member_rejoins(strategy: &str) {
     let want = hash(&src);
     for (i, a) in agents.iter().enumerate() {
         assert_eq!(r["receivers"][i]["verified"], true, "{strategy}: {r}");
-        assert_eq!(hash(&a.dir.join("weights.bin")), want, "{strategy}: agent {i}");
+        assert_eq!(
+            hash(&a.dir.join("weights.bin")),
+            want,
+            "{strategy}: agent {i}"
+        );
     }
 
     // The next send of the unchanged object moves nothing to anyone.
-    let out = send_cmd(&src, &to.join(","), &args, &fleet).output().unwrap();
+    let out = send_cmd(&src, &to.join(","), &args, &fleet)
+        .output()
+        .unwrap();
     let r = report(&out);
     assert!(out.status.success(), "{strategy}: {r}");
     for rx in r["receivers"].as_array().unwrap() {

@@ -319,7 +319,13 @@ impl Keys {
 
     /// A chunk of this session, hashed already and listed by its source (a swarm member's kept
     /// piece): its tag, without a signature (see [`Keys::verify_listed`]).
-    pub fn seal_listed(&self, session: SessionId, index: u64, data: Bytes, hash: [u8; 32]) -> Chunk {
+    pub fn seal_listed(
+        &self,
+        session: SessionId,
+        index: u64,
+        data: Bytes,
+        hash: [u8; 32],
+    ) -> Chunk {
         let tag = self.chunk_tag(session, index, data.len() as u64, &hash);
         Chunk {
             index,
@@ -332,7 +338,13 @@ impl Keys {
 
     /// The tag of a listed piece of `len` bytes (see [`Keys::seal_listed`]), for a member that
     /// serves it from its file.
-    pub fn tag_listed(&self, session: SessionId, index: u64, len: u64, hash: &[u8; 32]) -> [u8; 32] {
+    pub fn tag_listed(
+        &self,
+        session: SessionId,
+        index: u64,
+        len: u64,
+        hash: &[u8; 32],
+    ) -> [u8; 32] {
         self.chunk_tag(session, index, len, hash)
     }
 

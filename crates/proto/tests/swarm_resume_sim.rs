@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use bulkcast_proto::swarm::sim::{self, Condition, SwarmSimReport, SwarmSimSpec, Topology};
 use bulkcast_proto::swarm::session::Outcome;
+use bulkcast_proto::swarm::sim::{self, Condition, SwarmSimReport, SwarmSimSpec, Topology};
 use bulkcast_proto::swarm::Strategy;
 
 const MIB: u64 = 1 << 20;
@@ -149,10 +149,15 @@ fn with_host_keys_a_resumed_member_gets_only_what_it_lacks() {
             _ => lacks + piece.max(len / 100),
         };
         let got = received(&r, 5);
-        assert!(got >= lacks && got <= bound, "{what}: node 5 received {got} for {lacks}");
+        assert!(
+            got >= lacks && got <= bound,
+            "{what}: node 5 received {got} for {lacks}"
+        );
         assert_eq!(received(&r, 3), 0, "{what}: the complete member");
         // Its kept pieces reached others: someone received bytes from it.
-        let served: u64 = (0..16).map(|j| r.received_from[j].get(&5).copied().unwrap_or(0)).sum();
+        let served: u64 = (0..16)
+            .map(|j| r.received_from[j].get(&5).copied().unwrap_or(0))
+            .sum();
         assert!(
             strategy == Strategy::TreePush || served > 0,
             "{what}: node 5 served nothing"
@@ -220,7 +225,10 @@ fn a_member_that_dies_and_comes_back_is_readmitted_and_completes() {
             Strategy::Hybrid => 2 * len,
             _ => len + piece.max(len / 100),
         };
-        assert!(got >= len && got <= bound, "{what}: node 6 received {got} of {len}");
+        assert!(
+            got >= len && got <= bound,
+            "{what}: node 6 received {got} of {len}"
+        );
     }
 }
 
@@ -246,7 +254,10 @@ fn a_member_that_stays_away_is_failed_and_the_others_finish() {
             o => panic!("{what}: node 6: {o:?}"),
         }
         for j in (1..16).filter(|&j| j != 6) {
-            assert!(matches!(r.outcomes[j], Some(Outcome::Reported(_))), "{what}: {j}");
+            assert!(
+                matches!(r.outcomes[j], Some(Outcome::Reported(_))),
+                "{what}: {j}"
+            );
         }
     }
 }

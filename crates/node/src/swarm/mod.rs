@@ -64,9 +64,7 @@ use bulkcast_proto::auth::Keys;
 use bulkcast_proto::hosts::{HostSpec, SourceSpec};
 use bulkcast_proto::manifest::{Manifest, ObjectKind};
 use bulkcast_proto::node::CHUNK_SIZE_RANGE;
-use bulkcast_proto::swarm::{
-    PieceHashes, Strategy, SwarmConfig, SwarmEvent, SwarmNode, Transmit,
-};
+use bulkcast_proto::swarm::{PieceHashes, Strategy, SwarmConfig, SwarmEvent, SwarmNode, Transmit};
 use bulkcast_proto::tree::{NodeId, Tree};
 use bulkcast_proto::wire::{
     self, Chunk, Frame, SessionId, SourceSig, SwarmMember, SwarmOpen, SwarmSetup, NO_PARENT,
@@ -186,7 +184,10 @@ struct Registered {
 impl Drop for Registered {
     fn drop(&mut self) {
         let mut map = self.sessions.0.lock().expect("swarm sessions lock");
-        if map.get(&self.session).is_some_and(|t| t.same_channel(&self.tx)) {
+        if map
+            .get(&self.session)
+            .is_some_and(|t| t.same_channel(&self.tx))
+        {
             map.remove(&self.session);
         }
     }

@@ -89,7 +89,12 @@ pub(super) fn piece(
 }
 
 /// Piece `i`'s bytes from the member's file.
-pub(super) fn read_back(disk: &Option<Disk>, chunk_size: u32, i: u64, len: usize) -> Result<Bytes, String> {
+pub(super) fn read_back(
+    disk: &Option<Disk>,
+    chunk_size: u32,
+    i: u64,
+    len: usize,
+) -> Result<Bytes, String> {
     let at = i * chunk_size as u64;
     match disk.as_ref().ok_or("a stored piece without a file")? {
         // SAFETY: the file is ours (the source's input, checked while it was read, or our own

@@ -2,9 +2,9 @@
 //! every agent, the loop until every agent reported, and the report.
 
 use super::net::{with_queued, Ev, Held, Net};
-use bulkcast_proto::swarm::PieceHashes;
 use super::*;
 use bulkcast_proto::swarm::session::{Outcome, SourceSession};
+use bulkcast_proto::swarm::PieceHashes;
 
 /// Sends `input` to `hosts` (node `i` is `hosts[i - 1]`) by `cfg.strategy`; `tree` (over the
 /// source and the hosts) is needed by the strategies that push. Returns the report once every
@@ -60,7 +60,14 @@ pub async fn send(
         st.total_len = Some(len);
         st.read = len;
     }
-    let mut net = Net::new(&open, 0, keys.clone(), hashes.clone(), cfg.tuning.clone(), held)?;
+    let mut net = Net::new(
+        &open,
+        0,
+        keys.clone(),
+        hashes.clone(),
+        cfg.tuning.clone(),
+        held,
+    )?;
     net.disk = disk;
     let mut watch = SourceSession::new(n, cfg.stall_timeout, Instant::now());
     let mut unreachable = Vec::new();
@@ -358,7 +365,10 @@ fn from_member(
             }
             net.handle(Ev::Closed(j, reason.clone()), now);
             let e = format!("connection lost: {reason}");
-            tracing::warn!("swarm {:016x}: node {j}: {e}; trying to reach it again", net.session);
+            tracing::warn!(
+                "swarm {:016x}: node {j}: {e}; trying to reach it again",
+                net.session
+            );
             watch.handle_dropped(j, e, now);
             net.member_lost(j, now);
         }

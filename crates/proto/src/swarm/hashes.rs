@@ -91,7 +91,10 @@ mod tests {
             })
         };
         let receiver = with(&HostKey::from_seed([4; 32])).requiring_source();
-        let data = [Bytes::from_static(b"piece zero"), Bytes::from_static(b"one")];
+        let data = [
+            Bytes::from_static(b"piece zero"),
+            Bytes::from_static(b"one"),
+        ];
         let list = PieceHashes::new(data.iter().map(|d| *blake3::hash(d).as_bytes()).collect());
         // Sealed by the relay for this session (a kept piece): its own signature, no matter.
         let kept = with(&relay).seal(7, 1, data[1].clone());
@@ -101,19 +104,78 @@ mod tests {
         assert_eq!(list.verify(&receiver, 7, &bare), Ok(()));
         // The relay's forgery: hash, tag and signature redone, not the listed hash.
         let forged = with(&relay).seal(7, 1, Bytes::from_static(b"forged"));
-        assert_eq!(list.verify(&receiver, 7, &forged), Err(ChunkError::NotListed(1)));
+        assert_eq!(
+            list.verify(&receiver, 7, &forged),
+            Err(ChunkError::NotListed(1))
+        );
         // The listed hash claimed over other bytes.
         let mut swapped = kept.clone();
         swapped.data = Bytes::from_static(b"two");
-        assert_eq!(list.verify(&receiver, 7, &swapped), Err(ChunkError::HashMismatch(1)));
+        assert_eq!(
+            list.verify(&receiver, 7, &swapped),
+            Err(ChunkError::HashMismatch(1))
+        );
         // Another session's tag, and a piece beyond the list.
         assert_eq!(list.verify(&receiver, 8, &kept), Err(ChunkError::BadTag(1)));
         let beyond = with(&relay).seal(7, 2, data[1].clone());
-        assert_eq!(list.verify(&receiver, 7, &beyond), Err(ChunkError::NotListed(2)));
+        assert_eq!(
+            list.verify(&receiver, 7, &beyond),
+            Err(ChunkError::NotListed(2))
+        );
         // The root covers every hash and the count.
         let mut other = list.as_slice().to_vec();
         other[1][0] ^= 1;
         assert_ne!(PieceHashes::new(other).root(), list.root());
-        assert_ne!(PieceHashes::new(list.as_slice()[..1].to_vec()).root(), list.root());
+        assert_ne!(
+            PieceHashes::new(list.as_slice()[..1].to_vec()).root(),
+            list.root()
+        );
+    }
+
+    /// The root is signed with the set-up: another root, or a relay's signature, is refused.
+    #[test]
+    fn the_root_is_signed_with_the_swarm_set_up() {
+        use crate::manifest::{Manifest, ObjectKind};
+        use crate::wire::{Strategy, SwarmOpen};
+        let (source, relay) = (HostKey::from_seed([1; 32]), HostKey::from_seed([2; 32]));
+        let allow =
+            AllowList::with_roles([(source.public(), Role::Push), (relay.public(), Role::Relay)]);
+        let with = |k: &HostKey| {
+            Keys::derive(&Secret::from_bytes([3; 32])).with_identity(Identity {
+                key: k.clone(),
+                allow: allow.clone(),
+            })
+        };
+        let receiver = with(&HostKey::from_seed([4; 32])).requiring_source();
+        let manifest = Manifest {
+            name: "w.bin".into(),
+            kind: ObjectKind::File,
+            total_len: Some(100),
+            entries: vec![],
+            mode: 0o644,
+            mtime: None,
+        };
+        let root = PieceHashes::new(vec![[5; 32]]).root();
+        let open = |root: [u8; 32], sig| SwarmOpen {
+            session: 7,
+            node: 1,
+            chunk_size: 1 << 16,
+            stall_timeout_ms: 1000,
+            strategy: Strategy::Mob,
+            seed: 1,
+            manifest: manifest.clone(),
+            members: vec![],
+            pieces_root: root,
+            sig,
+        };
+        let sig = with(&source).sign_swarm_open(7, 1 << 16, &manifest, &root);
+        assert_eq!(
+            receiver.verify_swarm_open(&open(root, sig.clone())),
+            Ok(Some(source.public()))
+        );
+        assert!(receiver.verify_swarm_open(&open([6; 32], sig)).is_err());
+        let by_relay = with(&relay).sign_swarm_open(7, 1 << 16, &manifest, &root);
+        assert!(receiver.verify_swarm_open(&open(root, by_relay)).is_err());
+        assert!(receiver.verify_swarm_open(&open(root, None)).is_err());
     }
 }

@@ -155,7 +155,14 @@
 //! peer is a `Bitfield`, sent even when empty; to a peer that pushes to it (its tree parent,
 //! the hybrid's dealing source) it lists every piece held, and nothing is pushed or dealt to a
 //! peer before it arrived, so no kept piece is pushed (a round trip at the start). At the
-//! hybrid's source, a piece a target kept counts as dealt.
+//! hybrid's source, a piece a target kept counts as dealt. Pieces are checked against the
+//! source's signed list of piece hashes ([`PieceHashes`], [`SwarmNode::set_piece_hashes`]), so
+//! with host keys a kept piece, sealed by the member that kept it, is taken like any other.
+//!
+//! A member lost mid-session may come back (its agent restarted, and the source reached it
+//! again: [`session::SourceSession::poll_redial`]): [`SwarmNode::handle_member_back`] at every
+//! member gives it back its share and tree place; it resumes, outside the completion tree, and
+//! the source's `AllDone` waits for its `Complete`.
 //!
 //! # Driving it (sans-IO)
 //! Construct one [`SwarmNode`] per member with [`SwarmNode::new`]. Dial every node in

@@ -184,7 +184,9 @@ impl SourceSession {
     pub fn give_up_away(&mut self, why: &str) -> Vec<NodeId> {
         let away: Vec<NodeId> = (1..self.away.len()).filter(|&j| self.is_away(j)).collect();
         for &j in &away {
-            let reason = self.away[j].as_ref().map_or_else(String::new, |a| a.reason.clone());
+            let reason = self.away[j]
+                .as_ref()
+                .map_or_else(String::new, |a| a.reason.clone());
             self.settle(j, Outcome::Failed(format!("{reason}; {why}")));
         }
         away
@@ -278,6 +280,69 @@ mod tests {
         assert_eq!(s.outcome(1), Some(&Outcome::Reported(vec![(0, 5)])));
         assert!(s.is_over(false));
         assert_eq!(s.poll_timeout(), None);
+    }
+
+    #[test]
+    fn a_dropped_receiver_is_tried_again_with_backoff_until_the_stall_timeout() {
+        let t0 = Instant::now();
+        let s = |x: u64| t0 + Duration::from_secs(x);
+        let mut w = SourceSession::new(3, Duration::from_secs(20), t0);
+        assert!(w.handle_dropped(1, "connection lost: reset".into(), t0));
+        assert!(!w.handle_dropped(1, "again".into(), t0), "away already");
+        assert!(w.is_away(1));
+        assert_eq!(w.poll_timeout(), Some(s(2)));
+        assert!(w.poll_redial(s(1)).is_empty());
+        assert_eq!(w.poll_redial(s(2)), vec![1]);
+        // One try at a time: nothing more is due while it is under way.
+        assert!(w.poll_redial(s(3)).is_empty());
+        assert!(!w.handle_redial_failed(1, "refused", s(2)));
+        assert_eq!(w.poll_redial(s(5)), Vec::<NodeId>::new());
+        assert_eq!(w.poll_redial(s(6)), vec![1], "4 s after the first try");
+        assert!(!w.handle_redial_failed(1, "refused", s(6)));
+        assert_eq!(w.poll_redial(s(14)), vec![1], "then 8 s");
+        assert!(!w.handle_redial_failed(1, "refused", s(14)));
+        assert_eq!(
+            w.poll_redial(s(20)),
+            vec![1],
+            "at most 8 s, and once at the deadline"
+        );
+        assert!(w.handle_redial_failed(1, "refused", s(20)));
+        match w.outcome(1) {
+            Some(Outcome::Failed(e)) => {
+                assert!(
+                    e.contains("connection lost: reset") && e.contains("not back within 20 s"),
+                    "{e}"
+                )
+            }
+            o => panic!("{o:?}"),
+        }
+        assert!(!w.is_away(1));
+
+        // Reached again: back in the session, progress for the stall timer.
+        assert!(w.handle_dropped(2, "connection lost".into(), s(21)));
+        assert_eq!(w.poll_redial(s(23)), vec![2]);
+        assert!(w.handle_back(2, s(23)));
+        assert!(!w.is_away(2) && w.outcome(2).is_none());
+        assert_eq!(w.poll_timeout(), Some(s(43)));
+        assert!(w.handle_report(2, vec![], s(30)));
+        assert!(w.is_over(false), "one failed, one reported");
+    }
+
+    #[test]
+    fn receivers_away_are_failed_when_the_others_are_done() {
+        let t0 = Instant::now();
+        let mut w = SourceSession::new(3, Duration::from_secs(30), t0);
+        w.handle_report(1, vec![], t0);
+        assert!(w.handle_dropped(2, "connection lost".into(), t0));
+        assert!(!w.is_over(true), "waits for it");
+        assert_eq!(w.give_up_away("the others finished"), vec![2]);
+        assert_eq!(
+            w.outcome(2),
+            Some(&Outcome::Failed(
+                "connection lost; the others finished".into()
+            ))
+        );
+        assert!(w.is_over(true));
     }
 
     #[test]

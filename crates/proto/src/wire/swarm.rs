@@ -291,7 +291,10 @@ impl Reader {
                 let first = self.u64()?;
                 let n = self.count(32)?;
                 if n > HASHES_PER_FRAME {
-                    return Err(WireError::BadValue(self.what, "too many hashes in one frame"));
+                    return Err(WireError::BadValue(
+                        self.what,
+                        "too many hashes in one frame",
+                    ));
                 }
                 let mut hashes = Vec::with_capacity(n);
                 for _ in 0..n {

@@ -12,13 +12,13 @@ pub(super) fn keys_of(spec: &SwarmSimSpec, n: usize, i: NodeId) -> Keys {
         return keys;
     }
     let key = |j: usize| HostKey::from_seed([j as u8 + 1; 32]);
-    let allow = AllowList::with_roles(
-        (0..n).map(|j| (key(j).public(), if j == 0 { Role::Push } else { Role::Relay })),
-    );
-    let keys = keys.with_identity(Identity {
-        key: key(i),
-        allow,
-    });
+    let allow = AllowList::with_roles((0..n).map(|j| {
+        (
+            key(j).public(),
+            if j == 0 { Role::Push } else { Role::Relay },
+        )
+    }));
+    let keys = keys.with_identity(Identity { key: key(i), allow });
     if i == 0 {
         keys
     } else {
