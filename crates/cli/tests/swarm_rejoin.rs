@@ -87,11 +87,12 @@ fn killed_member_rejoins(strategy: &str) {
         .spawn()
         .unwrap();
 
-    // Node 2 (agents[1]) is killed a quarter in and restarted on its address. Node 1 is held
+    // Node 2 (agents[1]) is killed a quarter in and restarted on its address. Node 3 is held
     // (SIGSTOP) while it is away, so that the session cannot end before the source tries again
-    // 2 s after the drop: on loopback the others would otherwise be done by then.
+    // 2 s after the drop: on loopback the others would otherwise be done by then. (Node 1 is
+    // the hybrid's deal target: held, it would hold everyone.)
     wait_for_map(&agents[1].dir, len / 4);
-    signal(&agents[0], "-STOP");
+    signal(&agents[2], "-STOP");
     agents[1].child.kill().unwrap();
     agents[1].child.wait().unwrap();
     let kept = mapped_len(&agents[1].dir, 256 << 10);
@@ -102,7 +103,7 @@ fn killed_member_rejoins(strategy: &str) {
     while mapped_len(&agents[1].dir, 256 << 10) <= kept && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(20));
     }
-    signal(&agents[0], "-CONT");
+    signal(&agents[2], "-CONT");
 
     let out = sender.wait_with_output().unwrap();
     let r = report(&out);
