@@ -168,7 +168,9 @@ fn with_host_keys_a_resumed_member_gets_only_what_it_lacks() {
 /// With host keys a member that serves pieces of its own making (hashed, tagged and signed by
 /// itself) gets every one refused: they are not the listed pieces. Its peers drop it and fetch
 /// elsewhere; every copy is the object. (The completion tree may wait on the dropped member:
-/// the source's stall timeout ends such a session, not checked here.)
+/// the source's stall timeout ends such a session, not checked here. Under MOB and the hybrid
+/// the forger's cluster mates can take its share only from it, so they wait too; every other
+/// member completes.)
 #[test]
 fn with_host_keys_a_forged_piece_from_a_member_is_refused() {
     let len = 6 * MIB + 99;
@@ -180,8 +182,17 @@ fn with_host_keys_a_forged_piece_from_a_member_is_refused() {
         let what = strategy.name();
         assert!(!r.refused.is_empty(), "{what}: the forger served nothing");
         assert!(r.refused.iter().all(|&(_, from, _)| from == 6), "{what}");
-        assert!(r.incomplete().is_empty(), "{what}: {:?}", r.incomplete());
-        assert!(r.verified.iter().all(|&v| v), "{what}: {:?}", r.verified);
+        // Cluster 1 is nodes 4-7, the forger's.
+        let waits = |j: usize| strategy != Strategy::Swarm && (4..8).contains(&j);
+        for j in 1..16 {
+            assert!(
+                waits(j) || r.verified[j],
+                "{what}: node {j} {:?}",
+                r.verified
+            );
+        }
+        // Nothing forged was kept anywhere: what a member holds is the object's.
+        assert!(r.intact, "{what}: a forged piece was kept");
     }
 }
 

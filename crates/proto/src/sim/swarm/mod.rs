@@ -162,6 +162,8 @@ pub struct SwarmSimReport {
     pub refused: Vec<(NodeId, NodeId, u64)>,
     /// Members re-admitted after they were lost, in order.
     pub readmitted: Vec<NodeId>,
+    /// With data: every piece any member stored is the object's (complete or not).
+    pub intact: bool,
 }
 
 impl SwarmSimReport {
@@ -403,6 +405,7 @@ impl Sim {
             outcomes: Vec::new(),
             refused: Vec::new(),
             readmitted: Vec::new(),
+            intact: true,
         };
         let session = spec.stall_timeout.map(|t| SourceSession::new(n, t, start));
         Self {
@@ -873,6 +876,12 @@ impl Sim {
         for (k, sn) in self.nodes.iter().enumerate() {
             self.report.duplicates += sn.node.duplicates();
             let whole = sn.node.have().len() == self.pieces;
+            self.report.intact &= sn.store.iter().enumerate().all(|(i, c)| {
+                c.as_ref().is_none_or(|c| {
+                    let lo = i * pl;
+                    c.data[..] == self.object[lo..(lo + pl).min(self.object.len())]
+                })
+            });
             self.report.verified[k] = whole
                 && (!self.spec.data
                     || sn.store.iter().enumerate().all(|(i, c)| {
