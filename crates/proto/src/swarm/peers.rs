@@ -53,7 +53,7 @@ impl SwarmNode {
     /// back its place in the planned tree; what this node knew of it is forgotten (the new
     /// instance announces what it holds when connected). It stays outside the completion tree,
     /// so the others' tree does not change under them: it reports to the source, which waits
-    /// for it before `AllDone` (see [`SwarmNode::layout_ack`]). At `node` itself (told it
+    /// for it before `AllDone`. At `node` itself (told it
     /// came back) this places it under the source. Ignored once the session is all done.
     pub fn handle_member_back(&mut self, node: NodeId, now: Instant) {
         if node >= self.alive.len() || self.ack.all_done {
