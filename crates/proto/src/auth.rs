@@ -28,7 +28,9 @@ use std::sync::Arc;
 use crate::groups::{self, GroupError, Groups};
 use crate::identity::{Identity, PublicKey, Role};
 use crate::manifest::Manifest;
-use crate::wire::{object_id, Chunk, End, Head, Open, SessionId, SourceSig, StripeInfo, VERSION};
+use crate::wire::{
+    object_id, Chunk, End, Head, Open, SessionId, SourceSig, StripeInfo, SwarmOpen, VERSION,
+};
 use bytes::Bytes;
 
 /// The session secret (32 bytes; written as 64 hex digits).
@@ -142,6 +144,9 @@ pub enum ChunkError {
     /// The group list of a chunk sent in parts does not fit its hash.
     #[error("chunk {0}: {1}")]
     BadGroups(u64, GroupError),
+    /// Its hash is not the one the source listed for it (a swarm's signed piece list).
+    #[error("chunk {0}: not the piece the source listed (hash differs)")]
+    NotListed(u64),
 }
 
 /// Why a session set-up or an `End` did not carry an acceptable source signature.
@@ -287,6 +292,62 @@ impl Keys {
         Ok(())
     }
 
+    /// Verifies a chunk against the hash its source listed for it (a swarm session's piece
+    /// list, whose root the source signed: [`Keys::verify_swarm_open`]), then its tag and its
+    /// bytes. No per-chunk signature is needed: a piece whose bytes hash to the listed hash is
+    /// the source's, whoever sealed it for this session (a member re-seals what it kept).
+    pub fn verify_listed(
+        &self,
+        session: SessionId,
+        c: &Chunk,
+        listed: &[u8; 32],
+    ) -> Result<(), ChunkError> {
+        if !ct_eq(&c.hash, listed) {
+            return Err(ChunkError::NotListed(c.index));
+        }
+        if !ct_eq(
+            &self.chunk_tag(session, c.index, c.data.len() as u64, &c.hash),
+            &c.tag,
+        ) {
+            return Err(ChunkError::BadTag(c.index));
+        }
+        if !ct_eq(blake3::hash(&c.data).as_bytes(), &c.hash) {
+            return Err(ChunkError::HashMismatch(c.index));
+        }
+        Ok(())
+    }
+
+    /// A chunk of this session, hashed already and listed by its source (a swarm member's kept
+    /// piece): its tag, without a signature (see [`Keys::verify_listed`]).
+    pub fn seal_listed(
+        &self,
+        session: SessionId,
+        index: u64,
+        data: Bytes,
+        hash: [u8; 32],
+    ) -> Chunk {
+        let tag = self.chunk_tag(session, index, data.len() as u64, &hash);
+        Chunk {
+            index,
+            hash,
+            tag,
+            sig: None,
+            data,
+        }
+    }
+
+    /// The tag of a listed piece of `len` bytes (see [`Keys::seal_listed`]), for a member that
+    /// serves it from its file.
+    pub fn tag_listed(
+        &self,
+        session: SessionId,
+        index: u64,
+        len: u64,
+        hash: &[u8; 32],
+    ) -> [u8; 32] {
+        self.chunk_tag(session, index, len, hash)
+    }
+
     /// Verifies the header of a chunk sent in parts, and its group list against its hash: what
     /// then checks each part as it arrives.
     pub fn verify_head(&self, session: SessionId, h: &Head) -> Result<Groups, ChunkError> {
@@ -402,7 +463,7 @@ impl Keys {
         )
     }
 
-    /// [`Keys::verify_open`] for any set-up (a swarm's too): the signed fields and the signature.
+    /// [`Keys::verify_open`] from the signed fields and the signature.
     pub fn verify_setup(
         &self,
         session: SessionId,
@@ -416,6 +477,43 @@ impl Keys {
         }
         let msg = open_signed(session, chunk_size, manifest, stripe);
         self.check_signer(sig, &msg, true)
+            .map(Some)
+            .map_err(|e| Self::signed_error("the session set-up was", e))
+    }
+
+    /// This host's signature, as a source, of a swarm session's set-up (nothing without a host
+    /// key): the session, the chunk size, the manifest and the root of the pieces' hashes
+    /// ([`crate::swarm::PieceHashes::root`]). Members then check every piece against the list,
+    /// so one signature covers every piece, whoever serves it.
+    pub fn sign_swarm_open(
+        &self,
+        session: SessionId,
+        chunk_size: u32,
+        manifest: &Manifest,
+        pieces_root: &[u8; 32],
+    ) -> Option<Box<SourceSig>> {
+        let id = self.identity.as_ref()?;
+        let msg = swarm_open_signed(session, chunk_size, manifest, pieces_root);
+        Some(Box::new(SourceSig {
+            key: id.key.public().to_bytes(),
+            sig: id.key.sign(&msg),
+        }))
+    }
+
+    /// Checks a swarm set-up's source signature where this host requires one (see
+    /// [`Keys::sign_swarm_open`]): returns the key that signed it, or `None` when none is
+    /// required.
+    pub fn verify_swarm_open(&self, open: &SwarmOpen) -> Result<Option<PublicKey>, SignedError> {
+        if !self.require_source {
+            return Ok(None);
+        }
+        let msg = swarm_open_signed(
+            open.session,
+            open.chunk_size,
+            &open.manifest,
+            &open.pieces_root,
+        );
+        self.check_signer(open.sig.as_deref(), &msg, true)
             .map(Some)
             .map_err(|e| Self::signed_error("the session set-up was", e))
     }
@@ -519,6 +617,26 @@ fn open_signed(
     };
     let mut m = [0u8; 44];
     m[..4].copy_from_slice(b"open");
+    m[4..36].copy_from_slice(h.finalize().as_bytes());
+    m[36..].copy_from_slice(b"bcsig v1");
+    m
+}
+
+/// What a source signs for a swarm session's set-up: a digest of the fields that decide what
+/// is written where, and of every piece (the root of their hashes).
+fn swarm_open_signed(
+    session: SessionId,
+    chunk_size: u32,
+    manifest: &Manifest,
+    pieces_root: &[u8; 32],
+) -> [u8; 44] {
+    let mut h = blake3::Hasher::new_derive_key("bulkcast 2026-11 signed swarm open v1");
+    h.update(&session.to_be_bytes());
+    h.update(&chunk_size.to_be_bytes());
+    h.update(&object_id(manifest));
+    h.update(pieces_root);
+    let mut m = [0u8; 44];
+    m[..4].copy_from_slice(b"swrm");
     m[4..36].copy_from_slice(h.finalize().as_bytes());
     m[36..].copy_from_slice(b"bcsig v1");
     m

@@ -19,16 +19,10 @@ pub async fn serve(
             "set-up names this agent node {me}"
         )));
     }
-    // With host keys: a set-up its source signed, and then only pieces that source signed,
-    // whichever peer serves them (from memory or from its disk).
+    // With host keys: a set-up its source signed, the root of the piece list included; every
+    // piece, kept or received from any peer, is then checked against that list.
     let keys = cfg.keys.clone().requiring_source();
-    let keys = match keys.verify_setup(
-        open.session,
-        open.chunk_size,
-        &open.manifest,
-        None,
-        open.sig.as_deref(),
-    ) {
+    let keys = match keys.verify_swarm_open(&open) {
         Ok(Some(source)) => keys.for_source(source),
         Ok(None) => keys,
         Err(e) => {
@@ -38,10 +32,13 @@ pub async fn serve(
             )))
         }
     };
-    let (_registered, mut peers_rx) = cfg.swarms.register(open.session);
+    let stall = Duration::from_millis(open.stall_timeout_ms as u64).max(Duration::from_secs(1));
     let mut stream = stream;
+    let hashes = read_hashes(&mut stream, &open, stall).await?;
+    let (_registered, mut peers_rx) = cfg.swarms.register(open.session);
     // Verifying a kept copy reads it whole: the source hears from us meanwhile.
-    let opened = keep_source_waiting(&mut stream, me, open_session(&open, me, cfg, keys)).await;
+    let session = open_session(&open, me, cfg, keys, hashes);
+    let opened = keep_source_waiting(&mut stream, me, session).await;
     let (mut net, mut store_rx, resumed) = opened?;
     net.add_conn(0, stream);
     // What the copy held, for the source's report, before anything else on its connection.
@@ -56,7 +53,6 @@ pub async fn serve(
             net.dial(j, open.members[j].addr.clone());
         }
     }
-    let stall = Duration::from_millis(open.stall_timeout_ms as u64).max(Duration::from_secs(1));
     let mut last_heard = Instant::now();
     let mut progress = tokio::time::interval(PROGRESS_EVERY);
     let mut sent_upto = u64::MAX;
@@ -86,14 +82,7 @@ pub async fn serve(
                     net.handle(ev, Instant::now());
                 }
             }
-            Some((j, s)) = peers_rx.recv() => {
-                if j == 0 || j >= net.members.len() || j == me || net.conns.contains_key(&j) {
-                    tracing::warn!("swarm session {:016x}: refused a connection claiming node {j}", open.session);
-                } else {
-                    net.add_conn(j, s);
-                    net.link(j, Instant::now());
-                }
-            }
+            Some((j, s)) = peers_rx.recv() => net.accept_peer(j, s, Instant::now()),
             Some(ev) = store_rx.recv() => net.handle_store(ev),
             _ = sleep_until_opt(deadline) => net.node.handle_timeout(Instant::now()),
             _ = progress.tick() => {
@@ -127,14 +116,51 @@ pub async fn serve(
     }
 }
 
+/// The source's piece list, which follows its `Open` on the set-up connection: one hash per
+/// piece, in order, whose root is the one the set-up carries (signed with host keys).
+async fn read_hashes(
+    stream: &mut Stream,
+    open: &SwarmOpen,
+    wait: Duration,
+) -> Result<PieceHashes, SwarmError> {
+    let pieces = open.manifest.chunks(open.chunk_size).unwrap_or(0);
+    let bad = |e: String| SwarmError::SetUp(format!("the piece list: {e}"));
+    // Nothing is reserved on the sender's word beyond what its frames bring.
+    let mut hashes: Vec<[u8; 32]> = Vec::with_capacity(pieces.min(1 << 20) as usize);
+    while (hashes.len() as u64) < pieces {
+        let f = tokio::time::timeout(wait, transport::read_frame(stream, wire::MAX_FRAME))
+            .await
+            .map_err(|_| bad(format!("nothing for {} s", wait.as_secs())))?
+            .map_err(|e| bad(e.to_string()))?;
+        match f {
+            Some(Frame::SwarmSetup(SwarmSetup::Hashes { first, hashes: h }))
+                if first == hashes.len() as u64
+                    && h.len() as u64 <= pieces - hashes.len() as u64 =>
+            {
+                hashes.extend(h)
+            }
+            Some(f) => return Err(bad(format!("unexpected {} frame", f.kind()))),
+            None => return Err(bad("the source closed the connection".into())),
+        }
+    }
+    let list = PieceHashes::new(hashes);
+    if list.root() != open.pieces_root {
+        return Err(bad("does not match the set-up's root".into()));
+    }
+    Ok(list)
+}
+
 /// Checks the set-up (everything the store relies on, before a file is created), then opens
 /// the store (resuming what an earlier session of the object kept, see
 /// [`Store::open_resumable`]) and the member's connections state, its node resumed from it.
+/// A kept piece counts only if its bytes hash to the source's listed hash (a copy in place is
+/// taken on its done record); it is served with that hash and a tag for this session.
 async fn open_session(
     open: &SwarmOpen,
     me: NodeId,
     cfg: &crate::agent::AgentConfig,
     keys: Keys,
+    hashes: PieceHashes,
 ) -> Result<(Net, mpsc::UnboundedReceiver<StoreEvent>, Resumed), SwarmError> {
     open.manifest
         .validate()
@@ -172,18 +198,7 @@ async fn open_session(
     .await
     .map_err(|e| SwarmError::Store(e.to_string()))?
     .map_err(|e| SwarmError::Store(e.to_string()))?;
-    // With host keys peers take only pieces the source signed, and a member cannot sign what
-    // it kept for this session: it fetches the object whole again (into the same copy).
-    let resumed = match keys.requires_source() && (resumed.complete || !resumed.held.is_empty()) {
-        true => {
-            tracing::info!(
-                "swarm: host keys: a kept copy is not served to peers, fetching it whole"
-            );
-            Resumed::default()
-        }
-        false => resumed,
-    };
-    let held_map = match resumed.complete {
+    let mut held_map = match resumed.complete {
         true => ChunkMap::from_ranges(&[(0, pieces)], pieces),
         false => ChunkMap::from_ranges(&resumed.held.ranges(), pieces),
     };
@@ -191,40 +206,85 @@ async fn open_session(
         open,
         me,
         keys,
+        hashes,
         cfg.tuning.clone(),
         vec![None; pieces as usize],
     )?;
     net.disk = store.reader();
     if net.disk.is_some() {
         crate::input::install_sigbus_message();
-    }
-    let piece_len = |i: u64| (cs as u64).min(len - i * cs as u64);
-    for (s, e) in held_map.ranges() {
-        for i in s..e {
-            net.held[i as usize] = Some(match net.disk {
-                Some(_) => Held::Kept {
-                    len: piece_len(i) as u32,
-                },
-                // A directory's pieces are held in memory: read back what it kept.
-                None => Held::Mem(read_kept(&store, &mut store_rx, &net, i, piece_len(i)).await?),
-            });
+        if !resumed.complete {
+            held_map = listed_only(&net, held_map, len).await?;
         }
     }
+    let piece_len = |i: u64| (cs as u64).min(len - i * cs as u64);
+    let mut kept = Vec::new();
+    for (s, e) in held_map.ranges() {
+        for i in s..e {
+            let held = match net.disk {
+                Some(_) => Some(kept_on_disk(&net, i, piece_len(i))),
+                // A directory's pieces are held in memory: read back what it kept.
+                None => read_kept(&store, &mut store_rx, &net, i, piece_len(i)).await?,
+            };
+            if held.is_some() {
+                kept.push((i, i + 1));
+            }
+            net.held[i as usize] = held;
+        }
+    }
+    let held_map = ChunkMap::from_ranges(&kept, pieces);
     net.stored = held_map.len();
     net.node.resume(&held_map);
     net.store = Some(store);
     Ok((net, store_rx, resumed))
 }
 
+/// A kept piece `i` of `len` bytes in the member's file: served with the source's listed hash
+/// and a tag for this session.
+fn kept_on_disk(net: &Net, i: u64, len: u64) -> Held {
+    let hash = net.hashes.get(i).copied().unwrap_or_default();
+    Held::Disk {
+        hash,
+        tag: net.keys.tag_listed(net.session, i, len, &hash),
+        sig: None,
+        len: len as u32,
+    }
+}
+
+/// The pieces of `held` (kept in the member's file) whose bytes hash to the source's listed
+/// hash; the others are fetched again (the copy was made from another object of the same
+/// identity). Reads the kept part back, off the event loop.
+async fn listed_only(net: &Net, held: ChunkMap, len: u64) -> Result<ChunkMap, SwarmError> {
+    let (disk, cs, hashes) = (net.disk.clone(), net.chunk_size, net.hashes.clone());
+    let pieces = hashes.len();
+    tokio::task::spawn_blocking(move || {
+        let mut ok = Vec::new();
+        for (s, e) in held.ranges() {
+            for i in s..e {
+                let n = (cs as u64).min(len - i * cs as u64) as usize;
+                let data = super::net::read_back(&disk, cs, i, n).map_err(SwarmError::Store)?;
+                if Some(blake3::hash(&data).as_bytes()) == hashes.get(i) {
+                    ok.push((i, i + 1));
+                } else {
+                    tracing::warn!("swarm: kept piece {i} is not the source's: fetching it again");
+                }
+            }
+        }
+        Ok(ChunkMap::from_ranges(&ok, pieces))
+    })
+    .await
+    .map_err(|e| SwarmError::Store(e.to_string()))?
+}
+
 /// Piece `i` (`len` bytes) of a kept copy, read back through the store and sealed for this
-/// session.
+/// session; `None` if it is not the piece the source listed.
 async fn read_kept(
     store: &Store,
     rx: &mut mpsc::UnboundedReceiver<StoreEvent>,
     net: &Net,
     i: u64,
     len: u64,
-) -> Result<Chunk, SwarmError> {
+) -> Result<Option<Held>, SwarmError> {
     use crate::store::LocalCopy;
     if !store.load(i, i * net.chunk_size as u64, len) {
         return Err(SwarmError::Store(
@@ -232,7 +292,11 @@ async fn read_kept(
         ));
     }
     match rx.recv().await {
-        Some(StoreEvent::Loaded(j, Ok(data))) if j == i => Ok(net.keys.seal(net.session, i, data)),
+        Some(StoreEvent::Loaded(j, Ok(data))) if j == i => {
+            let hash = *blake3::hash(&data).as_bytes();
+            Ok((net.hashes.get(i) == Some(&hash))
+                .then(|| Held::Mem(net.keys.seal_listed(net.session, i, data, hash))))
+        }
         Some(StoreEvent::Loaded(_, Err(e))) => Err(SwarmError::Store(e.to_string())),
         _ => Err(SwarmError::Store(format!(
             "reading piece {i} of the kept copy back"

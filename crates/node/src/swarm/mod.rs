@@ -39,10 +39,14 @@
 //!   whole object before the session starts.
 //! - A member is removed from the session ([`SwarmSetup::Lost`] from the source, then
 //!   [`SwarmNode::handle_member_lost`] everywhere) only when the source learns it failed: it
-//!   could not be reached, it reported a failure, or its set-up connection dropped. A member
+//!   could not be reached, it reported a failure, or its set-up connection dropped. In the
+//!   last case the source dials it again (see [`SourceSession::poll_redial`]) and, if its
+//!   agent answers, re-admits it ([`SwarmSetup::Back`]): it resumes from its copy. A member
 //!   that stops moving while its connection stays up holds up its peers until the source's
 //!   stall timeout ends the session; a connection between two agents that drops is only a
 //!   lost peer (its requests move elsewhere), never retried.
+//!
+//! [`SourceSession::poll_redial`]: bulkcast_proto::swarm::session::SourceSession::poll_redial
 //! - One connection per pair of members; no spreading, no extra paths.
 
 mod agent;
@@ -61,7 +65,7 @@ use bulkcast_proto::auth::Keys;
 use bulkcast_proto::hosts::{HostSpec, SourceSpec};
 use bulkcast_proto::manifest::{Manifest, ObjectKind};
 use bulkcast_proto::node::CHUNK_SIZE_RANGE;
-use bulkcast_proto::swarm::{Strategy, SwarmConfig, SwarmEvent, SwarmNode, Transmit};
+use bulkcast_proto::swarm::{PieceHashes, Strategy, SwarmConfig, SwarmEvent, SwarmNode, Transmit};
 use bulkcast_proto::tree::{NodeId, Tree};
 use bulkcast_proto::wire::{
     self, Chunk, Frame, SessionId, SourceSig, SwarmMember, SwarmOpen, SwarmSetup, NO_PARENT,
@@ -153,30 +157,35 @@ impl SwarmSessions {
         self.0
             .lock()
             .expect("swarm sessions lock")
-            .insert(session, tx);
+            .insert(session, tx.clone());
         (
             Registered {
                 sessions: self.clone(),
                 session,
+                tx,
             },
             rx,
         )
     }
 }
 
-/// Removes a session from [`SwarmSessions`] when it ends.
+/// Removes a session from [`SwarmSessions`] when it ends, unless a newer instance of it (the
+/// member re-admitted by the source after its connection dropped) took its place.
 struct Registered {
     sessions: SwarmSessions,
     session: SessionId,
+    tx: PeerSender,
 }
 
 impl Drop for Registered {
     fn drop(&mut self) {
-        self.sessions
-            .0
-            .lock()
-            .expect("swarm sessions lock")
-            .remove(&self.session);
+        let mut map = self.sessions.0.lock().expect("swarm sessions lock");
+        if map
+            .get(&self.session)
+            .is_some_and(|t| t.same_channel(&self.tx))
+        {
+            map.remove(&self.session);
+        }
     }
 }
 

@@ -34,18 +34,16 @@ pub(super) enum Held {
     /// In memory: not stored yet, or a piece of a directory.
     Mem(Chunk),
     /// In the member's file ([`Net::disk`]): only what the piece's frame needs besides its
-    /// bytes.
+    /// bytes. A piece kept from an earlier session of the object (it resumed) is here too,
+    /// with the source's listed hash and a tag for this session, and no signature: peers check
+    /// pieces against the source's signed list ([`bulkcast_proto::swarm::PieceHashes`]).
     Disk {
         hash: [u8; 32],
         tag: [u8; 32],
-        /// The source's signature, served with the piece: peers take no piece without it.
+        /// The source's signature, if it made one, served with the piece.
         sig: Option<Box<SourceSig>>,
         len: u32,
     },
-    /// In the member's file, kept from an earlier session of the object (it resumed): read
-    /// back and sealed for this session whenever it is served, as a push relay re-seals what
-    /// it reads back.
-    Kept { len: u32 },
 }
 
 impl Held {
@@ -66,7 +64,6 @@ pub(super) fn piece(
     disk: &Option<Disk>,
     chunk_size: u32,
     i: u64,
-    seal: (&Keys, SessionId),
 ) -> Result<Option<Chunk>, String> {
     let Some(h) = held.get(i as usize).and_then(|h| h.as_ref()) else {
         return Ok(None);
@@ -79,12 +76,6 @@ pub(super) fn piece(
             sig,
             len,
         } => (*hash, *tag, sig.clone(), *len as usize),
-        Held::Kept { len } => {
-            let data = read_back(disk, chunk_size, i, *len as usize)?;
-            // Hashed here: the bytes were verified when the copy was opened, and are again
-            // by every peer that takes them.
-            return Ok(Some(seal.0.seal(seal.1, i, data)));
-        }
     };
     let data = read_back(disk, chunk_size, i, len)?;
     Ok(Some(Chunk {
@@ -97,7 +88,12 @@ pub(super) fn piece(
 }
 
 /// Piece `i`'s bytes from the member's file.
-fn read_back(disk: &Option<Disk>, chunk_size: u32, i: u64, len: usize) -> Result<Bytes, String> {
+pub(super) fn read_back(
+    disk: &Option<Disk>,
+    chunk_size: u32,
+    i: u64,
+    len: usize,
+) -> Result<Bytes, String> {
     let at = i * chunk_size as u64;
     match disk.as_ref().ok_or("a stored piece without a file")? {
         // SAFETY: the file is ours (the source's input, checked while it was read, or our own
@@ -116,6 +112,8 @@ pub(super) struct Net {
     pub(super) me: NodeId,
     pub(super) session: SessionId,
     pub(super) keys: Keys,
+    /// The source's list of piece hashes, every piece checked against it.
+    pub(super) hashes: PieceHashes,
     pub(super) tuning: TcpTuning,
     pub(super) members: Vec<SwarmMember>,
     pub(super) chunk_size: u32,
@@ -145,6 +143,9 @@ pub(super) struct Net {
     pub(super) source_gone: bool,
     pub(super) fatal: Option<String>,
     pub(super) dials: Vec<JoinHandle<()>>,
+    /// Connections from members that are not (yet) back in the session here: held until the
+    /// source says they are ([`SwarmSetup::Back`]).
+    pub(super) early: Vec<(NodeId, Stream)>,
 }
 
 impl Net {
@@ -152,6 +153,7 @@ impl Net {
         open: &SwarmOpen,
         me: NodeId,
         keys: Keys,
+        hashes: PieceHashes,
         tuning: TcpTuning,
         held: Vec<Option<Held>>,
     ) -> Result<Net, SwarmError> {
@@ -184,8 +186,15 @@ impl Net {
         let mut cfg = SwarmConfig::new(open.strategy, open.session, pieces);
         cfg.seed = open.seed;
         let now = Instant::now();
-        let node = SwarmNode::new(cfg.clone(), keys.clone(), &labels, me, tree.as_ref(), now)
+        let mut node = SwarmNode::new(cfg.clone(), keys.clone(), &labels, me, tree.as_ref(), now)
             .map_err(|e| SwarmError::SetUp(e.to_string()))?;
+        if hashes.len() != pieces {
+            return Err(SwarmError::SetUp(format!(
+                "{} piece hashes for {pieces} pieces",
+                hashes.len()
+            )));
+        }
+        node.set_piece_hashes(hashes.clone());
         // Every member's initial connections, worked out as each member works them out.
         let mut linked = vec![false; n];
         for &j in node.connect_to() {
@@ -204,6 +213,7 @@ impl Net {
             me,
             session: open.session,
             keys,
+            hashes,
             tuning,
             members: open.members.clone(),
             chunk_size: open.chunk_size,
@@ -225,6 +235,7 @@ impl Net {
             source_gone: false,
             fatal: None,
             dials: Vec::new(),
+            early: Vec::new(),
         })
     }
 
@@ -241,7 +252,7 @@ impl Net {
         let reader = tokio::spawn(read_conn(
             r,
             j,
-            self.keys.clone(),
+            (self.keys.clone(), self.hashes.clone()),
             self.session,
             self.ev_tx.clone(),
         ));
@@ -387,6 +398,11 @@ impl Net {
                 {
                     self.member_lost(node as NodeId, now);
                 }
+                Frame::SwarmSetup(SwarmSetup::Back { node })
+                    if j == 0 && self.me != 0 && (node as usize) < self.members.len() =>
+                {
+                    self.member_back(node as NodeId, now);
+                }
                 f if self.connected[j] => {
                     if let Err(e) = self.node.handle_frame(j, f, now) {
                         self.drop_conn(j, &e.to_string(), now);
@@ -481,6 +497,46 @@ impl Net {
         }
     }
 
+    /// Member `j`, lost before, is back (the source reached it again): the node takes it
+    /// back; the lower id of a linked pair dials it again, a connection it made already is
+    /// taken. At the member itself (told it is back) its set-up connection becomes a swarm link
+    /// if it was not: it reports to the source.
+    pub(super) fn member_back(&mut self, j: NodeId, now: Instant) {
+        self.node.handle_member_back(j, now);
+        if j == self.me {
+            if !self.connected[0] && self.conns.contains_key(&0) {
+                self.link(0, now);
+            }
+            return;
+        }
+        if let Some(at) = self.early.iter().position(|e| e.0 == j) {
+            let (_, s) = self.early.swap_remove(at);
+            self.add_conn(j, s);
+            self.link(j, now);
+        } else if self.linked[j] && self.me != 0 && self.me < j && !self.conns.contains_key(&j) {
+            let addr = self.members[j].addr.clone();
+            self.dial(j, addr);
+        }
+    }
+
+    /// A member's connection to this one (its `Peer` frame read): taken if the member is in
+    /// the session here, held if it is not yet back (its connection may come before the
+    /// source's word), refused otherwise.
+    pub(super) fn accept_peer(&mut self, j: NodeId, s: Stream, now: Instant) {
+        if j == 0 || j >= self.members.len() || j == self.me || self.conns.contains_key(&j) {
+            tracing::warn!(
+                "swarm session {:016x}: refused a connection claiming node {j}",
+                self.session
+            );
+        } else if !self.node.is_alive(j) {
+            self.early.retain(|e| e.0 != j);
+            self.early.push((j, s));
+        } else {
+            self.add_conn(j, s);
+            self.link(j, now);
+        }
+    }
+
     pub(super) fn drop_conn(&mut self, j: NodeId, why: &str, now: Instant) {
         tracing::warn!("swarm {:016x}: dropping node {j}: {why}", self.session);
         if let Some(mut c) = self.conns.remove(&j) {
@@ -507,9 +563,13 @@ impl Net {
                 }
                 SwarmEvent::Corrupt { from, index, error } => {
                     tracing::warn!(
-                        "swarm {:016x}: piece {index} from node {from} rejected ({error})",
-                        self.session
+                        "swarm {:016x}: piece {index} from node {from} ({}) rejected ({error})",
+                        self.session,
+                        self.members[from].name
                     );
+                    // Connections are authenticated and encrypted: a bad piece was made so.
+                    let why = format!("it sent piece {index} that does not verify ({error})");
+                    self.drop_conn(from, &why, now);
                 }
                 SwarmEvent::Connect { peer } => {
                     // The lower id of a pair dials (the higher one's node asks too).
@@ -551,8 +611,7 @@ impl Net {
                         continue;
                     }
                     Some(Transmit::Piece(i)) => {
-                        let seal = (&self.keys, self.session);
-                        match piece(&self.held, &self.disk, self.chunk_size, i, seal) {
+                        match piece(&self.held, &self.disk, self.chunk_size, i) {
                             Ok(Some(c)) => Frame::Chunk(c),
                             Ok(None) => {
                                 missing = Some(format!(
@@ -602,13 +661,13 @@ impl Net {
 pub(super) async fn read_conn<R: AsyncRead + Unpin>(
     mut r: R,
     j: NodeId,
-    keys: Keys,
+    (keys, hashes): (Keys, PieceHashes),
     session: SessionId,
     tx: mpsc::Sender<Ev>,
 ) {
     loop {
         let ev = match transport::read_frame(&mut r, wire::MAX_FRAME).await {
-            Ok(Some(Frame::Chunk(c))) => match keys.verify(session, &c) {
+            Ok(Some(Frame::Chunk(c))) => match hashes.verify(&keys, session, &c) {
                 Ok(()) => Ev::Verified(j, c),
                 // The node verifies it again, and reports it corrupt.
                 Err(_) => Ev::Frame(j, Frame::Chunk(c)),

@@ -4,6 +4,7 @@
 use super::net::{with_queued, Ev, Held, Net};
 use super::*;
 use bulkcast_proto::swarm::session::{Outcome, SourceSession};
+use bulkcast_proto::swarm::PieceHashes;
 
 /// Sends `input` to `hosts` (node `i` is `hosts[i - 1]`) by `cfg.strategy`; `tree` (over the
 /// source and the hosts) is needed by the strategies that push. Returns the report once every
@@ -40,19 +41,43 @@ pub async fn send(
         }
     }
     let mut open = session_open(source, hosts, tree, &labels, session, cfg, &manifest);
-    open.sig = keys.sign_open(session, cfg.chunk_size, &manifest, None);
     let held = read_pieces(input, &disk, cfg.chunk_size, &keys, session, len).await?;
+    // One signature for every piece: the root of their hashes, with the set-up.
+    let hashes = PieceHashes::new(
+        held.iter()
+            .map(|h| match h {
+                Some(Held::Mem(c)) => c.hash,
+                Some(Held::Disk { hash, .. }) => *hash,
+                None => [0; 32],
+            })
+            .collect(),
+    );
+    open.pieces_root = hashes.root();
+    open.sig = keys.sign_swarm_open(session, cfg.chunk_size, &manifest, &open.pieces_root);
     {
         let mut st = status.lock().expect("status lock");
         st.started = Instant::now();
         st.total_len = Some(len);
         st.read = len;
     }
-    let mut net = Net::new(&open, 0, keys.clone(), cfg.tuning.clone(), held)?;
+    let mut net = Net::new(
+        &open,
+        0,
+        keys.clone(),
+        hashes.clone(),
+        cfg.tuning.clone(),
+        held,
+    )?;
     net.disk = disk;
     let mut watch = SourceSession::new(n, cfg.stall_timeout, Instant::now());
     let mut unreachable = Vec::new();
-    for (j, r) in dial_members(&open, hosts, &keys, &cfg.tuning).await? {
+    let dialler = Dialler {
+        open: open.clone(),
+        hashes: Arc::new(hash_frames(&hashes)),
+        keys: keys.clone(),
+        tuning: cfg.tuning.clone(),
+    };
+    for (j, r) in dial_members(&dialler).await? {
         match r {
             Ok(s) => net.add_conn(j, s),
             Err(e) => {
@@ -66,7 +91,7 @@ pub async fn send(
         net.member_lost(j, Instant::now());
     }
     let pieces = open.manifest.chunks(cfg.chunk_size).unwrap_or(0);
-    run(&mut net, &mut watch, &status, pieces).await?;
+    run(&mut net, &mut watch, &status, pieces, &dialler).await?;
     net.close().await;
     let st = status.lock().expect("status lock");
     let mut report = Report::build(
@@ -127,8 +152,56 @@ fn session_open(
         seed: cfg.seed,
         manifest: manifest.clone(),
         members,
+        pieces_root: [0; 32],
         sig: None,
     }
+}
+
+/// What the source needs to reach a member, at the start or again after its connection
+/// dropped: the set-up and the piece list that follows it.
+#[derive(Clone)]
+struct Dialler {
+    open: SwarmOpen,
+    hashes: Arc<Vec<Frame>>,
+    keys: Keys,
+    tuning: TcpTuning,
+}
+
+impl Dialler {
+    /// Dials member `j`, passes the handshake and sends its set-up and the piece list.
+    async fn dial(&self, j: NodeId) -> Result<Stream, String> {
+        let mut o = self.open.clone();
+        o.node = j as u32;
+        let addr = o.members[j].addr.clone();
+        let (keys, tuning, hashes) = (&self.keys, &self.tuning, &self.hashes);
+        async {
+            let s = transport::connect(&addr, tuning).await?;
+            let mut s = transport::handshake_connect(s, keys).await?;
+            transport::write_frame(&mut s, &Frame::SwarmSetup(SwarmSetup::Open(Box::new(o))))
+                .await?;
+            for f in hashes.iter() {
+                transport::write_frame(&mut s, f).await?;
+            }
+            Ok::<_, transport::ConnError>(s)
+        }
+        .await
+        .map_err(|e| format!("{addr}: {e}"))
+    }
+}
+
+/// The piece list as `Hashes` frames (at least one, so that an empty list is sent too).
+fn hash_frames(hashes: &PieceHashes) -> Vec<Frame> {
+    let list = hashes.as_slice();
+    (0..list.len().div_ceil(wire::HASHES_PER_FRAME).max(1))
+        .map(|k| {
+            let at = k * wire::HASHES_PER_FRAME;
+            let end = (at + wire::HASHES_PER_FRAME).min(list.len());
+            Frame::SwarmSetup(SwarmSetup::Hashes {
+                first: at as u64,
+                hashes: list[at.min(end)..end].to_vec(),
+            })
+        })
+        .collect()
 }
 
 /// Every piece sealed once, then held (a one-file object, served from `disk`: only its hash
@@ -164,31 +237,15 @@ async fn read_pieces(
     Ok(held)
 }
 
-/// The set-up connections, all dialled at once: per agent, the connection (its `Open` sent)
-/// or why it could not be made.
+/// The set-up connections, all dialled at once: per agent, the connection (its `Open` and the
+/// piece list sent) or why it could not be made.
 async fn dial_members(
-    open: &SwarmOpen,
-    hosts: &[HostSpec],
-    keys: &Keys,
-    tuning: &TcpTuning,
+    dialler: &Dialler,
 ) -> Result<Vec<(NodeId, Result<Stream, String>)>, SwarmError> {
     let mut dials = Vec::new();
-    for j in 1..hosts.len() + 1 {
-        let mut o = open.clone();
-        o.node = j as u32;
-        let addr = hosts[j - 1].addr.clone();
-        let (keys, tuning) = (keys.clone(), tuning.clone());
-        dials.push(tokio::spawn(async move {
-            let r = async {
-                let s = transport::connect(&addr, &tuning).await?;
-                let mut s = transport::handshake_connect(s, &keys).await?;
-                transport::write_frame(&mut s, &Frame::SwarmSetup(SwarmSetup::Open(Box::new(o))))
-                    .await?;
-                Ok::<_, transport::ConnError>(s)
-            }
-            .await;
-            (j, r.map_err(|e| format!("{addr}: {e}")))
-        }));
+    for j in 1..dialler.open.members.len() {
+        let d = dialler.clone();
+        dials.push(tokio::spawn(async move { (j, d.dial(j).await) }));
     }
     let mut out = Vec::with_capacity(dials.len());
     for d in dials {
@@ -198,14 +255,22 @@ async fn dial_members(
 }
 
 /// The source's loop: serves its peers and follows every agent until the session is over
-/// (see [`SourceSession::is_over`]); its stall timer gives up on the agents still pending.
+/// (see [`SourceSession::is_over`]); its timers dial again the agents whose connection
+/// dropped, and give up on the agents still pending.
 async fn run(
     net: &mut Net,
     watch: &mut SourceSession,
     status: &Mutex<Status>,
     pieces: u64,
+    dialler: &Dialler,
 ) -> Result<(), SwarmError> {
     loop {
+        if net.node.is_all_done() {
+            let why = "every other member had finished before it could be reached again";
+            for j in watch.give_up_away(why) {
+                failed(watch, status, j);
+            }
+        }
         if watch.is_over(net.node.is_all_done()) {
             return Ok(());
         }
@@ -219,11 +284,16 @@ async fn run(
             }
             _ = sleep_until_opt(deadline) => net.node.handle_timeout(Instant::now()),
             _ = sleep_until_opt(watch.poll_timeout()) => {
-                for j in watch.handle_timeout(Instant::now()) {
-                    if let Some(Outcome::Failed(e)) = watch.outcome(j) {
-                        status.lock().expect("status lock").receivers[j - 1].failed =
-                            Some(e.clone());
-                    }
+                let now = Instant::now();
+                for j in watch.poll_redial(now) {
+                    tracing::info!("swarm {:016x}: dialling node {j} again", net.session);
+                    let (d, tx) = (dialler.clone(), net.ev_tx.clone());
+                    net.dials.push(tokio::spawn(async move {
+                        let _ = tx.send(Ev::Dialled(j, d.dial(j).await)).await;
+                    }));
+                }
+                for j in watch.handle_timeout(now) {
+                    failed(watch, status, j);
                 }
             }
         }
@@ -286,14 +356,83 @@ fn from_member(
                 net.member_lost(j, now);
             }
         }
-        Ev::Closed(j, reason) if j != 0 && watch.outcome(j).is_none() => {
+        Ev::Closed(j, reason) if j != 0 && watch.outcome(j).is_none() && !watch.is_away(j) => {
+            // The old connection's writer could only report on the new one's behalf later.
+            if let Some(c) = net.conns.get(&j) {
+                c.writer.abort();
+            }
             net.handle(Ev::Closed(j, reason.clone()), now);
             let e = format!("connection lost: {reason}");
-            status.lock().expect("status lock").receivers[j - 1].failed = Some(e.clone());
-            watch.handle_lost(j, e);
+            tracing::warn!(
+                "swarm {:016x}: node {j}: {e}; trying to reach it again",
+                net.session
+            );
+            watch.handle_dropped(j, e, now);
             net.member_lost(j, now);
         }
+        Ev::Dialled(j, r) => readmit(net, watch, status, j, r, now),
         ev => net.handle(ev, now),
+    }
+}
+
+/// Receiver `j`'s outcome is a failure: the status shows it.
+fn failed(watch: &SourceSession, status: &Mutex<Status>, j: NodeId) {
+    if let Some(Outcome::Failed(e)) = watch.outcome(j) {
+        status.lock().expect("status lock").receivers[j - 1].failed = Some(e.clone());
+    }
+}
+
+/// The source dialled receiver `j` again, after its connection dropped: on success it is back
+/// in the session. Every other member is told (`Back`); the receiver, on its new set-up
+/// connection, hears first who was lost or came back meanwhile, then that it is back itself,
+/// and resumes from its copy.
+fn readmit(
+    net: &mut Net,
+    watch: &mut SourceSession,
+    status: &Mutex<Status>,
+    j: NodeId,
+    r: Result<Stream, String>,
+    now: Instant,
+) {
+    let s = match r {
+        Err(e) => {
+            if watch.handle_redial_failed(j, &e, now) {
+                failed(watch, status, j);
+            }
+            return;
+        }
+        // Given up meanwhile, or nothing left to re-admit it into: dropping the connection
+        // ends its instance.
+        Ok(_) if !watch.is_away(j) || net.node.is_all_done() => return,
+        Ok(s) => s,
+    };
+    tracing::info!("swarm {:016x}: node {j} is back", net.session);
+    watch.handle_back(j, now);
+    let back = Frame::SwarmSetup(SwarmSetup::Back { node: j as u32 });
+    for c in net.conns.values() {
+        let _ = c.tx.send(back.clone());
+    }
+    net.node.handle_member_back(j, now);
+    net.add_conn(j, s);
+    let n = net.members.len();
+    let mut first: Vec<Frame> = (1..n)
+        .filter(|&m| m != j && !net.node.is_alive(m))
+        .map(|m| Frame::SwarmSetup(SwarmSetup::Lost { node: m as u32 }))
+        .collect();
+    first.extend(
+        (1..n)
+            .filter(|&m| m != j && net.node.is_alive(m) && net.node.is_returned(m))
+            .map(|m| Frame::SwarmSetup(SwarmSetup::Back { node: m as u32 })),
+    );
+    first.push(back);
+    if let Some(c) = net.conns.get(&j) {
+        for f in first {
+            let _ = c.tx.send(f);
+        }
+    }
+    // It reports to the source, which is its peer now whatever the strategy chose.
+    if !net.connected[j] {
+        net.link(j, now);
     }
 }
 

@@ -17,9 +17,18 @@ pub(super) struct Ack {
 }
 
 impl SwarmNode {
-    /// The binary completion tree over the live members in node-id order.
+    /// The binary completion tree over the live members in node-id order. A member that came
+    /// back is outside it (the tree of the others does not change under them): it reports
+    /// straight to the source.
     pub(super) fn layout_ack(&mut self) {
-        let live: Vec<NodeId> = (0..self.alive.len()).filter(|&m| self.alive[m]).collect();
+        if self.returned[self.me] {
+            self.ack.parent = Some(SOURCE);
+            self.ack.children.clear();
+            return;
+        }
+        let live: Vec<NodeId> = (0..self.alive.len())
+            .filter(|&m| self.alive[m] && !self.returned[m])
+            .collect();
         let Some(pos) = live.iter().position(|&m| m == self.me) else {
             return;
         };
@@ -39,6 +48,10 @@ impl SwarmNode {
         if !self.ack.children.iter().all(|c| self.ack.done.contains(c)) {
             return;
         }
+        // The root waits for the members that came back too.
+        if self.ack.parent.is_none() && self.returned_pending().is_some() {
+            return;
+        }
         self.ack.sent = true;
         match self.ack.parent {
             None => self.on_all_done(),
@@ -55,8 +68,18 @@ impl SwarmNode {
         }
         self.ack.all_done = true;
         self.events.push_back(SwarmEvent::AllDone);
-        for c in self.ack.children.clone() {
+        let mut to = self.ack.children.clone();
+        if self.ack.parent.is_none() {
+            to.extend((0..self.alive.len()).filter(|&m| self.alive[m] && self.returned[m]));
+        }
+        for c in to {
             self.send_ctrl(c, Frame::Swarm(SwarmMsg::AllDone));
         }
+    }
+
+    /// A live member that came back and has not reported complete yet.
+    fn returned_pending(&self) -> Option<NodeId> {
+        (0..self.alive.len())
+            .find(|&m| self.alive[m] && self.returned[m] && !self.ack.done.contains(&m))
     }
 }

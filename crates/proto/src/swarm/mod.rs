@@ -155,7 +155,14 @@
 //! peer is a `Bitfield`, sent even when empty; to a peer that pushes to it (its tree parent,
 //! the hybrid's dealing source) it lists every piece held, and nothing is pushed or dealt to a
 //! peer before it arrived, so no kept piece is pushed (a round trip at the start). At the
-//! hybrid's source, a piece a target kept counts as dealt.
+//! hybrid's source, a piece a target kept counts as dealt. Pieces are checked against the
+//! source's signed list of piece hashes ([`PieceHashes`], [`SwarmNode::set_piece_hashes`]), so
+//! with host keys a kept piece, sealed by the member that kept it, is taken like any other.
+//!
+//! A member lost mid-session may come back (its agent restarted, and the source reached it
+//! again: [`session::SourceSession::poll_redial`]): [`SwarmNode::handle_member_back`] at every
+//! member gives it back its share and tree place; it resumes, outside the completion tree, and
+//! the source's `AllDone` waits for its `Complete`.
 //!
 //! # Driving it (sans-IO)
 //! Construct one [`SwarmNode`] per member with [`SwarmNode::new`]. Dial every node in
@@ -180,6 +187,8 @@ pub(crate) mod bits;
 mod bt;
 mod completion;
 use completion::Ack;
+mod hashes;
+pub use hashes::PieceHashes;
 mod hybrid;
 pub mod mob;
 pub mod msg;
@@ -426,10 +435,18 @@ pub struct SwarmNode {
     me: NodeId,
     labels: Vec<u32>,
     alive: Vec<bool>,
+    /// Members that were lost and came back ([`SwarmNode::handle_member_back`]): outside the
+    /// completion tree, they report to the source, which waits for them before `AllDone`.
+    returned: Vec<bool>,
     mobs: Mobs,
     source_cluster: usize,
     tree_parent: Option<NodeId>,
     tree_children: Vec<NodeId>,
+    /// The planned tree's parent and children, restored when a lost member comes back.
+    planned: (Option<NodeId>, Vec<NodeId>),
+    /// The source's signed list of piece hashes: every piece is checked against it, so pieces
+    /// need no signature of their own ([`PieceHashes`]).
+    hashes: Option<PieceHashes>,
     /// Hybrid, at the source: the node of each other cluster it deals pieces to.
     targets: Vec<NodeId>,
     peers: Vec<Peer>,
@@ -522,7 +539,10 @@ impl SwarmNode {
             me,
             labels: clusters.to_vec(),
             alive,
+            returned: vec![false; n],
             mobs,
+            planned: (tree_parent, tree_children.clone()),
+            hashes: None,
             tree_parent,
             tree_children,
             targets,
@@ -608,6 +628,16 @@ impl SwarmNode {
     /// True once the completion tree reported every live member complete.
     pub fn is_all_done(&self) -> bool {
         self.ack.all_done
+    }
+
+    /// Whether `node` is in the session: not lost, or lost and back.
+    pub fn is_alive(&self, node: NodeId) -> bool {
+        self.alive.get(node).copied().unwrap_or(false)
+    }
+
+    /// Whether `node` was lost and came back ([`SwarmNode::handle_member_back`]).
+    pub fn is_returned(&self, node: NodeId) -> bool {
+        self.returned.get(node).copied().unwrap_or(false)
     }
 
     /// Pieces that arrived a second time.
@@ -770,7 +800,11 @@ impl SwarmNode {
         match frame {
             Frame::Chunk(c) => {
                 check("Chunk", c.index)?;
-                match self.keys.verify(self.cfg.session, &c) {
+                let verified = match &self.hashes {
+                    Some(h) => h.verify(&self.keys, self.cfg.session, &c),
+                    None => self.keys.verify(self.cfg.session, &c),
+                };
+                match verified {
                     Ok(()) => {
                         let index = c.index;
                         self.events.push_back(SwarmEvent::Piece {

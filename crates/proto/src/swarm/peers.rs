@@ -1,6 +1,8 @@
 //! A member's peers: whom it dials first, the state it keeps per peer, and which of its
 //! pieces each peer hears of.
 
+use std::time::Instant;
+
 use rand::seq::SliceRandom;
 
 use super::*;
@@ -10,9 +12,17 @@ impl SwarmNode {
         if let Some(k) = self.index[id] {
             return k;
         }
-        let p = self.cfg.pieces;
         let k = self.peers.len();
-        self.peers.push(Peer {
+        let peer = self.new_peer(id);
+        self.peers.push(peer);
+        self.index[id] = Some(k);
+        k
+    }
+
+    /// What this node knows of `id` before they talk.
+    fn new_peer(&self, id: NodeId) -> Peer {
+        let p = self.cfg.pieces;
+        Peer {
             id,
             local: self.mobs.cluster(id) == self.mobs.cluster(self.me),
             connected: false,
@@ -35,9 +45,52 @@ impl SwarmNode {
             up_window: 0,
             rate: hybrid::PeerRate::default(),
             heard: false,
-        });
-        self.index[id] = Some(k);
-        k
+        }
+    }
+
+    /// `node`, lost before, is back in the session: the source reached it again and it resumed
+    /// from its copy (a restarted agent). It counts again for mob ranks and shares and takes
+    /// back its place in the planned tree; what this node knew of it is forgotten (the new
+    /// instance announces what it holds when connected). It stays outside the completion tree,
+    /// so the others' tree does not change under them: it reports to the source, which waits
+    /// for it before `AllDone`. At `node` itself (told it
+    /// came back) this places it under the source. Ignored once the session is all done.
+    pub fn handle_member_back(&mut self, node: NodeId, now: Instant) {
+        if node >= self.alive.len() || self.ack.all_done {
+            return;
+        }
+        if node == self.me {
+            if self.me != SOURCE && !self.returned[node] {
+                self.returned[node] = true;
+                self.layout_ack();
+                self.ack.sent = false;
+                self.try_ack();
+            }
+            return;
+        }
+        if self.alive[node] {
+            return;
+        }
+        self.handle_peer_lost(node, now);
+        self.alive[node] = true;
+        self.returned[node] = true;
+        self.ack.done.remove(&node);
+        self.mobs = Mobs::new(&self.labels, &self.alive);
+        if self.planned.0 == Some(node) {
+            self.tree_parent = Some(node);
+        }
+        if self.planned.1.contains(&node) && !self.tree_children.contains(&node) {
+            self.tree_children.push(node);
+        }
+        if let Some(k) = self.index[node] {
+            self.peers[k] = self.new_peer(node);
+        }
+        self.layout_ack();
+        for k in 0..self.peers.len() {
+            if self.peers[k].connected && !self.peers[k].local {
+                self.announce_all(k);
+            }
+        }
     }
 
     /// Whether `peer` should hear that we hold piece i.

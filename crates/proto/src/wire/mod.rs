@@ -45,7 +45,7 @@ use codec::Reader;
 pub use edge::{EdgeMode, EdgeScheduler};
 pub use manifest::object_id;
 pub use probe::UNREACHABLE;
-pub use swarm::{Strategy, SwarmMember, SwarmOpen, SwarmSetup, NO_PARENT};
+pub use swarm::{Strategy, SwarmMember, SwarmOpen, SwarmSetup, HASHES_PER_FRAME, NO_PARENT};
 pub use tree::{Chunk, End, Head, Member, Open, Part, SourceSig, StripeInfo};
 
 /// Largest frame accepted: a chunk of the largest chunk size plus headers, or a manifest.
@@ -62,7 +62,9 @@ pub const HEADER_LEN: usize = 5;
 /// (`Head`, `Part`), each checked on arrival, so a relay forwards before the chunk is whole;
 /// the source signs `Open`, `SwarmOpen` and `End`; `Rejected` names a hop that sent a bad
 /// chunk; relays send `Idle` upwards too. 7: multicast datagrams are numbered and sealed
-/// under a group key that the multicast `Open` carries.
+/// under a group key that the multicast `Open` carries; a swarm's set-up carries the root of
+/// the pieces' hashes (signed) and the hashes follow it (`Hashes`); `Back` re-admits a lost
+/// member.
 pub const VERSION: u16 = 7;
 
 /// Magic bytes at the start of every connection's first frame, so a stray client (an HTTP

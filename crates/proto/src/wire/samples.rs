@@ -18,7 +18,7 @@ pub(super) const KINDS: usize = 34;
 
 /// BLAKE3 over every sample's encoding (each prefixed by its length) and a manifest's
 /// [`object_id`], as wire.rs encoded them when this test was written (protocol version 7).
-pub(super) const PIN: &str = "ebc4e7efa97eb7a971993d5671cf2a7a4d2bc76df09735df99d35023bca19165";
+pub(super) const PIN: &str = "8e865b2fcddffc7437a9da70727d4664ec510ccb6b30a0448e88f280d67b8bdd";
 
 pub(super) fn kind_index(f: &Frame) -> usize {
     match f {
@@ -175,6 +175,7 @@ fn swarm_open(strategy: Strategy) -> SwarmSetup {
                 addr: "127.0.0.1:7001".into(),
             },
         ],
+        pieces_root: [9; 32],
         sig: Some(Box::new(sig())),
     }))
 }
@@ -360,6 +361,11 @@ pub(super) fn samples() -> Vec<Frame> {
                 received: vec![(0, 1 << 20), (4, 65_536)],
             },
             SwarmSetup::Lost { node: 5 },
+            SwarmSetup::Hashes {
+                first: 4,
+                hashes: vec![[1; 32], [2; 32]],
+            },
+            SwarmSetup::Back { node: 5 },
         ]
         .into_iter()
         .map(Frame::SwarmSetup),

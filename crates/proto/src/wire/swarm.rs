@@ -31,9 +31,12 @@ pub enum Strategy {
 /// Open   = 0x01 | session:u64 | node:u32 | chunk_size:u32 | stall_timeout_ms:u32
 ///               | strategy:u8 (0 tree-push, 1 swarm, 2 mob, 3 hybrid) | seed:u64 | manifest
 ///               | count:u32 | (node:u32 | parent:u32 | cluster:u32 | name | addr)*
+///               | pieces_root:32 | sig
 /// Peer   = 0x02 | session:u64 | node:u32
 /// Report = 0x03 | node:u32 | count:u32 | (peer:u32 | bytes:u64)*
 /// Lost   = 0x04 | node:u32
+/// Hashes = 0x05 | first:u64 | count:u32 | hash:32 * count
+/// Back   = 0x06 | node:u32
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SwarmSetup {
@@ -63,7 +66,26 @@ pub enum SwarmSetup {
         /// The member that left.
         node: u32,
     },
+    /// Source to a member, right after the `Open`: the BLAKE3 hashes of pieces `first..`, in
+    /// order, until the member holds one per piece; their root is [`SwarmOpen::pieces_root`],
+    /// which the source signed with the set-up (see [`crate::swarm::PieceHashes`]).
+    Hashes {
+        /// Index of the first piece listed.
+        first: u64,
+        /// One hash per piece (at most [`HASHES_PER_FRAME`]).
+        hashes: Vec<[u8; 32]>,
+    },
+    /// Source to every member: member `node`, lost before, is back in the session (its
+    /// connection to the source was made again and it resumed): it counts again for shares
+    /// and the completion tree, and its peers connect to it again.
+    Back {
+        /// The member that came back.
+        node: u32,
+    },
 }
+
+/// Hashes per [`SwarmSetup::Hashes`] frame (1 MiB of them).
+pub const HASHES_PER_FRAME: usize = 32_768;
 
 /// A swarm session's set-up (see [`SwarmSetup::Open`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,8 +107,12 @@ pub struct SwarmOpen {
     pub manifest: Manifest,
     /// Every member, in node-id order (node 0 is the source).
     pub members: Vec<SwarmMember>,
-    /// The source's signature of the session, chunk size and manifest, with host keys (see
-    /// [`crate::auth::Keys::sign_open`]).
+    /// The root of the pieces' hashes ([`crate::swarm::PieceHashes::root`]), which follow in
+    /// [`SwarmSetup::Hashes`] frames: every member checks every piece, kept or received,
+    /// against that list.
+    pub pieces_root: [u8; 32],
+    /// The source's signature of the session, chunk size, manifest and pieces' root, with host
+    /// keys (see [`crate::auth::Keys::sign_swarm_open`]).
     pub sig: Option<Box<SourceSig>>,
 }
 
@@ -113,6 +139,8 @@ pub(super) const S_SETUP_OPEN: u8 = 0x01;
 const S_SETUP_PEER: u8 = 0x02;
 const S_SETUP_REPORT: u8 = 0x03;
 const S_SETUP_LOST: u8 = 0x04;
+const S_SETUP_HASHES: u8 = 0x05;
+const S_SETUP_BACK: u8 = 0x06;
 
 /// Encodes a `Swarm` frame.
 pub(super) fn encode_msg(m: &SwarmMsg, b: &mut BytesMut) -> Bytes {
@@ -168,6 +196,7 @@ fn put_swarm_setup(b: &mut BytesMut, s: &SwarmSetup) {
                 put_str(b, &m.name);
                 put_str(b, &m.addr);
             }
+            b.put_slice(&o.pieces_root);
             put_opt_sig(b, o.sig.as_deref());
         }
         SwarmSetup::Peer { session, node } => {
@@ -186,6 +215,18 @@ fn put_swarm_setup(b: &mut BytesMut, s: &SwarmSetup) {
         }
         SwarmSetup::Lost { node } => {
             b.put_u8(S_SETUP_LOST);
+            b.put_u32(*node);
+        }
+        SwarmSetup::Hashes { first, hashes } => {
+            b.put_u8(S_SETUP_HASHES);
+            b.put_u64(*first);
+            b.put_u32(hashes.len() as u32);
+            for h in hashes {
+                b.put_slice(h);
+            }
+        }
+        SwarmSetup::Back { node } => {
+            b.put_u8(S_SETUP_BACK);
             b.put_u32(*node);
         }
     }
@@ -228,6 +269,7 @@ impl Reader {
                     seed,
                     manifest,
                     members,
+                    pieces_root: self.array()?,
                     sig: self.opt_sig()?,
                 }))
             }
@@ -245,6 +287,22 @@ impl Reader {
                 SwarmSetup::Report { node, received }
             }
             S_SETUP_LOST => SwarmSetup::Lost { node: self.u32()? },
+            S_SETUP_HASHES => {
+                let first = self.u64()?;
+                let n = self.count(32)?;
+                if n > HASHES_PER_FRAME {
+                    return Err(WireError::BadValue(
+                        self.what,
+                        "too many hashes in one frame",
+                    ));
+                }
+                let mut hashes = Vec::with_capacity(n);
+                for _ in 0..n {
+                    hashes.push(self.array()?);
+                }
+                SwarmSetup::Hashes { first, hashes }
+            }
+            S_SETUP_BACK => SwarmSetup::Back { node: self.u32()? },
             _ => return Err(WireError::BadValue(self.what, "unknown sub-type")),
         })
     }

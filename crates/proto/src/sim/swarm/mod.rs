@@ -21,7 +21,10 @@
 //! The plan is declarative: a [`Topology`] (with [`Condition`]s for the paper's five WAN
 //! scenarios), WAN rate changes at given times, members lost at given times. The session's
 //! membership service is the simulator itself: when a node disappears, its connections drop
-//! at once and every member is told ([`SwarmNode::handle_member_lost`]).
+//! at once and every member is told ([`SwarmNode::handle_member_lost`]). A lost member whose
+//! agent comes back ([`SwarmSimSpec::back`]) is dialled again by the source's session and
+//! re-admitted (faults.rs); with [`SwarmSimSpec::host_keys`] pieces are checked against the
+//! source's signed piece list, and a member may forge ([`SwarmSimSpec::forger`]).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
@@ -38,6 +41,7 @@ use crate::swarm::{Strategy, SwarmConfig, SwarmEvent, SwarmNode, Transmit};
 use crate::tree::{NodeId, Tree};
 use crate::wire::{self, Chunk, Frame};
 
+mod faults;
 mod topology;
 pub use topology::*;
 
@@ -72,6 +76,17 @@ pub struct SwarmSimSpec {
     pub held: Vec<(NodeId, Vec<(u64, u64)>)>,
     /// Move real sealed bytes and verify them at every hop.
     pub data: bool,
+    /// Members of [`SwarmSimSpec::lost`] whose agent is up again at the given time, with what
+    /// it had stored: the source's session dials them again ([`SourceSession::poll_redial`])
+    /// and re-admits them ([`SwarmNode::handle_member_back`]). Needs a stall timeout.
+    pub back: Vec<(Duration, NodeId)>,
+    /// With [`SwarmSimSpec::data`]: host keys. The source has a push key and lists the pieces'
+    /// hashes ([`crate::swarm::PieceHashes`]), receivers have relay keys, require the source,
+    /// and check every piece against the list; a kept piece is sealed by its member's key.
+    pub host_keys: bool,
+    /// With host keys: this member serves forged pieces (other bytes, sealed and signed with
+    /// its own key). Its peers refuse them, drop their connection to it, and fetch elsewhere.
+    pub forger: Option<NodeId>,
     /// Seed for the data and the strategy's random choices.
     pub seed: u64,
     /// The run stops here whatever happened.
@@ -95,6 +110,9 @@ impl SwarmSimSpec {
             stall_timeout: None,
             held: Vec::new(),
             data: false,
+            back: Vec::new(),
+            host_keys: false,
+            forger: None,
             seed: 1,
             time_limit: Duration::from_secs(3600),
         }
@@ -140,6 +158,12 @@ pub struct SwarmSimReport {
     /// With [`SwarmSimSpec::stall_timeout`]: what the source's session made of each
     /// receiver (index 0, the source, stays `None`); empty without.
     pub outcomes: Vec<Option<Outcome>>,
+    /// Pieces refused at verification: (receiver, sender, piece).
+    pub refused: Vec<(NodeId, NodeId, u64)>,
+    /// Members re-admitted after they were lost, in order.
+    pub readmitted: Vec<NodeId>,
+    /// With data: every piece any member stored is the object's (complete or not).
+    pub intact: bool,
 }
 
 impl SwarmSimReport {
@@ -194,6 +218,9 @@ struct Msg {
     after: [Duration; 3],
     nhops: usize,
     hop: usize,
+    /// The incarnations of sender and receiver when it was sent: a member that came back does
+    /// not get what its lost instance was sent.
+    inc: (u32, u32),
 }
 
 #[derive(Debug)]
@@ -211,8 +238,10 @@ enum Ev {
     Arrive(usize),
     Timer(NodeId),
     Freeze(usize),
-    /// The source session's stall timer.
+    /// The source session's timers (stall, tries to reach a member again).
     Stall,
+    /// A lost member's agent is up again (index into `back`).
+    Back(usize),
 }
 
 struct SimNode {
@@ -222,6 +251,11 @@ struct SimNode {
     frozen: bool,
     timer: Option<Instant>,
     store: Vec<Option<Chunk>>,
+    keys: Keys,
+    /// How many times it was re-admitted.
+    inc: u32,
+    /// Lost, and its agent is up again: the source may reach it.
+    restarted: bool,
 }
 
 /// Runs a plan to the end: the completion tree reports everyone done, nothing can happen any
@@ -251,6 +285,10 @@ struct Sim {
     session: Option<SourceSession>,
     /// When the stall timer is set for.
     stall_at: Option<Instant>,
+    /// With host keys: the source's piece list, given to every member.
+    hashes: Option<crate::swarm::PieceHashes>,
+    /// Connections cut for a forged piece (either order).
+    cut: std::collections::HashSet<(NodeId, NodeId)>,
 }
 
 impl Sim {
@@ -263,15 +301,23 @@ impl Sim {
         spec.config.pieces = pieces;
         spec.config.seed = spec.seed;
         let labels = topo.labels();
-        let keys = Keys::derive(&Secret::from_bytes([0x5a; 32]));
         let mut rng = SmallRng::seed_from_u64(spec.seed);
         let object: Vec<u8> = if spec.data {
             (0..spec.object_len).map(|_| rng.gen()).collect()
         } else {
             Vec::new()
         };
+        let hashes = (spec.host_keys && spec.data).then(|| {
+            crate::swarm::PieceHashes::new(
+                object
+                    .chunks(spec.piece_len as usize)
+                    .map(|c| *blake3::hash(c).as_bytes())
+                    .collect(),
+            )
+        });
         let nodes = (0..n)
             .map(|i| {
+                let keys = faults::keys_of(&spec, n, i);
                 let mut node = SwarmNode::new(
                     spec.config.clone(),
                     keys.clone(),
@@ -281,6 +327,9 @@ impl Sim {
                     start,
                 )
                 .expect("valid simulation plan");
+                if let Some(h) = &hashes {
+                    node.set_piece_hashes(h.clone());
+                }
                 let held = spec.held.iter().find(|h| h.0 == i).map(|h| {
                     let map = ChunkMap::from_ranges(&h.1, pieces);
                     node.resume(&map);
@@ -307,6 +356,9 @@ impl Sim {
                     frozen: false,
                     timer: None,
                     store,
+                    keys,
+                    inc: 0,
+                    restarted: false,
                 }
             })
             .collect();
@@ -351,6 +403,9 @@ impl Sim {
             arrivals: vec![vec![0; pieces as usize]; n],
             control_bytes: 0,
             outcomes: Vec::new(),
+            refused: Vec::new(),
+            readmitted: Vec::new(),
+            intact: true,
         };
         let session = spec.stall_timeout.map(|t| SourceSession::new(n, t, start));
         Self {
@@ -372,6 +427,8 @@ impl Sim {
             report,
             session,
             stall_at: None,
+            hashes,
+            cut: Default::default(),
         }
     }
 
@@ -404,6 +461,10 @@ impl Sim {
         for i in 0..self.spec.frozen.len() {
             let t = self.start + self.spec.frozen[i].0;
             self.at(t, Ev::Freeze(i));
+        }
+        for i in 0..self.spec.back.len() {
+            let t = self.start + self.spec.back[i].0;
+            self.at(t, Ev::Back(i));
         }
         self.report.done_at[0] = Some(Duration::ZERO);
         for a in 0..n {
@@ -486,8 +547,13 @@ impl Sim {
                 if k < self.nodes.len() && self.nodes[k].alive {
                     self.nodes[k].alive = false;
                     self.report.lost[k] = true;
+                    let comes_back = self.spec.back.iter().any(|b| b.1 == k);
                     if let Some(s) = &mut self.session {
-                        s.handle_lost(k, "lost".into());
+                        if comes_back {
+                            s.handle_dropped(k, "connection lost".into(), self.now);
+                        } else {
+                            s.handle_lost(k, "lost".into());
+                        }
                     }
                     let now = self.now;
                     for j in 0..self.nodes.len() {
@@ -535,9 +601,11 @@ impl Sim {
                     sn.frozen = true;
                 }
             }
-            Ev::Stall => {
-                if let Some(s) = &mut self.session {
-                    s.handle_timeout(self.now);
+            Ev::Stall => self.session_timers(),
+            Ev::Back(i) => {
+                let k = self.spec.back[i].1;
+                if let Some(sn) = self.nodes.get_mut(k).filter(|sn| !sn.alive) {
+                    sn.restarted = true;
                 }
             }
             Ev::Timer(k) => {
@@ -580,7 +648,11 @@ impl Sim {
                         c.is_some(),
                         "node {a} asked to send piece {i} it does not store"
                     );
-                    c
+                    if self.spec.forger == Some(a) {
+                        c.map(|c| self.forge(a, c))
+                    } else {
+                        c
+                    }
                 } else {
                     None
                 };
@@ -617,6 +689,7 @@ impl Sim {
             after,
             nhops,
             hop: 0,
+            inc: (self.nodes[a].inc, self.nodes[b].inc),
         };
         let m = match self.free.pop() {
             Some(m) => {
@@ -651,7 +724,11 @@ impl Sim {
             *x = x.saturating_sub(msg.bytes);
         }
         self.mark(a);
-        if !self.nodes[a].alive || !self.nodes[b].alive {
+        if !self.nodes[a].alive
+            || !self.nodes[b].alive
+            || msg.inc != (self.nodes[a].inc, self.nodes[b].inc)
+            || self.cut.contains(&(a.min(b), a.max(b)))
+        {
             return;
         }
         let now = self.now;
@@ -759,7 +836,11 @@ impl Sim {
                 }
             }
             SwarmEvent::Corrupt { from, index, error } => {
-                panic!("node {k}: piece {index} from {from} failed verification: {error}")
+                assert!(
+                    self.spec.forger == Some(from),
+                    "node {k}: piece {index} from {from} failed verification: {error}"
+                );
+                self.refused(k, from, index);
             }
             SwarmEvent::Connect { peer } => self.connect(k, peer),
             SwarmEvent::Complete => {
@@ -776,6 +857,9 @@ impl Sim {
                 let root = (0..self.nodes.len()).find(|&j| self.nodes[j].alive);
                 if root == Some(k) {
                     self.report.all_done = true;
+                    if let Some(s) = &mut self.session {
+                        s.give_up_away("every other member had finished");
+                    }
                 }
             }
         }
@@ -792,6 +876,12 @@ impl Sim {
         for (k, sn) in self.nodes.iter().enumerate() {
             self.report.duplicates += sn.node.duplicates();
             let whole = sn.node.have().len() == self.pieces;
+            self.report.intact &= sn.store.iter().enumerate().all(|(i, c)| {
+                c.as_ref().is_none_or(|c| {
+                    let lo = i * pl;
+                    c.data[..] == self.object[lo..(lo + pl).min(self.object.len())]
+                })
+            });
             self.report.verified[k] = whole
                 && (!self.spec.data
                     || sn.store.iter().enumerate().all(|(i, c)| {
