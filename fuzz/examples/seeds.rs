@@ -4,8 +4,8 @@
 use std::path::Path;
 
 use bulkcast_proto::auth::{Keys, Secret};
-use bulkcast_proto::identity::{HostKey, Identity};
 use bulkcast_proto::groups;
+use bulkcast_proto::identity::{HostKey, Identity};
 use bulkcast_proto::manifest::{Entry, EntryKind, Manifest, ObjectKind};
 use bulkcast_proto::paced::packet::{self, CloseCode};
 use bulkcast_proto::wire::{Frame, Head, Member, Open, Part, VERSION};
@@ -93,7 +93,11 @@ fn main() {
         mtime: None,
     };
     // A chunk of two and a half groups, as a relay sends it in parts.
-    let parted = Bytes::from((0..5 * groups::GROUP / 2).map(|i| i as u8).collect::<Vec<_>>());
+    let parted = Bytes::from(
+        (0..5 * groups::GROUP / 2)
+            .map(|i| i as u8)
+            .collect::<Vec<_>>(),
+    );
     let (c, cvs) = keys.seal_in_groups(7, 1, parted.clone());
     let head = Head {
         index: 1,
@@ -280,9 +284,14 @@ fn mcast_seeds() {
     use bulkcast_proto::mcast::seal::{DgramWriter, GroupKey};
     use bulkcast_proto::mcast::McastMsg;
     let msgs = [
-        McastMsg::Hashes { first: 0, hashes: vec![[7; 32]; 2] },
+        McastMsg::Hashes {
+            first: 0,
+            hashes: vec![[7; 32]; 2],
+        },
         McastMsg::End { blocks: 5 },
-        McastMsg::Cancel { reason: "stopped".into() },
+        McastMsg::Cancel {
+            reason: "stopped".into(),
+        },
         McastMsg::Heard,
     ];
     for (i, m) in msgs.iter().enumerate() {
@@ -290,7 +299,10 @@ fn mcast_seeds() {
         m.encode(&mut b);
         write("mcast", &format!("msg-{i}"), &b);
     }
-    for (name, key) in [("clear", None), ("sealed", Some(GroupKey::from_bytes([3; 32])))] {
+    for (name, key) in [
+        ("clear", None),
+        ("sealed", Some(GroupKey::from_bytes([3; 32]))),
+    ] {
         let mut w = DgramWriter::new(7, key.map(|k| k.cipher()));
         let mut run = Vec::new();
         let mut buf = Vec::new();
@@ -321,10 +333,21 @@ fn feed_seeds() {
             start: Start::Seq(3),
             multicast: true,
         },
-        Msg::Data { seq: 4, offset: 0, data: Bytes::from_static(b"product bytes") },
+        Msg::Data {
+            seq: 4,
+            offset: 0,
+            data: Bytes::from_static(b"product bytes"),
+        },
         Msg::Index { last_seq: 9 },
-        Msg::Skip { from: 1, to: 2, gone: true },
-        Msg::Repair { seq: 4, ranges: vec![(0, 2), (5, 1)] },
+        Msg::Skip {
+            from: 1,
+            to: 2,
+            gone: true,
+        },
+        Msg::Repair {
+            seq: 4,
+            ranges: vec![(0, 2), (5, 1)],
+        },
         Msg::Ack { seq: 3 },
     ];
     for (i, m) in msgs.iter().enumerate() {
@@ -334,4 +357,3 @@ fn feed_seeds() {
         write("feed_msg", &format!("dgram-{i}"), &m.to_datagram(11));
     }
 }
-

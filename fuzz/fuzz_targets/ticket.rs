@@ -1,7 +1,7 @@
 //! Any ticket a user pastes: parsed or refused; one that parses prints back to itself.
 #![no_main]
 
-use bulkcast_node::ticket::Ticket;
+use bulkcast_runtime::ticket::Ticket;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

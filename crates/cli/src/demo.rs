@@ -5,12 +5,12 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use bulkcast_node::input::Input;
-use bulkcast_node::source::{self, SendConfig};
-use bulkcast_node::transport::{self, TcpTuning};
 use bulkcast_proto::auth::{Keys, Secret};
 use bulkcast_proto::hosts::HostSpec;
 use bulkcast_proto::tree::Tree;
+use bulkcast_runtime::input::Input;
+use bulkcast_runtime::source::{self, SendConfig};
+use bulkcast_runtime::transport::{self, TcpTuning};
 use clap::Args;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};

@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use bulkcast_node::edge::{EdgeStreams, StreamsObserver};
 use bulkcast_proto::wire::{EdgeMode, EdgeScheduler};
+use bulkcast_runtime::edge::{EdgeStreams, StreamsObserver};
 use clap::{Args, ValueEnum};
 
 /// How every edge is carried.

@@ -6,10 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use bulkcast_node::feed::client::{self, Report, SubError, SubscribeConfig};
-use bulkcast_node::feed::metrics::SubscribeMetrics;
-use bulkcast_node::feed::serve::{self, ServeConfig};
-use bulkcast_node::feed::{now_us, DEFAULT_PORT};
 use bulkcast_proto::auth::Keys;
 use bulkcast_proto::feed::fec::{DEFAULT_K, DEFAULT_M};
 use bulkcast_proto::feed::msg::Start;
@@ -18,6 +14,10 @@ use bulkcast_proto::feed::push::PushConfig;
 use bulkcast_proto::feed::queue::QueueLimits;
 use bulkcast_proto::feed::receiver::ReceiverConfig;
 use bulkcast_proto::feed::server::ServerConfig;
+use bulkcast_runtime::feed::client::{self, Report, SubError, SubscribeConfig};
+use bulkcast_runtime::feed::metrics::SubscribeMetrics;
+use bulkcast_runtime::feed::serve::{self, ServeConfig};
+use bulkcast_runtime::feed::{now_us, DEFAULT_PORT};
 use clap::{Args, Subcommand};
 use serde_json::json;
 
@@ -243,7 +243,7 @@ async fn run_serve(a: ServeArgs) -> Result<i32> {
     let endpoint = match &a.metrics {
         Some(addr) => {
             let m = crate::metrics::Endpoint::start(addr).await?;
-            bulkcast_node::feed::metrics::global()
+            bulkcast_runtime::feed::metrics::global()
                 .register(&mut m.registry.lock().unwrap_or_else(|e| e.into_inner()));
             cfg.registry = Some(m.registry.clone());
             Some(m)

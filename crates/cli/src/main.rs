@@ -24,13 +24,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use bulkcast_node::agent::AgentConfig;
-use bulkcast_node::direct::CopyIo;
-use bulkcast_node::store::{Partials, Target};
-use bulkcast_node::ticket::{self, Ticket};
-use bulkcast_node::transport::{self, TcpTuning};
 use bulkcast_proto::auth::{Keys, Secret};
 use bulkcast_proto::node::NodeConfig;
+use bulkcast_runtime::agent::AgentConfig;
+use bulkcast_runtime::direct::CopyIo;
+use bulkcast_runtime::store::{Partials, Target};
+use bulkcast_runtime::ticket::{self, Ticket};
+use bulkcast_runtime::transport::{self, TcpTuning};
 use clap::{Args, Parser, Subcommand};
 
 /// Move large data from one source to many hosts, fast, through pipelined relay trees.
@@ -440,7 +440,7 @@ async fn run_agent(a: AgentArgs) -> Result<i32> {
     let tuning = a.common.tuning()?;
     // The library's agent, with this command's settings.
     let mut agent =
-        bulkcast_node::Agent::with_keys(dir.clone(), a.common.keys(&secret)?).once(a.once);
+        bulkcast_runtime::Agent::with_keys(dir.clone(), a.common.keys(&secret)?).once(a.once);
     for l in &a.listen {
         agent = agent.listen(l);
     }
@@ -559,7 +559,7 @@ async fn recv(a: RecvArgs) -> Result<i32> {
 /// other commands print their own account (a `send`'s report names every receiver's failure),
 /// so by default their log is off and a failure is said once, in that account, not again as a
 /// raw log line in the middle of it; `plan` keeps its warnings. `BULKCAST_LOG`
-/// (an `EnvFilter`, e.g. `warn` or `info,bulkcast_node::swarm=debug`) overrides the default.
+/// (an `EnvFilter`, e.g. `warn` or `info,bulkcast_runtime::swarm=debug`) overrides the default.
 fn init_logging(cmd: &Cmd) {
     let (default_level, daemon) = match cmd {
         Cmd::Agent(_) => ("info", true),

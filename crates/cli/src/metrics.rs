@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use bulkcast_node::metrics::{self, SourceMetrics};
+use bulkcast_runtime::metrics::{self, SourceMetrics};
 use prometheus_client::registry::Registry;
 use tokio::sync::mpsc;
 

@@ -2,7 +2,7 @@
 //! exit code. Used by `bulkcast send` and `bulkcast demo`.
 
 use anyhow::Result;
-use bulkcast_node::report::Report;
+use bulkcast_runtime::report::Report;
 
 use crate::progress;
 

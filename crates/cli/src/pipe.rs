@@ -9,12 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use bulkcast_node::agent;
-use bulkcast_node::input::Input;
-use bulkcast_node::source::{self, SendConfig};
 use bulkcast_proto::hosts::HostSpec;
 use bulkcast_proto::node::CHUNK_SIZE_RANGE;
 use bulkcast_proto::tree::Tree;
+use bulkcast_runtime::agent;
+use bulkcast_runtime::input::Input;
+use bulkcast_runtime::source::{self, SendConfig};
 use clap::{Args, Subcommand};
 
 use crate::edges::EdgeArgs;

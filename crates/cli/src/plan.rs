@@ -1,15 +1,15 @@
-//! `bulkcast plan` (a send's own plan is the library's: `bulkcast_node::api::plan_push`).
+//! `bulkcast plan` (a send's own plan is the library's: `bulkcast_runtime::api::plan_push`).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use bulkcast_node::api;
-use bulkcast_node::measure;
-use bulkcast_node::probe;
 use bulkcast_planner::{bound, plan, Algorithm, Matrix, Network, PlanOptions};
 use bulkcast_proto::auth::Secret;
 use bulkcast_proto::hosts::HostsFile;
+use bulkcast_runtime::api;
+use bulkcast_runtime::measure;
+use bulkcast_runtime::probe;
 use clap::Args;
 
 use crate::Common;
@@ -129,8 +129,8 @@ pub async fn run(a: PlanArgs) -> Result<i32> {
 async fn ssh_agents(
     a: &PlanArgs,
     hosts: &mut HostsFile,
-) -> Result<(Option<bulkcast_node::ssh::Agents>, Secret)> {
-    let targets = bulkcast_node::ssh::file_targets(hosts)?;
+) -> Result<(Option<bulkcast_runtime::ssh::Agents>, Secret)> {
+    let targets = bulkcast_runtime::ssh::file_targets(hosts)?;
     if targets.is_empty() {
         return Ok((None, a.common.require_secret()?));
     }

@@ -4,9 +4,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bulkcast_node::metrics::SourceMetrics;
-use bulkcast_node::report::Timeline;
-use bulkcast_node::source::SharedStatus;
+use bulkcast_runtime::metrics::SourceMetrics;
+use bulkcast_runtime::report::Timeline;
+use bulkcast_runtime::source::SharedStatus;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tokio::task::JoinHandle;
 

@@ -5,16 +5,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use bulkcast_node::api::{self, Event, Object};
-use bulkcast_node::input::Input;
-use bulkcast_node::measure::ProbeCache;
-use bulkcast_node::metrics::SourceMetrics;
-use bulkcast_node::report::Report;
-use bulkcast_node::ticket::Offer;
-use bulkcast_node::transport;
 use bulkcast_proto::auth::{Keys, Secret};
 use bulkcast_proto::hosts::HostsFile;
 use bulkcast_proto::node::CHUNK_SIZE_RANGE;
+use bulkcast_runtime::api::{self, Event, Object};
+use bulkcast_runtime::input::Input;
+use bulkcast_runtime::measure::ProbeCache;
+use bulkcast_runtime::metrics::SourceMetrics;
+use bulkcast_runtime::report::Report;
+use bulkcast_runtime::ticket::Offer;
+use bulkcast_runtime::transport;
 use clap::{Args, ValueEnum};
 
 use crate::edges::EdgeArgs;
@@ -273,10 +273,10 @@ async fn run_send(a: SendArgs) -> Result<i32> {
 
 /// Starts the one-shot agents of `--ssh`, or of the `ssh` hosts of `--to`'s hosts file, and
 /// gives the arguments that send to them.
-async fn ssh_agents(a: SendArgs) -> Result<(Option<bulkcast_node::ssh::Agents>, SendArgs)> {
+async fn ssh_agents(a: SendArgs) -> Result<(Option<bulkcast_runtime::ssh::Agents>, SendArgs)> {
     let file = match (&a.ssh, &a.to) {
         (Some(list), _) => {
-            let targets = bulkcast_node::ssh::parse_list(list)?;
+            let targets = bulkcast_runtime::ssh::parse_list(list)?;
             let secret = crate::ssh::secret(&a.common, true)?;
             let agents = crate::ssh::start(&a.ssh_opts, &targets, &secret).await?;
             let to = Some(agents.addrs.join(","));
@@ -293,7 +293,7 @@ async fn ssh_agents(a: SendArgs) -> Result<(Option<bulkcast_node::ssh::Agents>, 
         (None, Some(to)) => api::load_hosts(to)?,
         (None, None) => return Ok((None, a)),
     };
-    let targets = bulkcast_node::ssh::file_targets(&file)?;
+    let targets = bulkcast_runtime::ssh::file_targets(&file)?;
     if targets.is_empty() {
         // Kept, so that the file is read and parsed once.
         let a = SendArgs {
@@ -569,7 +569,7 @@ async fn multicast(
     .await?;
     // `auto` skips multicast for a day where it reached nobody.
     let addrs: Vec<String> = rx.file.hosts.iter().map(|h| h.addr.clone()).collect();
-    if let Some(u) = bulkcast_node::mcast::Unreached::in_user_cache() {
+    if let Some(u) = bulkcast_runtime::mcast::Unreached::in_user_cache() {
         match fallback.len() == addrs.len() {
             true => u.remember(&addrs),
             false => u.forget(&addrs),
@@ -612,7 +612,7 @@ async fn multicast(
 mod tests {
     use super::*;
     use crate::outcome::headline;
-    use bulkcast_node::report::{ObjectReport, ReceiverReport};
+    use bulkcast_runtime::report::{ObjectReport, ReceiverReport};
 
     fn rx(name: &str, rate: f64, verified: bool) -> ReceiverReport {
         ReceiverReport {

@@ -1,17 +1,17 @@
 //! `bulkcast send --strategy multicast`: one file by IP multicast with erasure-coded repair
-//! on a LAN ([`bulkcast_node::mcast`]); receivers the group does not reach get it by the tree.
+//! on a LAN ([`bulkcast_runtime::mcast`]); receivers the group does not reach get it by the tree.
 
 use std::net::SocketAddrV4;
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use bulkcast_node::input::Input;
-use bulkcast_node::mcast::send::{self as mcast, McastConfig, RxOutcome};
-use bulkcast_node::report::{McastRateReport, ObjectReport, ReceiverReport, Report, TrainSeen};
-use bulkcast_node::transport::TcpTuning;
 use bulkcast_proto::hosts::{HostSpec, HostsFile};
 use bulkcast_proto::mcast::msg::lan_symbol;
+use bulkcast_runtime::input::Input;
+use bulkcast_runtime::mcast::send::{self as mcast, McastConfig, RxOutcome};
+use bulkcast_runtime::report::{McastRateReport, ObjectReport, ReceiverReport, Report, TrainSeen};
+use bulkcast_runtime::transport::TcpTuning;
 use clap::Args;
 
 /// The multicast strategy's options.

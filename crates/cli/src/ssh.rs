@@ -1,10 +1,10 @@
 //! `--ssh-*`: the options of the one-shot agents `send` and `plan` start over ssh
-//! ([`bulkcast_node::ssh`] starts them).
+//! ([`bulkcast_runtime::ssh`] starts them).
 
 use anyhow::Result;
-use bulkcast_node::ssh::{self, Agents, SshOptions};
 use bulkcast_proto::auth::Secret;
 use bulkcast_proto::hosts::{HostsFile, SshTarget};
+use bulkcast_runtime::ssh::{self, Agents, SshOptions};
 
 /// How `send` and `plan` start one-shot agents over ssh.
 #[derive(clap::Args, Clone)]

@@ -7,9 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use bulkcast_node::live::Sessions;
-use bulkcast_node::metrics::request_path;
-use bulkcast_node::source::SharedStatus;
+use bulkcast_runtime::live::Sessions;
+use bulkcast_runtime::metrics::request_path;
+use bulkcast_runtime::source::SharedStatus;
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};

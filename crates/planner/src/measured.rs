@@ -4,7 +4,7 @@
 //!
 //! This is the policy `bulkcast send` and `bulkcast plan` share; it lives here, with no I/O,
 //! so that tests and other programs reach it without the CLI. The probing itself (sockets,
-//! deadlines) is `bulkcast_node::probe`.
+//! deadlines) is `bulkcast_runtime::probe`.
 
 use crate::vivaldi::{self, Sample, VivaldiConfig};
 use crate::{plan, Algorithm, Matrix, MatrixFile, Network, Plan, PlanError, PlanOptions};

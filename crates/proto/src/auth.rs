@@ -1,6 +1,6 @@
 //! Admission and integrity keys.
 //!
-//! - **Admission**: the handshake (`bulkcast_node::secure`, the Noise framework by `snow`)
+//! - **Admission**: the handshake (`bulkcast_runtime::secure`, the Noise framework by `snow`)
 //!   proves that both ends hold the session secret (its pre-shared key is [`Keys::psk`]) and,
 //!   with host keys ([`crate::identity`]), that each end's key is on the other's allow list.
 //!   It also keys the encryption of everything after it, unless both ends chose plaintext

@@ -2,7 +2,7 @@
 //! allow list of public keys a host admits.
 //!
 //! The same key pair serves the encrypted handshake (its X25519 form is the Noise static key,
-//! see `bulkcast_node::secure`), so one file per host is all there is to keep. A peer is
+//! see `bulkcast_runtime::secure`), so one file per host is all there is to keep. A peer is
 //! admitted when its key is on the list; removing a line revokes it at the next connection.
 //! Text forms: a key file holds the 32-byte secret seed as 64 hex digits; a public key is
 //! 64 hex digits; an allow list has one public key per line, optionally followed by a name,
@@ -280,7 +280,7 @@ mod tests {
         let p = PublicKey::from_hex(&k.public().to_string()).unwrap();
         assert_eq!(p, k.public());
         // (That `x25519_secret` has `x25519` as its public form is shown by the handshake
-        // tests in `bulkcast_node::secure`, which admit a peer by it.)
+        // tests in `bulkcast_runtime::secure`, which admit a peer by it.)
         assert_ne!(k.x25519_secret(), p.x25519());
     }
 

@@ -2,7 +2,7 @@
 //!
 //! Everything here is pure: no sockets, files, threads or clocks. Time comes in as an argument
 //! (`now`), bytes come in through `handle_*` calls and go out through `poll_*` calls, so the same
-//! logic runs under the tokio shell (`bulkcast-node`) and under the in-memory simulator
+//! logic runs under the tokio shell (`bulkcast-runtime`) and under the in-memory simulator
 //! ([`sim`]) that every `cargo test` uses.
 //!
 //! # Layout

@@ -13,7 +13,7 @@
 //! ([`Conn::handle_timeout`]), and yields datagrams ([`Conn::poll_transmit`]) and the next
 //! time it wants to be called ([`Conn::poll_timeout`]). The byte stream goes in by
 //! [`Conn::write`] / [`Conn::finish`] and out by [`Conn::read`]. The tokio shell is
-//! `bulkcast_node::paced`; [`sim`] runs two connections over a simulated path.
+//! `bulkcast_runtime::paced`; [`sim`] runs two connections over a simulated path.
 //!
 //! # Layout
 //! - [`packet`]: the three datagram kinds, DATA, ACK and CLOSE.

@@ -10,7 +10,7 @@ use crate::manifest::{Entry, EntryKind, Manifest, Mtime, ObjectKind};
 /// An object's identity, for resuming: BLAKE3 over its encoded manifest (name, kind, length,
 /// mode, modification time, every entry). Two sends of a file that was not changed in between
 /// (same length and modification time, to the nanosecond) share it, so a receiver keeps the
-/// verified chunks of one for the other (see `bulkcast_node::store`), whatever their chunk sizes.
+/// verified chunks of one for the other (see `bulkcast_runtime::store`), whatever their chunk sizes.
 pub fn object_id(m: &Manifest) -> [u8; 32] {
     let mut b = BytesMut::new();
     b.put_slice(b"bulkcast object v1");

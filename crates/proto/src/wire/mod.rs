@@ -96,7 +96,7 @@ pub enum Frame {
         /// `MAC(handshake key, "connector", nonces)`.
         mac: [u8; 32],
     },
-    /// A message of the Noise handshake (`bulkcast_node::secure`), after `Hello`.
+    /// A message of the Noise handshake (`bulkcast_runtime::secure`), after `Hello`.
     Noise {
         /// The handshake pattern the connector chose (secret alone, or with host keys).
         mode: u8,

@@ -61,7 +61,7 @@ pub struct Member {
     /// edges over several connections) follow, separated by spaces.
     pub addr: String,
     /// The member's access uplink in kbit/s as the hosts file declares it; 0: not known. A
-    /// relay paces what it sends below it (see `bulkcast_node::driver::RELAY_UPLINK_SHARE`).
+    /// relay paces what it sends below it (see `bulkcast_runtime::driver::RELAY_UPLINK_SHARE`).
     pub uplink_kbps: u32,
 }
 

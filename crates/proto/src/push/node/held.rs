@@ -27,7 +27,7 @@ const LOAD_SCAN: u64 = 64;
 
 impl Node {
     /// A relay, before its driver starts: its local copy already holds `held` (verified chunks
-    /// from an earlier session of the same object, see `bulkcast_node::store`), or, with
+    /// from an earlier session of the same object, see `bulkcast_runtime::store`), or, with
     /// `complete`, the whole object in place. Its `Have` says so, its parent sends it only the
     /// rest, and what its children lack of `held` is read back from the copy.
     pub fn resume(&mut self, held: ChunkMap, complete: bool, _now: Instant) {

@@ -10,7 +10,7 @@
 //! last record; so nothing in the map is believed: when a copy is opened again every record is
 //! checked by hashing the bytes on disk, torn and mismatching ones are dropped, and the map is
 //! rewritten with the verified ones only. A torn write is never taken as verified. The one
-//! exception is a copy this very process kept when its session failed ([`Ledger::keep`]) and
+//! exception is a copy this very process kept when its session failed (`Ledger::keep`) and
 //! that nothing has touched since (same inode, length and times of the copy and its map): no
 //! crash came between its writes and its records, so a session that opens it again (a subtree
 //! re-opened below a dead relay) takes the records as they are instead of hashing the whole

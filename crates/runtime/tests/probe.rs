@@ -3,12 +3,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bulkcast_node::agent::{self, AgentConfig};
-use bulkcast_node::probe;
-use bulkcast_node::transport::{self, TcpTuning};
 use bulkcast_proto::auth::{Keys, Secret};
 use bulkcast_proto::hosts::HostSpec;
 use bulkcast_proto::node::NodeConfig;
+use bulkcast_runtime::agent::{self, AgentConfig};
+use bulkcast_runtime::probe;
+use bulkcast_runtime::transport::{self, TcpTuning};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn matrix_of_three_agents_and_one_dead_host() {

@@ -4,9 +4,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bulkcast_node::api::Error;
-use bulkcast_node::{Agent, Send, Strategy};
 use bulkcast_proto::auth::Secret;
+use bulkcast_runtime::api::Error;
+use bulkcast_runtime::{Agent, Send, Strategy};
 
 /// A scratch directory, removed on drop.
 struct Scratch(std::path::PathBuf);
@@ -33,7 +33,7 @@ async fn agents(
     secret: &Secret,
 ) -> (
     Vec<String>,
-    Vec<bulkcast_node::live::Sessions>,
+    Vec<bulkcast_runtime::live::Sessions>,
     tokio::sync::watch::Sender<()>,
 ) {
     let (stop, stopped) = tokio::sync::watch::channel(());
@@ -181,15 +181,15 @@ async fn a_planned_send_names_the_host_that_is_not_there_and_bad_builds_are_refu
 /// what was decided, in the words `bulkcast send` prints.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_plans_probes_caches_and_says_what_it_decided_as_the_cli_does() {
-    use bulkcast_node::api::{Event, Object};
-    use bulkcast_node::measure::ProbeCache;
+    use bulkcast_runtime::api::{Event, Object};
+    use bulkcast_runtime::measure::ProbeCache;
     let s = Scratch::new("auto");
     let secret = Secret::from_bytes([5; 32]);
     let (to, _, _stop) = agents(&s, 3, &secret).await;
     let file = data(&s, (3 << 20) + 5);
     let events = Arc::new(std::sync::Mutex::new(Vec::<Event>::new()));
     let mut reg = prometheus_client::registry::Registry::default();
-    let metrics = bulkcast_node::metrics::SourceMetrics::new(&mut reg);
+    let metrics = bulkcast_runtime::metrics::SourceMetrics::new(&mut reg);
     let cache = || ProbeCache {
         dir: s.0.join("probes"),
         max_age: Duration::from_secs(600),
@@ -243,7 +243,7 @@ async fn auto_plans_probes_caches_and_says_what_it_decided_as_the_cli_does() {
         .count();
     assert_eq!(started, 1);
     assert!(matches!(events.lock().unwrap().last(), Some(Event::Ended)));
-    let text = bulkcast_node::metrics::encode(&reg);
+    let text = bulkcast_runtime::metrics::encode(&reg);
     assert!(text.contains("receivers{state=\"done\"} 3"), "{text}");
     let want = std::fs::read(&file).unwrap();
     for i in 0..3 {

@@ -409,8 +409,8 @@ fn readmit(
     tracing::info!("swarm {:016x}: node {j} is back", net.session);
     watch.handle_back(j, now);
     let back = Frame::SwarmSetup(SwarmSetup::Back { node: j as u32 });
-    for c in net.conns.values() {
-        let _ = c.tx.send(back.clone());
+    for c in net.conns.values_mut() {
+        c.out.send(back.clone());
     }
     net.node.handle_member_back(j, now);
     net.add_conn(j, s);
@@ -425,9 +425,9 @@ fn readmit(
             .map(|m| Frame::SwarmSetup(SwarmSetup::Back { node: m as u32 })),
     );
     first.push(back);
-    if let Some(c) = net.conns.get(&j) {
+    if let Some(c) = net.conns.get_mut(&j) {
         for f in first {
-            let _ = c.tx.send(f);
+            c.out.send(f);
         }
     }
     // It reports to the source, which is its peer now whatever the strategy chose.

@@ -4,12 +4,12 @@
 
 use std::time::Duration;
 
-use bulkcast_node::agent::{self, AgentConfig, SessionError};
-use bulkcast_node::transport::{self, Stream};
 use bulkcast_proto::auth::{Keys, Secret};
 use bulkcast_proto::identity::{AllowList, HostKey, Identity, Role};
 use bulkcast_proto::manifest::{Manifest, ObjectKind};
 use bulkcast_proto::wire::{End, Frame, Member, Open};
+use bulkcast_runtime::agent::{self, AgentConfig, SessionError};
+use bulkcast_runtime::transport::{self, Stream};
 use bytes::Bytes;
 
 fn manifest(name: &str, kind: ObjectKind, len: u64) -> Manifest {

@@ -101,7 +101,7 @@ const EVENT_SLOTS: usize = 32;
 const EARLY_PEER_WAIT: Duration = Duration::from_secs(10);
 
 /// How often an agent logs its view of each peer, at debug level
-/// (`BULKCAST_LOG=info,bulkcast_node::swarm=debug`).
+/// (`BULKCAST_LOG=info,bulkcast_runtime::swarm=debug`).
 const PEER_LOG_EVERY: Duration = Duration::from_secs(1);
 
 /// How often an agent tells the source how many pieces it holds.

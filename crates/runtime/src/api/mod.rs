@@ -13,7 +13,7 @@
 //! Two agents and a send in one program, on loopback:
 //!
 //! ```
-//! use bulkcast_node::{Agent, Send, Strategy};
+//! use bulkcast_runtime::{Agent, Send, Strategy};
 //! use bulkcast_proto::auth::Secret;
 //!
 //! # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]

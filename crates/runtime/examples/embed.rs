@@ -6,15 +6,15 @@
 //! `bulkcast send --json` prints it.
 //!
 //! ```sh
-//! cargo run -p bulkcast-node --example embed -- [FILE]
+//! cargo run -p bulkcast-runtime --example embed -- [FILE]
 //! ```
 
 use std::time::Duration;
 
-use bulkcast_node::api::{Event, Object};
-use bulkcast_node::measure::ProbeCache;
-use bulkcast_node::{Agent, Send, Strategy};
 use bulkcast_proto::auth::Secret;
+use bulkcast_runtime::api::{Event, Object};
+use bulkcast_runtime::measure::ProbeCache;
+use bulkcast_runtime::{Agent, Send, Strategy};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
