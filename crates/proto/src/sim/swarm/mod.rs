@@ -362,51 +362,8 @@ impl Sim {
                 }
             })
             .collect();
-        let mut servers: Vec<Server> = Vec::with_capacity(2 * n + c * c);
-        for _ in 0..n {
-            servers.push(Server {
-                rate: topo.access_up,
-                queue: VecDeque::new(),
-                busy: false,
-            });
-        }
-        for _ in 0..n {
-            servers.push(Server {
-                rate: topo.access_down,
-                queue: VecDeque::new(),
-                busy: false,
-            });
-        }
-        for x in 0..c {
-            for y in 0..c {
-                servers.push(Server {
-                    rate: topo.wan[x][y].max(1.0),
-                    queue: VecDeque::new(),
-                    busy: false,
-                });
-            }
-        }
-        let report = SwarmSimReport {
-            strategy: spec.config.strategy,
-            object_len: spec.object_len,
-            done_at: vec![None; n],
-            lost: vec![false; n],
-            all_done: false,
-            elapsed: Duration::ZERO,
-            received_from: vec![BTreeMap::new(); n],
-            wan_into: vec![0; c],
-            wan_bytes: vec![vec![0; c]; c],
-            entries: vec![vec![0; pieces as usize]; c],
-            wan_timeline: vec![vec![Vec::new(); c]; c],
-            verified: vec![false; n],
-            duplicates: 0,
-            arrivals: vec![vec![0; pieces as usize]; n],
-            control_bytes: 0,
-            outcomes: Vec::new(),
-            refused: Vec::new(),
-            readmitted: Vec::new(),
-            intact: true,
-        };
+        let servers = servers_of(topo);
+        let report = SwarmSimReport::empty(&spec, n, c, pieces);
         let session = spec.stall_timeout.map(|t| SourceSession::new(n, t, start));
         Self {
             spec,
@@ -893,5 +850,62 @@ impl Sim {
                     }));
         }
         self.report
+    }
+}
+
+/// The simulated links: every node's access up, then down, then each cluster pair's WAN.
+fn servers_of(topo: &Topology) -> Vec<Server> {
+    let (n, c) = (topo.nodes(), topo.clusters.len());
+    let mut servers: Vec<Server> = Vec::with_capacity(2 * n + c * c);
+    for _ in 0..n {
+        servers.push(Server {
+            rate: topo.access_up,
+            queue: VecDeque::new(),
+            busy: false,
+        });
+    }
+    for _ in 0..n {
+        servers.push(Server {
+            rate: topo.access_down,
+            queue: VecDeque::new(),
+            busy: false,
+        });
+    }
+    for x in 0..c {
+        for y in 0..c {
+            servers.push(Server {
+                rate: topo.wan[x][y].max(1.0),
+                queue: VecDeque::new(),
+                busy: false,
+            });
+        }
+    }
+    servers
+}
+
+impl SwarmSimReport {
+    /// Nothing done yet, for `n` nodes in `c` clusters and `pieces` pieces.
+    fn empty(spec: &SwarmSimSpec, n: usize, c: usize, pieces: u64) -> Self {
+        SwarmSimReport {
+            strategy: spec.config.strategy,
+            object_len: spec.object_len,
+            done_at: vec![None; n],
+            lost: vec![false; n],
+            all_done: false,
+            elapsed: Duration::ZERO,
+            received_from: vec![BTreeMap::new(); n],
+            wan_into: vec![0; c],
+            wan_bytes: vec![vec![0; c]; c],
+            entries: vec![vec![0; pieces as usize]; c],
+            wan_timeline: vec![vec![Vec::new(); c]; c],
+            verified: vec![false; n],
+            duplicates: 0,
+            arrivals: vec![vec![0; pieces as usize]; n],
+            control_bytes: 0,
+            outcomes: Vec::new(),
+            refused: Vec::new(),
+            readmitted: Vec::new(),
+            intact: true,
+        }
     }
 }
