@@ -127,7 +127,9 @@ async fn read_hashes(
     let bad = |e: String| SwarmError::SetUp(format!("the piece list: {e}"));
     // Nothing is reserved on the sender's word beyond what its frames bring.
     let mut hashes: Vec<[u8; 32]> = Vec::with_capacity(pieces.min(1 << 20) as usize);
-    while (hashes.len() as u64) < pieces {
+    // The source sends at least one frame, so an empty object's (empty) list is read too.
+    let mut frames = 0;
+    while frames == 0 || (hashes.len() as u64) < pieces {
         let f = tokio::time::timeout(wait, transport::read_frame(stream, wire::MAX_FRAME))
             .await
             .map_err(|_| bad(format!("nothing for {} s", wait.as_secs())))?
@@ -137,6 +139,7 @@ async fn read_hashes(
                 if first == hashes.len() as u64
                     && h.len() as u64 <= pieces - hashes.len() as u64 =>
             {
+                frames += 1;
                 hashes.extend(h)
             }
             Some(f) => return Err(bad(format!("unexpected {} frame", f.kind()))),
