@@ -567,31 +567,14 @@ async fn multicast(
         &a.mcast, &a.path, &input, &rx.file, &keys, &tuning, stall, a.quiet,
     )
     .await?;
-    // `auto` skips multicast for a day where it reached nobody.
-    let addrs: Vec<String> = rx.file.hosts.iter().map(|h| h.addr.clone()).collect();
-    if let Some(u) = bulkcast_runtime::mcast::Unreached::in_user_cache() {
-        match fallback.len() == addrs.len() {
-            true => u.remember(&addrs),
-            false => u.forget(&addrs),
-        }
-    }
+    crate::send_mcast::note_fallback(&fallback, &rx.file.hosts, a.quiet);
     let mut page = None;
     if !fallback.is_empty() {
-        let names: Vec<String> = fallback
-            .iter()
-            .map(|(i, e)| format!("{} ({e})", rx.file.hosts[*i].name))
-            .collect();
-        eprintln!(
-            "multicast does not reach {} of {} receivers; sending to them by the tree: {}",
-            fallback.len(),
-            rx.file.hosts.len(),
-            names.join(", ")
-        );
         let hosts = HostsFile {
             source: rx.file.source.clone(),
             hosts: fallback
                 .iter()
-                .map(|(i, _)| rx.file.hosts[*i].clone())
+                .map(|f| rx.file.hosts[f.index()].clone())
                 .collect(),
         };
         let send = library_send(a, object, hosts, keys, tuning, rand::random(), metrics)?;

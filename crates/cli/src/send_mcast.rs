@@ -2,7 +2,6 @@
 //! on a LAN ([`bulkcast_runtime::mcast`]); receivers the group does not reach get it by the tree.
 
 use std::net::SocketAddrV4;
-use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -54,7 +53,8 @@ fn rate_mbps(a: &McastArgs, file: &HostsFile) -> (Option<f64>, &'static str) {
 }
 
 /// The multicast part of a send: every receiver's report line in `file`'s order, and the
-/// receivers (by index) that multicast did not reach, with why.
+/// receivers (by index) that take the file by the tree instead: those multicast did not
+/// reach, and those that hold the object already, whole or in part.
 #[allow(clippy::too_many_arguments)]
 pub async fn send(
     a: &McastArgs,
@@ -65,7 +65,7 @@ pub async fn send(
     tuning: &TcpTuning,
     stall: Duration,
     quiet: bool,
-) -> Result<(Report, Vec<(usize, String)>)> {
+) -> Result<(Report, Vec<Fallback>)> {
     if input.single_file().is_none() {
         bail!("--strategy multicast sends one regular file (not a directory or stdin)");
     }
@@ -99,9 +99,8 @@ pub async fn send(
         }
     }
     let addrs: Vec<String> = file.hosts.iter().map(|h| h.addr.clone()).collect();
-    let mode = meta.permissions().mode() & 0o777;
     let name = &input.manifest.name;
-    let r = mcast::send(path, name, mode, &addrs, keys, tuning, &cfg)
+    let r = mcast::send(path, &input.manifest, &addrs, keys, tuning, &cfg)
         .await
         .context("multicast send")?;
     let bytes = meta.len();
@@ -112,20 +111,25 @@ pub async fn send(
         .zip(&r.outcomes)
         .enumerate()
         .map(|(i, (h, o))| {
-            if let RxOutcome::NoMulticast(e) = o {
-                fallback.push((i, e.clone()));
+            match o {
+                RxOutcome::NoMulticast(e) => fallback.push(Fallback::Unreached(i, e.clone())),
+                RxOutcome::Holds { .. } => fallback.push(Fallback::Holds(i)),
+                _ => {}
             }
             receiver_line(h, o, bytes)
         })
         .collect::<Vec<_>>();
     let s = r.stats;
     let measured = if r.train.is_some() { " measured" } else { "" };
-    let strategy = format!(
-        "multicast ({:.0} Mbit/s{measured}, {} repair datagrams for {} sent)",
-        r.rate_bps as f64 / 1e6,
-        s.repair,
-        s.first_pass
-    );
+    let strategy = match s.first_pass {
+        0 => "multicast (nothing sent)".to_string(),
+        _ => format!(
+            "multicast ({:.0} Mbit/s{measured}, {} repair datagrams for {} sent)",
+            r.rate_bps as f64 / 1e6,
+            s.repair,
+            s.first_pass
+        ),
+    };
     let slowest = receivers
         .iter()
         .filter(|x| x.verified)
@@ -177,11 +181,67 @@ pub async fn send(
     Ok((report, fallback))
 }
 
+/// A receiver that takes the file by the tree instead, by index.
+#[derive(Debug, Clone)]
+pub enum Fallback {
+    /// The group did not reach it (why).
+    Unreached(usize, String),
+    /// It holds the object whole or in part: the tree moves only what it lacks.
+    Holds(usize),
+}
+
+impl Fallback {
+    /// The receiver's index.
+    pub fn index(&self) -> usize {
+        match self {
+            Fallback::Unreached(i, _) | Fallback::Holds(i) => *i,
+        }
+    }
+}
+
+/// Says who takes the file by the tree instead and why, and remembers for `auto` a host set
+/// the group reached none of (a receiver that holds the object says nothing about the group
+/// either way).
+pub fn note_fallback(fallback: &[Fallback], hosts: &[HostSpec], quiet: bool) {
+    let addrs: Vec<String> = hosts.iter().map(|h| h.addr.clone()).collect();
+    let unreached: Vec<String> = fallback
+        .iter()
+        .filter_map(|f| match f {
+            Fallback::Unreached(i, e) => Some(format!("{} ({e})", hosts[*i].name)),
+            Fallback::Holds(_) => None,
+        })
+        .collect();
+    let holds = fallback.len() - unreached.len();
+    if let Some(u) = bulkcast_runtime::mcast::Unreached::in_user_cache() {
+        if unreached.len() == addrs.len() {
+            u.remember(&addrs);
+        } else if holds < addrs.len() {
+            u.forget(&addrs);
+        }
+    }
+    if !unreached.is_empty() {
+        eprintln!(
+            "multicast does not reach {} of {} receivers; sending to them by the tree: {}",
+            unreached.len(),
+            hosts.len(),
+            unreached.join(", ")
+        );
+    }
+    if holds > 0 && !quiet {
+        eprintln!(
+            "{holds} of {} receivers hold the object, whole or in part: the tree moves only \
+             what they lack",
+            hosts.len()
+        );
+    }
+}
+
 /// Receiver `h`'s report line, for `bytes` multicast with outcome `o`.
 fn receiver_line(h: &HostSpec, o: &RxOutcome, bytes: u64) -> ReceiverReport {
     let (verified, seconds, error) = match o {
         RxOutcome::Done { seconds, .. } => (true, *seconds, None),
         RxOutcome::NoMulticast(e) => (false, 0.0, Some(format!("no multicast: {e}"))),
+        RxOutcome::Holds { .. } => (false, 0.0, Some("holds the object: by the tree".into())),
         RxOutcome::Failed(e) => (false, 0.0, Some(e.clone())),
     };
     ReceiverReport {
@@ -198,7 +258,7 @@ fn receiver_line(h: &HostSpec, o: &RxOutcome, bytes: u64) -> ReceiverReport {
         verified,
         held_bytes: 0,
         already_in_place: false,
-        received_bytes: None,
+        received_bytes: verified.then_some(bytes),
         error,
         site: h.site.clone(),
         received_from: Vec::new(),

@@ -162,7 +162,11 @@ fn auto_multicasts_on_a_lan_and_remembers_where_it_cannot() {
         "{err}"
     );
     assert_eq!(report["multicast"]["from"], "measured", "{report}");
-    // A group no receiver can join: every one gets the tree, and the set is remembered...
+    // A group no receiver can join: every one gets the tree, and the set is remembered
+    // (the copies go first: a receiver holding the object would not try the group)...
+    for d in &dirs {
+        std::fs::remove_file(d.join("obj.bin")).unwrap();
+    }
     let bad = ["--strategy", "multicast", "--mcast-group", "127.0.0.1:9"];
     check(&run(&bad), &file, &dirs);
     // ...so the next `auto` send goes down the tree without trying.
@@ -373,4 +377,87 @@ fn multicast_measures_its_rate_where_none_is_given() {
     // a source starved of CPU (a test run at nice 19 on a loaded machine) writes its train
     // with gaps in every window, and measures less.
     assert!((45.0..=82.0).contains(&mbps), "{strategy}");
+}
+
+/// Bytes of the map of the partial copy of `name` in `dir` (0 while there is none).
+fn map_len(dir: &Path, name: &str) -> u64 {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    rd.flatten()
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.starts_with(&format!(".{name}.bulkcast-")) && n.ends_with(".map")
+        })
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .max()
+        .unwrap_or(0)
+}
+
+/// What a multicast receiver verified outlives its session like a tree's copy: a receiver
+/// killed mid-send keeps its blocks, and the next send moves it only the rest (by the tree,
+/// which the receiver asks for by saying it holds part of the object); a receiver with an
+/// identical copy in place moves nothing and the report says so.
+#[test]
+fn multicast_receivers_keep_what_they_verified_and_skip_identical_copies() {
+    let s = Scratch::new("mcast-resume");
+    let file = s.0.join("obj.bin");
+    let size: u64 = 8 << 20;
+    make_file(&file, size, b"resume");
+    let dirs: Vec<_> = (0..2).map(|i| s.0.join(format!("r{i}"))).collect();
+    let mut agents: Vec<Agent> = dirs.iter().map(|d| agent(None, d)).collect();
+    let group = format!("239.255.77.4:{}", 20_000 + std::process::id() % 20_000);
+    let to: Vec<String> = agents.iter().map(|a| a.addr.clone()).collect();
+    // 20 Mbit/s: about 3.4 s, time to kill the second receiver part of the way in.
+    let sending = bin_in(None)
+        .arg("send")
+        .arg(&file)
+        .args(["--to", &to.join(","), "--strategy", "multicast", "--json"])
+        .args(["--mcast-rate", "20", "--mcast-group", &group])
+        .env("BULKCAST_SECRET", SECRET)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The map's header is 52 bytes, a record 40: kill once 4 blocks (1.4 MiB) are recorded.
+    let t0 = std::time::Instant::now();
+    while map_len(&dirs[1], "obj.bin") < 52 + 4 * 40 {
+        assert!(t0.elapsed().as_secs() < 30, "the copy never grew");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    agents[1].child.kill().unwrap();
+    agents[1].child.wait().unwrap();
+    let first = sending.wait_with_output().unwrap();
+    assert!(!first.status.success(), "a receiver was killed");
+    assert_eq!(hash(&dirs[0].join("obj.bin")), hash(&file));
+    assert!(!dirs[1].join("obj.bin").exists());
+    agents[1] = agent(None, &dirs[1]);
+    let out = send(
+        None,
+        &file,
+        &agents,
+        &["--mcast-rate", "20", "--mcast-group", &group],
+    );
+    let (report, err) = check(&out, &file, &dirs);
+    assert!(
+        err.contains("2 of 2 receivers hold the object, whole or in part"),
+        "{err}"
+    );
+    let rx = report["receivers"].as_array().unwrap();
+    assert_eq!(rx[0]["already_in_place"], true, "{report}");
+    assert_eq!(rx[0]["received_bytes"], 0, "{report}");
+    let held = rx[1]["held_bytes"].as_u64().unwrap();
+    let got = rx[1]["received_bytes"].as_u64().unwrap();
+    assert!(held >= 4 * 256 * 1400, "{report}");
+    assert!(
+        got <= size - held + (1 << 20),
+        "moved {got} holding {held}: {report}"
+    );
+    // Nothing is left of the partial copy, and a third send finds both copies in place.
+    assert_eq!(map_len(&dirs[1], "obj.bin"), 0);
+    let (report, _) = check(&send(None, &file, &agents, &[]), &file, &dirs);
+    for r in report["receivers"].as_array().unwrap() {
+        assert_eq!(r["already_in_place"], true, "{report}");
+    }
 }

@@ -25,10 +25,12 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 
 pub mod partial;
+mod resumable;
 #[cfg(test)]
 mod testing;
 mod tree;
 pub use partial::{Partials, Resumed};
+pub use resumable::{Holding, ResumableFile};
 use tree::{create_tree, finish_tree};
 
 /// Where the copy goes.
@@ -735,7 +737,7 @@ impl Sink {
 
 /// Sets a file's or directory's mode and modification time through its descriptor. Best
 /// effort, as `cp -p` without root: a file system that keeps neither still gets the content.
-fn set_meta(f: &File, mode: u32, mtime: Option<Mtime>) {
+pub(super) fn set_meta(f: &File, mode: u32, mtime: Option<Mtime>) {
     if let Some(t) = mtime.and_then(Mtime::to_system) {
         let _ = f.set_modified(t);
     }
@@ -764,11 +766,11 @@ const BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 const DISK_FULL: &str = " (disk full: free space on the receiver and send again)";
 const QUOTA: &str = " (quota exceeded)";
 
-fn ctx(e: io::Error, what: &'static str, p: &Path) -> io::Error {
+pub(super) fn ctx(e: io::Error, what: &'static str, p: &Path) -> io::Error {
     io::Error::new(e.kind(), describe(e, what, p))
 }
 
-fn describe(e: io::Error, what: &'static str, p: &Path) -> StoreError {
+pub(super) fn describe(e: io::Error, what: &'static str, p: &Path) -> StoreError {
     StoreError::io(e, what, p)
 }
 

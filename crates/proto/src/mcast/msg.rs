@@ -4,7 +4,7 @@
 //! ```text
 //! msg    = sub:u8 | body
 //! Open   = 0x01 | session:u64 | group | name | size:u64 | mode:u32 | symbol:u32 | k:u32
-//!               | m:u32 | renak_ms:u32 | sealed:u8 | key[32] (sealed only)
+//!               | m:u32 | renak_ms:u32 | sealed:u8 | key[32] (sealed only) | mtime
 //! Ready  = 0x02 | joined:u8 | reason
 //! Heard  = 0x03
 //! Hashes = 0x04 | first:u32 | count:u32 | hash[32]*
@@ -12,6 +12,9 @@
 //! End    = 0x06 | blocks:u32
 //! Done   = 0x07 | ok:u8 | reason | datagrams:u64 | decoded:u64
 //! Cancel = 0x08 | reason
+//! Train  = 0x09 | received:u32 | first:u32 | last:u32 | span:u64
+//! Holds  = 0x0a | complete:u8 | bytes:u64
+//! mtime  = 0:u8 | 1:u8 secs:i64 nanos:u32
 //! string = len:u16 | utf-8
 //!
 //! datagram = "BCM2" | session:u64 | kind:u8 (0 data, 1 end, 2 hello) | block:u32
@@ -25,6 +28,7 @@ use bytes::{Buf, BufMut, Bytes};
 
 use super::seal::{GroupKey, KEY_BYTES};
 use super::train::TrainReport;
+use crate::manifest::{Manifest, Mtime, ObjectKind};
 use crate::wire::WireError;
 
 /// The set-up of a multicast send, source to receiver.
@@ -51,6 +55,24 @@ pub struct McastOpen {
     /// The group key the datagrams are sealed under; `None`: in clear (both ends chose
     /// `--plaintext`).
     pub key: Option<GroupKey>,
+    /// The file's modification time: with the name, size and mode, the object's identity
+    /// ([`McastOpen::manifest`]).
+    pub mtime: Option<Mtime>,
+}
+
+impl McastOpen {
+    /// The manifest of the file, as the tree would send it: a receiver finds what it holds
+    /// of the object by it, whichever strategy wrote that.
+    pub fn manifest(&self) -> Manifest {
+        Manifest {
+            name: self.name.clone(),
+            kind: ObjectKind::File,
+            total_len: Some(self.size),
+            entries: Vec::new(),
+            mode: self.mode,
+            mtime: self.mtime,
+        }
+    }
 }
 
 /// One block's repair request.
@@ -111,6 +133,14 @@ pub enum McastMsg {
     },
     /// Receiver to source: how fast the first pass's first symbols arrived.
     Train(TrainReport),
+    /// Receiver to source, instead of `Ready`: it holds the object already, whole or in
+    /// part; it takes what it lacks by the tree, which moves only that.
+    Holds {
+        /// An identical copy is in place.
+        complete: bool,
+        /// Verified bytes of it held.
+        bytes: u64,
+    },
 }
 
 const WHAT: &str = "Mcast";
@@ -134,6 +164,14 @@ impl McastMsg {
                     Some(k) => {
                         b.put_u8(1);
                         b.put_slice(k.bytes());
+                    }
+                    None => b.put_u8(0),
+                }
+                match o.mtime {
+                    Some(t) => {
+                        b.put_u8(1);
+                        b.put_i64(t.secs);
+                        b.put_u32(t.nanos);
                     }
                     None => b.put_u8(0),
                 }
@@ -186,6 +224,11 @@ impl McastMsg {
                 b.put_u32(r.last);
                 b.put_u64(r.span);
             }
+            McastMsg::Holds { complete, bytes } => {
+                b.put_u8(10);
+                b.put_u8(u8::from(*complete));
+                b.put_u64(*bytes);
+            }
         }
     }
 
@@ -211,6 +254,18 @@ impl McastMsg {
                     }
                     _ => return Err(WireError::BadValue(WHAT, "bad group key flag")),
                 };
+                let mtime = match get_u8(b)? {
+                    0 => None,
+                    1 => {
+                        let secs = get_u64(b)? as i64;
+                        let nanos = get_u32(b)?;
+                        if nanos >= 1_000_000_000 {
+                            return Err(WireError::BadValue(WHAT, "mtime nanoseconds"));
+                        }
+                        Some(Mtime { secs, nanos })
+                    }
+                    _ => return Err(WireError::BadValue(WHAT, "bad mtime flag")),
+                };
                 McastMsg::Open(Box::new(McastOpen {
                     session,
                     group,
@@ -222,6 +277,7 @@ impl McastMsg {
                     m: v[3],
                     renak_ms: v[4],
                     key,
+                    mtime,
                 }))
             }
             2 => McastMsg::Ready {
@@ -269,6 +325,10 @@ impl McastMsg {
                 last: get_u32(b)?,
                 span: get_u64(b)?,
             }),
+            10 => McastMsg::Holds {
+                complete: get_u8(b)? != 0,
+                bytes: get_u64(b)?,
+            },
             _ => return Err(WireError::BadValue(WHAT, "unknown multicast message")),
         })
     }
@@ -435,6 +495,7 @@ mod tests {
             m: 256,
             renak_ms: 30,
             key: None,
+            mtime: None,
         })));
         round(McastMsg::Open(Box::new(McastOpen {
             session: 8,
@@ -447,6 +508,10 @@ mod tests {
             m: 2,
             renak_ms: 30,
             key: Some(GroupKey::from_bytes([9; KEY_BYTES])),
+            mtime: Some(Mtime {
+                secs: -3,
+                nanos: 999_999_999,
+            }),
         })));
         // A key flag without its key, and a flag that is neither: errors.
         let mut b = BytesMut::new();
@@ -461,12 +526,17 @@ mod tests {
             m: 1,
             renak_ms: 1,
             key: Some(GroupKey::from_bytes([9; KEY_BYTES])),
+            mtime: None,
         }))
         .encode(&mut b);
         let full = b.freeze();
         let mut cut = full.slice(..full.len() - 1);
         assert!(McastMsg::decode(&mut cut).is_err());
-        let mut bad = full.slice(..full.len() - KEY_BYTES).to_vec();
+        // The mtime flag that is neither.
+        let mut bad = full.to_vec();
+        *bad.last_mut().unwrap() = 2;
+        assert!(McastMsg::decode(&mut Bytes::from(bad)).is_err());
+        let mut bad = full.slice(..full.len() - KEY_BYTES - 1).to_vec();
         *bad.last_mut().unwrap() = 2;
         assert!(McastMsg::decode(&mut Bytes::from(bad)).is_err());
         round(McastMsg::Ready {
@@ -491,6 +561,10 @@ mod tests {
             decoded: 2,
         });
         round(McastMsg::Cancel { reason: "x".into() });
+        round(McastMsg::Holds {
+            complete: false,
+            bytes: 1 << 40,
+        });
         round(McastMsg::Train(TrainReport {
             received: 1000,
             first: 2,

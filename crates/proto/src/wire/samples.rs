@@ -18,7 +18,7 @@ pub(super) const KINDS: usize = 34;
 
 /// BLAKE3 over every sample's encoding (each prefixed by its length) and a manifest's
 /// [`object_id`], as wire.rs encoded them when this test was written (protocol version 7).
-pub(super) const PIN: &str = "8e865b2fcddffc7437a9da70727d4664ec510ccb6b30a0448e88f280d67b8bdd";
+pub(super) const PIN: &str = "84d29ee45cea3bba4952449adb397144f96990a4bc7a20e64f01b0f77a573e23";
 
 pub(super) fn kind_index(f: &Frame) -> usize {
     match f {
@@ -383,7 +383,15 @@ pub(super) fn samples() -> Vec<Frame> {
                 m: 16,
                 renak_ms: 50,
                 key: Some(crate::mcast::seal::GroupKey::from_bytes([0x5a; 32])),
+                mtime: Some(crate::manifest::Mtime {
+                    secs: 1_700_000_000,
+                    nanos: 5,
+                }),
             })),
+            McastMsg::Holds {
+                complete: true,
+                bytes: 123_456,
+            },
             McastMsg::Ready {
                 joined: true,
                 reason: String::new(),

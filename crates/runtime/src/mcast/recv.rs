@@ -2,10 +2,8 @@
 //! place. Datagrams are taken on a thread of their own (a busy host must not let the socket
 //! overflow behind the async runtime); the connection to the source carries the rest.
 
-use std::fs::File;
 use std::net::SocketAddrV4;
-use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, Instant};
 
@@ -16,6 +14,7 @@ use bulkcast_proto::mcast::{Layout, McastMsg};
 use bulkcast_proto::wire::{self, Frame};
 use tokio::sync::mpsc;
 
+use crate::store::{Holding, Partials, ResumableFile};
 use crate::transport::{self, Stream};
 
 /// How a multicast session ended here.
@@ -47,7 +46,8 @@ pub async fn serve_agent(
         open.size,
         open.group
     );
-    match serve(stream, open, &cfg.dir, !cfg.keys.plaintext()).await {
+    let sealed = !cfg.keys.plaintext();
+    match serve(stream, open, &cfg.dir, sealed, cfg.partials).await {
         Ok(Outcome::Done) => Ok(Served::Session(session)),
         Ok(Outcome::Cancelled(why)) => {
             tracing::info!("multicast session {session:016x}: not by multicast here ({why})");
@@ -57,17 +57,27 @@ pub async fn serve_agent(
     }
 }
 
-/// Runs the session whose `Open` came on `stream`, storing into `dir`; `sealed`: this end
-/// did not choose `--plaintext`, and refuses a session whose datagrams go in clear.
+/// Runs the session whose `Open` came on `stream`, storing into `dir` (stale partial copies
+/// there cleaned by `partials`); `sealed`: this end did not choose `--plaintext`, and refuses
+/// a session whose datagrams go in clear.
 pub async fn serve(
     mut stream: Stream,
     open: McastOpen,
     dir: &Path,
     sealed: bool,
+    partials: Partials,
 ) -> Result<Outcome, String> {
-    let prepared = prepare(&stream, &open, dir, sealed);
-    let (sock, layout, part, file) = match prepared {
-        Ok(p) => p,
+    let (sock, layout, copy) = match prepare(&stream, &open, dir, sealed, partials) {
+        Ok(Prepared::Join(sock, layout, copy)) => (sock, layout, copy),
+        Ok(Prepared::Holds { complete, bytes }) => {
+            let m = McastMsg::Holds { complete, bytes };
+            let _ = transport::write_frame(&mut stream, &Frame::Mcast(m)).await;
+            // The tree's session that follows moves only what is missing.
+            return Ok(Outcome::Cancelled(match complete {
+                true => "an identical copy is in place".into(),
+                false => format!("{bytes} bytes of it are held"),
+            }));
+        }
         Err(reason) => {
             tracing::warn!("multicast session {:016x}: {reason}", open.session);
             let m = McastMsg::Ready {
@@ -83,16 +93,17 @@ pub async fn serve(
         joined: true,
         reason: String::new(),
     };
-    transport::write_frame(&mut stream, &Frame::Mcast(ready))
-        .await
-        .map_err(|e| e.to_string())?;
+    if let Err(e) = transport::write_frame(&mut stream, &Frame::Mcast(ready)).await {
+        copy.keep();
+        return Err(e.to_string());
+    }
     let (ctl_tx, ctl_rx) = std_mpsc::channel();
     let (out_tx, mut out_rx) = mpsc::unbounded_channel();
     let renak = Duration::from_millis(u64::from(open.renak_ms.clamp(5, 5_000)));
     let session = open.session;
     let cipher = open.key.as_ref().map(GroupKey::cipher);
     let worker = tokio::task::spawn_blocking(move || {
-        receive(sock, layout, session, cipher, renak, &file, ctl_rx, out_tx)
+        receive(sock, layout, session, cipher, renak, copy, ctl_rx, out_tx)
     });
     let (mut rd, mut wr) = stream.into_split();
     let result: Option<Result<(), String>> = loop {
@@ -127,17 +138,10 @@ pub async fn serve(
         );
     }
     // Told to stop because the connection failed: that is the reason.
-    let end = match (end, result) {
+    let outcome = match (end, result) {
         (Err(_), Some(Err(e))) => Err(e),
         (end, _) => end,
     };
-    let outcome = end.and_then(|o| match o {
-        Outcome::Done => finish(&part, dir, &open).map(|()| Outcome::Done),
-        c => Ok(c),
-    });
-    if !matches!(outcome, Ok(Outcome::Done)) {
-        let _ = std::fs::remove_file(&part);
-    }
     let done = McastMsg::Done {
         ok: matches!(outcome, Ok(Outcome::Done)),
         reason: outcome.as_ref().err().cloned().unwrap_or_default(),
@@ -150,15 +154,24 @@ pub async fn serve(
     outcome
 }
 
-type Prepared = (std::net::UdpSocket, Layout, PathBuf, File);
+/// What a receiver does with a session's `Open`.
+enum Prepared {
+    /// Join: the group's socket, the file's layout, the (empty) copy to write.
+    Join(std::net::UdpSocket, Layout, Box<ResumableFile>),
+    /// Decline: it holds the object whole or in part (the copy is kept for the tree).
+    Holds { complete: bool, bytes: u64 },
+}
 
-/// Checks the set-up (a receiver that wants encryption refuses datagrams in clear), joins
-/// the group on the address the source reached us on, and opens the partial copy.
+/// Checks the set-up (a receiver that wants encryption refuses datagrams in clear), opens
+/// the copy (declining when it holds any of the object: the tree moves only what is
+/// missing, where the group would send it all), and joins the group on the address the
+/// source reached us on.
 fn prepare(
     stream: &Stream,
     open: &McastOpen,
     dir: &Path,
     sealed: bool,
+    partials: Partials,
 ) -> Result<Prepared, String> {
     refuse_plaintext(open, sealed)?;
     let name = &open.name;
@@ -170,17 +183,38 @@ fn prepare(
         .group
         .parse()
         .map_err(|_| format!("bad group {:?}", open.group))?;
+    let block = u32::try_from(layout.block_bytes()).map_err(|_| "blocks too large")?;
+    let copy = match ResumableFile::open(dir, &open.manifest(), block, partials) {
+        Ok(Holding::Complete) => {
+            return Ok(Prepared::Holds {
+                complete: true,
+                bytes: open.size,
+            })
+        }
+        Ok(Holding::Busy) => return Err("another session is writing this file here".into()),
+        Ok(Holding::Partial(c)) if c.held_bytes() > 0 => {
+            let bytes = c.held_bytes();
+            c.keep();
+            return Ok(Prepared::Holds {
+                complete: false,
+                bytes,
+            });
+        }
+        Ok(Holding::Partial(c)) => c,
+        Err(e) => return Err(format!("{}: {e}", dir.display())),
+    };
     let iface = super::v4(stream.local_addr());
-    let sock = super::join(group, iface)
-        .map_err(|e| format!("cannot join multicast group {group}: {e}"))?;
-    sock.set_read_timeout(Some(Duration::from_millis(5)))
-        .map_err(|e| e.to_string())?;
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let part = dir.join(format!(".{name}.mcast-{:016x}", open.session));
-    let file = File::create(&part)
-        .and_then(|f| f.set_len(open.size).map(|()| f))
-        .map_err(|e| format!("{}: {e}", part.display()))?;
-    Ok((sock, layout, part, file))
+    let joined = super::join(group, iface).and_then(|s| {
+        s.set_read_timeout(Some(Duration::from_millis(5)))
+            .map(|()| s)
+    });
+    match joined {
+        Ok(sock) => Ok(Prepared::Join(sock, layout, copy)),
+        Err(e) => {
+            copy.keep();
+            Err(format!("cannot join multicast group {group}: {e}"))
+        }
+    }
 }
 
 /// A receiver that did not choose `--plaintext` takes only sealed sessions.
@@ -194,15 +228,6 @@ fn refuse_plaintext(open: &McastOpen, sealed: bool) -> Result<(), String> {
     }
 }
 
-/// Moves the verified copy into place with its mode.
-fn finish(part: &Path, dir: &Path, open: &McastOpen) -> Result<(), String> {
-    use std::os::unix::fs::PermissionsExt;
-    let mode = std::fs::Permissions::from_mode(open.mode & 0o777);
-    std::fs::set_permissions(part, mode).map_err(|e| e.to_string())?;
-    let dest = dir.join(&open.name);
-    std::fs::rename(part, &dest).map_err(|e| format!("{}: {e}", dest.display()))
-}
-
 /// The datagram thread: runs the receiver until the copy is complete, fails, or is cancelled
 /// (`None` on `ctl`: stop).
 #[allow(clippy::too_many_arguments)]
@@ -212,7 +237,7 @@ fn receive(
     session: u64,
     cipher: Option<GroupCipher>,
     renak: Duration,
-    file: &File,
+    mut copy: Box<ResumableFile>,
     ctl: std_mpsc::Receiver<Option<McastMsg>>,
     out: mpsc::UnboundedSender<McastMsg>,
 ) -> (Result<Outcome, String>, RxStats) {
@@ -260,9 +285,20 @@ fn receive(
         while let Some(m) = rx.poll_msg() {
             let _ = out.send(m);
         }
-        match events(&mut rx, file) {
+        match events(&mut rx, &mut copy) {
             Some(r) => break r,
             None => continue,
+        }
+    };
+    // What was verified stays for the next session, whichever strategy it uses.
+    let end = match end {
+        Ok(Outcome::Done) => copy
+            .finish()
+            .map(|_| Outcome::Done)
+            .map_err(|e| e.to_string()),
+        other => {
+            copy.keep();
+            other
         }
     };
     (end, rx.stats)
@@ -319,12 +355,12 @@ impl Arrivals {
 }
 
 /// Does what the receiver asks; `Some` when the session is over.
-fn events(rx: &mut Receiver, file: &File) -> Option<Result<Outcome, String>> {
+fn events(rx: &mut Receiver, copy: &mut ResumableFile) -> Option<Result<Outcome, String>> {
     while let Some(ev) = rx.poll_event() {
         match ev {
             RxEvent::Write { offset, data } => {
-                if let Err(e) = file.write_all_at(&data, offset) {
-                    return Some(Err(format!("writing the copy: {e}")));
+                if let Err(e) = copy.write(offset, &data) {
+                    return Some(Err(e.to_string()));
                 }
             }
             RxEvent::Complete => return Some(Ok(Outcome::Done)),

@@ -18,6 +18,7 @@ use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, Instant};
 
 use bulkcast_proto::auth::Keys;
+use bulkcast_proto::manifest::Manifest;
 use bulkcast_proto::mcast::msg::{DgramKind, McastOpen, Nak};
 use bulkcast_proto::mcast::seal::{DgramWriter, GroupKey};
 use bulkcast_proto::mcast::sender::{
@@ -66,6 +67,14 @@ pub enum RxOutcome {
     },
     /// Multicast does not reach it (or it could not join): send it another way.
     NoMulticast(String),
+    /// It holds the object already (an identical copy, or part of it): the tree moves only
+    /// what it lacks.
+    Holds {
+        /// An identical copy is in place.
+        complete: bool,
+        /// Verified bytes held.
+        bytes: u64,
+    },
     /// It failed.
     Failed(String),
 }
@@ -113,11 +122,11 @@ enum Up {
 /// Rate the source paces at if it measures and no receiver's report could be timed.
 const FALLBACK_BPS: u64 = 100_000_000;
 
-/// Sends `path` as `name` to the agents at `addrs`.
+/// Sends the file at `path`, described by `manifest` (its identity), to the agents at
+/// `addrs`.
 pub async fn send(
     path: &Path,
-    name: &str,
-    mode: u32,
+    manifest: &Manifest,
     addrs: &[String],
     keys: &Keys,
     tuning: &TcpTuning,
@@ -126,6 +135,12 @@ pub async fn send(
     let start = Instant::now();
     let file = File::open(path)?;
     let size = file.metadata()?.len();
+    if manifest.total_len != Some(size) {
+        return Err(std::io::Error::other(format!(
+            "{} changed while it was being sent (now {size} bytes)",
+            path.display()
+        )));
+    }
     let layout = Layout::new(size, cfg.symbol, cfg.k, cfg.m)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     let session: u64 = rand::random();
@@ -142,14 +157,15 @@ pub async fn send(
     let open = McastOpen {
         session,
         group: cfg.group.to_string(),
-        name: name.to_string(),
+        name: manifest.name.clone(),
         size,
-        mode,
+        mode: manifest.mode,
         symbol: cfg.symbol,
         k: cfg.k,
         m: cfg.m,
         renak_ms: 40,
         key,
+        mtime: manifest.mtime,
     };
     let n = addrs.len();
     let mut outcomes: Vec<Option<RxOutcome>> = vec![None; n];
@@ -313,6 +329,10 @@ async fn detect(
                 }
             }
             Ok(Some((i, Some(McastMsg::Heard)))) => heard[i] = true,
+            Ok(Some((i, Some(McastMsg::Holds { complete, bytes })))) => {
+                outcomes[i] = Some(RxOutcome::Holds { complete, bytes });
+                writers[i] = None;
+            }
             // A receiver that could not join closes after saying so: that stands.
             Ok(Some((i, None))) if outcomes[i].is_none() => {
                 outcomes[i] = Some(RxOutcome::Failed("the connection closed".into()));
