@@ -260,10 +260,13 @@ fn receive(
                     rx.handle_datagram(now.saturating_sub(ago), d);
                 }
             }
+            // A stopped and continued process (SIGSTOP, a debugger) gets EINTR: read again.
             Err(e)
                 if matches!(
                     e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                        | std::io::ErrorKind::Interrupted
                 ) => {}
             Err(e) => break Err(format!("multicast socket: {e}")),
         }
