@@ -175,13 +175,54 @@ pub fn build(lab: &str, layout: &Layout) -> Result<(), LabError> {
     for (i, h) in layout.hosts.iter().enumerate() {
         let ns = host_ns(lab, &h.name);
         ip(&["netns", "add", &ns])?;
-        // Kernel shaping: every host on one bridge, its access links shaped on its veth.
-        let bridge = if layout.kernel_shaping { 0 } else { h.site };
+        if h.port_delay_ns > 0 {
+            // Its port is a TAP pair the forwarder creates (`attach_ports`).
+            continue;
+        }
         hub_script.push_str(&format!(
-            "link add v{i} type veth peer name lan0 netns {ns}\nlink set v{i} master br{bridge} up\n"
+            "link add v{i} type veth peer name lan0 netns {ns}\nlink set v{i} master br{} up\n",
+            bridge(layout, i)
         ));
     }
-    ip_batch(Some(&hub), &hub_script)?;
+    ip_batch(Some(&hub), &hub_script)
+}
+
+/// The bridge of host `i`'s port: its site's, or the one bridge of kernel shaping (every host
+/// on it, its access links shaped on its port).
+fn bridge(layout: &Layout, i: usize) -> usize {
+    if layout.kernel_shaping {
+        0
+    } else {
+        layout.hosts[i].site
+    }
+}
+
+/// Once the forwarder has created the delayed ports' TAPs (`lan.rs`): enslaves their hub sides
+/// to the bridges, lengthens their queues, and shapes every port of a kernel-shaped lab.
+pub fn attach_ports(lab: &str, layout: &Layout) -> Result<(), LabError> {
+    let hub = hub_ns(lab);
+    let mut hub_script = String::new();
+    for i in layout.delayed_ports() {
+        let ns = host_ns(lab, &layout.hosts[i].name);
+        // Frames the delay stage has not read yet wait here: a short queue would drop a burst.
+        ip(&[
+            "-n",
+            &ns,
+            "link",
+            "set",
+            crate::lan::HOST_PORT,
+            "txqueuelen",
+            "10000",
+        ])?;
+        hub_script.push_str(&format!(
+            "link set {} txqueuelen 10000 master br{} up\n",
+            crate::lan::hub_port(i),
+            bridge(layout, i)
+        ));
+    }
+    if !hub_script.is_empty() {
+        ip_batch(Some(&hub), &hub_script)?;
+    }
     if layout.kernel_shaping {
         kernel::shape_hub(&hub, layout)?;
     }

@@ -60,6 +60,11 @@ pub struct LayoutHost {
     pub uplink_mbps: Option<f64>,
     /// Nominal downlink rate in Mbit/s.
     pub downlink_mbps: Option<f64>,
+    /// One-way delay of the host's port in ns, each direction (0: none). A host with a port
+    /// delay reaches its LAN through a pair of TAP devices and the forwarder's delay stage
+    /// (`lan.rs`) instead of a veth; its access links carry the same delay for WAN traffic.
+    #[serde(default)]
+    pub port_delay_ns: u64,
 }
 
 /// One directed link.
@@ -163,6 +168,13 @@ impl Layout {
             }
         }
         None
+    }
+
+    /// Indices of the hosts whose port has a delay (they sit behind the delay stage).
+    pub fn delayed_ports(&self) -> Vec<usize> {
+        (0..self.hosts.len())
+            .filter(|&i| self.hosts[i].port_delay_ns > 0)
+            .collect()
     }
 
     /// Random loss from site `from` to site `to` (0 inside a site).
