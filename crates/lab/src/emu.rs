@@ -56,9 +56,12 @@ pub struct EmuStats {
     /// Frames the port delay stage copied (hosts with a `delay_ms`, `lan.rs`).
     #[serde(default)]
     pub port_frames: u64,
-    /// Frames the port delay stage dropped: a full queue, or a refused write.
+    /// Frames the port delay stage dropped because a queue was full.
     #[serde(default)]
     pub port_drops: u64,
+    /// Frames a delayed port's far device refused (down: while the lab sets hosts up).
+    #[serde(default)]
+    pub port_refused: u64,
     /// Per-link counters.
     pub links: Vec<LinkStats>,
 }

@@ -327,6 +327,7 @@ impl<'a> Forwarder<'a> {
         let stats = self.emu.stats_mut();
         stats.port_frames = self.ports.frames;
         stats.port_drops = self.ports.drops;
+        stats.port_refused = self.ports.refused;
         *self.control.stats.lock().expect("stats lock") = self.emu.stats().clone();
     }
 

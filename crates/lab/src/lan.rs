@@ -54,8 +54,10 @@ pub struct DelayStage {
     pool: Vec<Vec<u8>>,
     /// Frames copied across a port.
     pub frames: u64,
-    /// Frames dropped: queue full, or the far device refused the write.
+    /// Frames dropped because their direction's queue was full.
     pub drops: u64,
+    /// Frames the far device refused: it is down (a host's `lan0` before the lab configures it).
+    pub refused: u64,
 }
 
 impl DelayStage {
@@ -113,7 +115,7 @@ impl DelayStage {
                     if rustix::io::write(&port.fds[1 - side], &buf) == Ok(buf.len()) {
                         self.frames += 1;
                     } else {
-                        self.drops += 1;
+                        self.refused += 1;
                     }
                     self.pool.push(buf);
                 }
@@ -225,9 +227,16 @@ mod tests {
         assert_eq!(s.next_deadline(), Some(12_000));
         s.flush(12_000);
         assert_eq!(recv(&host).as_deref(), Some(&b"back"[..]));
-        assert_eq!((s.frames, s.drops, s.next_deadline()), (3, 0, None));
-        // Buffers come back to the pool: the next frames need no allocation.
-        assert_eq!(s.pool.len(), 3);
+        assert_eq!((s.frames, s.drops, s.refused), (3, 0, 0));
+        assert_eq!(s.next_deadline(), None);
+        // Buffers come back to the pool (the three frames' and the one each empty read ended
+        // with): the next frames need no allocation.
+        assert_eq!(s.pool.len(), 4);
+        rustix::io::write(&host, b"again").unwrap();
+        s.read(0, 20_000);
+        s.flush(u64::MAX);
+        assert_eq!(recv(&hub).as_deref(), Some(&b"again"[..]));
+        assert_eq!(s.pool.len(), 4);
     }
 
     #[test]
