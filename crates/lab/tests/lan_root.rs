@@ -46,6 +46,11 @@ fn in_ns<T: Send + 'static>(
     })
 }
 
+/// Whether `got` is within `tol` of `want` (a NaN never is).
+fn near(got: f64, want: f64, tol: f64) -> bool {
+    (got - want).abs() <= tol
+}
+
 fn median_ms(mut v: Vec<u64>) -> f64 {
     assert!(!v.is_empty());
     v.sort_unstable();
@@ -253,7 +258,7 @@ fn port_delay_applies_to_round_trips_and_multicast_in_a_site() {
             if n != PROBES {
                 failures.push(format!("r{d}: {n} of {PROBES} multicast datagrams"));
             }
-            if !((med - d).abs() <= 1.0 + 0.02 * d) {
+            if !near(med, *d, 1.0 + 0.02 * d) {
                 failures.push(format!("r{d}: multicast one way {med:.2} ms, want {d}"));
             }
         }
@@ -346,7 +351,7 @@ fn multicast_on_a_seed003_lan_meets_rate_loss_and_delay() {
         if !(0.035..=0.065).contains(&loss) {
             failures.push(format!("{h}: loss {:.2}%, want 5%", loss * 100.0));
         }
-        if !((med - d).abs() <= 1.5) {
+        if !near(med, *d, 1.5) {
             failures.push(format!("{h}: one way {med:.2} ms, want {d}"));
         }
     }
