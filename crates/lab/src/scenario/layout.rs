@@ -145,7 +145,8 @@ pub struct LayoutFluctuation {
 impl Layout {
     /// Why the kernel cannot emulate this layout (None: it can). The kernel path has rates on
     /// access links and random loss between sites, nothing else: no `tc netem` here, so no
-    /// delay or jitter, and no shared WAN bottleneck or schedule.
+    /// delay or jitter between sites, and no shared WAN bottleneck or schedule. Hosts' port
+    /// delays are no obstacle: the forwarder's delay stage (`lan.rs`) applies them either way.
     pub fn kernel_obstacle(&self) -> Option<String> {
         if !self.channels.is_empty() {
             return Some("channels need the forwarder".into());
