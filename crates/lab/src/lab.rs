@@ -144,6 +144,7 @@ impl Lab {
         if layout.kernel_shaping {
             crate::kernel::preflight(&layout)?;
         }
+        netns::preflight_port_loss(&layout)?;
         let _lock = SetupLock::take(&name)?;
         clear_stale(&name)?;
         let dir = netns::state_dir(&name);

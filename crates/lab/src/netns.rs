@@ -274,6 +274,7 @@ pub fn configure_hosts(lab: &str, layout: &Layout) -> Result<(), LabError> {
             h.addr
         ));
         sh.push_str("ip route add 224.0.0.0/4 dev lan0\n");
+        sh.push_str(&port_loss_script(h.port_loss));
         for c in &layout.channels {
             let (mine, peer) = if c.a == i {
                 (c.a_addr, c.b_addr)
@@ -301,6 +302,39 @@ pub fn configure_hosts(lab: &str, layout: &Layout) -> Result<(), LabError> {
         }
     }
     wait_all(&mut children)
+}
+
+/// The nft rule of a host's port loss: a random share of every packet arriving on `lan0`
+/// (LAN, multicast, and with kernel shaping WAN traffic too), in a table of its own beside
+/// kernel shaping's loss between sites. Empty without loss.
+fn port_loss_script(loss: f64) -> String {
+    if loss <= 0.0 {
+        return String::new();
+    }
+    let ppm = (loss * 1e6).round() as u64;
+    format!(
+        "nft -f - <<'EOF'\ntable ip bclab_port {{\n chain loss {{\n  type filter hook prerouting \
+         priority -301; policy accept;\n  iifname \"lan0\" numgen random mod 1000000 < {ppm} \
+         counter drop\n }}\n}}\nEOF\n"
+    )
+}
+
+/// Port loss is an nft rule: refuses a layout that has one where `nft` is missing.
+pub fn preflight_port_loss(layout: &Layout) -> Result<(), LabError> {
+    if layout.hosts.iter().all(|h| h.port_loss <= 0.0) {
+        return Ok(());
+    }
+    let found = Command::new("sh")
+        .args(["-c", "command -v nft"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if found {
+        Ok(())
+    } else {
+        Err(LabError::NotPermitted(
+            "a host's loss is an nft rule: install the Debian package nftables".into(),
+        ))
+    }
 }
 
 fn wait_all(children: &mut Vec<(String, std::process::Child)>) -> Result<(), LabError> {

@@ -65,6 +65,10 @@ pub struct LayoutHost {
     /// (`lan.rs`) instead of a veth; its access links carry the same delay for WAN traffic.
     #[serde(default)]
     pub port_delay_ns: u64,
+    /// Random loss of every packet the host receives (nft on its `lan0`; its access downlink
+    /// carries the same loss for WAN traffic through the forwarder).
+    #[serde(default)]
+    pub port_loss: f64,
 }
 
 /// One directed link.

@@ -109,6 +109,9 @@ pub struct SiteSpec {
     /// Default one-way delay in ms of this site's hosts' ports, each direction (absent: none).
     #[serde(default)]
     pub delay_ms: Option<f64>,
+    /// Default random loss of what this site's hosts receive (absent: none).
+    #[serde(default)]
+    pub loss: Option<f64>,
 }
 
 /// One host given by name.
@@ -129,6 +132,10 @@ pub struct HostDef {
     /// twice.
     #[serde(default)]
     pub delay_ms: Option<f64>,
+    /// Random loss, 0..1, of every packet the host receives, its own LAN and multicast included
+    /// (overrides the site's; the seed-003 testbed's iptables drop per receiver).
+    #[serde(default)]
+    pub loss: Option<f64>,
 }
 
 /// Longest port delay a scenario may give: a port holds what arrives in one delay in memory.
@@ -496,6 +503,7 @@ mod tests {
             [[site.host]]
             name = "far"
             delay_ms = 25
+            loss = 0.05
             [[site]]
             name = "b"
             hosts = 1
@@ -509,6 +517,11 @@ mod tests {
         // WAN traffic through the forwarder meets the same delay on the access links.
         assert_eq!(p.links[p.hosts[2].uplink].delay_ns, 25_000_000);
         assert_eq!(p.links[p.hosts[2].downlink].delay_ns, 25_000_000);
+        // Its loss too, on what it receives only.
+        assert_eq!(p.hosts[2].port_loss, 0.05);
+        assert_eq!(p.links[p.hosts[2].downlink].loss, 0.05);
+        assert_eq!(p.links[p.hosts[2].uplink].loss, 0.0);
+        assert_eq!(p.hosts[1].port_loss, 0.0);
         // The delay stage is not the kernel's business: still kernel-shaped.
         assert!(p.kernel_shaping);
     }
@@ -525,6 +538,7 @@ mod tests {
             ("[[site]]\nname='a'\nhosts=1\ncolour='red'\n", "unknown field"),
             ("[[site]]\nname='a'\nhosts=1\ndelay_ms=-1\n", "site a: delay_ms must be zero or positive"),
             ("[[site]]\nname='a'\n[[site.host]]\nname='h'\ndelay_ms=1500\n", "host h: delay_ms 1500 is above"),
+            ("[[site]]\nname='a'\n[[site.host]]\nname='h'\nloss=1\n", "host h: loss must be in [0, 1)"),
             ("[[site]]\nname='a'\nhosts=1\n[[site]]\nname='b'\nhosts=1\n[[path]]\nfrom='a'\nto='b'\nrtt_ms=1\ndelay_ms=1\n", "not both"),
         ] {
             let err = Scenario::parse(text).unwrap_err().to_string();
