@@ -260,6 +260,10 @@ fn run_in_lab(
     if dropped > 0 {
         eprintln!("lab: WARNING: {dropped} packets dropped at TUN queues: the lab was overloaded, results are invalid");
     }
+    let port_drops = lab.stats().port_drops;
+    if port_drops > 0 {
+        eprintln!("lab: WARNING: {port_drops} frames dropped by full port delay queues: results are invalid");
+    }
     lab.down()?;
     Ok(status)
 }

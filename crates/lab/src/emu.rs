@@ -53,6 +53,15 @@ pub struct EmuStats {
     pub max_busy_ns: u64,
     /// Longest time the forwarder woke up after its timer was due, in ns.
     pub max_oversleep_ns: u64,
+    /// Frames the port delay stage copied (hosts with a `delay_ms`, `lan.rs`).
+    #[serde(default)]
+    pub port_frames: u64,
+    /// Frames the port delay stage dropped because a queue was full.
+    #[serde(default)]
+    pub port_drops: u64,
+    /// Frames a delayed port's far device refused (down: while the lab sets hosts up).
+    #[serde(default)]
+    pub port_refused: u64,
     /// Per-link counters.
     pub links: Vec<LinkStats>,
 }

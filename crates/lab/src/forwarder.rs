@@ -16,6 +16,7 @@ use rustix::time::{
 };
 
 use crate::emu::{EmuStats, Emulator};
+use crate::lan::{self, DelayStage};
 use crate::scenario::Layout;
 use crate::LabError;
 
@@ -88,7 +89,7 @@ pub fn open_tuns(namespaces: &[String]) -> Result<Vec<OwnedFd>, LabError> {
             result = Err(e);
             break;
         }
-        match open_tun() {
+        match open_tun_device(TUN_NAME, false) {
             Ok(fd) => out.push(fd),
             Err(e) => {
                 result = Err(e);
@@ -101,21 +102,27 @@ pub fn open_tuns(namespaces: &[String]) -> Result<Vec<OwnedFd>, LabError> {
     result.map(|_| out)
 }
 
-fn open_tun() -> Result<OwnedFd, LabError> {
+/// Opens a non-persistent TUN (`tap` false: IP packets) or TAP (`tap` true: Ethernet frames)
+/// device named `name` in the calling thread's namespace, non-blocking, without packet info.
+pub fn open_tun_device(name: &str, tap: bool) -> Result<OwnedFd, LabError> {
     let flags = OFlags::RDWR | OFlags::NONBLOCK | OFlags::CLOEXEC;
     let fd = rustix::fs::open("/dev/net/tun", flags, Mode::empty()).map_err(|e| {
         LabError::NotPermitted(format!("open /dev/net/tun: {}", io::Error::from(e)))
     })?;
     let mut req = IfReq {
         name: [0; libc::IFNAMSIZ],
-        flags: (libc::IFF_TUN | libc::IFF_NO_PI) as libc::c_short,
+        flags: (if tap { libc::IFF_TAP } else { libc::IFF_TUN } | libc::IFF_NO_PI) as libc::c_short,
         _pad: [0; 22],
     };
-    req.name[..TUN_NAME.len()].copy_from_slice(TUN_NAME.as_bytes());
+    // Device names are ours (`wan0`, `lan0`, `v<i>`), all shorter than IFNAMSIZ.
+    req.name[..name.len()].copy_from_slice(name.as_bytes());
     // SAFETY: TUNSETIFF reads/writes an ifreq-sized struct we own. Kept on libc: rustix has
     // no TUN call, and its generic `ioctl` is as unsafe as this one.
     if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETIFF as _, &mut req) } < 0 {
-        return Err(LabError::sys("TUNSETIFF", io::Error::last_os_error()));
+        return Err(LabError::sys(
+            format!("TUNSETIFF {name}"),
+            io::Error::last_os_error(),
+        ));
     }
     Ok(fd)
 }
@@ -193,6 +200,8 @@ fn epoll_add(ep: &OwnedFd, fd: BorrowedFd<'_>, token: u64) -> Result<(), LabErro
 
 const TOKEN_TIMER: u64 = u64::MAX;
 const TOKEN_WAKE: u64 = u64::MAX - 1;
+/// Device `k` of the delay stage is epoll token `TOKEN_PORTS + k` (TUNs take `0..hosts`).
+const TOKEN_PORTS: u64 = 1 << 32;
 /// Events are handled up to this early, so packets a few microseconds apart share one wake-up.
 /// Measured with an 8-hop nc chain at 800 Mbit/s in total: 20 us -> 80% of a core, 100 us ->
 /// 62%, same throughput (busy polling instead of sleeping was worse: 95%, and slower).
@@ -203,9 +212,14 @@ const READ_BATCH: usize = 64;
 const EVENTS: usize = 64;
 
 /// Runs the forwarding loop until `control.stop` is set.
-pub fn run_loop(layout: &Layout, tuns: &[OwnedFd], control: &Control) -> Result<(), LabError> {
+pub fn run_loop(
+    layout: &Layout,
+    tuns: &[OwnedFd],
+    ports: DelayStage,
+    control: &Control,
+) -> Result<(), LabError> {
     *control.tid.lock().expect("tid lock") = rustix::thread::gettid().as_raw_nonzero().get();
-    let mut fwd = Forwarder::new(layout, tuns, control)?;
+    let mut fwd = Forwarder::new(layout, tuns, ports, control)?;
     while !control.stop.load(Ordering::Relaxed) {
         if control.restart_clock.swap(false, Ordering::Relaxed) {
             fwd.emu.start_clock(mono_ns());
@@ -222,13 +236,15 @@ pub fn run_loop(layout: &Layout, tuns: &[OwnedFd], control: &Control) -> Result<
             fwd.handle(token);
         }
     }
-    *control.stats.lock().expect("stats lock") = fwd.emu.stats().clone();
+    fwd.publish();
     Ok(())
 }
 
 /// The forwarding loop's state: the emulator between the TUNs, the epoll set and the timer.
 struct Forwarder<'a> {
     emu: Emulator,
+    /// The port delays of hosts that have one (`lan.rs`).
+    ports: DelayStage,
     control: &'a Control,
     /// The TUN of host `i` is `fds[i]` (and epoll token `i`).
     fds: Vec<BorrowedFd<'a>>,
@@ -246,7 +262,12 @@ struct Forwarder<'a> {
 impl<'a> Forwarder<'a> {
     /// Creates the epoll set (every TUN, the timer, the owner's wake-up eventfd) and the
     /// emulator, whose scenario clock starts now.
-    fn new(layout: &Layout, tuns: &'a [OwnedFd], control: &'a Control) -> Result<Self, LabError> {
+    fn new(
+        layout: &Layout,
+        tuns: &'a [OwnedFd],
+        ports: DelayStage,
+        control: &'a Control,
+    ) -> Result<Self, LabError> {
         let ep = epoll::create(epoll::CreateFlags::CLOEXEC)
             .map_err(|e| LabError::sys("epoll_create1", e.into()))?;
         let tfd = rustix::time::timerfd_create(
@@ -257,10 +278,14 @@ impl<'a> Forwarder<'a> {
         for (i, t) in tuns.iter().enumerate() {
             epoll_add(&ep, t.as_fd(), i as u64)?;
         }
+        for k in 0..ports.devices() {
+            epoll_add(&ep, ports.device(k), TOKEN_PORTS + k as u64)?;
+        }
         epoll_add(&ep, tfd.as_fd(), TOKEN_TIMER)?;
         epoll_add(&ep, control.wake.as_fd(), TOKEN_WAKE)?;
         Ok(Forwarder {
             emu: Emulator::new(layout, mono_ns()),
+            ports,
             control,
             fds: tuns.iter().map(|t| t.as_fd()).collect(),
             ep,
@@ -280,17 +305,30 @@ impl<'a> Forwarder<'a> {
         self.emu.advance(now + EARLY_NS, |dst, pkt| {
             rustix::io::write(fds[dst], pkt) == Ok(pkt.len())
         });
+        self.ports.flush(now + EARLY_NS);
         if now - self.last_publish > 200_000_000 {
             self.last_publish = now;
-            *self.control.stats.lock().expect("stats lock") = self.emu.stats().clone();
+            self.publish();
         }
         // Sleep until the next due event, but at most 100 ms so flags are seen.
         let deadline = self
             .emu
             .next_deadline()
+            .into_iter()
+            .chain(self.ports.next_deadline())
+            .min()
             .unwrap_or(u64::MAX)
             .min(now + 100_000_000);
         (deadline > mono_ns() + EARLY_NS).then_some(deadline)
+    }
+
+    /// Publishes the counters, the delay stage's with the emulator's, for the lab's owner.
+    fn publish(&mut self) {
+        let stats = self.emu.stats_mut();
+        stats.port_frames = self.ports.frames;
+        stats.port_drops = self.ports.drops;
+        stats.port_refused = self.ports.refused;
+        *self.control.stats.lock().expect("stats lock") = self.emu.stats().clone();
     }
 
     /// Makes the timer fire by `deadline`.
@@ -345,7 +383,8 @@ impl<'a> Forwarder<'a> {
         Ok(Some(n))
     }
 
-    /// One ready event: the timer fired, the owner woke us, or a host's TUN has packets.
+    /// One ready event: the timer fired, the owner woke us, a host's TUN has packets or a
+    /// delayed port has frames.
     fn handle(&mut self, token: u64) {
         let mut scratch = [0u8; 8];
         match token {
@@ -357,6 +396,7 @@ impl<'a> Forwarder<'a> {
             TOKEN_WAKE => {
                 let _ = rustix::io::read(&self.control.wake, &mut scratch);
             }
+            k if k >= TOKEN_PORTS => self.ports.read((k - TOKEN_PORTS) as usize, mono_ns()),
             host => self.read_tun(host as usize),
         }
     }
@@ -377,10 +417,11 @@ impl<'a> Forwarder<'a> {
     }
 }
 
-/// Starts the forwarder on its own thread: creates the TUNs (in the caller's process), pins the
-/// thread and runs the loop. Returns once the TUNs exist.
+/// Starts the forwarder on its own thread: creates the TUNs and the delayed ports' TAPs (in the
+/// caller's process), pins the thread and runs the loop. Returns once the devices exist.
 pub fn spawn_thread(
     layout: Layout,
+    hub: String,
     namespaces: Vec<String>,
     control: Arc<Control>,
 ) -> Result<std::thread::JoinHandle<Result<(), LabError>>, LabError> {
@@ -388,7 +429,9 @@ pub fn spawn_thread(
     let handle = std::thread::Builder::new()
         .name("lab-forwarder".into())
         .spawn(move || {
-            let tuns = match open_tuns(&namespaces) {
+            let opened = open_tuns(&namespaces)
+                .and_then(|t| Ok((t, lan::open_ports(&hub, &namespaces, &layout)?)));
+            let (tuns, ports) = match opened {
                 Ok(t) => t,
                 Err(e) => {
                     let msg = e.to_string();
@@ -398,7 +441,7 @@ pub fn spawn_thread(
             };
             let warnings = tune_thread(forwarder_cpu());
             let _ = tx.send(Ok(warnings));
-            run_loop(&layout, &tuns, &control)
+            run_loop(&layout, &tuns, ports, &control)
         })
         .map_err(|e| LabError::sys("spawn forwarder thread", e))?;
     match rx.recv_timeout(std::time::Duration::from_secs(20)) {

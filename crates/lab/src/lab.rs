@@ -144,6 +144,7 @@ impl Lab {
         if layout.kernel_shaping {
             crate::kernel::preflight(&layout)?;
         }
+        netns::preflight_port_loss(&layout)?;
         let _lock = SetupLock::take(&name)?;
         clear_stale(&name)?;
         let dir = netns::state_dir(&name);
@@ -169,6 +170,7 @@ impl Lab {
                     let control = Control::new()?;
                     let join = forwarder::spawn_thread(
                         layout.clone(),
+                        netns::hub_ns(&name),
                         namespaces.clone(),
                         control.clone(),
                     )?;
@@ -200,7 +202,9 @@ impl Lab {
             owned: true,
             down: false,
         };
-        // From here on, Drop cleans up on error.
+        // From here on, Drop cleans up on error. The delayed ports' TAPs exist once the
+        // forwarder runs: bridge and shape them before the hosts use them.
+        netns::attach_ports(&lab.name, &lab.layout)?;
         netns::configure_hosts(&lab.name, &lab.layout)?;
         write("hosts.toml", &lab.hosts_spec().to_toml())?;
         write("matrix.toml", &lab.matrix_toml())?;
@@ -370,11 +374,11 @@ impl Lab {
         use std::fmt::Write as _;
         let p = &self.layout;
         // One way from host i to host j: i's uplink, the WAN path, j's downlink (the LAN inside a
-        // site is not emulated: about 0.1 ms).
+        // site is about 0.1 ms, plus the delays of both ports).
         let one_way_ms = |i: usize, j: usize| -> f64 {
             let (a, b) = (&p.hosts[i], &p.hosts[j]);
             if a.site == b.site {
-                return 0.05;
+                return 0.05 + (a.port_delay_ns + b.port_delay_ns) as f64 / 1e6;
             }
             let wan = p.site_links[a.site][b.site].map_or(0, |l| p.links[l].delay_ns);
             (p.links[a.uplink].delay_ns + wan + p.links[b.downlink].delay_ns) as f64 / 1e6
@@ -688,6 +692,7 @@ pub fn daemon_main(dir: &Path) -> Result<(), LabError> {
         .collect();
     let control = Control::new()?;
     let tuns = forwarder::open_tuns(&namespaces)?;
+    let ports = crate::lan::open_ports(&netns::hub_ns(&lab), &namespaces, &layout)?;
     // A helper thread turns signal flags into control flags and publishes the counters.
     let c2 = control.clone();
     let dir2 = dir.to_path_buf();
@@ -723,5 +728,5 @@ pub fn daemon_main(dir: &Path) -> Result<(), LabError> {
         eprintln!("lab forwarder: {w} (timing may suffer)");
     }
     std::fs::write(dir.join("ready"), "").map_err(|e| LabError::sys("write ready", e))?;
-    forwarder::run_loop(&layout, &tuns, &control)
+    forwarder::run_loop(&layout, &tuns, ports, &control)
 }

@@ -16,6 +16,7 @@ pub mod emu;
 mod forwarder;
 mod kernel;
 mod lab;
+mod lan;
 pub mod mesh;
 mod netns;
 pub mod scenario;

@@ -175,13 +175,54 @@ pub fn build(lab: &str, layout: &Layout) -> Result<(), LabError> {
     for (i, h) in layout.hosts.iter().enumerate() {
         let ns = host_ns(lab, &h.name);
         ip(&["netns", "add", &ns])?;
-        // Kernel shaping: every host on one bridge, its access links shaped on its veth.
-        let bridge = if layout.kernel_shaping { 0 } else { h.site };
+        if h.port_delay_ns > 0 {
+            // Its port is a TAP pair the forwarder creates (`attach_ports`).
+            continue;
+        }
         hub_script.push_str(&format!(
-            "link add v{i} type veth peer name lan0 netns {ns}\nlink set v{i} master br{bridge} up\n"
+            "link add v{i} type veth peer name lan0 netns {ns}\nlink set v{i} master br{} up\n",
+            bridge(layout, i)
         ));
     }
-    ip_batch(Some(&hub), &hub_script)?;
+    ip_batch(Some(&hub), &hub_script)
+}
+
+/// The bridge of host `i`'s port: its site's, or the one bridge of kernel shaping (every host
+/// on it, its access links shaped on its port).
+fn bridge(layout: &Layout, i: usize) -> usize {
+    if layout.kernel_shaping {
+        0
+    } else {
+        layout.hosts[i].site
+    }
+}
+
+/// Once the forwarder has created the delayed ports' TAPs (`lan.rs`): enslaves their hub sides
+/// to the bridges, lengthens their queues, and shapes every port of a kernel-shaped lab.
+pub fn attach_ports(lab: &str, layout: &Layout) -> Result<(), LabError> {
+    let hub = hub_ns(lab);
+    let mut hub_script = String::new();
+    for i in layout.delayed_ports() {
+        let ns = host_ns(lab, &layout.hosts[i].name);
+        // Frames the delay stage has not read yet wait here: a short queue would drop a burst.
+        ip(&[
+            "-n",
+            &ns,
+            "link",
+            "set",
+            crate::lan::HOST_PORT,
+            "txqueuelen",
+            "10000",
+        ])?;
+        hub_script.push_str(&format!(
+            "link set {} txqueuelen 10000 master br{} up\n",
+            crate::lan::hub_port(i),
+            bridge(layout, i)
+        ));
+    }
+    if !hub_script.is_empty() {
+        ip_batch(Some(&hub), &hub_script)?;
+    }
     if layout.kernel_shaping {
         kernel::shape_hub(&hub, layout)?;
     }
@@ -233,6 +274,7 @@ pub fn configure_hosts(lab: &str, layout: &Layout) -> Result<(), LabError> {
             h.addr
         ));
         sh.push_str("ip route add 224.0.0.0/4 dev lan0\n");
+        sh.push_str(&port_loss_script(h.port_loss));
         for c in &layout.channels {
             let (mine, peer) = if c.a == i {
                 (c.a_addr, c.b_addr)
@@ -260,6 +302,39 @@ pub fn configure_hosts(lab: &str, layout: &Layout) -> Result<(), LabError> {
         }
     }
     wait_all(&mut children)
+}
+
+/// The nft rule of a host's port loss: a random share of every packet arriving on `lan0`
+/// (LAN, multicast, and with kernel shaping WAN traffic too), in a table of its own beside
+/// kernel shaping's loss between sites. Empty without loss.
+fn port_loss_script(loss: f64) -> String {
+    if loss <= 0.0 {
+        return String::new();
+    }
+    let ppm = (loss * 1e6).round() as u64;
+    format!(
+        "nft -f - <<'EOF'\ntable ip bclab_port {{\n chain loss {{\n  type filter hook prerouting \
+         priority -301; policy accept;\n  iifname \"lan0\" numgen random mod 1000000 < {ppm} \
+         counter drop\n }}\n}}\nEOF\n"
+    )
+}
+
+/// Port loss is an nft rule: refuses a layout that has one where `nft` is missing.
+pub fn preflight_port_loss(layout: &Layout) -> Result<(), LabError> {
+    if layout.hosts.iter().all(|h| h.port_loss <= 0.0) {
+        return Ok(());
+    }
+    let found = Command::new("sh")
+        .args(["-c", "command -v nft"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if found {
+        Ok(())
+    } else {
+        Err(LabError::NotPermitted(
+            "a host's loss is an nft rule: install the Debian package nftables".into(),
+        ))
+    }
 }
 
 fn wait_all(children: &mut Vec<(String, std::process::Child)>) -> Result<(), LabError> {

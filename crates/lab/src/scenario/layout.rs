@@ -60,6 +60,15 @@ pub struct LayoutHost {
     pub uplink_mbps: Option<f64>,
     /// Nominal downlink rate in Mbit/s.
     pub downlink_mbps: Option<f64>,
+    /// One-way delay of the host's port in ns, each direction (0: none). A host with a port
+    /// delay reaches its LAN through a pair of TAP devices and the forwarder's delay stage
+    /// (`lan.rs`) instead of a veth; its access links carry the same delay for WAN traffic.
+    #[serde(default)]
+    pub port_delay_ns: u64,
+    /// Random loss of every packet the host receives (nft on its `lan0`; its access downlink
+    /// carries the same loss for WAN traffic through the forwarder).
+    #[serde(default)]
+    pub port_loss: f64,
 }
 
 /// One directed link.
@@ -140,7 +149,8 @@ pub struct LayoutFluctuation {
 impl Layout {
     /// Why the kernel cannot emulate this layout (None: it can). The kernel path has rates on
     /// access links and random loss between sites, nothing else: no `tc netem` here, so no
-    /// delay or jitter, and no shared WAN bottleneck or schedule.
+    /// delay or jitter between sites, and no shared WAN bottleneck or schedule. Hosts' port
+    /// delays are no obstacle: the forwarder's delay stage (`lan.rs`) applies them either way.
     pub fn kernel_obstacle(&self) -> Option<String> {
         if !self.channels.is_empty() {
             return Some("channels need the forwarder".into());
@@ -163,6 +173,13 @@ impl Layout {
             }
         }
         None
+    }
+
+    /// Indices of the hosts whose port has a delay (they sit behind the delay stage).
+    pub fn delayed_ports(&self) -> Vec<usize> {
+        (0..self.hosts.len())
+            .filter(|&i| self.hosts[i].port_delay_ns > 0)
+            .collect()
     }
 
     /// Random loss from site `from` to site `to` (0 inside a site).

@@ -106,6 +106,12 @@ pub struct SiteSpec {
     /// Default access downlink of this site's hosts in Mbit/s (absent: unlimited).
     #[serde(default)]
     pub downlink_mbps: Option<f64>,
+    /// Default one-way delay in ms of this site's hosts' ports, each direction (absent: none).
+    #[serde(default)]
+    pub delay_ms: Option<f64>,
+    /// Default random loss of what this site's hosts receive (absent: none).
+    #[serde(default)]
+    pub loss: Option<f64>,
 }
 
 /// One host given by name.
@@ -120,7 +126,20 @@ pub struct HostDef {
     /// Access downlink in Mbit/s (overrides the site's).
     #[serde(default)]
     pub downlink_mbps: Option<f64>,
+    /// One-way delay in ms of the host's port, in each direction, for everything it sends and
+    /// receives, its own LAN and multicast included (overrides the site's; the seed-003
+    /// testbed's netem delay per receiver). A round trip between two hosts crosses both ports
+    /// twice.
+    #[serde(default)]
+    pub delay_ms: Option<f64>,
+    /// Random loss, 0..1, of every packet the host receives, its own LAN and multicast included
+    /// (overrides the site's; the seed-003 testbed's iptables drop per receiver).
+    #[serde(default)]
+    pub loss: Option<f64>,
 }
+
+/// Longest port delay a scenario may give: a port holds what arrives in one delay in memory.
+pub const MAX_PORT_DELAY_MS: f64 = 1000.0;
 
 /// Parameters of one emulated link direction.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -470,6 +489,44 @@ mod tests {
     }
 
     #[test]
+    fn port_delay_is_per_host_and_keeps_kernel_shaping() {
+        let text = r#"
+            [[site]]
+            name = "lan"
+            delay_ms = 10
+            uplink_mbps = 100
+            [[site.host]]
+            name = "src"
+            delay_ms = 0
+            [[site.host]]
+            name = "near"
+            [[site.host]]
+            name = "far"
+            delay_ms = 25
+            loss = 0.05
+            [[site]]
+            name = "b"
+            hosts = 1
+            [default_path]
+            loss = 0.01
+        "#;
+        let p = Scenario::parse(text).unwrap().resolve().unwrap();
+        let delays: Vec<u64> = p.hosts.iter().map(|h| h.port_delay_ns).collect();
+        assert_eq!(delays, [0, 10_000_000, 25_000_000, 0]);
+        assert_eq!(p.delayed_ports(), [1, 2]);
+        // WAN traffic through the forwarder meets the same delay on the access links.
+        assert_eq!(p.links[p.hosts[2].uplink].delay_ns, 25_000_000);
+        assert_eq!(p.links[p.hosts[2].downlink].delay_ns, 25_000_000);
+        // Its loss too, on what it receives only.
+        assert_eq!(p.hosts[2].port_loss, 0.05);
+        assert_eq!(p.links[p.hosts[2].downlink].loss, 0.05);
+        assert_eq!(p.links[p.hosts[2].uplink].loss, 0.0);
+        assert_eq!(p.hosts[1].port_loss, 0.0);
+        // The delay stage is not the kernel's business: still kernel-shaped.
+        assert!(p.kernel_shaping);
+    }
+
+    #[test]
     fn rejects_bad_scenarios() {
         for (text, want) in [
             ("", "at least one"),
@@ -479,6 +536,9 @@ mod tests {
             ("[[site]]\nname='a'\nhosts=1\n[[site]]\nname='b'\nhosts=1\n[[path]]\nfrom='a'\nto='b'\nloss=1.5\n", "loss"),
             ("[[site]]\nname='a'\nhosts=1\n[[path]]\nfrom='a'\nto='x'\n", "unknown site"),
             ("[[site]]\nname='a'\nhosts=1\ncolour='red'\n", "unknown field"),
+            ("[[site]]\nname='a'\nhosts=1\ndelay_ms=-1\n", "site a: delay_ms must be zero or positive"),
+            ("[[site]]\nname='a'\n[[site.host]]\nname='h'\ndelay_ms=1500\n", "host h: delay_ms 1500 is above"),
+            ("[[site]]\nname='a'\n[[site.host]]\nname='h'\nloss=1\n", "host h: loss must be in [0, 1)"),
             ("[[site]]\nname='a'\nhosts=1\n[[site]]\nname='b'\nhosts=1\n[[path]]\nfrom='a'\nto='b'\nrtt_ms=1\ndelay_ms=1\n", "not both"),
         ] {
             let err = Scenario::parse(text).unwrap_err().to_string();

@@ -11,7 +11,7 @@ use std::net::Ipv4Addr;
 use super::{
     bad, check_nonneg, check_pos, default_queue, valid_name, HostDef, Layout, LayoutAlternate,
     LayoutChannel, LayoutEvent, LayoutFluctuation, LayoutHost, LayoutLink, LinkSpec, Scenario,
-    Shaping, SiteSpec, DEFAULT_AGENT_PORT,
+    Shaping, SiteSpec, DEFAULT_AGENT_PORT, MAX_PORT_DELAY_MS,
 };
 use crate::LabError;
 
@@ -104,6 +104,8 @@ impl<'a> Resolver<'a> {
             &format!("site {}: downlink_mbps", site.name),
             site.downlink_mbps,
         )?;
+        check_port_delay(&format!("site {}", site.name), site.delay_ms)?;
+        check_loss(&format!("site {}", site.name), site.loss)?;
         let defs = host_defs(site)?;
         for (hi, d) in defs.iter().enumerate() {
             self.host(si, hi, d, site)?;
@@ -118,16 +120,25 @@ impl<'a> Resolver<'a> {
         }
         check_pos(&format!("host {}: uplink_mbps", d.name), d.uplink_mbps)?;
         check_pos(&format!("host {}: downlink_mbps", d.name), d.downlink_mbps)?;
+        check_port_delay(&format!("host {}", d.name), d.delay_ms)?;
+        check_loss(&format!("host {}", d.name), d.loss)?;
         let idx = self.hosts.len();
         if self.host_idx.insert(d.name.clone(), idx).is_some() {
             return Err(bad(format!("host {:?} appears twice", d.name)));
         }
         let up = d.uplink_mbps.or(site.uplink_mbps);
         let down = d.downlink_mbps.or(site.downlink_mbps);
+        let delay_ms = d.delay_ms.or(site.delay_ms).unwrap_or(0.0);
+        let port_delay_ns = (delay_ms * 1e6).round() as u64;
+        let port_loss = d.loss.or(site.loss).unwrap_or(0.0);
         let uplink = self.links.len();
-        self.links.push(access_link(format!("up:{}", d.name), up));
+        // Traffic to other sites through the forwarder leaves by the TUN, not the port: its
+        // access links carry the port's delay so every packet of the host sees it.
         self.links
-            .push(access_link(format!("down:{}", d.name), down));
+            .push(access_link(format!("up:{}", d.name), up, port_delay_ns));
+        let mut downlink = access_link(format!("down:{}", d.name), down, port_delay_ns);
+        downlink.loss = port_loss;
+        self.links.push(downlink);
         self.hosts.push(LayoutHost {
             name: d.name.clone(),
             site: si,
@@ -136,6 +147,8 @@ impl<'a> Resolver<'a> {
             downlink: uplink + 1,
             uplink_mbps: up,
             downlink_mbps: down,
+            port_delay_ns,
+            port_loss,
         });
         Ok(())
     }
@@ -432,12 +445,33 @@ fn access_bound(hosts: &[LayoutHost], source: usize) -> Option<f64> {
     bound.is_finite().then_some(bound * 1e6)
 }
 
-fn access_link(name: String, mbps: Option<f64>) -> LayoutLink {
+/// A port delay: zero or positive, at most [`MAX_PORT_DELAY_MS`].
+/// A port loss: in [0, 1).
+fn check_loss(what: &str, loss: Option<f64>) -> Result<(), LabError> {
+    match loss {
+        Some(l) if !(0.0..1.0).contains(&l) => {
+            Err(bad(format!("{what}: loss must be in [0, 1), got {l}")))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn check_port_delay(what: &str, delay_ms: Option<f64>) -> Result<(), LabError> {
+    check_nonneg(&format!("{what}: delay_ms"), delay_ms)?;
+    match delay_ms {
+        Some(d) if d > MAX_PORT_DELAY_MS => Err(bad(format!(
+            "{what}: delay_ms {d} is above the port delay's limit of {MAX_PORT_DELAY_MS} ms"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+fn access_link(name: String, mbps: Option<f64>, delay_ns: u64) -> LayoutLink {
     let rate_bps = mbps.map(|m| m * 1e6);
     LayoutLink {
         name,
         rate_bps,
-        delay_ns: 0,
+        delay_ns,
         jitter_ns: 0,
         loss: 0.0,
         // An access link queue holds 100 ms at its rate: a typical CPE/switch buffer, and enough
