@@ -182,7 +182,7 @@ fn auth(c: &Common) -> Result<(Keys, Arc<dyn ProductAuth>)> {
     let secret = c.require_secret()?;
     // With --key/--allow-keys, connections admit only listed keys and products are signed by
     // the source's key (subscribers take them only from a key allowed to push); otherwise the
-    // secret's MAC. Feed connections are not encrypted yet, whatever --plaintext says.
+    // secret's MAC. Connections and the group are encrypted unless --plaintext (both ends).
     let keys = c.keys(&secret)?;
     let auth: Arc<dyn ProductAuth> = match keys.identity() {
         Some(id) => Arc::new(SignedAuth::new(id.clone())),
@@ -226,6 +226,8 @@ async fn run_serve(a: ServeArgs) -> Result<i32> {
         push,
         unicast_block: 256 << 10,
         feed_id: rand::random(),
+        // Drawn by `serve` at its start (unless --plaintext).
+        group_key: None,
     };
     let cfg = ServeConfig {
         dir: a.dir.clone(),
@@ -422,6 +424,14 @@ fn report(json: bool, exec: Option<&str>, transport: &mut &'static str, r: Repor
                 "warning: products {from}..={to} left the source's queue before they got here"
             );
             json!({"event": "lost", "from": from, "to": to})
+        }
+        Report::RefusedClearGroup { group } => {
+            eprintln!(
+                "warning: refusing the feed's multicast group {group} in clear: the source chose \
+                 --plaintext and this subscriber did not; the products come over the encrypted \
+                 connection instead (give --plaintext on both ends to multicast in clear)"
+            );
+            json!({"event": "refused_clear_group", "group": group})
         }
         Report::FellBack => {
             *transport = "unicast";

@@ -592,3 +592,265 @@ fn host_keys_admit_feed_subscribers_by_key() {
     assert!(err.contains("allow list"), "{err}");
     assert!(!s.0.join("r2/a").exists());
 }
+
+/// A relay between subscribers and the server that keeps every byte either way, as a third
+/// party on the path sees the connections.
+struct Tap {
+    addr: String,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+}
+
+impl Tap {
+    fn start(upstream: &str) -> Tap {
+        use std::sync::{Arc, Mutex};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (up, s) = (upstream.to_string(), seen.clone());
+        // Ends with the test process (the listener is never closed before).
+        std::thread::spawn(move || {
+            for c in l.incoming().flatten() {
+                let Ok(u) = std::net::TcpStream::connect(&up) else {
+                    continue;
+                };
+                let pipe = |mut from: std::net::TcpStream, mut to: std::net::TcpStream| {
+                    let s = s.clone();
+                    std::thread::spawn(move || {
+                        let mut buf = [0u8; 65536];
+                        while let Ok(n @ 1..) = std::io::Read::read(&mut from, &mut buf) {
+                            s.lock().unwrap().extend_from_slice(&buf[..n]);
+                            if std::io::Write::write_all(&mut to, &buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                        let _ = to.shutdown(std::net::Shutdown::Write);
+                    });
+                };
+                pipe(c.try_clone().unwrap(), u.try_clone().unwrap());
+                pipe(u, c);
+            }
+        });
+        Tap { addr, seen }
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+/// Every feed datagram (magic `BCF2`) on `group`, as a listener joined to it on loopback
+/// hears them, until `stop`.
+fn capture_group(
+    group: &str,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<Vec<Vec<u8>>> {
+    use socket2::{Domain, Socket, Type};
+    let g: std::net::SocketAddrV4 = group.parse().unwrap();
+    let s = Socket::new(Domain::IPV4, Type::DGRAM, None).unwrap();
+    // The subscribers bind the same group and port.
+    s.set_reuse_address(true).unwrap();
+    s.set_recv_buffer_size(32 << 20).unwrap();
+    s.bind(&std::net::SocketAddr::V4(g).into()).unwrap();
+    s.join_multicast_v4(g.ip(), &std::net::Ipv4Addr::LOCALHOST)
+        .unwrap();
+    let sock: std::net::UdpSocket = s.into();
+    sock.set_read_timeout(Some(std::time::Duration::from_millis(50)))
+        .unwrap();
+    std::thread::spawn(move || {
+        let mut got = Vec::new();
+        let mut buf = vec![0u8; 65_536];
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            if let Ok(n) = sock.recv(&mut buf) {
+                if buf[..n].starts_with(b"BCF2") {
+                    got.push(buf[..n].to_vec());
+                }
+            }
+        }
+        got
+    })
+}
+
+/// One subscriber's run: its JSON lines (`rest`: those read already) and its stderr.
+fn finish_subscriber(
+    mut child: Child,
+    mut out: BufReader<std::process::ChildStdout>,
+    mut rest: String,
+) -> (Vec<serde_json::Value>, String) {
+    use std::io::Read;
+    out.read_to_string(&mut rest).unwrap();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    child.wait().unwrap();
+    let v = rest
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    (v, err)
+}
+
+/// What a third party sees of one product going to a multicast and a unicast subscriber:
+/// the group's datagrams and both connections' bytes. Each subscriber's lines and stderr.
+struct Seen {
+    group: Vec<Vec<u8>>,
+    conns: Vec<u8>,
+    subs: Vec<(Vec<serde_json::Value>, String)>,
+}
+
+fn feed_seen(
+    s: &Scratch,
+    product: &Path,
+    serve_extra: &[&str],
+    sub_extra: &[&str],
+    tag: &str,
+) -> Seen {
+    use std::sync::{atomic::AtomicBool, Arc};
+    let group = format!("239.255.72.{}:{}", 40, 21_000 + std::process::id() % 20_000);
+    let mut args = vec!["--multicast", &group, "--multicast-if", "127.0.0.1"];
+    args.extend(serve_extra);
+    let server = serve(&s.0.join(format!("{tag}-q")), "127.0.0.1:0", &args);
+    let tap = Tap::start(&server.addr);
+    let stop = Arc::new(AtomicBool::new(false));
+    let cap = capture_group(&group, stop.clone());
+    let mut subs = Vec::new();
+    for mode in ["--iface", "--unicast"] {
+        let mut a = vec![
+            "--feedtype",
+            "IDS",
+            "--max-products",
+            "1",
+            "--duration",
+            "30",
+        ];
+        a.extend(if mode == "--unicast" {
+            vec![mode]
+        } else {
+            vec![mode, "127.0.0.1"]
+        });
+        a.extend(sub_extra);
+        let mut child = subscribe(&tap.addr, &s.0.join(format!("{tag}{mode}")), &a);
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        // Subscribed before the product is queued: it goes by the group, not the backlog.
+        let mut lines = String::new();
+        while !lines.contains("\"subscribed\"") {
+            assert!(out.read_line(&mut lines).unwrap() > 0, "{tag}: {lines}");
+        }
+        subs.push((child, out, lines));
+    }
+    let out = Command::new(BIN)
+        .args([
+            "feed",
+            "insert",
+            "--server",
+            &server.addr,
+            "--feedtype",
+            "IDS",
+        ])
+        .arg(product)
+        .args(sub_extra)
+        .env("BULKCAST_SECRET", SECRET)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "insert: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let subs: Vec<_> = subs
+        .into_iter()
+        .map(|(c, o, l)| finish_subscriber(c, o, l))
+        .collect();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let group = cap.join().unwrap();
+    for (mode, (v, err)) in ["--iface", "--unicast"].iter().zip(&subs) {
+        assert_eq!(delivered(v), vec![1], "{tag} {mode}: {err}");
+        let got = std::fs::read(s.0.join(format!("{tag}{mode}")).join("obj.bin")).unwrap();
+        assert!(
+            got == std::fs::read(product).unwrap(),
+            "{tag} {mode}: wrong bytes"
+        );
+    }
+    Seen {
+        group,
+        conns: tap.bytes(),
+        subs,
+    }
+}
+
+/// The group's datagrams and the subscribers' connections are encrypted by default: a
+/// listener on the group and a relay on the connections see none of a product's bytes.
+/// With `--plaintext` on both ends they go in clear (so the check can fail). A server alone
+/// in plaintext: the subscriber refuses its group, says why, and takes the product over its
+/// encrypted connection; a subscriber alone in plaintext takes the sealed group.
+#[test]
+fn feed_datagrams_and_connections_are_encrypted_unless_both_ends_choose_plaintext() {
+    let s = Scratch::new("feed-seal");
+    let pattern = b"<<bulkcast feed: a recognisable product pattern 0123456789>>";
+    let product = s.0.join("obj.bin");
+    let body: Vec<u8> = pattern.iter().copied().cycle().take(600_000).collect();
+    std::fs::write(&product, &body).unwrap();
+    let shows = |d: &[u8]| d.windows(pattern.len()).any(|w| w == pattern);
+    let by = |v: &[serde_json::Value]| {
+        v.iter()
+            .find(|l| l["event"] == "delivered")
+            .map(|l| l["transport"].clone())
+            .unwrap()
+    };
+    // Default: sealed. The product is ~430 data datagrams; the listener must have heard
+    // them go by, and the unicast subscriber's connection carried the product.
+    let seen = feed_seen(&s, &product, &[], &[], "sealed");
+    assert!(
+        seen.group.len() >= 200,
+        "only {} datagrams seen",
+        seen.group.len()
+    );
+    assert!(
+        !seen.group.iter().any(|d| shows(d)),
+        "the group carried the product in clear"
+    );
+    assert!(
+        seen.conns.len() > body.len(),
+        "{} bytes relayed",
+        seen.conns.len()
+    );
+    assert!(
+        !shows(&seen.conns),
+        "a connection carried the product in clear"
+    );
+    assert_eq!(by(&seen.subs[0].0), "multicast");
+    // Both ends plaintext: the product is on the wire, on the group and on the connection.
+    let seen = feed_seen(&s, &product, &["--plaintext"], &["--plaintext"], "plain");
+    assert!(
+        seen.group.iter().any(|d| shows(d)),
+        "{} datagrams, none in clear",
+        seen.group.len()
+    );
+    assert!(shows(&seen.conns), "no connection in clear");
+    assert_eq!(by(&seen.subs[0].0), "multicast");
+    // The server alone: the multicast subscriber refuses the clear group, says why, and the
+    // product comes over its encrypted connection.
+    let seen = feed_seen(&s, &product, &["--plaintext"], &[], "mixed");
+    let (v, err) = &seen.subs[0];
+    assert!(err.contains("refusing the feed's multicast group"), "{err}");
+    assert!(
+        v.iter().any(|l| l["event"] == "refused_clear_group"),
+        "{v:?}"
+    );
+    assert_eq!(by(v), "unicast");
+    assert!(
+        !shows(&seen.conns),
+        "a connection carried the product in clear"
+    );
+    assert!(
+        !seen.group.iter().any(|d| shows(d)),
+        "refused, yet the group carried it in clear"
+    );
+    // The subscribers alone: the server seals the group and the connections anyway.
+    let seen = feed_seen(&s, &product, &[], &["--plaintext"], "subplain");
+    assert_eq!(by(&seen.subs[0].0), "multicast");
+    assert!(!seen.group.iter().any(|d| shows(d)) && !shows(&seen.conns));
+}

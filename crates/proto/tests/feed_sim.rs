@@ -9,6 +9,7 @@ use bulkcast_proto::feed::push::PushConfig;
 use bulkcast_proto::feed::queue::QueueLimits;
 use bulkcast_proto::feed::server::ServerConfig;
 use bulkcast_proto::feed::sim::{run, Insert, McastLoss, RxSpec, SimReport};
+use bulkcast_proto::mcast::seal::{GroupKey, KEY_BYTES};
 
 const SEC: u64 = 1_000_000;
 
@@ -31,6 +32,7 @@ fn coded(max_bytes: u64, multicast: bool, k: u32) -> ServerConfig {
         }),
         unicast_block: 64 * 1024,
         feed_id: 42,
+        group_key: None,
     }
 }
 
@@ -340,6 +342,46 @@ fn corrupt_datagrams_never_deliver_bad_bytes() {
     assert_exact(&r, |_, _, _| true);
     let s = r.rx[0].stats;
     assert!(s.corrupt + s.bad_tags > 0, "{s:?}");
+}
+
+/// Sealing the group (the default outside the simulator's other tests) changes nothing of
+/// what arrives or how: the same seed gives the same deliveries and the same repairs. A
+/// corrupted sealed datagram does not open, so it is a loss, never a bad block.
+#[test]
+fn a_sealed_group_delivers_as_the_clear_one_and_corrupt_datagrams_are_losses() {
+    let loss = McastLoss {
+        random: 0.01,
+        ..McastLoss::default()
+    };
+    let go = |key: Option<GroupKey>, loss: McastLoss| {
+        let mut cfg = config(1 << 30, true);
+        cfg.group_key = key;
+        let rxs = (0..4).map(|_| rx("ANY", loss.clone())).collect();
+        run(
+            11,
+            cfg,
+            rxs,
+            products(80, 20_000, &[700, 40_000, 300_000], &["X"]),
+            60 * SEC,
+        )
+    };
+    let key = Some(GroupKey::from_bytes([7; KEY_BYTES]));
+    let (clear, sealed) = (go(None, loss.clone()), go(key.clone(), loss.clone()));
+    assert_exact(&sealed, |_, _, _| true);
+    for (c, s) in clear.rx.iter().zip(&sealed.rx) {
+        assert_eq!(c.delivered, s.delivered);
+        assert_eq!(c.repaired, s.repaired);
+    }
+    assert_eq!(clear.multicast_sent, sealed.multicast_sent);
+    let corrupt = McastLoss {
+        corrupt: 0.01,
+        ..loss
+    };
+    let r = go(key, corrupt);
+    assert_exact(&r, |_, _, _| true);
+    for x in &r.rx {
+        assert_eq!(x.stats.corrupt + x.stats.bad_tags, 0, "{:?}", x.stats);
+    }
 }
 
 #[test]

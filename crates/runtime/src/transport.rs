@@ -726,33 +726,6 @@ pub async fn handshake_accept(mut s: Stream, keys: &Keys) -> Result<Stream, Conn
     Ok(seal(s, admitted))
 }
 
-/// The connecting side's handshake on a connection that stays unencrypted whatever
-/// `--plaintext` says (the feed protocol, which authenticates its products itself and is not
-/// encrypted yet): admission is checked as on every connection.
-pub async fn handshake_connect_plain<S: AsyncRead + AsyncWrite + Unpin>(
-    s: &mut S,
-    keys: &Keys,
-) -> Result<(), ConnError> {
-    plain(crate::secure::connect(s, &keys.clone().with_plaintext(true)).await?)
-}
-
-/// The accepting side of [`handshake_connect_plain`].
-pub async fn handshake_accept_plain<S: AsyncRead + AsyncWrite + Unpin>(
-    s: &mut S,
-    keys: &Keys,
-) -> Result<(), ConnError> {
-    plain(crate::secure::accept(s, &keys.clone().with_plaintext(true)).await?)
-}
-
-fn plain(admitted: crate::secure::Admitted) -> Result<(), ConnError> {
-    match admitted.cipher {
-        None => Ok(()),
-        Some(_) => Err(ConnError::Auth(AuthError::Mode(
-            "the peer wants this connection encrypted, which this protocol does not do yet",
-        ))),
-    }
-}
-
 fn seal(s: Stream, admitted: crate::secure::Admitted) -> Stream {
     match admitted.cipher {
         Some(c) => Stream::Sealed(Box::new(Sealed::new(s, c))),

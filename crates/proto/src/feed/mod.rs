@@ -6,6 +6,7 @@
 //! - [`queue`]: the source's product queue, bounded by size and age.
 //! - [`fec`]: repair by parity on the group (the file send's code), unicast where it fits.
 //! - [`msg`]: messages and their encoding (unicast frames, multicast datagrams).
+//! - [`seal`]: multicast datagrams numbered and sealed under the group key.
 //! - [`server`]: the source: subscribers' backlogs and streams, repairs, multicast pacing.
 //! - [`push`]: the multicast pusher.
 //! - [`receiver`]: a subscriber: assembly, gap detection, repair requests, delivery once.
@@ -19,6 +20,7 @@ pub mod push;
 pub mod queue;
 pub mod ranges;
 pub mod receiver;
+pub mod seal;
 pub mod server;
 #[cfg(feature = "sim")]
 pub use crate::sim::feed as sim;

@@ -1,19 +1,16 @@
 //! The feed's messages and their encoding: one format for the unicast control/data
 //! connection (length-prefixed frames) and for multicast datagrams (one message each, after a
-//! header naming the feed). Every length is checked before use; bad input is an error, never
-//! a panic.
+//! header naming the feed and the datagram's number: [`super::seal`]). Every length is
+//! checked before use; bad input is an error, never a panic.
 
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::product::{Micros, ProductMeta, MAX_NAME};
 use crate::mcast::msg::Nak;
+use crate::mcast::seal::{GroupKey, KEY_BYTES};
 
 /// Largest frame on a unicast connection (a data block plus headers).
 pub const MAX_FRAME: usize = (1 << 20) + 4096;
-/// Magic at the start of every multicast datagram.
-pub const DGRAM_MAGIC: [u8; 4] = *b"BCF1";
-/// Bytes of a datagram's header (magic and feed id).
-pub const DGRAM_HEADER: usize = 12;
 
 /// Where a subscriber's stream starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +50,10 @@ pub enum Msg {
         mcast_from: u64,
         /// The first sequence number of this subscriber's stream.
         first: u64,
+        /// The key the group's datagrams are sealed under (multicast subscribers only, on
+        /// their encrypted connection); `None`: in clear (the source chose `--plaintext`) or
+        /// no multicast.
+        key: Option<GroupKey>,
     },
     /// Either way: refused or failed, with the reason.
     Refused {
@@ -186,9 +187,16 @@ pub enum MsgError {
     /// A string or list longer than allowed, or not UTF-8.
     #[error("feed message field too long or malformed")]
     BadField,
-    /// Not a bulkcast feed datagram.
+    /// Not a bulkcast feed datagram (or one of an older format).
     #[error("not a bulkcast feed datagram")]
     BadMagic,
+    /// A datagram of another feed (another server, or an earlier run of this one).
+    #[error("datagram of another feed ({0:016x})")]
+    OtherFeed(u64),
+    /// A datagram that did not open under the group key: altered, sealed under another key,
+    /// or in clear while the feed is sealed.
+    #[error("feed datagram did not open under the group key")]
+    Unsealed,
 }
 
 impl Msg {
@@ -219,6 +227,7 @@ impl Msg {
                 block,
                 mcast_from,
                 first,
+                key,
             } => {
                 out.put_u8(2);
                 out.put_u64(*feed_id);
@@ -226,6 +235,13 @@ impl Msg {
                 out.put_u32(*block);
                 out.put_u64(*mcast_from);
                 out.put_u64(*first);
+                match key {
+                    Some(k) => {
+                        out.put_u8(1);
+                        out.put_slice(k.bytes());
+                    }
+                    None => out.put_u8(0),
+                }
             }
             Msg::Refused { reason } => {
                 out.put_u8(3);
@@ -336,6 +352,15 @@ impl Msg {
                 block: r.u32()?,
                 mcast_from: r.u64()?,
                 first: r.u64()?,
+                key: match r.u8()? {
+                    0 => None,
+                    1 => {
+                        let mut k = [0u8; KEY_BYTES];
+                        k.copy_from_slice(r.take(KEY_BYTES)?);
+                        Some(GroupKey::from_bytes(k))
+                    }
+                    _ => return Err(MsgError::BadField),
+                },
             },
             3 => Msg::Refused { reason: r.str()? },
             4 => Msg::Product {
@@ -415,24 +440,6 @@ impl Msg {
             t => return Err(MsgError::UnknownType(t)),
         };
         Ok(m)
-    }
-
-    /// A multicast datagram: header naming the feed, then the message.
-    pub fn to_datagram(&self, feed_id: u64) -> Bytes {
-        let mut out = BytesMut::with_capacity(1500);
-        out.put_slice(&DGRAM_MAGIC);
-        out.put_u64(feed_id);
-        self.encode(&mut out);
-        out.freeze()
-    }
-
-    /// Decodes a multicast datagram: its feed id and message.
-    pub fn from_datagram(b: &[u8]) -> Result<(u64, Msg), MsgError> {
-        if b.len() < DGRAM_HEADER || b[..4] != DGRAM_MAGIC {
-            return Err(MsgError::BadMagic);
-        }
-        let id = u64::from_be_bytes(b[4..12].try_into().map_err(|_| MsgError::Truncated)?);
-        Ok((id, Msg::decode(&b[DGRAM_HEADER..])?))
     }
 }
 
@@ -516,6 +523,7 @@ impl<'a> Reader<'a> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::seal::{DgramReader, DgramWriter};
     use super::*;
 
     #[test]
@@ -542,6 +550,15 @@ mod tests {
                 block: 1400,
                 mcast_from: 7,
                 first: 3,
+                key: None,
+            },
+            Msg::Accepted {
+                feed_id: 1,
+                group: "239.1.1.1:7000".into(),
+                block: 1400,
+                mcast_from: 7,
+                first: 3,
+                key: Some(GroupKey::from_bytes([5; KEY_BYTES])),
             },
             Msg::Refused {
                 reason: "no".into(),
@@ -597,17 +614,41 @@ mod tests {
                 data: Bytes::from_static(b"pq"),
             },
         ];
+        let key = Some(GroupKey::from_bytes([6; KEY_BYTES]));
         for m in msgs {
-            let d = m.to_datagram(77);
-            assert_eq!(Msg::from_datagram(&d), Ok((77, m.clone())));
-            for cut in DGRAM_HEADER..d.len() {
-                assert!(Msg::from_datagram(&d[..cut]).is_err(), "{m:?} cut at {cut}");
+            let mut b = BytesMut::new();
+            m.encode(&mut b);
+            assert_eq!(Msg::decode(&b), Ok(m.clone()));
+            for cut in 0..b.len() {
+                assert!(Msg::decode(&b[..cut]).is_err(), "{m:?} cut at {cut}");
+            }
+            // As a datagram, in clear and sealed.
+            for k in [None, key.clone()] {
+                let cipher = k.as_ref().map(GroupKey::cipher);
+                let mut d = Vec::new();
+                DgramWriter::new(77, cipher.clone()).write(&m, &mut d);
+                let got = DgramReader::new(77, cipher).read(&mut d);
+                assert_eq!(got, Ok(m.clone()));
             }
         }
         assert_eq!(
-            Msg::from_datagram(b"XXXX00000000\x01"),
+            DgramReader::new(77, None).read(&mut b"XXXX0000000000000000\x01".to_vec()),
             Err(MsgError::BadMagic)
         );
         assert_eq!(Msg::decode(&[99]), Err(MsgError::UnknownType(99)));
+        // A key flag other than 0 or 1.
+        let mut b = BytesMut::new();
+        Msg::Accepted {
+            feed_id: 1,
+            group: String::new(),
+            block: 1,
+            mcast_from: 1,
+            first: 1,
+            key: None,
+        }
+        .encode(&mut b);
+        let last = b.len() - 1;
+        b[last] = 2;
+        assert_eq!(Msg::decode(&b), Err(MsgError::BadField));
     }
 }

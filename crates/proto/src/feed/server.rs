@@ -16,6 +16,7 @@ use super::msg::{Msg, Start};
 use super::product::{allowed, AllowRule, Micros, ProductAuth, ProductMeta, Subscription};
 use super::push::{PushConfig, PushOut, Pusher};
 use super::queue::{ProductQueue, QueueError, QueueLimits};
+use crate::mcast::seal::GroupKey;
 
 /// The server's settings.
 #[derive(Clone)]
@@ -30,6 +31,11 @@ pub struct ServerConfig {
     pub unicast_block: u32,
     /// This run's feed id (random per start: stale datagrams of an old run are ignored).
     pub feed_id: u64,
+    /// The key the group's datagrams are sealed under, handed to every multicast subscriber
+    /// in its `Accepted`; `None`: the group goes in clear (`--plaintext`). Drawn afresh at
+    /// every start and never stored ([`super::seal`]: the datagram numbers, its nonces,
+    /// start again at 0).
+    pub group_key: Option<GroupKey>,
 }
 
 /// A subscriber's handle.
@@ -251,6 +257,7 @@ impl Server {
             block: push.as_ref().map_or(self.cfg.unicast_block, |p| p.block),
             mcast_from: if multicast { until } else { u64::MAX },
             first: cursor,
+            key: self.cfg.group_key.clone().filter(|_| multicast),
         });
         if let Some(p) = push.as_ref().filter(|p| multicast && p.layout(1).is_some()) {
             ctrl.insert(1, Msg::Coding { k: p.k, m: p.m });

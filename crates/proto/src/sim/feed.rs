@@ -19,7 +19,9 @@ use crate::feed::product::{Micros, ProductAuth, SecretAuth, Subscription};
 use crate::feed::push::PushOut;
 use crate::feed::queue::ProductQueue;
 use crate::feed::receiver::{Latency, Receiver, ReceiverConfig, RxEvent, RxStats};
+use crate::feed::seal::{DgramReader, DgramWriter};
 use crate::feed::server::{Server, ServerConfig, SubId, UniOut};
+use crate::mcast::seal::GroupKey;
 
 /// How multicast reaches one receiver.
 #[derive(Debug, Clone, Default)]
@@ -119,6 +121,8 @@ struct RxState {
     spec: RxSpec,
     id: Option<SubId>,
     rx: Option<Receiver>,
+    /// Opens the group's datagrams with what `Accepted` said (sealed when it held a key).
+    reader: Option<DgramReader>,
     bufs: HashMap<u64, Vec<u8>>,
     hashes: HashMap<u64, [u8; 32]>,
     in_burst: bool,
@@ -127,7 +131,6 @@ struct RxState {
 }
 
 struct World {
-    cfg: ServerConfig,
     rng: SmallRng,
     auth: Arc<dyn ProductAuth>,
     server: Server,
@@ -140,6 +143,8 @@ struct World {
     inserted: Vec<(u64, String)>,
     refused: Vec<String>,
     parity: ParityCache,
+    /// Numbers (and seals, under the config's group key) every datagram.
+    writer: DgramWriter,
 }
 
 /// Runs a feed: `server` settings, receivers, products; stops at `until` or when every
@@ -152,10 +157,11 @@ pub fn run(
     until: Micros,
 ) -> SimReport {
     let auth: Arc<dyn ProductAuth> = Arc::new(SecretAuth::new(&Secret::from_bytes([3; 32])));
-    let server = Server::new(cfg.clone(), auth.clone(), ProductQueue::new(cfg.limits, 1));
+    let writer = DgramWriter::new(cfg.feed_id, cfg.group_key.as_ref().map(GroupKey::cipher));
+    let limits = cfg.limits;
+    let server = Server::new(cfg, auth.clone(), ProductQueue::new(limits, 1));
     let last_insert = inserts.iter().map(|i| i.at).max().unwrap_or(0);
     let mut w = World {
-        cfg,
         rng: SmallRng::seed_from_u64(seed),
         auth,
         server,
@@ -168,6 +174,7 @@ pub fn run(
         inserted: Vec::new(),
         refused: Vec::new(),
         parity: ParityCache::default(),
+        writer,
     };
     for i in 0..w.inserts.len() {
         w.sched(w.inserts[i].at, Ev::Insert(i));
@@ -178,6 +185,7 @@ pub fn run(
             spec,
             id: None,
             rx: None,
+            reader: None,
             bufs: HashMap::new(),
             hashes: HashMap::new(),
             in_burst: false,
@@ -325,7 +333,9 @@ impl World {
                     }
                 }
             };
-            let dgram = msg.to_datagram(self.cfg.feed_id);
+            let mut d = Vec::new();
+            self.writer.write(&msg, &mut d);
+            let dgram = Bytes::from(d);
             for i in 0..self.st.len() {
                 if let Some(d) = deliver_mcast(&mut self.rng, &mut self.st[i], now, &dgram) {
                     let at = now + self.st[i].spec.delay;
@@ -366,13 +376,18 @@ impl World {
                 }
             }
             Ev::Mcast(i, d) => {
-                if let (Some(rx), Ok((_, m))) = (&mut self.st[i].rx, Msg::from_datagram(&d)) {
-                    rx.handle_multicast(now, m);
+                let r = &mut self.st[i];
+                if let (Some(rx), Some(reader)) = (&mut r.rx, &r.reader) {
+                    if let Ok(m) = reader.read(&mut d.to_vec()) {
+                        rx.handle_multicast(now, m);
+                    }
                 }
             }
             Ev::Uni(i, m) => {
                 let r = &mut self.st[i];
-                if let Msg::Accepted { .. } = &m {
+                if let Msg::Accepted { feed_id, key, .. } = &m {
+                    let cipher = key.as_ref().map(GroupKey::cipher);
+                    r.reader = Some(DgramReader::new(*feed_id, cipher));
                     let sub = Subscription::parse(&r.spec.feedtype, "").expect("valid pattern");
                     let cfg = ReceiverConfig::default();
                     r.rx = Receiver::new(cfg, self.auth.clone(), sub, &m, now);

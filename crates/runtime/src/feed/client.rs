@@ -14,12 +14,14 @@ use bulkcast_proto::auth::Keys;
 use bulkcast_proto::feed::msg::{Msg, Start};
 use bulkcast_proto::feed::product::{ProductAuth, ProductMeta, Subscription};
 use bulkcast_proto::feed::receiver::{Latency, Receiver, ReceiverConfig, RxEvent, RxStats};
+use bulkcast_proto::feed::seal::DgramReader;
+use bulkcast_proto::mcast::seal::GroupKey;
 use tokio::io::{AsyncWriteExt, BufWriter};
-use tokio::net::{TcpStream, UdpSocket};
+use tokio::net::UdpSocket;
 use tokio::sync::mpsc;
 
 use super::{now_us, read_msg, write_msg};
-use crate::transport::{connect_tcp, handshake_connect_plain, TcpTuning};
+use crate::transport::{connect_tcp, handshake_connect, Stream, TcpTuning};
 
 /// A subscriber's settings.
 pub struct SubscribeConfig {
@@ -37,7 +39,8 @@ pub struct SubscribeConfig {
     pub multicast: bool,
     /// Interface address to join the group on.
     pub iface: Option<Ipv4Addr>,
-    /// Session keys.
+    /// Session keys (admission, encryption, `--plaintext`: without it, a group in clear is
+    /// refused and the products come over the encrypted connection).
     pub keys: Keys,
     /// Product authentication.
     pub auth: Arc<dyn ProductAuth>,
@@ -85,6 +88,12 @@ pub enum Report<'a> {
     },
     /// Multicast did not arrive; unicast now.
     FellBack,
+    /// The source's group goes in clear (it chose `--plaintext`) and this subscriber did
+    /// not: it does not join, and takes the products over its encrypted connection.
+    RefusedClearGroup {
+        /// The group.
+        group: &'a str,
+    },
     /// The connection ended; reconnecting.
     Disconnected {
         /// Why.
@@ -193,12 +202,12 @@ struct Session<'a> {
 }
 
 impl Session<'_> {
-    async fn connect(&self, start: Start) -> Result<(TcpStream, Msg), SessionEnd> {
-        let mut stream = connect_tcp(&self.cfg.source, &self.cfg.tuning)
+    async fn connect(&self, start: Start) -> Result<(Stream, Msg), SessionEnd> {
+        let stream = connect_tcp(&self.cfg.source, &self.cfg.tuning)
             .await
             .map_err(|e| SessionEnd::Lost(e.to_string()))?;
         stream.set_nodelay(true)?;
-        handshake_connect_plain(&mut stream, &self.cfg.keys)
+        let mut stream = handshake_connect(Stream::Tcp(stream), &self.cfg.keys)
             .await
             .map_err(|e| SessionEnd::Fatal(SubError::Refused(e.to_string())))?;
         let m = Msg::Subscribe {
@@ -226,17 +235,24 @@ impl Session<'_> {
         deadline: Option<Instant>,
         on: &mut impl FnMut(Report<'_>),
     ) -> Result<(), SessionEnd> {
-        let (stream, acc) = self.connect(start).await?;
+        let (mut stream, acc) = self.connect(start).await?;
+        let (acc, refused) = refuse_clear_group(acc, !self.cfg.keys.plaintext());
         let Msg::Accepted {
             feed_id,
             group,
             first,
+            key,
             ..
         } = &acc
         else {
             unreachable!("checked in connect")
         };
-        let (feed_id, first) = (*feed_id, *first);
+        let first = *first;
+        let dgrams = DgramReader::new(*feed_id, key.as_ref().map(GroupKey::cipher));
+        if let Some(g) = &refused {
+            on(Report::RefusedClearGroup { group: g });
+            write_msg(&mut stream, &Msg::Fallback { seq: first }).await?;
+        }
         let mut rx = Receiver::new(self.cfg.rx, self.cfg.auth.clone(), sub, &acc, now_us())
             .ok_or_else(|| SessionEnd::Lost("bad answer".into()))?;
         let mcast = match group.is_empty() {
@@ -312,12 +328,9 @@ impl Session<'_> {
                     Some(Err(e)) => break Err(e.into()),
                 },
                 r = recv_opt(mcast.as_ref(), &mut buf) => {
-                    if let Ok(n) = r {
-                        if let Ok((id, m)) = Msg::from_datagram(&buf[..n]) {
-                            if id == feed_id {
-                                rx.handle_multicast(now_us(), m);
-                            }
-                        }
+                    // Another feed's, altered, or in clear on a sealed group: never used.
+                    if let Ok(Ok(m)) = r.map(|n| dgrams.read(&mut buf[..n])) {
+                        rx.handle_multicast(now_us(), m);
                     }
                 }
                 Some((seq, ok)) = hashes.recv() => match ok {
@@ -409,6 +422,32 @@ impl Session<'_> {
     }
 }
 
+/// A subscriber that did not choose `--plaintext` refuses a group in clear (the source chose
+/// plaintext): the `Accepted` it goes on with has no group, and the group it refused.
+fn refuse_clear_group(acc: Msg, sealed: bool) -> (Msg, Option<String>) {
+    match acc {
+        Msg::Accepted {
+            feed_id,
+            group,
+            block,
+            first,
+            key: None,
+            ..
+        } if sealed && !group.is_empty() => (
+            Msg::Accepted {
+                feed_id,
+                group: String::new(),
+                block,
+                mcast_from: u64::MAX,
+                first,
+                key: None,
+            },
+            Some(group),
+        ),
+        acc => (acc, None),
+    }
+}
+
 fn hash_file(p: &Path) -> io::Result<[u8; 32]> {
     let mut h = blake3::Hasher::new();
     h.update_reader(BufReader::with_capacity(1 << 20, File::open(p)?))?;
@@ -454,10 +493,10 @@ pub async fn insert(
 ) -> io::Result<u64> {
     let file = File::open(path)?;
     let size = file.metadata()?.len();
-    let mut stream = connect_tcp(server, tuning)
+    let stream = connect_tcp(server, tuning)
         .await
         .map_err(io::Error::other)?;
-    handshake_connect_plain(&mut stream, keys)
+    let mut stream = handshake_connect(Stream::Tcp(stream), keys)
         .await
         .map_err(io::Error::other)?;
     write_msg(
@@ -503,10 +542,10 @@ pub async fn insert(
 
 /// The server's status as JSON.
 pub async fn status(server: &str, keys: &Keys, tuning: &TcpTuning) -> io::Result<String> {
-    let mut stream = connect_tcp(server, tuning)
+    let stream = connect_tcp(server, tuning)
         .await
         .map_err(io::Error::other)?;
-    handshake_connect_plain(&mut stream, keys)
+    let mut stream = handshake_connect(Stream::Tcp(stream), keys)
         .await
         .map_err(io::Error::other)?;
     write_msg(&mut stream, &Msg::Status).await?;

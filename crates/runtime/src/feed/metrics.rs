@@ -208,7 +208,7 @@ impl SubscribeMetrics {
             Report::Disconnected { .. } => {
                 self.disconnects.inc();
             }
-            Report::Subscribed { .. } => {}
+            Report::Subscribed { .. } | Report::RefusedClearGroup { .. } => {}
         }
     }
 }

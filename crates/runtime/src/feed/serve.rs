@@ -19,7 +19,9 @@ use bulkcast_proto::feed::msg::Msg;
 use bulkcast_proto::feed::product::ProductAuth;
 use bulkcast_proto::feed::push::PushOut;
 use bulkcast_proto::feed::queue::QueueLimits;
+use bulkcast_proto::feed::seal::DgramWriter;
 use bulkcast_proto::feed::server::{Server, ServerConfig, SubId, UniOut};
+use bulkcast_proto::mcast::seal::GroupKey;
 use bytes::Bytes;
 use tokio::io::{AsyncWriteExt, BufWriter};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
@@ -27,15 +29,16 @@ use tokio::sync::watch;
 
 use super::disk::QueueDir;
 use super::{now_us, read_msg, write_msg};
-use crate::transport::handshake_accept_plain;
+use crate::transport::{handshake_accept, Stream};
 
 /// `feed serve`'s settings.
 pub struct ServeConfig {
     /// The queue's directory.
     pub dir: std::path::PathBuf,
-    /// The core's settings (limits, allow rules, multicast).
+    /// The core's settings (limits, allow rules, multicast). Its `group_key` is ignored:
+    /// [`serve`] draws one at every start, unless `keys` chose plaintext.
     pub server: ServerConfig,
-    /// The session keys (admission).
+    /// The session keys (admission, encryption, `--plaintext`).
     pub keys: Keys,
     /// How products are authenticated.
     pub auth: Arc<dyn ProductAuth>,
@@ -56,6 +59,8 @@ struct Ctx {
     keys: Keys,
     wake: watch::Sender<u64>,
     remote_insert: bool,
+    /// The group's datagrams are sealed: `Accepted` carries the key.
+    has_key: bool,
 }
 
 impl Ctx {
@@ -80,7 +85,22 @@ pub async fn serve(
     let dir = QueueDir::open(&cfg.dir)?;
     let queue = dir.restore(cfg.server.limits)?;
     let push = cfg.server.push.clone();
-    let mut server = Server::new(cfg.server, cfg.auth, queue);
+    let mut server_cfg = cfg.server;
+    // A key for this run alone: the datagram numbers (the nonces) start at 0 again at every
+    // start, so a key must never outlive the process (bulkcast_proto::feed::seal).
+    server_cfg.group_key = match cfg.keys.plaintext() {
+        true => None,
+        false => Some(
+            GroupKey::generate(&ring::rand::SystemRandom::new())
+                .map_err(|_| io::Error::other("no random bytes for the group key"))?,
+        ),
+    };
+    let writer = DgramWriter::new(
+        server_cfg.feed_id,
+        server_cfg.group_key.as_ref().map(GroupKey::cipher),
+    );
+    let has_key = server_cfg.group_key.is_some();
+    let mut server = Server::new(server_cfg, cfg.auth, queue);
     for s in server.expire(now_us()) {
         dir.remove(s);
     }
@@ -93,6 +113,7 @@ pub async fn serve(
         keys: cfg.keys,
         wake,
         remote_insert: cfg.remote_insert,
+        has_key,
     });
     if let Some(reg) = &cfg.registry {
         let c = Arc::downgrade(&ctx);
@@ -109,7 +130,7 @@ pub async fn serve(
             )
         })?;
         let sock = multicast_sender(group, cfg.multicast_if, cfg.multicast_ttl)?;
-        tokio::spawn(pace_multicast(ctx.clone(), sock, group));
+        tokio::spawn(pace_multicast(ctx.clone(), sock, group, writer));
     }
     let c = ctx.clone();
     tokio::spawn(async move {
@@ -175,15 +196,23 @@ fn read_block(
     Ok(Bytes::from(buf))
 }
 
-async fn pace_multicast(ctx: Arc<Ctx>, sock: UdpSocket, group: SocketAddr) {
+/// Paces the group: the only writer of its datagrams in this process, so every one gets its
+/// own number under the run's key.
+async fn pace_multicast(
+    ctx: Arc<Ctx>,
+    sock: UdpSocket,
+    group: SocketAddr,
+    mut writer: DgramWriter,
+) {
     let mut wake = ctx.wake.subscribe();
     let mut cache = None;
     let mut parity = ParityCache::default();
+    let mut dgram = Vec::with_capacity(2048);
     loop {
         let now = now_us();
-        let (out, next, id) = {
+        let (out, next) = {
             let mut s = ctx.lock();
-            (s.poll_multicast(now), s.multicast_timeout(), s.feed_id())
+            (s.poll_multicast(now), s.multicast_timeout())
         };
         let msg = match out {
             Some(PushOut::Msg(m)) => m,
@@ -231,7 +260,8 @@ async fn pace_multicast(ctx: Arc<Ctx>, sock: UdpSocket, group: SocketAddr) {
                 continue;
             }
         };
-        if let Err(e) = sock.send_to(&msg.to_datagram(id), group).await {
+        writer.write(&msg, &mut dgram);
+        if let Err(e) = sock.send_to(&dgram, group).await {
             tracing::warn!("multicast to {group}: {e}");
             tokio::time::sleep(Duration::from_millis(10)).await;
         } else {
@@ -240,9 +270,10 @@ async fn pace_multicast(ctx: Arc<Ctx>, sock: UdpSocket, group: SocketAddr) {
     }
 }
 
-async fn connection(ctx: Arc<Ctx>, mut stream: TcpStream, peer: SocketAddr) -> io::Result<()> {
+async fn connection(ctx: Arc<Ctx>, stream: TcpStream, peer: SocketAddr) -> io::Result<()> {
     stream.set_nodelay(true)?;
-    handshake_accept_plain(&mut stream, &ctx.keys)
+    // Encrypted unless both ends chose --plaintext, as every other connection.
+    let mut stream = handshake_accept(Stream::Tcp(stream), &ctx.keys)
         .await
         .map_err(io::Error::other)?;
     let first = tokio::time::timeout(Duration::from_secs(10), read_msg(&mut stream))
@@ -258,6 +289,15 @@ async fn connection(ctx: Arc<Ctx>, mut stream: TcpStream, peer: SocketAddr) -> i
             let r = ctx
                 .lock()
                 .subscribe(peer.ip(), &feedtype, &name, start, multicast);
+            // Never the group key in clear: a server with a key did not choose plaintext, so
+            // the handshake encrypted the connection; this holds.
+            let r = r.and_then(|id| match ctx.has_key && !stream.is_sealed() {
+                true => {
+                    ctx.lock().unsubscribe(id);
+                    Err("refusing to send the group key on an unencrypted connection".into())
+                }
+                false => Ok(id),
+            });
             match r {
                 Ok(id) => {
                     tracing::info!("subscriber {id} from {peer}: {feedtype} {name:?} {start:?}");
@@ -286,13 +326,13 @@ async fn connection(ctx: Arc<Ctx>, mut stream: TcpStream, peer: SocketAddr) -> i
     }
 }
 
-async fn refuse(mut stream: TcpStream, reason: String) -> io::Result<()> {
+async fn refuse(mut stream: Stream, reason: String) -> io::Result<()> {
     write_msg(&mut stream, &Msg::Refused { reason }).await?;
     stream.flush().await?;
     stream.shutdown().await
 }
 
-async fn subscriber(ctx: &Arc<Ctx>, stream: TcpStream, id: SubId) -> io::Result<()> {
+async fn subscriber(ctx: &Arc<Ctx>, stream: Stream, id: SubId) -> io::Result<()> {
     let (mut r, w) = stream.into_split();
     let mut w = BufWriter::with_capacity(256 << 10, w);
     let mut wake = ctx.wake.subscribe();
@@ -345,7 +385,7 @@ fn count_sent(msg: &Msg, transport: &str) {
 
 async fn insert(
     ctx: &Arc<Ctx>,
-    mut stream: TcpStream,
+    mut stream: Stream,
     peer: SocketAddr,
     name: String,
     feedtype: String,
@@ -386,7 +426,7 @@ async fn insert(
 
 async fn receive_insert(
     ctx: &Arc<Ctx>,
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     tmp: &std::path::Path,
     name: &str,
     feedtype: &str,
