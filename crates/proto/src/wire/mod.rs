@@ -65,8 +65,10 @@ pub const HEADER_LEN: usize = 5;
 /// under a group key that the multicast `Open` carries; a swarm's set-up carries the root of
 /// the pieces' hashes (signed) and the hashes follow it (`Hashes`); `Back` re-admits a lost
 /// member. 8: the multicast `Open` carries the file's mtime (with its name, size and mode,
-/// the object's identity) and a receiver that holds the object answers `Holds`.
-pub const VERSION: u16 = 8;
+/// the object's identity) and a receiver that holds the object answers `Holds`. 9: feed
+/// connections are encrypted like every other, the feed's `Accepted` carries the group key,
+/// and feed datagrams are numbered and sealed (`BCF2`, [`crate::feed::seal`]).
+pub const VERSION: u16 = 9;
 
 /// Magic bytes at the start of every connection's first frame, so a stray client (an HTTP
 /// probe, a port scanner) is told apart from a peer with the wrong secret.
