@@ -323,9 +323,13 @@ fn mcast_seeds() {
     }
 }
 
-/// Feed messages, as bodies and as datagrams.
+/// Feed messages, as bodies and as datagrams; and datagram runs as `fuzz_targets/feed_msg.rs`
+/// cuts them (a length byte, the top bit for a connection message), sealed and in clear.
 fn feed_seeds() {
     use bulkcast_proto::feed::msg::{Msg, Start};
+    use bulkcast_proto::feed::product::ProductMeta;
+    use bulkcast_proto::feed::seal::DgramWriter;
+    use bulkcast_proto::mcast::seal::GroupKey;
     let msgs = [
         Msg::Subscribe {
             feedtype: "NEXRAD3".into(),
@@ -350,10 +354,51 @@ fn feed_seeds() {
         },
         Msg::Ack { seq: 3 },
     ];
+    let key = GroupKey::from_bytes([3; 32]);
     for (i, m) in msgs.iter().enumerate() {
         let mut b = bytes::BytesMut::new();
         m.encode(&mut b);
         write("feed_msg", &format!("msg-{i}"), &b);
-        write("feed_msg", &format!("dgram-{i}"), &m.to_datagram(11));
+        let mut d = Vec::new();
+        DgramWriter::new(11, None).write(m, &mut d);
+        write("feed_msg", &format!("dgram-{i}"), &d);
+        DgramWriter::new(11, Some(key.cipher())).write(m, &mut d);
+        write("feed_msg", &format!("sealed-{i}"), &d);
+    }
+    // A product of 100 bytes in 64-byte blocks: its start, its blocks, the index after it.
+    let product = [
+        Msg::Product {
+            meta: ProductMeta {
+                seq: 1,
+                name: "p".into(),
+                feedtype: "IDS".into(),
+                created: 1,
+                size: 100,
+                hash: [0; 32],
+                tag: Bytes::new(),
+            },
+            sent_at: 1,
+        },
+        Msg::Data {
+            seq: 1,
+            offset: 0,
+            data: Bytes::from_static(&[0x5a; 64]),
+        },
+        Msg::Data {
+            seq: 1,
+            offset: 64,
+            data: Bytes::from_static(&[0x5a; 36]),
+        },
+        Msg::Index { last_seq: 1 },
+    ];
+    for (name, cipher) in [("clear", None), ("sealed", Some(key.cipher()))] {
+        let mut w = DgramWriter::new(11, cipher);
+        let (mut run, mut d) = (Vec::new(), Vec::new());
+        for m in &product {
+            w.write(m, &mut d);
+            run.push(d.len() as u8);
+            run.extend_from_slice(&d);
+        }
+        write("feed_msg", &format!("datagrams-{name}"), &run);
     }
 }
