@@ -252,6 +252,8 @@ impl Session<'_> {
         if let Some(g) = &refused {
             on(Report::RefusedClearGroup { group: g });
             write_msg(&mut stream, &Msg::Fallback { seq: first }).await?;
+            // Out now: an encrypted stream holds a record's end until flushed.
+            stream.flush().await?;
         }
         let mut rx = Receiver::new(self.cfg.rx, self.cfg.auth.clone(), sub, &acc, now_us())
             .ok_or_else(|| SessionEnd::Lost("bad answer".into()))?;

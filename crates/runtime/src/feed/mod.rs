@@ -7,8 +7,10 @@
 //! - [`client`]: `feed subscribe`, `feed insert`, `feed status`.
 //! - [`metrics`]: a feed source's Prometheus metrics (`feed serve --metrics`).
 //!
-//! Unicast connections carry length-prefixed [`Msg`] frames after the session handshake;
-//! multicast datagrams carry one message each.
+//! Unicast connections carry length-prefixed [`Msg`] frames after the session handshake,
+//! encrypted by it unless both ends chose `--plaintext`; multicast datagrams carry one message
+//! each, numbered and sealed under the group key that `feed serve` draws at every start
+//! ([`bulkcast_proto::feed::seal`]).
 
 pub mod client;
 pub mod disk;
