@@ -161,24 +161,29 @@ pub async fn send(
         rejected: Vec::new(),
         probe: None,
         timeline: Default::default(),
-        multicast: Some(McastRateReport {
-            rate_mbps: r.rate_bps as f64 / 1e6,
-            from: why.to_string(),
-            train_sent_mbps: r.train.as_ref().map(|t| t.sent_bps as f64 / 1e6),
-            train: r.train.as_ref().map_or(Vec::new(), |t| {
-                t.receivers
-                    .iter()
-                    .map(|x| {
-                        x.map(|(bps, loss)| TrainSeen {
-                            mbps: bps as f64 / 1e6,
-                            loss,
-                        })
-                    })
-                    .collect()
-            }),
-        }),
+        multicast: Some(rate_report(&r, why)),
     };
     Ok((report, fallback))
+}
+
+/// The rate the send went at, and what the train measured.
+fn rate_report(r: &mcast::McastResult, why: &str) -> McastRateReport {
+    McastRateReport {
+        rate_mbps: r.rate_bps as f64 / 1e6,
+        from: why.to_string(),
+        train_sent_mbps: r.train.as_ref().map(|t| t.sent_bps as f64 / 1e6),
+        train: r.train.as_ref().map_or(Vec::new(), |t| {
+            t.receivers
+                .iter()
+                .map(|x| {
+                    x.map(|(bps, loss)| TrainSeen {
+                        mbps: bps as f64 / 1e6,
+                        loss,
+                    })
+                })
+                .collect()
+        }),
+    }
 }
 
 /// A receiver that takes the file by the tree instead, by index.

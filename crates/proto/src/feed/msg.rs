@@ -199,6 +199,27 @@ pub enum MsgError {
     Unsealed,
 }
 
+fn put_start(out: &mut BytesMut, start: &Start) {
+    let (k, v) = match start {
+        Start::Now => (0, 0),
+        Start::Seq(s) => (1, *s),
+        Start::Time(t) => (2, *t),
+    };
+    out.put_u8(k);
+    out.put_u64(v);
+}
+
+/// The group key, or a 0 flag: the group goes in clear.
+fn put_key(out: &mut BytesMut, key: Option<&GroupKey>) {
+    match key {
+        Some(k) => {
+            out.put_u8(1);
+            out.put_slice(k.bytes());
+        }
+        None => out.put_u8(0),
+    }
+}
+
 impl Msg {
     /// Encodes the message body (no length prefix).
     pub fn encode(&self, out: &mut BytesMut) {
@@ -212,13 +233,7 @@ impl Msg {
                 out.put_u8(1);
                 put_str(out, feedtype);
                 put_str(out, name);
-                let (k, v) = match start {
-                    Start::Now => (0, 0),
-                    Start::Seq(s) => (1, *s),
-                    Start::Time(t) => (2, *t),
-                };
-                out.put_u8(k);
-                out.put_u64(v);
+                put_start(out, start);
                 out.put_u8(u8::from(*multicast));
             }
             Msg::Accepted {
@@ -235,13 +250,7 @@ impl Msg {
                 out.put_u32(*block);
                 out.put_u64(*mcast_from);
                 out.put_u64(*first);
-                match key {
-                    Some(k) => {
-                        out.put_u8(1);
-                        out.put_slice(k.bytes());
-                    }
-                    None => out.put_u8(0),
-                }
+                put_key(out, key.as_ref());
             }
             Msg::Refused { reason } => {
                 out.put_u8(3);

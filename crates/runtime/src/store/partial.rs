@@ -421,7 +421,7 @@ pub(super) fn read_record(done: &Path, id: &[u8; 32]) -> Option<Vec<u8>> {
 }
 
 /// The copy at `dest` is the object `id`, untouched since it was put there.
-pub(super) fn is_done(done: &Path, id: &[u8; 32], dest: &Path) -> bool {
+fn is_done(done: &Path, id: &[u8; 32], dest: &Path) -> bool {
     read_record(done, id).is_some_and(|r| stamp(dest).is_ok_and(|s| s[..] == r[..]))
 }
 

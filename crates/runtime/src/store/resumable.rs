@@ -3,7 +3,7 @@
 //! the store keeps for a tree session (same names, map and done record, keyed by the
 //! object), so what either strategy verified, the other resumes.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -50,30 +50,11 @@ impl ResumableFile {
         fs::create_dir_all(dir).map_err(|e| ctx(e, "creating", dir))?;
         partials.clean(dir);
         let dest = dir.join(&m.name);
-        let id = bulkcast_proto::wire::object_id(m);
-        let names = partial::Names::new(&dest, &id);
-        if partial::is_done(&names.done, &id, &dest) {
-            return Ok(Holding::Complete);
-        }
-        let Some(map) = partial::lock_map(&names)? else {
-            return Ok(Holding::Busy);
+        let (file, ledger, held) = match partial::open(&dest, m, chunk_size)? {
+            partial::Opened::Complete(_) => return Ok(Holding::Complete),
+            partial::Opened::Busy => return Ok(Holding::Busy),
+            partial::Opened::Partial { file, ledger, held } => (file, ledger, held),
         };
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&names.part)
-            .map_err(|e| ctx(e, "opening", &names.part))?;
-        let (ledger, held) = partial::load_map(
-            map,
-            names,
-            id,
-            m,
-            chunk_size,
-            || file.set_len(0),
-            |buf, at| file.read_exact_at(buf, at),
-        )?;
         Ok(Holding::Partial(Box::new(ResumableFile {
             file,
             ledger,
