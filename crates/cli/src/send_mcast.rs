@@ -113,7 +113,7 @@ pub async fn send(
         .map(|(i, (h, o))| {
             match o {
                 RxOutcome::NoMulticast(e) => fallback.push(Fallback::Unreached(i, e.clone())),
-                RxOutcome::Holds { .. } => fallback.push(Fallback::Holds(i)),
+                RxOutcome::Holds => fallback.push(Fallback::Holds(i)),
                 _ => {}
             }
             receiver_line(h, o, bytes)
@@ -246,7 +246,7 @@ fn receiver_line(h: &HostSpec, o: &RxOutcome, bytes: u64) -> ReceiverReport {
     let (verified, seconds, error) = match o {
         RxOutcome::Done { seconds, .. } => (true, *seconds, None),
         RxOutcome::NoMulticast(e) => (false, 0.0, Some(format!("no multicast: {e}"))),
-        RxOutcome::Holds { .. } => (false, 0.0, Some("holds the object: by the tree".into())),
+        RxOutcome::Holds => (false, 0.0, Some("holds the object: by the tree".into())),
         RxOutcome::Failed(e) => (false, 0.0, Some(e.clone())),
     };
     ReceiverReport {

@@ -174,17 +174,16 @@ fn prepare(
     partials: Partials,
 ) -> Result<Prepared, String> {
     refuse_plaintext(open, sealed)?;
-    let name = &open.name;
-    if name.is_empty() || name == "." || name == ".." || name.contains(['/', '\0']) {
-        return Err(format!("bad file name {name:?}"));
-    }
+    // The checks a tree session makes of the same object (name, mode) before it writes.
+    let manifest = open.manifest();
+    manifest.validate().map_err(|e| e.to_string())?;
     let layout = Layout::new(open.size, open.symbol, open.k, open.m)?;
     let group: SocketAddrV4 = open
         .group
         .parse()
         .map_err(|_| format!("bad group {:?}", open.group))?;
     let block = u32::try_from(layout.block_bytes()).map_err(|_| "blocks too large")?;
-    let copy = match ResumableFile::open(dir, &open.manifest(), block, partials) {
+    let copy = match ResumableFile::open(dir, &manifest, block, partials) {
         Ok(Holding::Complete) => {
             return Ok(Prepared::Holds {
                 complete: true,
@@ -192,15 +191,16 @@ fn prepare(
             })
         }
         Ok(Holding::Busy) => return Err("another session is writing this file here".into()),
-        Ok(Holding::Partial(c)) if c.held_bytes() > 0 => {
-            let bytes = c.held_bytes();
-            c.keep();
-            return Ok(Prepared::Holds {
-                complete: false,
-                bytes,
-            });
-        }
-        Ok(Holding::Partial(c)) => c,
+        Ok(Holding::Partial(c)) => match c.held_bytes() {
+            0 => c,
+            bytes => {
+                c.keep();
+                return Ok(Prepared::Holds {
+                    complete: false,
+                    bytes,
+                });
+            }
+        },
         Err(e) => return Err(format!("{}: {e}", dir.display())),
     };
     let iface = super::v4(stream.local_addr());

@@ -68,13 +68,8 @@ pub enum RxOutcome {
     /// Multicast does not reach it (or it could not join): send it another way.
     NoMulticast(String),
     /// It holds the object already (an identical copy, or part of it): the tree moves only
-    /// what it lacks.
-    Holds {
-        /// An identical copy is in place.
-        complete: bool,
-        /// Verified bytes held.
-        bytes: u64,
-    },
+    /// what it lacks, and its report says how much it held.
+    Holds,
     /// It failed.
     Failed(String),
 }
@@ -329,8 +324,8 @@ async fn detect(
                 }
             }
             Ok(Some((i, Some(McastMsg::Heard)))) => heard[i] = true,
-            Ok(Some((i, Some(McastMsg::Holds { complete, bytes })))) => {
-                outcomes[i] = Some(RxOutcome::Holds { complete, bytes });
+            Ok(Some((i, Some(McastMsg::Holds { .. })))) => {
+                outcomes[i] = Some(RxOutcome::Holds);
                 writers[i] = None;
             }
             // A receiver that could not join closes after saying so: that stands.
