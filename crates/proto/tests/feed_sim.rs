@@ -435,6 +435,11 @@ const MIX: [usize; 8] = [
 /// (worst throughput as a share of the rate, group repair bytes per byte, unicast repair
 /// bytes per byte).
 fn sixteen(seed: u64, loss: f64, k: u32) -> (f64, f64, f64) {
+    sixteen_at(seed, loss, k, |_| 200)
+}
+
+/// [`sixteen`] with receiver `i`'s one-way delay `delay(i)`.
+fn sixteen_at(seed: u64, loss: f64, k: u32, delay: impl Fn(usize) -> u64) -> (f64, f64, f64) {
     let rate = 20_000_000 / 8;
     let mut cfg = coded(1 << 32, true, k);
     if let Some(p) = &mut cfg.push {
@@ -450,7 +455,12 @@ fn sixteen(seed: u64, loss: f64, k: u32) -> (f64, f64, f64) {
         });
         bytes += size as u64;
     }
-    let rxs = (0..16).map(|_| rx("ANY", lossy(loss))).collect();
+    let rxs = (0..16)
+        .map(|i| RxSpec {
+            delay: delay(i),
+            ..rx("ANY", lossy(loss))
+        })
+        .collect();
     let r = run(seed, cfg, rxs, inserts, 120 * SEC);
     assert_exact(&r, |_, _, _| true);
     let worst =
@@ -485,6 +495,54 @@ fn sixteen_receivers_at_five_percent_keep_to_the_rate() {
     assert!(
         group < 0.10 && uni < 0.005,
         "group {group:.4}, unicast {uni:.4}"
+    );
+}
+
+#[test]
+fn sixteen_receivers_with_spread_round_trips_keep_to_the_rate() {
+    // Seed 003's RTT 0.1-50 ms: one-way 0.05-25 ms, spread evenly over the 16.
+    let spread = |i: usize| 50 + i as u64 * 25_000 / 15;
+    // The bounds of the near cells (`sixteen_receivers_at_*`): far subscribers' counts
+    // cross repairs in flight and their products' starts come a round trip late, and the
+    // source must not pay for either with parity twice over or unicast.
+    for (seed, loss, min_tput, max_group) in [(13, 0.01, 0.90, 0.035), (14, 0.05, 0.85, 0.10)] {
+        let (tput, group, uni) = sixteen_at(seed, loss, DEFAULT_K, spread);
+        eprintln!("{loss}: throughput {tput:.3}, group repair {group:.4}, unicast {uni:.4}");
+        assert!(tput >= min_tput, "throughput {tput:.3} of the rate");
+        assert!(group < max_group && uni < 0.005, "group {group:.4}, unicast {uni:.4}");
+    }
+}
+
+#[test]
+fn a_far_receiver_that_misses_every_start_keeps_the_blocks_while_it_asks() {
+    // 25 ms away, every product's start lost: each is described by unicast a round trip
+    // later, and the group's blocks of that round trip (125 KB at 20 Mbit/s) are held
+    // meanwhile, not lost and fetched again.
+    let rate = 20_000_000 / 8;
+    let mut cfg = config(1 << 32, true);
+    if let Some(p) = &mut cfg.push {
+        p.rate = rate;
+    }
+    let loss = McastLoss {
+        starts: true,
+        ..McastLoss::default()
+    };
+    let far = RxSpec {
+        delay: 25_000,
+        ..rx("ANY", loss)
+    };
+    let inserts = products(6, 400_000, &[900_000, 300_000, 4_000_000], &["NGRID"]);
+    let bytes: usize = inserts.iter().map(|i| i.size).sum();
+    let r = run(5, cfg, vec![far], inserts, 60 * SEC);
+    assert_exact(&r, |_, _, _| true);
+    let x = &r.rx[0];
+    assert!(x.stats.whole_requests == 0, "{:?}", x.stats);
+    assert!(
+        r.unicast_repair == 0 && x.repaired < bytes as u64 / 100,
+        "unicast repair {} bytes, repaired {} of {bytes}: {:?}",
+        r.unicast_repair,
+        x.repaired,
+        x.stats
     );
 }
 

@@ -33,8 +33,8 @@ pub struct PushConfig {
     pub k: u32,
     /// Parity symbols per block before indexes wrap to source symbols.
     pub m: u32,
-    /// Symbols sent longer ago than this are taken as lost by a count that asks past them
-    /// (shorter than the subscribers' `renak`).
+    /// Symbols sent longer ago than this plus the counting subscriber's round trip are taken
+    /// as lost by a count that asks past them (shorter than the subscribers' `renak`).
     pub stale: Micros,
 }
 
@@ -184,8 +184,12 @@ impl Pusher {
 
     /// A subscriber's counts of symbols it lacks of blocks of product `seq` (`size` bytes):
     /// each block gets what the worst subscriber lacks, past what is already on its way
-    /// ([`BlockRepair::grant`]).
-    pub fn handle_nak(&mut self, now: Micros, seq: u64, size: u64, naks: &[Nak]) {
+    /// ([`BlockRepair::grant`]). `rtt` is that subscriber's round trip: a count from afar
+    /// was written before the repairs sent within its round trip reached it, and they are
+    /// still on their way, not lost (without it, every far subscriber would ask again for
+    /// what the near ones' counts already brought, and the group would carry it twice).
+    pub fn handle_nak(&mut self, now: Micros, seq: u64, size: u64, naks: &[Nak], rtt: Micros) {
+        let stale = self.cfg.stale + rtt;
         let Some(l) = self.cfg.layout(size) else {
             return;
         };
@@ -208,7 +212,7 @@ impl Pusher {
             }
             let k = l.k_of(b);
             let r = self.repairs.entry((seq, b)).or_insert(BlockRepair::new(k));
-            if r.grant(now, n.seen, n.need.min(k), self.cfg.stale) {
+            if r.grant(now, n.seen, n.need.min(k), stale) {
                 self.due.insert((seq, b));
                 self.layouts.insert(seq, l);
             }
@@ -410,9 +414,9 @@ mod tests {
             need,
         };
         // Block 9 is not sent yet: its count is early and ignored.
-        p.handle_nak(now, seq, 1000, &[nak(1, 2), nak(9, 1)]);
-        p.handle_nak(now, seq, 1000, &[nak(1, 1), nak(2, 3)]);
-        p.handle_nak(now, seq, 1000, &[nak(1, 2)]);
+        p.handle_nak(now, seq, 1000, &[nak(1, 2), nak(9, 1)], 0);
+        p.handle_nak(now, seq, 1000, &[nak(1, 1), nak(2, 3)], 0);
+        p.handle_nak(now, seq, 1000, &[nak(1, 2)], 0);
         let sym = |o: Option<PushOut>| match o {
             Some(PushOut::Symbol { block, index, .. }) => Some((block, index)),
             _ => None,
@@ -431,10 +435,13 @@ mod tests {
         );
         assert_eq!(sym(p.poll(now, &q)), None, "then the product goes on");
         assert_eq!(p.repair.0, 5);
-        // A count that crossed them in flight gets nothing more; once stale, one more.
-        p.handle_nak(now + 100, seq, 1000, &[nak(1, 1)]);
+        // A count that crossed them in flight gets nothing more; nor, later, one from a
+        // subscriber 50 ms away (they are still on their way to it); once stale, one more.
+        p.handle_nak(now + 100, seq, 1000, &[nak(1, 1)], 0);
         assert_eq!(sym(p.poll(now + 100, &q)), None);
-        p.handle_nak(now + 30_000, seq, 1000, &[nak(1, 1)]);
+        p.handle_nak(now + 30_000, seq, 1000, &[nak(1, 1)], 50_000);
+        assert_eq!(sym(p.poll(now + 30_000, &q)), None);
+        p.handle_nak(now + 30_000, seq, 1000, &[nak(1, 1)], 0);
         assert_eq!(sym(p.poll(now + 30_000, &q)), Some((1, 6)));
     }
 }

@@ -162,6 +162,12 @@ pub struct Receiver {
     /// Products whose blocks arrive but whose start was lost: only their metadata is asked
     /// for (noticed, last asked; 0 = not yet).
     described: BTreeMap<u64, (Micros, Micros)>,
+    /// The group's data and parity of described products, held until their metadata comes
+    /// (a round trip away): without them a subscriber far from the source would lose a
+    /// round trip's worth of the product with its start, and take it by unicast.
+    orphans: BTreeMap<u64, Vec<Msg>>,
+    /// Payload bytes in `orphans` (at most [`MAX_ORPHAN_BYTES`]).
+    orphan_bytes: u64,
     done_below: u64,
     done: BTreeSet<u64>,
     out: VecDeque<Msg>,
@@ -169,6 +175,9 @@ pub struct Receiver {
     last_mcast: Micros,
     acked: u64,
     last_ack: Micros,
+    /// The round trip to the source, as the shell measures it ([`Receiver::set_rtt`]): a
+    /// count is not repeated before its repairs could have come back.
+    rtt: Micros,
     /// Counters.
     pub stats: RxStats,
 }
@@ -176,6 +185,12 @@ pub struct Receiver {
 /// Most sequence numbers one message may make the receiver wait for (a bound on what a
 /// forged datagram can cost).
 const MAX_GAP: u64 = 1 << 20;
+/// Most round trip taken from the shell, here and at the source (a bound on how long a lost
+/// count waits).
+pub const MAX_RTT: Micros = 2_000_000;
+/// Most bytes of the group's datagrams held for products whose start was lost (a round trip
+/// at 1 Gbit/s and 100 ms is 12.5 MB).
+const MAX_ORPHAN_BYTES: u64 = 16 << 20;
 
 impl Receiver {
     /// A receiver after the source's `Accepted` (`group` non-empty: multicast).
@@ -209,6 +224,8 @@ impl Receiver {
             partial: BTreeMap::new(),
             wanted: BTreeMap::new(),
             described: BTreeMap::new(),
+            orphans: BTreeMap::new(),
+            orphan_bytes: 0,
             done_below: (*first).max(1),
             done: BTreeSet::new(),
             out: VecDeque::new(),
@@ -216,8 +233,25 @@ impl Receiver {
             last_mcast: now,
             acked: first.saturating_sub(1),
             last_ack: 0,
+            rtt: 0,
             stats: RxStats::default(),
         })
+    }
+
+    /// The round trip to the source (the connection's smoothed RTT, measured by the shell):
+    /// a parity count is repeated after `renak` plus this, so a subscriber far from the
+    /// source does not ask again for symbols still on their way (its repeat would make the
+    /// source send them twice, to every subscriber).
+    pub fn set_rtt(&mut self, rtt: Micros) {
+        self.rtt = rtt.min(MAX_RTT);
+    }
+
+    /// The parity settings with the round trip added to the wait before a repeat.
+    fn parity(&self) -> RepairConfig {
+        RepairConfig {
+            renak: self.cfg.parity.renak + self.rtt,
+            ..self.cfg.parity
+        }
     }
 
     /// True while the stream comes by multicast.
@@ -291,6 +325,13 @@ impl Receiver {
     fn take_parity(&mut self, now: Micros, seq: u64, block: u32, index: u32, data: Bytes) {
         let room = self.fec_held() < self.cfg.parity.max_held;
         let Some(p) = self.partial.get_mut(&seq) else {
+            let msg = Msg::Parity {
+                seq,
+                block,
+                index,
+                data,
+            };
+            self.hold_orphan(seq, msg);
             return;
         };
         let Some(fec) = p.fec.as_mut().filter(|_| !p.complete) else {
@@ -382,6 +423,7 @@ impl Receiver {
                 let described = self.described.remove(&seq).is_some();
                 if !self.sub.matches(&meta) {
                     self.wanted.remove(&seq);
+                    self.drop_orphans(seq);
                     self.mark_done(seq);
                     return;
                 }
@@ -412,14 +454,16 @@ impl Receiver {
                 };
                 self.partial.insert(seq, p);
                 self.check_complete(seq);
+                self.replay_orphans(now, seq);
             }
             Msg::Data { seq, offset, data } => {
                 let held = if mcast { self.fec_held() } else { 0 };
                 let Some(p) = self.partial.get_mut(&seq) else {
                     // Blocks of a product whose start was lost: its metadata is asked for,
-                    // and the blocks missed meanwhile are repaired once it is here.
+                    // and the blocks are held until it is here.
                     if mcast && !self.is_done(seq) && !self.wanted.contains_key(&seq) {
                         self.described.entry(seq).or_insert((now, 0));
+                        self.hold_orphan(seq, Msg::Data { seq, offset, data });
                     }
                     return;
                 };
@@ -450,6 +494,47 @@ impl Receiver {
             }
             _ => {}
         }
+    }
+
+    /// Holds a datagram of described product `seq` until its metadata comes.
+    fn hold_orphan(&mut self, seq: u64, msg: Msg) {
+        let len = match &msg {
+            Msg::Data { data, .. } | Msg::Parity { data, .. } => data.len() as u64,
+            _ => return,
+        };
+        if !self.described.contains_key(&seq) || self.orphan_bytes + len > MAX_ORPHAN_BYTES {
+            return;
+        }
+        self.orphan_bytes += len;
+        self.orphans.entry(seq).or_default().push(msg);
+    }
+
+    /// Takes the datagrams held for product `seq` now that it is known.
+    fn replay_orphans(&mut self, now: Micros, seq: u64) {
+        let Some(held) = self.drop_orphans(seq) else {
+            return;
+        };
+        for m in held {
+            match m {
+                Msg::Parity {
+                    seq,
+                    block,
+                    index,
+                    data,
+                } => self.take_parity(now, seq, block, index, data),
+                m => self.take(now, m, true),
+            }
+        }
+    }
+
+    fn drop_orphans(&mut self, seq: u64) -> Option<Vec<Msg>> {
+        let held = self.orphans.remove(&seq)?;
+        for m in &held {
+            if let Msg::Data { data, .. } | Msg::Parity { data, .. } = m {
+                self.orphan_bytes -= data.len() as u64;
+            }
+        }
+        Some(held)
     }
 
     fn check_complete(&mut self, seq: u64) {
@@ -521,6 +606,7 @@ impl Receiver {
         let d: Vec<u64> = self.described.range(from..=to).map(|(s, _)| *s).collect();
         for s in d {
             self.described.remove(&s);
+            self.drop_orphans(s);
         }
         self.done = self.done.split_off(&self.done_below);
     }
@@ -536,7 +622,7 @@ impl Receiver {
             self.events.push_back(RxEvent::FellBack);
         }
         let (delay, again, block) = (self.cfg.repair_delay, self.cfg.rerequest, self.block);
-        let parity = self.cfg.parity;
+        let parity = self.parity();
         for (seq, p) in self
             .partial
             .iter_mut()
@@ -600,7 +686,7 @@ impl Receiver {
             t = t.min(match &p.fec {
                 Some(fec) => {
                     let limit = if p.eop { p.meta.size } else { p.high };
-                    fec.next_at(limit, &p.have, &self.cfg.parity, self.cfg.rerequest)
+                    fec.next_at(limit, &p.have, &self.parity(), self.cfg.rerequest)
                 }
                 None => next_repair_at(p, self.cfg.repair_delay, self.cfg.rerequest),
             });

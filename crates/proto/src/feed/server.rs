@@ -16,6 +16,7 @@ use super::msg::{Msg, Start};
 use super::product::{allowed, AllowRule, Micros, ProductAuth, ProductMeta, Subscription};
 use super::push::{PushConfig, PushOut, Pusher};
 use super::queue::{ProductQueue, QueueError, QueueLimits};
+use super::receiver::MAX_RTT;
 use crate::mcast::seal::GroupKey;
 
 /// The server's settings.
@@ -78,6 +79,8 @@ struct Sub {
     acked: u64,
     sent_bytes: u64,
     repaired_bytes: u64,
+    /// Its round trip, as the shell measures it ([`Server::set_rtt`]; 0 until then).
+    rtt: Micros,
 }
 
 /// A subscriber in the status.
@@ -282,9 +285,18 @@ impl Server {
                 acked,
                 sent_bytes: 0,
                 repaired_bytes: 0,
+                rtt: 0,
             },
         );
         Ok(id)
+    }
+
+    /// Subscriber `id`'s round trip (its connection's smoothed RTT, measured by the shell):
+    /// the pusher reads its parity counts with it ([`Pusher::handle_nak`]).
+    pub fn set_rtt(&mut self, id: SubId, rtt: Micros) {
+        if let Some(s) = self.subs.get_mut(&id) {
+            s.rtt = rtt.min(MAX_RTT);
+        }
     }
 
     /// A subscriber left.
@@ -332,7 +344,7 @@ impl Server {
                     return;
                 };
                 match self.queue.get(seq) {
-                    Some(e) => p.handle_nak(now, seq, e.meta.size, &blocks),
+                    Some(e) => p.handle_nak(now, seq, e.meta.size, &blocks, s.rtt),
                     None => s.ctrl.push_back(Msg::Skip {
                         from: seq,
                         to: seq,

@@ -37,6 +37,8 @@ pub struct McastLoss {
     pub blackouts: Vec<(Micros, Micros)>,
     /// Probability that a data datagram arrives with a byte flipped.
     pub corrupt: f64,
+    /// Every product's start is lost (the receiver learns of each product from its blocks).
+    pub starts: bool,
 }
 
 /// One receiver.
@@ -336,7 +338,11 @@ impl World {
             let mut d = Vec::new();
             self.writer.write(&msg, &mut d);
             let dgram = Bytes::from(d);
+            let start = matches!(msg, Msg::Product { .. });
             for i in 0..self.st.len() {
+                if start && self.st[i].spec.loss.starts {
+                    continue;
+                }
                 if let Some(d) = deliver_mcast(&mut self.rng, &mut self.st[i], now, &dgram) {
                     let at = now + self.st[i].spec.delay;
                     self.sched(at, Ev::Mcast(i, d));
@@ -371,7 +377,11 @@ impl World {
                     .server
                     .subscribe(host, &s.feedtype, "", s.start, s.multicast)
                 {
-                    Ok(id) => self.st[i].id = Some(id),
+                    Ok(id) => {
+                        // The shell reads its connection's RTT; here both directions' delay.
+                        self.server.set_rtt(id, 2 * s.delay);
+                        self.st[i].id = Some(id);
+                    }
                     Err(e) => self.st[i].report.refused = Some(e),
                 }
             }
@@ -391,6 +401,9 @@ impl World {
                     let sub = Subscription::parse(&r.spec.feedtype, "").expect("valid pattern");
                     let cfg = ReceiverConfig::default();
                     r.rx = Receiver::new(cfg, self.auth.clone(), sub, &m, now);
+                    if let Some(rx) = &mut r.rx {
+                        rx.set_rtt(2 * r.spec.delay);
+                    }
                 } else if let Some(rx) = &mut r.rx {
                     rx.handle_unicast(now, m);
                 }

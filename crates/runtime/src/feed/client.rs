@@ -280,6 +280,9 @@ impl Session<'_> {
         });
         let (r, w) = stream.into_split();
         let mut w = BufWriter::new(w);
+        if let Some(rtt) = super::round_trip(w.get_ref()) {
+            rx.set_rtt(rtt);
+        }
         let (tx, mut msgs) = mpsc::channel(1024);
         let reader = tokio::spawn(async move {
             let mut r = r;
@@ -310,6 +313,9 @@ impl Session<'_> {
             if last_save.elapsed() > Duration::from_millis(500) {
                 save_position(&self.cfg.dir, rx.resume_seq());
                 last_save = Instant::now();
+                if let Some(rtt) = super::round_trip(w.get_ref()) {
+                    rx.set_rtt(rtt);
+                }
             }
             if self
                 .cfg
