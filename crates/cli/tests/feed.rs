@@ -7,22 +7,15 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 
 mod common;
-use common::{bin_in, root_test_cannot_run, Netns, Scratch};
+use common::{bin_in, capture_group, root_test_cannot_run, Netns, Proc, Scratch};
 
 const BIN: &str = env!("CARGO_BIN_EXE_bulkcast");
 const SECRET: &str = "5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a";
 
 /// A `feed serve` process, killed on drop.
 struct Server {
-    child: Child,
+    _proc: Proc,
     addr: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// The binary, run inside network namespace `ns` if given.
@@ -51,7 +44,10 @@ fn serve_in(ns: Option<&str>, dir: &Path, listen: &str, extra: &[&str]) -> Serve
         .unwrap_or_else(|| panic!("no address in {line:?}"))
         .trim_end_matches(',')
         .to_string();
-    Server { child, addr }
+    Server {
+        _proc: Proc(child),
+        addr,
+    }
 }
 
 fn insert(addr: &str, feedtype: &str, files: &[std::path::PathBuf]) -> Output {
@@ -638,38 +634,6 @@ impl Tap {
     }
 }
 
-/// Every feed datagram (magic `BCF2`) on `group`, as a listener joined to it on loopback
-/// hears them, until `stop`.
-fn capture_group(
-    group: &str,
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-) -> std::thread::JoinHandle<Vec<Vec<u8>>> {
-    use socket2::{Domain, Socket, Type};
-    let g: std::net::SocketAddrV4 = group.parse().unwrap();
-    let s = Socket::new(Domain::IPV4, Type::DGRAM, None).unwrap();
-    // The subscribers bind the same group and port.
-    s.set_reuse_address(true).unwrap();
-    s.set_recv_buffer_size(32 << 20).unwrap();
-    s.bind(&std::net::SocketAddr::V4(g).into()).unwrap();
-    s.join_multicast_v4(g.ip(), &std::net::Ipv4Addr::LOCALHOST)
-        .unwrap();
-    let sock: std::net::UdpSocket = s.into();
-    sock.set_read_timeout(Some(std::time::Duration::from_millis(50)))
-        .unwrap();
-    std::thread::spawn(move || {
-        let mut got = Vec::new();
-        let mut buf = vec![0u8; 65_536];
-        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-            if let Ok(n) = sock.recv(&mut buf) {
-                if buf[..n].starts_with(b"BCF2") {
-                    got.push(buf[..n].to_vec());
-                }
-            }
-        }
-        got
-    })
-}
-
 /// One subscriber's run: its JSON lines (`rest`: those read already) and its stderr.
 fn finish_subscriber(
     mut child: Child,
@@ -715,7 +679,7 @@ fn feed_seen(
     let server = serve(&s.0.join(format!("{tag}-q")), "127.0.0.1:0", &args);
     let tap = Tap::start(&server.addr);
     let stop = Arc::new(AtomicBool::new(false));
-    let cap = capture_group(&group, stop.clone());
+    let cap = capture_group(&group, b"BCF2", stop.clone());
     let mut subs = Vec::new();
     for mode in ["--iface", "--unicast"] {
         let mut a = vec![

@@ -3,7 +3,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,48 +11,26 @@ use std::time::{Duration, Instant};
 // The root-test helper in `common` is not used here.
 #[allow(dead_code, unused_imports)]
 mod common;
-use common::{first_line, secret, Scratch};
+use common::{first_line, secret, spawn_agent, Agent, Proc, Scratch};
 
 const BIN: &str = env!("CARGO_BIN_EXE_bulkcast");
 const MIB: u64 = 1 << 20;
 
-/// A process killed on drop.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// An agent on an ephemeral loopback port with its live page: (process, address, page URL).
-fn agent_with_page(dir: &Path, secret: &str) -> (Proc, String, String) {
-    let mut child = Command::new(BIN)
-        .args(["agent", "--listen", "127.0.0.1:0", "--web", "127.0.0.1:0"])
-        .arg("--dir")
-        .arg(dir)
-        .env("BULKCAST_SECRET", secret)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let out = child.stdout.as_mut().unwrap();
-    let line = first_line(out);
-    let addr = line
-        .split(" listening on ")
-        .nth(1)
-        .and_then(|r| r.split([',', ' ']).next())
-        .unwrap_or_else(|| panic!("agent said {line:?}"))
-        .to_string();
-    let page = first_line(out);
+fn agent_with_page(dir: &Path, secret: &str) -> (Agent, String, String) {
+    let mut a = spawn_agent(dir, &["127.0.0.1:0"], |c| {
+        c.args(["--web", "127.0.0.1:0"])
+            .env("BULKCAST_SECRET", secret);
+    });
+    let page = first_line(a.child.stdout.as_mut().unwrap());
     let url = page
         .split("live page on ")
         .nth(1)
         .unwrap_or_else(|| panic!("agent said {page:?}"))
         .trim()
         .to_string();
-    (Proc(child), addr, url)
+    let addr = a.addr.clone();
+    (a, addr, url)
 }
 
 /// The page's event stream: one snapshot (JSON) per call.
@@ -576,24 +554,12 @@ fn otel_exports_the_spans_of_sessions_and_sends() {
     let key = secret(83);
     let sink = Sink::start();
     let endpoint = format!("http://{}", sink.addr);
-    let mut child = Command::new(BIN)
-        .args(["agent", "--listen", "127.0.0.1:0", "--dir"])
-        .arg(s.0.join("rx"))
-        .env("BULKCAST_SECRET", &key)
-        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
-        .env("OTEL_BSP_SCHEDULE_DELAY", "200")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let line = first_line(child.stdout.as_mut().unwrap());
-    let _agent = Proc(child);
-    let addr = line
-        .split(" listening on ")
-        .nth(1)
-        .and_then(|r| r.split([',', ' ']).next())
-        .unwrap()
-        .to_string();
+    let agent = spawn_agent(&s.0.join("rx"), &["127.0.0.1:0"], |c| {
+        c.env("BULKCAST_SECRET", &key)
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
+            .env("OTEL_BSP_SCHEDULE_DELAY", "200");
+    });
+    let addr = agent.addr.clone();
     let file = s.0.join("traced-object.bin");
     std::fs::write(&file, vec![9u8; MIB as usize]).unwrap();
     let out = Command::new(BIN)

@@ -4,55 +4,24 @@
 //! the group.
 
 use std::path::Path;
-use std::process::{Child, Output, Stdio};
+use std::process::{Output, Stdio};
 
 mod common;
-use common::{bin_in, hash, make_file, root_test_cannot_run, Netns, Scratch};
+use common::{
+    bin_in, capture_group, hash, make_file, root_test_cannot_run, spawn_agent_in, Agent, Netns,
+    Scratch,
+};
 
 const SECRET: &str = "6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b";
-
-/// An agent process, killed on drop.
-struct Agent {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn agent(ns: Option<&str>, dir: &Path) -> Agent {
     agent_with(ns, dir, &[])
 }
 
 fn agent_with(ns: Option<&str>, dir: &Path, extra: &[&str]) -> Agent {
-    let mut child = bin_in(ns)
-        .args(["agent", "--listen", "127.0.0.1:0", "--dir"])
-        .arg(dir)
-        .args(extra)
-        .env("BULKCAST_SECRET", SECRET)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = Vec::new();
-    let mut b = [0u8; 1];
-    let out = child.stdout.as_mut().unwrap();
-    while std::io::Read::read(out, &mut b).unwrap() == 1 && b[0] != b'\n' {
-        line.push(b[0]);
-    }
-    // "bulkcast agent listening on ADDR, storing into DIR"
-    let line = String::from_utf8(line).unwrap();
-    let addr = line
-        .split(" listening on ")
-        .nth(1)
-        .and_then(|r| r.split(',').next())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_string();
-    Agent { child, addr }
+    spawn_agent_in(ns, dir, &["127.0.0.1:0"], |c| {
+        c.args(extra).env("BULKCAST_SECRET", SECRET);
+    })
 }
 
 fn send(ns: Option<&str>, file: &Path, agents: &[Agent], extra: &[&str]) -> Output {
@@ -190,32 +159,8 @@ struct Capture {
 
 impl Capture {
     fn start(group: &str) -> Capture {
-        use socket2::{Domain, Socket, Type};
-        let g: std::net::SocketAddrV4 = group.parse().unwrap();
-        let s = Socket::new(Domain::IPV4, Type::DGRAM, None).unwrap();
-        // The agents bind the same group and port.
-        s.set_reuse_address(true).unwrap();
-        s.set_recv_buffer_size(32 << 20).unwrap();
-        s.bind(&std::net::SocketAddr::V4(g).into()).unwrap();
-        s.join_multicast_v4(g.ip(), &std::net::Ipv4Addr::LOCALHOST)
-            .unwrap();
-        let sock: std::net::UdpSocket = s.into();
-        sock.set_read_timeout(Some(std::time::Duration::from_millis(50)))
-            .unwrap();
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let st = stop.clone();
-        let thread = std::thread::spawn(move || {
-            let mut got = Vec::new();
-            let mut buf = vec![0u8; 65_536];
-            while !st.load(std::sync::atomic::Ordering::Relaxed) {
-                if let Ok(n) = sock.recv(&mut buf) {
-                    if buf[..n].starts_with(b"BCM2") {
-                        got.push(buf[..n].to_vec());
-                    }
-                }
-            }
-            got
-        });
+        let thread = capture_group(group, b"BCM2", stop.clone());
         Capture { stop, thread }
     }
 

@@ -2,27 +2,20 @@
 //! the paced UDP transport, and to nobody.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
 // Not every helper in `common` is used here.
 #[allow(dead_code, unused_imports)]
 mod common;
 use common::run::{report, BIN};
-use common::{first_line, hash, listen_addrs, make_file, secret, Scratch};
+use common::{first_line, hash, listen_addrs, make_file, secret, Proc, Scratch};
 
 const MIB: u64 = 1 << 20;
 
 /// `pipe recv` on loopback, and what it wrote to stdout.
 struct PipeRecv {
-    child: Child,
+    child: Proc,
     addrs: Vec<String>,
-}
-
-impl Drop for PipeRecv {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn pipe_recv(secret: &str, listen: &[&str], out: &Path) -> PipeRecv {
@@ -35,7 +28,10 @@ fn pipe_recv(secret: &str, listen: &[&str], out: &Path) -> PipeRecv {
         .spawn()
         .unwrap();
     let addrs = listen_addrs(&first_line(child.stderr.as_mut().unwrap()));
-    PipeRecv { child, addrs }
+    PipeRecv {
+        child: Proc(child),
+        addrs,
+    }
 }
 
 /// `pipe send ADDR --json -q ARGS` with `input` on stdin.

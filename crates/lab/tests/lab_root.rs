@@ -63,6 +63,12 @@ fn require_iperf3() {
     );
 }
 
+/// A lab name of this test process: two test runs at once (or this binary and another) each
+/// bring up, and clean up, labs of their own.
+fn lab_name(tag: &str) -> String {
+    format!("t-{tag}-{}", std::process::id())
+}
+
 fn netns_list() -> String {
     String::from_utf8(
         Command::new("ip")
@@ -134,10 +140,11 @@ fn fidelity() {
     "#,
     )
     .unwrap();
+    let name = lab_name("fidelity");
     let lab = Lab::up_with(
         &sc,
         &LabOptions {
-            name: Some("t-fidelity".into()),
+            name: Some(name.clone()),
         },
     )
     .unwrap();
@@ -175,7 +182,7 @@ fn fidelity() {
     );
     assert_eq!(report.tx_dropped, 0, "{table}");
     lab.down().unwrap();
-    assert!(!netns_list().contains("bclab-t-fidelity."));
+    assert!(!netns_list().contains(&format!("bclab-{name}.")));
 }
 
 /// The two-way TCP bound's measurement: every WAN path loaded at once, one way out of the
@@ -224,10 +231,11 @@ fn tcp_mesh_loads_every_link_as_a_broadcast_does() {
     "#,
     )
     .unwrap();
+    let name = lab_name("mesh");
     let lab = Lab::up_with(
         &sc,
         &LabOptions {
-            name: Some("t-mesh".into()),
+            name: Some(name.clone()),
         },
     )
     .unwrap();
@@ -239,7 +247,7 @@ fn tcp_mesh_loads_every_link_as_a_broadcast_does() {
     let report = tcp_mesh(&lab, &opts).unwrap();
     let layout = lab.layout().clone();
     lab.down().unwrap();
-    assert!(!netns_list().contains("bclab-t-mesh."));
+    assert!(!netns_list().contains(&format!("bclab-{name}.")));
     eprintln!("{report:?}");
     let dirs: Vec<_> = report
         .links
@@ -289,7 +297,7 @@ fn tcp_mesh_loads_every_link_as_a_broadcast_does() {
 fn lifecycle_and_stale_cleanup() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     require_lab("lifecycle_and_stale_cleanup");
-    let name = "t-life";
+    let name = &lab_name("life");
     // A crashed lab: a namespace and a state dir whose owner is gone.
     let _ = Lab::remove(name);
     let ghost = format!("bclab-{name}.h.ghost");
@@ -326,7 +334,7 @@ fn lifecycle_and_stale_cleanup() {
     let lab = Lab::up_with(
         &sc,
         &LabOptions {
-            name: Some(name.into()),
+            name: Some(name.clone()),
         },
     )
     .unwrap();
@@ -432,7 +440,7 @@ fn step_change_applies_on_time() {
         Lab::up_with(
             &sc,
             &LabOptions {
-                name: Some("t-step".into()),
+                name: Some(lab_name("step")),
             },
         )
         .unwrap()
@@ -522,9 +530,10 @@ fn cli_run_passes_exit_code_and_cleans_up() {
     let dir = std::env::temp_dir().join(format!("bclab-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("s.toml");
+    let name = lab_name("cli");
     std::fs::write(
         &path,
-        "name = \"t-cli\"\n[[site]]\nname = \"m\"\nhosts = 2\n",
+        format!("name = \"{name}\"\n[[site]]\nname = \"m\"\nhosts = 2\n"),
     )
     .unwrap();
     let code = bulkcast_lab::run(bulkcast_lab::LabCommand::Run {
@@ -534,12 +543,14 @@ fn cli_run_passes_exit_code_and_cleans_up() {
         command: vec![
             "sh".into(),
             "-c".into(),
-            "grep -q 'name = \"m-2\"' \"$BULKCAST_LAB_HOSTS\" && ip netns list | grep -q bclab-t-cli.h.m-1 && exit 7".into(),
+            format!(
+                "grep -q 'name = \"m-2\"' \"$BULKCAST_LAB_HOSTS\" && ip netns list | grep -qF bclab-{name}.h.m-1 && exit 7"
+            ),
         ],
     })
     .unwrap();
     assert_eq!(code, 7);
-    assert!(!netns_list().contains("bclab-t-cli."));
+    assert!(!netns_list().contains(&format!("bclab-{name}.")));
     let code = bulkcast_lab::run(bulkcast_lab::LabCommand::Run {
         scenario: path,
         name: None,

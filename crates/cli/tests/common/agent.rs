@@ -1,9 +1,36 @@
-//! A `bulkcast agent` for the tests: started on loopback, its addresses read from the first
-//! line it prints, killed on drop (also when an assertion fails).
+//! The processes the tests start, killed on drop (also when an assertion fails): any
+//! [`Proc`], and a `bulkcast agent` started on loopback (or in a namespace), its addresses read
+//! from the first line it prints.
 
 use std::io::Read;
+use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+
+use super::bin_in;
+
+/// A process killed on drop; it derefs to its [`Child`].
+pub struct Proc(pub Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Deref for Proc {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl DerefMut for Proc {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
 
 /// A running agent.
 pub struct Agent {
@@ -29,7 +56,17 @@ impl Drop for Agent {
 /// the test's options and environment, and may send its stderr somewhere (discarded
 /// otherwise). Its stdout is piped: the first line gives its addresses.
 pub fn spawn_agent(dir: &Path, listen: &[&str], setup: impl FnOnce(&mut Command)) -> Agent {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_bulkcast"));
+    spawn_agent_in(None, dir, listen, setup)
+}
+
+/// [`spawn_agent`] inside network namespace `ns` if given.
+pub fn spawn_agent_in(
+    ns: Option<&str>,
+    dir: &Path,
+    listen: &[&str],
+    setup: impl FnOnce(&mut Command),
+) -> Agent {
+    let mut c = bin_in(ns);
     c.arg("agent")
         .args(listen.iter().flat_map(|l| ["--listen", l]))
         .arg("--dir")

@@ -26,7 +26,7 @@ impl Drop for Scratch {
 #[allow(dead_code)] // not every test binary starts agents
 mod agent;
 #[allow(unused_imports)]
-pub use agent::{first_line, listen_addrs, spawn_agent, Agent};
+pub use agent::{first_line, listen_addrs, spawn_agent, spawn_agent_in, Agent, Proc};
 
 #[path = "../../../lab/tests/support/root.rs"]
 #[allow(dead_code)] // only the binaries with root tests use it
@@ -36,6 +36,11 @@ pub use root::root_test_cannot_run;
 
 #[allow(dead_code)] // only the binaries with namespace tests use it
 mod netns;
+
+#[allow(dead_code)] // only the multicast tests listen on the group
+mod group;
+#[allow(unused_imports)]
+pub use group::capture_group;
 
 /// The kill-resume-unchanged scenario and its helpers.
 #[allow(dead_code)] // only the resume tests use it
