@@ -328,6 +328,46 @@ mod protocol_errors {
     }
 
     #[test]
+    fn a_child_link_closes_once_its_whole_subtree_has_finished() {
+        use bulkcast_proto::node::Event;
+        let mut s = source();
+        let closes = |s: &mut Node| {
+            std::iter::from_fn(|| s.poll_event())
+                .filter(|e| matches!(e, Event::CloseLink(_)))
+                .count()
+        };
+        let done = |node| Frame::Done { node, received: 0 };
+        // Child 0 is node 1 with subtree {1, 3, 4}: open while 4 has not finished.
+        s.handle_frame(Link::Child(0), done(1), Instant::now())
+            .unwrap();
+        s.handle_frame(Link::Child(0), done(3), Instant::now())
+            .unwrap();
+        assert_eq!(closes(&mut s), 0);
+        let failed = Frame::Failed {
+            node: 4,
+            reason: "disk full".into(),
+        };
+        s.handle_frame(Link::Child(0), failed, Instant::now())
+            .unwrap();
+        let mut evs = Vec::new();
+        while let Some(e) = s.poll_event() {
+            evs.push(e);
+        }
+        assert!(
+            evs.iter()
+                .any(|e| matches!(e, Event::CloseLink(Link::Child(0)))),
+            "{evs:?}"
+        );
+        // Said once; the other child's link stays.
+        s.handle_frame(Link::Child(0), done(4), Instant::now())
+            .unwrap();
+        s.handle_frame(Link::Child(1), done(2), Instant::now())
+            .unwrap();
+        assert_eq!(closes(&mut s), 1, "node 2 is a leaf: its link closes too");
+        assert!(s.children().iter().all(|c| c.is_resolved()));
+    }
+
+    #[test]
     fn an_open_with_a_cycle_or_a_foreign_first_member_is_refused() {
         let mut open = source().open_for(0);
         assert!(Node::relay(&open, keys(), NodeConfig::default(), Instant::now()).is_ok());

@@ -160,6 +160,15 @@ pub fn rtt(stream: &impl AsRawFd) -> Option<Duration> {
     (info.tcpi_rtt > 0).then(|| Duration::from_micros(u64::from(info.tcpi_rtt)))
 }
 
+/// The connection's minimum round trip so far as TCP measured it (`TCP_INFO`, Linux 4.10+);
+/// `None` if the kernel does not say.
+pub fn min_rtt(stream: &impl AsRawFd) -> Option<Duration> {
+    let (info, len) = tcp_info(stream)?;
+    let needed = std::mem::offset_of!(libc::tcp_info, tcpi_min_rtt) + 4;
+    (len >= needed && info.tcpi_min_rtt > 0 && info.tcpi_min_rtt < u32::MAX)
+        .then(|| Duration::from_micros(u64::from(info.tcpi_min_rtt)))
+}
+
 /// Segments a TCP connection has sent and retransmitted since it started (`TCP_INFO`), or
 /// `None` where the kernel does not say (kernels before 4.2 lack the count of segments sent).
 pub fn loss_counters(stream: &impl AsRawFd) -> Option<(u64, u64)> {
@@ -786,6 +795,9 @@ mod tests {
         // Loopback: a round trip is known, and short.
         let rtt = rtt(&c).expect("TCP_INFO has a round trip");
         assert!(rtt < Duration::from_secs(1), "{rtt:?}");
+        // And a minimum one (what `--cc auto` keeps long paths on bbr by), short: a LAN's.
+        let min = min_rtt(&c).expect("TCP_INFO has a minimum round trip");
+        assert!(min < bulkcast_proto::cc::LONG_PATH, "{min:?}");
         // The cap reads back as set; above 32 bits it means no cap.
         let read = |c: &TcpStream| {
             let mut v: u32 = 0;

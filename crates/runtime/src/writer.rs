@@ -271,7 +271,7 @@ pub(crate) struct SocketControl {
 }
 
 /// A tree edge's connection under `--cc auto`: bbr until its path shows it is clean, then
-/// cubic, and bbr again if random loss appears ([`bulkcast_proto::cc`]).
+/// cubic (not on a long path), and bbr again if random loss appears ([`bulkcast_proto::cc`]).
 struct CcWatch {
     fd: std::os::fd::RawFd,
     watch: bulkcast_proto::cc::Watch,
@@ -308,6 +308,9 @@ impl CcWatch {
             return;
         };
         crate::metrics::global().tcp_counters(&mut self.counted, (segs, retrans));
+        if let Some(rtt) = transport::min_rtt(&sock) {
+            self.watch.handle_min_rtt(rtt);
+        }
         if let Some(c) = self.watch.handle_counters(segs, retrans) {
             match transport::set_cc(&sock, c.name()) {
                 Ok(()) => tracing::debug!(

@@ -167,7 +167,8 @@ pub enum Event {
         /// Chunk index.
         index: u64,
     },
-    /// The driver must close this link (its peer was cut off).
+    /// The driver must close this link: its peer was cut off, or (a child) every node below it
+    /// has finished or failed.
     CloseLink(Link),
     /// The driver must connect to child `k` (one adopted from a dead child, see
     /// [`Node::handle_link_closed`]) and send it [`Node::open_for`]`(k)`.
@@ -845,12 +846,12 @@ impl Node {
             }
             Frame::Done { node, received } => {
                 check_below(child, node, link)?;
-                child.unresolved.remove(&(node as NodeId));
+                self.resolve_below(k, node as NodeId);
                 self.report(Frame::Done { node, received });
             }
             Frame::Failed { node, reason } => {
                 check_below(child, node, link)?;
-                child.unresolved.remove(&(node as NodeId));
+                self.resolve_below(k, node as NodeId);
                 self.report(Frame::Failed { node, reason });
             }
             Frame::Rejected { node, from, index } => {
@@ -886,6 +887,18 @@ impl Node {
             }
         }
         Ok(())
+    }
+
+    /// Node `node` of child `k`'s subtree has finished or failed. Once the last one has, the
+    /// link to `k` carries nothing more and is closed at once: a finished receiver waits for
+    /// its parent to close before it ends (`Driver::linger`), and a chain whose links closed
+    /// only when the source ended kept its last receiver a round trip of the whole chain
+    /// after its copy was in place (0.24 s on the lab's `star-4-rtt50`, a chain of 4).
+    fn resolve_below(&mut self, k: usize, node: NodeId) {
+        let c = &mut self.children[k];
+        if c.unresolved.remove(&node) && c.unresolved.is_empty() {
+            self.events.push_back(Event::CloseLink(Link::Child(k)));
+        }
     }
 
     /// The driver stored chunk `index` of the local copy.
