@@ -229,7 +229,10 @@ fallback_after = 5.0
         assert_eq!(feeds[0].name, "");
         assert!(!feeds[0].unicast && feeds[0].exec.is_none() && feeds[0].from.is_none());
         let g = &feeds[1];
-        assert_eq!((g.source.as_str(), g.name.as_str()), ("10.1.0.5:7388", "^gfs"));
+        assert_eq!(
+            (g.source.as_str(), g.name.as_str()),
+            ("10.1.0.5:7388", "^gfs")
+        );
         assert_eq!(g.dir, Path::new("/data/grids"));
         assert_eq!(g.exec.as_deref(), Some("ingest $1"));
         assert_eq!(g.from.as_deref(), Some("-1h"));
@@ -238,30 +241,52 @@ fallback_after = 5.0
         assert_eq!(g.fallback_after, Some(5.0));
         // Feeds are not flags: they never conflict with the command line.
         assert_eq!(f.given(), vec!["dir"]);
-        assert!(AgentFile::parse("").unwrap().feeds(Path::new("/x")).unwrap().is_empty());
+        assert!(AgentFile::parse("")
+            .unwrap()
+            .feeds(Path::new("/x"))
+            .unwrap()
+            .is_empty());
     }
 
     #[test]
     fn a_bad_feed_table_is_named_by_its_line() {
         // Values the parser cannot judge: named with the table's number and line.
         let e = feed_error(&FEEDS.replace("\"NGRID\"", "\"NG[RID\""));
-        assert!(e.contains("[[feed]] #2 at line 8") && e.contains("NG[RID"), "{e}");
+        assert!(
+            e.contains("[[feed]] #2 at line 8") && e.contains("NG[RID"),
+            "{e}"
+        );
         let e = feed_error(&FEEDS.replace("^gfs", "(gfs"));
-        assert!(e.contains("[[feed]] #2 at line 8") && e.contains("(gfs"), "{e}");
+        assert!(
+            e.contains("[[feed]] #2 at line 8") && e.contains("(gfs"),
+            "{e}"
+        );
         let e = feed_error(&FEEDS.replace("feeds.example.org:7388", "feeds.example.org"));
-        assert!(e.contains("[[feed]] #1 at line 3") && e.contains("HOST:PORT"), "{e}");
+        assert!(
+            e.contains("[[feed]] #1 at line 3") && e.contains("HOST:PORT"),
+            "{e}"
+        );
         let e = feed_error(&FEEDS.replace("-1h", "yesterday"));
         assert!(e.contains("[[feed]] #2") && e.contains("yesterday"), "{e}");
         // Two tables in one directory would overwrite each other's position.
         let e = feed_error(&FEEDS.replace("/data/grids", "/data/nexrad/"));
-        assert!(e.contains("[[feed]] #2 at line 8") && e.contains("[[feed]] #1"), "{e}");
+        assert!(
+            e.contains("[[feed]] #2 at line 8") && e.contains("[[feed]] #1"),
+            "{e}"
+        );
         let e = feed_error(&FEEDS.replace("/data/grids", "/var/lib/bulkcast"));
         assert!(e.contains("agent's own directory"), "{e}");
         // What the parser sees: unknown keys, missing ones, wrong types, with their line.
         let e = feed_error(&FEEDS.replace("unicast = true", "unicats = true"));
-        assert!(e.contains("unknown field `unicats`") && e.contains("line 15"), "{e}");
+        assert!(
+            e.contains("unknown field `unicats`") && e.contains("line 15"),
+            "{e}"
+        );
         let e = feed_error(&FEEDS.replace("dir = \"/data/grids\"\n", ""));
-        assert!(e.contains("missing field `dir`") && e.contains("line 8"), "{e}");
+        assert!(
+            e.contains("missing field `dir`") && e.contains("line 8"),
+            "{e}"
+        );
         let e = feed_error(&FEEDS.replace("\"10.0.0.2\"", "\"eth0\""));
         assert!(e.contains("line 16"), "{e}");
     }

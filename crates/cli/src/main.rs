@@ -416,7 +416,11 @@ fn parse_cli() -> Cli {
 /// An agent's flags with its `--config` file's settings merged in, and its subscriptions.
 fn agent_settings(
     mut a: AgentArgs,
-) -> Result<(AgentArgs, PathBuf, Vec<bulkcast_runtime::feed::request::FeedLine>)> {
+) -> Result<(
+    AgentArgs,
+    PathBuf,
+    Vec<bulkcast_runtime::feed::request::FeedLine>,
+)> {
     let mut file = None;
     if let Some(path) = a.config.clone() {
         let mut f = agent_config::AgentFile::read(&path)?;

@@ -61,7 +61,11 @@ fn insert(addr: &str, src: &Path, name: &str, feedtype: &str) -> u64 {
         .env("BULKCAST_SECRET", SECRET)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     text.split_whitespace()
         .next()
@@ -117,7 +121,10 @@ impl AgentProc {
             if let Some(s) = self.proc.0.try_wait().unwrap() {
                 break s;
             }
-            assert!(start.elapsed() < Duration::from_secs(20), "agent did not stop");
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "agent did not stop"
+            );
             std::thread::sleep(Duration::from_millis(50));
         };
         assert!(status.success(), "agent exit {status}");
@@ -291,16 +298,27 @@ fn sighup_starts_added_feeds_and_stops_removed_ones() {
     std::fs::create_dir_all(&src).unwrap();
     let (_server, addr) = serve(&q);
     let agent_dir = s.0.join("agent");
-    config(&cfg, &agent_dir, &[feed(&addr, "NEXRAD3", &a_dir, "from = \"1\"\n")]);
+    config(
+        &cfg,
+        &agent_dir,
+        &[feed(&addr, "NEXRAD3", &a_dir, "from = \"1\"\n")],
+    );
     let a = agent(&cfg);
     insert(&addr, &src, "r-1", "NEXRAD3");
     wait_for(&a_dir, &src, &names(&["r-1"]));
     // Swap the feed for another: SIGHUP stops the first and starts the second.
-    config(&cfg, &agent_dir, &[feed(&addr, "NGRID", &b_dir, "from = \"1\"\n")]);
+    config(
+        &cfg,
+        &agent_dir,
+        &[feed(&addr, "NGRID", &b_dir, "from = \"1\"\n")],
+    );
     a.signal(libc::SIGHUP);
     let start = Instant::now();
     while !a.log_has("1 started, 1 stopped, 0 unchanged") {
-        assert!(start.elapsed() < Duration::from_secs(20), "no reload logged");
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no reload logged"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     insert(&addr, &src, "r-2", "NEXRAD3");
@@ -340,16 +358,30 @@ fn a_bad_feed_line_stops_the_agent_at_its_start_naming_the_line() {
     let good = feed("127.0.0.1:7388", "NEXRAD3", &s.0.join("a"), "");
     let e = run(format!(
         "dir = {dir:?}\n\n[[feed]]\n{good}\n[[feed]]\n{}",
-        feed("127.0.0.1:7388", "NGRID", &s.0.join("b"), "unicats = true\n")
+        feed(
+            "127.0.0.1:7388",
+            "NGRID",
+            &s.0.join("b"),
+            "unicats = true\n"
+        )
     ));
-    assert!(e.contains("unknown field `unicats`") && e.contains("line 12"), "{e}");
+    assert!(
+        e.contains("unknown field `unicats`") && e.contains("line 12"),
+        "{e}"
+    );
     let e = run(format!(
         "dir = {dir:?}\n\n[[feed]]\n{good}\n[[feed]]\n{}",
         feed("127.0.0.1:7388", "NEX[RAD", &s.0.join("b"), "")
     ));
-    assert!(e.contains("[[feed]] #2 at line 8") && e.contains("NEX[RAD"), "{e}");
+    assert!(
+        e.contains("[[feed]] #2 at line 8") && e.contains("NEX[RAD"),
+        "{e}"
+    );
     let e = run(format!(
         "dir = {dir:?}\n\n[[feed]]\n{good}\n[[feed]]\n{good}"
     ));
-    assert!(e.contains("[[feed]] #2 at line 8") && e.contains("saved position"), "{e}");
+    assert!(
+        e.contains("[[feed]] #2 at line 8") && e.contains("saved position"),
+        "{e}"
+    );
 }

@@ -68,7 +68,10 @@ impl FeedLine {
 
     /// Checks one line's values (what a subscription would only find out later).
     pub fn check(&self) -> Result<(), String> {
-        let port = self.source.rsplit_once(':').map(|(h, p)| (h, p.parse::<u16>()));
+        let port = self
+            .source
+            .rsplit_once(':')
+            .map(|(h, p)| (h, p.parse::<u16>()));
         if !matches!(port, Some((h, Ok(_))) if !h.is_empty()) {
             return Err(format!("source {:?} is not HOST:PORT", self.source));
         }
@@ -97,19 +100,24 @@ pub struct LineError {
     pub reason: String,
 }
 
-/// Checks every line, and that no two of them (nor the agent's own directory, `agent_dir`,
-/// where it cleans up partial copies) share a directory.
+/// Checks every line, and that no two of them share a directory, nor one is in or around the
+/// agent's own (`agent_dir`: a pushed object replaces what is there of its name).
 pub fn check(lines: &[FeedLine], agent_dir: Option<&Path>) -> Result<(), LineError> {
     let mut seen: BTreeMap<PathBuf, usize> = BTreeMap::new();
     for (index, l) in lines.iter().enumerate() {
         let err = |reason: String| LineError { index, reason };
         l.check().map_err(err)?;
         let dir = normal(&l.dir);
-        if agent_dir.is_some_and(|a| normal(a) == dir) {
-            return Err(err(format!(
-                "dir {} is the agent's own directory: give the feed a directory of its own",
-                l.dir.display()
-            )));
+        if let Some(a) = agent_dir.map(normal) {
+            if a.starts_with(&dir) || dir.starts_with(&a) {
+                return Err(err(format!(
+                    "dir {} is in or around the agent's own directory {}, where pushed \
+                     objects go (replacing what is there of their name): give the feed a \
+                     directory outside it",
+                    l.dir.display(),
+                    a.display()
+                )));
+            }
         }
         if let Some(first) = seen.insert(dir, index) {
             return Err(err(format!(
@@ -169,9 +177,9 @@ pub fn parse_start(s: &str) -> Result<Start, String> {
         };
         return Ok(Start::Time(now.saturating_sub((n * mult * 1e6) as u64)));
     }
-    s.parse().map(Start::Seq).map_err(|_| {
-        format!("from {s:?} is not a sequence number, @UNIX_SECONDS, -10m or now")
-    })
+    s.parse()
+        .map(Start::Seq)
+        .map_err(|_| format!("from {s:?} is not a sequence number, @UNIX_SECONDS, -10m or now"))
 }
 
 /// What an agent's subscriptions share.
@@ -253,14 +261,22 @@ impl Subscriptions {
                 continue;
             }
             if let Some(r) = running.remove(&dir) {
-                tracing::info!("feed {}: stopping ({})", r.line.label(), r.line.dir.display());
+                tracing::info!(
+                    "feed {}: stopping ({})",
+                    r.line.label(),
+                    r.line.dir.display()
+                );
                 r.stop().await;
                 applied.stopped += 1;
             }
         }
         for (dir, line) in wanted {
             let stop = Arc::new(Notify::new());
-            let task = tokio::spawn(keep_subscribed(line.clone(), self.ctx.clone(), stop.clone()));
+            let task = tokio::spawn(keep_subscribed(
+                line.clone(),
+                self.ctx.clone(),
+                stop.clone(),
+            ));
             running.insert(dir, Running { line, stop, task });
             applied.started += 1;
         }
@@ -342,12 +358,7 @@ async fn keep_subscribed(line: FeedLine, ctx: FeedContext, stop: Arc<Notify>) {
 }
 
 /// The agent's log line (and metrics, and `exec`) for what a subscription reports.
-fn log_report(
-    label: &str,
-    exec: Option<&str>,
-    metrics: Option<&SubscribeMetrics>,
-    r: Report<'_>,
-) {
+fn log_report(label: &str, exec: Option<&str>, metrics: Option<&SubscribeMetrics>, r: Report<'_>) {
     if let Some(m) = metrics {
         m.count(&r);
     }
@@ -465,11 +476,18 @@ mod tests {
 
     #[test]
     fn two_lines_or_the_agent_in_one_directory_are_refused() {
-        let e = check(&[line("/data/a"), line("/data/b"), line("/data/./a/")], None).unwrap_err();
+        let e = check(
+            &[line("/data/a"), line("/data/b"), line("/data/./a/")],
+            None,
+        )
+        .unwrap_err();
         assert_eq!(e.index, 2);
         assert!(e.reason.contains("[[feed]] #1"), "{}", e.reason);
-        let e = check(&[line("/data/x/../a")], Some(Path::new("/data/a"))).unwrap_err();
-        assert!(e.reason.contains("agent's own directory"), "{}", e.reason);
+        for inside in ["/data/x/../a", "/data/a/feeds", "/data"] {
+            let e = check(&[line(inside)], Some(Path::new("/data/a"))).unwrap_err();
+            assert!(e.reason.contains("agent's own directory"), "{}", e.reason);
+        }
+        check(&[line("/data/ab")], Some(Path::new("/data/a"))).unwrap();
     }
 
     #[test]
