@@ -270,7 +270,8 @@ fn agent_feeds_get_their_products_and_resume_across_a_restart() {
         let again = delivered(&second, &label);
         assert!(!again.is_empty(), "{label}: nothing after the restart");
         got.extend(again);
-        let want: Vec<u64> = want.iter().map(|n| seqs[n]).collect();
+        let mut want: Vec<u64> = want.iter().map(|n| seqs[n]).collect();
+        want.sort();
         let mut sorted = got.clone();
         sorted.sort();
         assert_eq!(sorted, want, "{label}: delivered {got:?}");
@@ -281,7 +282,8 @@ fn agent_feeds_get_their_products_and_resume_across_a_restart() {
         .map(|l| l.trim().parse().unwrap())
         .collect();
     ran.sort();
-    let want: Vec<u64> = all_radar.iter().map(|n| seqs[n]).collect();
+    let mut want: Vec<u64> = all_radar.iter().map(|n| seqs[n]).collect();
+    want.sort();
     assert_eq!(ran, want, "exec ran once per product");
 }
 
