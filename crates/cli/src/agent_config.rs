@@ -11,15 +11,24 @@
 //!
 //! [limits]
 //! budget_mib = 64                    # memory for chunk buffers per session
+//!
+//! [[feed]]                           # a subscription, like LDM's REQUEST; repeatable
+//! source = "feeds.example.org:7388"
+//! feedtype = "NEXRAD3|IDS"
+//! dir = "/var/data/nexrad"           # also where its position is saved
 //! ```
 //!
 //! A setting given both in the file and as a flag is an error (which one was meant?);
 //! unknown keys are errors too, so a typo does not fall back to a default silently.
+//! `[[feed]]` tables take the settings of `feed subscribe`
+//! ([`bulkcast_runtime::feed::request::FeedLine`]); a bad one is named by its line.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use bulkcast_runtime::feed::request::{self, FeedLine};
 use serde::Deserialize;
+use toml::Spanned;
 
 /// The file's settings.
 #[derive(Debug, Default, Deserialize, PartialEq)]
@@ -33,6 +42,12 @@ pub struct AgentFile {
     pub direct_io: Option<bool>,
     #[serde(default)]
     pub limits: Limits,
+    /// Subscriptions, with where each is in the file.
+    #[serde(default)]
+    pub feed: Vec<Spanned<FeedLine>>,
+    /// The line each `[[feed]]` starts on (filled in by [`AgentFile::parse`]).
+    #[serde(skip)]
+    feed_lines: Vec<usize>,
 }
 
 /// `[limits]`.
@@ -51,7 +66,12 @@ impl AgentFile {
     }
 
     pub fn parse(text: &str) -> Result<AgentFile> {
-        let f: AgentFile = toml::from_str(text)?;
+        let mut f: AgentFile = toml::from_str(text)?;
+        f.feed_lines = f
+            .feed
+            .iter()
+            .map(|l| line_of(text, l.span().start))
+            .collect();
         if f.listen.as_ref().is_some_and(|l| l.is_empty()) {
             bail!("`listen` names no address");
         }
@@ -80,6 +100,28 @@ impl AgentFile {
         add(self.limits.budget_mib.is_some(), "budget_mib");
         v
     }
+}
+
+impl AgentFile {
+    /// The `[[feed]]` subscriptions, checked (with the agent's directory `agent_dir`, which
+    /// none may share); an error names the line of the table at fault.
+    pub fn feeds(&self, agent_dir: &Path) -> Result<Vec<FeedLine>> {
+        let lines: Vec<FeedLine> = self.feed.iter().map(|l| l.get_ref().clone()).collect();
+        if let Err(e) = request::check(&lines, Some(agent_dir)) {
+            let at = self.feed_lines.get(e.index).copied().unwrap_or(0);
+            bail!("[[feed]] #{} at line {at}: {}", e.index + 1, e.reason);
+        }
+        Ok(lines)
+    }
+}
+
+/// The line (from 1) of byte `at` of `text`.
+fn line_of(text: &str, at: usize) -> usize {
+    text.as_bytes()[..at.min(text.len())]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
 }
 
 /// Refuses a setting given twice: `flags` are the ids of the flags given on the command line.
@@ -150,5 +192,102 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("--dir is given both"), "{e}");
+    }
+
+    const FEEDS: &str = r#"dir = "/var/lib/bulkcast"
+
+[[feed]]
+source = "feeds.example.org:7388"
+feedtype = "NEXRAD3|IDS"
+dir = "/data/nexrad"
+
+[[feed]]
+source = "10.1.0.5:7388"
+feedtype = "NGRID"
+name = "^gfs"
+dir = "/data/grids"
+exec = "ingest $1"
+from = "-1h"
+unicast = true
+iface = "10.0.0.2"
+fallback_after = 5.0
+"#;
+
+    fn feed_error(text: &str) -> String {
+        match AgentFile::parse(text) {
+            Ok(f) => format!("{:#}", f.feeds(Path::new("/var/lib/bulkcast")).unwrap_err()),
+            Err(e) => format!("{e:#}"),
+        }
+    }
+
+    #[test]
+    fn feed_tables_parse_with_every_setting() {
+        let f = AgentFile::parse(FEEDS).unwrap();
+        let feeds = f.feeds(Path::new("/var/lib/bulkcast")).unwrap();
+        assert_eq!(feeds.len(), 2);
+        assert_eq!(feeds[0].feedtype, "NEXRAD3|IDS");
+        assert_eq!(feeds[0].name, "");
+        assert!(!feeds[0].unicast && feeds[0].exec.is_none() && feeds[0].from.is_none());
+        let g = &feeds[1];
+        assert_eq!(
+            (g.source.as_str(), g.name.as_str()),
+            ("10.1.0.5:7388", "^gfs")
+        );
+        assert_eq!(g.dir, Path::new("/data/grids"));
+        assert_eq!(g.exec.as_deref(), Some("ingest $1"));
+        assert_eq!(g.from.as_deref(), Some("-1h"));
+        assert!(g.unicast);
+        assert_eq!(g.iface, Some(std::net::Ipv4Addr::new(10, 0, 0, 2)));
+        assert_eq!(g.fallback_after, Some(5.0));
+        // Feeds are not flags: they never conflict with the command line.
+        assert_eq!(f.given(), vec!["dir"]);
+        assert!(AgentFile::parse("")
+            .unwrap()
+            .feeds(Path::new("/x"))
+            .unwrap()
+            .is_empty());
+    }
+
+    #[test]
+    fn a_bad_feed_table_is_named_by_its_line() {
+        // Values the parser cannot judge: named with the table's number and line.
+        let e = feed_error(&FEEDS.replace("\"NGRID\"", "\"NG[RID\""));
+        assert!(
+            e.contains("[[feed]] #2 at line 8") && e.contains("NG[RID"),
+            "{e}"
+        );
+        let e = feed_error(&FEEDS.replace("^gfs", "(gfs"));
+        assert!(
+            e.contains("[[feed]] #2 at line 8") && e.contains("(gfs"),
+            "{e}"
+        );
+        let e = feed_error(&FEEDS.replace("feeds.example.org:7388", "feeds.example.org"));
+        assert!(
+            e.contains("[[feed]] #1 at line 3") && e.contains("HOST:PORT"),
+            "{e}"
+        );
+        let e = feed_error(&FEEDS.replace("-1h", "yesterday"));
+        assert!(e.contains("[[feed]] #2") && e.contains("yesterday"), "{e}");
+        // Two tables in one directory would overwrite each other's position.
+        let e = feed_error(&FEEDS.replace("/data/grids", "/data/nexrad/"));
+        assert!(
+            e.contains("[[feed]] #2 at line 8") && e.contains("[[feed]] #1"),
+            "{e}"
+        );
+        let e = feed_error(&FEEDS.replace("/data/grids", "/var/lib/bulkcast"));
+        assert!(e.contains("agent's own directory"), "{e}");
+        // What the parser sees: unknown keys, missing ones, wrong types, with their line.
+        let e = feed_error(&FEEDS.replace("unicast = true", "unicats = true"));
+        assert!(
+            e.contains("unknown field `unicats`") && e.contains("line 15"),
+            "{e}"
+        );
+        let e = feed_error(&FEEDS.replace("dir = \"/data/grids\"\n", ""));
+        assert!(
+            e.contains("missing field `dir`") && e.contains("line 8"),
+            "{e}"
+        );
+        let e = feed_error(&FEEDS.replace("\"10.0.0.2\"", "\"eth0\""));
+        assert!(e.contains("line 16"), "{e}");
     }
 }

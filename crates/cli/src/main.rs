@@ -1,6 +1,7 @@
 //! The `bulkcast` command.
 
 mod agent_config;
+mod agent_feeds;
 mod demo;
 mod edges;
 mod feed;
@@ -260,7 +261,8 @@ fn tamper_repairs() -> bool {
 #[derive(Args)]
 struct AgentArgs {
     /// Settings from a TOML file (listen, dir, secret_file, metrics, direct_io,
-    /// `[limits]` budget_mib); a setting may not be given both there and as a flag.
+    /// `[limits]` budget_mib) and feed subscriptions (`[[feed]]` tables: source, feedtype,
+    /// dir, ...; SIGHUP rereads them); a setting may not be given both there and as a flag.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Address to listen on; repeat it for several (a host's path addresses). Default:
@@ -411,18 +413,26 @@ fn parse_cli() -> Cli {
     cli
 }
 
-/// An agent's flags with its `--config` file's settings merged in.
-fn agent_settings(mut a: AgentArgs) -> Result<(AgentArgs, PathBuf)> {
+/// An agent's flags with its `--config` file's settings merged in, and its subscriptions.
+fn agent_settings(
+    mut a: AgentArgs,
+) -> Result<(
+    AgentArgs,
+    PathBuf,
+    Vec<bulkcast_runtime::feed::request::FeedLine>,
+)> {
+    let mut file = None;
     if let Some(path) = a.config.clone() {
-        let f = agent_config::AgentFile::read(&path)?;
+        let mut f = agent_config::AgentFile::read(&path)?;
         agent_config::check_conflicts(&f, &a.given, &path)?;
-        a.listen = f.listen.unwrap_or(a.listen);
-        a.dir = f.dir.or(a.dir);
-        a.common.secret_file = f.secret_file.or(a.common.secret_file);
-        a.metrics = f.metrics.or(a.metrics);
-        a.web = f.web.or(a.web);
+        a.listen = f.listen.take().unwrap_or(a.listen);
+        a.dir = f.dir.take().or(a.dir);
+        a.common.secret_file = f.secret_file.take().or(a.common.secret_file);
+        a.metrics = f.metrics.take().or(a.metrics);
+        a.web = f.web.take().or(a.web);
         a.direct_io = f.direct_io.unwrap_or(a.direct_io);
         a.common.budget_mib = f.limits.budget_mib.unwrap_or(a.common.budget_mib);
+        file = Some((f, path));
     }
     if a.listen.is_empty() {
         a.listen.push("0.0.0.0:7400".into());
@@ -431,11 +441,17 @@ fn agent_settings(mut a: AgentArgs) -> Result<(AgentArgs, PathBuf)> {
         .dir
         .clone()
         .context("no --dir, and the config file gives no `dir`")?;
-    Ok((a, dir))
+    let feeds = match &file {
+        Some((f, path)) => f
+            .feeds(&dir)
+            .with_context(|| format!("agent config {}", path.display()))?,
+        None => Vec::new(),
+    };
+    Ok((a, dir, feeds))
 }
 
 async fn run_agent(a: AgentArgs) -> Result<i32> {
-    let (a, dir) = agent_settings(a)?;
+    let (a, dir, feeds) = agent_settings(a)?;
     let secret = a.common.require_secret()?;
     let tuning = a.common.tuning()?;
     // The library's agent, with this command's settings.
@@ -446,13 +462,14 @@ async fn run_agent(a: AgentArgs) -> Result<i32> {
     }
     let cfg = agent.config_mut();
     cfg.node = a.common.node();
-    cfg.tuning = tuning;
+    cfg.tuning = tuning.clone();
     cfg.io = copy_io(a.direct_io);
     cfg.partials = Partials {
         max_age: Duration::from_secs(a.keep_partial_hours.saturating_mul(3600)),
         max_bytes: a.keep_partial_gib.map(|g| g.saturating_mul(1 << 30)),
     };
     let freed = cfg.partials.clean(&cfg.dir);
+    let keys = cfg.keys.clone();
     // `kill -HUP` reloads the allow list: revoking a key needs no restart.
     if let (Some(path), Some(id)) = (&a.common.allow_keys, cfg.keys.identity()) {
         keygen::reload_on_hangup(path.clone(), id.allow.clone())?;
@@ -491,7 +508,18 @@ async fn run_agent(a: AgentArgs) -> Result<i32> {
         }
         None => None,
     };
-    match agent.run(shutdown_signal()).await {
+    let feeds = agent_feeds::start(
+        feeds,
+        a.config.clone(),
+        &dir,
+        (&keys, &secret, &tuning),
+        _metrics.as_ref(),
+    )
+    .await?;
+    let r = agent.run(shutdown_signal()).await;
+    // Each subscription saves its position: the next start resumes there.
+    feeds.stop_all().await;
+    match r {
         Some(Err(e)) => {
             eprintln!("error: {e}");
             Ok(1)

@@ -148,8 +148,20 @@ fn save_position(dir: &Path, seq: u64) {
 /// source and resuming where it stopped.
 pub async fn subscribe(
     cfg: SubscribeConfig,
-    mut on: impl FnMut(Report<'_>),
+    on: impl FnMut(Report<'_>),
 ) -> Result<Summary, SubError> {
+    subscribe_until(cfg, on, std::future::pending()).await
+}
+
+/// [`subscribe`], also ending (`Ok`) when `stop` completes (an agent's shutdown, a
+/// subscription removed from its config): the position is saved then, so the next run into
+/// the same directory delivers nothing twice, and the products still incomplete are removed.
+pub async fn subscribe_until(
+    cfg: SubscribeConfig,
+    mut on: impl FnMut(Report<'_>),
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<Summary, SubError> {
+    tokio::pin!(stop);
     fs::create_dir_all(&cfg.dir).map_err(SubError::Local)?;
     let sub = Subscription::parse(&cfg.feedtype, &cfg.name)
         .map_err(|e| SubError::Local(io::Error::other(e)))?;
@@ -165,9 +177,20 @@ pub async fn subscribe(
             summary: &mut summary,
             resume: None,
         };
-        let r = s.run(sub.clone(), start, deadline, &mut on).await;
+        let r = tokio::select! {
+            r = s.run(sub.clone(), start, deadline, &mut on) => Some(r),
+            _ = &mut stop => None,
+        };
         let resume = s.resume;
         s.discard_all();
+        let Some(r) = r else {
+            // `resume` is set after every delivery, before the session waits again: it
+            // counts every product delivered (nothing delivered yet: the saved one holds).
+            if let Some(seq) = resume {
+                save_position(&cfg.dir, seq);
+            }
+            return Ok(summary);
+        };
         match r {
             Ok(()) => return Ok(summary),
             Err(SessionEnd::Fatal(e)) => return Err(e),
@@ -179,7 +202,10 @@ pub async fn subscribe(
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return Ok(summary);
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = &mut stop => return Ok(summary),
+        }
     }
 }
 

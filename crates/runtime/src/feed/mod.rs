@@ -6,6 +6,8 @@
 //!   pacer, inserts and status.
 //! - [`client`]: `feed subscribe`, `feed insert`, `feed status`.
 //! - [`metrics`]: a feed source's Prometheus metrics (`feed serve --metrics`).
+//! - [`request`]: an agent's subscriptions, the `[[feed]]` lines of its config (LDM's
+//!   `REQUEST`).
 //!
 //! Unicast connections carry length-prefixed [`Msg`] frames after the session handshake,
 //! encrypted by it unless both ends chose `--plaintext`; multicast datagrams carry one message
@@ -15,6 +17,7 @@
 pub mod client;
 pub mod disk;
 pub mod metrics;
+pub mod request;
 pub mod serve;
 
 use std::io;
