@@ -4,6 +4,7 @@ mod agent_config;
 mod demo;
 mod edges;
 mod feed;
+mod feed_sources;
 mod hostlist;
 mod keygen;
 mod metrics;

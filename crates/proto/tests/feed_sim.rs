@@ -509,7 +509,10 @@ fn sixteen_receivers_with_spread_round_trips_keep_to_the_rate() {
         let (tput, group, uni) = sixteen_at(seed, loss, DEFAULT_K, spread);
         eprintln!("{loss}: throughput {tput:.3}, group repair {group:.4}, unicast {uni:.4}");
         assert!(tput >= min_tput, "throughput {tput:.3} of the rate");
-        assert!(group < max_group && uni < 0.005, "group {group:.4}, unicast {uni:.4}");
+        assert!(
+            group < max_group && uni < 0.005,
+            "group {group:.4}, unicast {uni:.4}"
+        );
     }
 }
 
