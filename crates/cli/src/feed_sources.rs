@@ -1,6 +1,7 @@
 //! `bulkcast feed insert --watch DIR` and `--stdin`: the product sources of an ingester
 //! (the logic is in `bulkcast_runtime::feed::{watch, ingest}`).
 
+use std::os::fd::AsFd;
 use std::path::Path;
 use std::time::Duration;
 
@@ -55,7 +56,10 @@ pub async fn run_watch(to: &Target<'_>, dir: &Path, a: &SourceArgs) -> Result<i3
 /// Inserts the framed products on stdin; prints `SEQ NAME` per product inserted. Exit 1 if
 /// any product was refused or the input stopped at a bad frame.
 pub async fn run_stdin(to: &Target<'_>) -> Result<i32> {
-    let mut input = tokio::io::BufReader::with_capacity(1 << 20, tokio::io::stdin());
+    // A duplicate of fd 0 read on tokio's blocking pool (works for pipes, files and ttys).
+    let fd = std::io::stdin().as_fd().try_clone_to_owned()?;
+    let stdin = tokio::fs::File::from_std(std::fs::File::from(fd));
+    let mut input = tokio::io::BufReader::with_capacity(1 << 20, stdin);
     let mut refused = 0u64;
     let r = insert_framed(to, &mut input, |e| match e {
         FramedEvent::Inserted { seq, name } => println!("{seq} {name}"),

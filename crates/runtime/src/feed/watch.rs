@@ -304,15 +304,7 @@ pub async fn watch(
                     format!("watched directory {}: {e}", cfg.dir.display()),
                 )
             })?;
-        for name in bad {
-            w.skip(
-                &name,
-                None,
-                "the name is not UTF-8 or holds a newline",
-                &mut report,
-            );
-        }
-        let pause = w.round(to, files, &mut report).await;
+        let pause = w.round(to, files, &bad, &mut report).await;
         tokio::time::sleep(pause).await;
     }
 }
@@ -344,16 +336,22 @@ impl Watcher<'_> {
         }
     }
 
-    /// Inserts the ready files of a scan; returns the pause before the next scan.
+    /// Inserts the ready files of a scan (`bad`: names that cannot be products); returns the pause before the next scan.
     async fn round(
         &mut self,
         to: &Target<'_>,
         files: HashMap<String, Stamp>,
+        bad: &[String],
         report: &mut impl FnMut(WatchEvent<'_>),
     ) -> Duration {
         let present: HashSet<&str> = files.keys().map(String::as_str).collect();
         self.settle.keep_only(&present);
-        self.skipped.retain(|n, _| present.contains(n.as_str()));
+        self.skipped
+            .retain(|n, _| present.contains(n.as_str()) || bad.contains(n));
+        for name in bad {
+            let error = "the name is not UTF-8 or holds a newline";
+            self.skip(name, None, error, report);
+        }
         let (now, wall) = (Instant::now(), SystemTime::now());
         let mut ready: Vec<(&String, Stamp)> = files
             .iter()
