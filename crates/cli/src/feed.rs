@@ -15,6 +15,7 @@ use bulkcast_proto::feed::queue::QueueLimits;
 use bulkcast_proto::feed::receiver::ReceiverConfig;
 use bulkcast_proto::feed::server::ServerConfig;
 use bulkcast_runtime::feed::client::{self, Report, SubError, SubscribeConfig};
+use bulkcast_runtime::feed::ingest::Target;
 use bulkcast_runtime::feed::metrics::SubscribeMetrics;
 use bulkcast_runtime::feed::serve::{self, ServeConfig};
 use bulkcast_runtime::feed::{now_us, DEFAULT_PORT};
@@ -29,7 +30,9 @@ pub enum FeedCmd {
     /// Run a feed source: a product queue on disk, subscribers over TCP, optionally an IP
     /// multicast group with unicast repair.
     Serve(ServeArgs),
-    /// Queue files as products on the local feed source.
+    /// Queue files as products on the local feed source: the files given, every complete
+    /// file that appears in a watched directory (--watch), or framed products on stdin
+    /// (--stdin).
     Insert(InsertArgs),
     /// Receive every matching product as a verified file (or run a command per product).
     Subscribe(SubscribeArgs),
@@ -92,7 +95,7 @@ pub struct ServeArgs {
 #[derive(Args)]
 pub struct InsertArgs {
     /// The files.
-    #[arg(required = true)]
+    #[arg(required_unless_present_any = ["watch", "stdin"])]
     files: Vec<PathBuf>,
     /// Their feedtype.
     #[arg(long)]
@@ -104,7 +107,37 @@ pub struct InsertArgs {
     #[arg(long, default_value_t = format!("127.0.0.1:{DEFAULT_PORT}"))]
     server: String,
     #[command(flatten)]
+    sources: SourceArgs,
+    #[command(flatten)]
     common: Common,
+}
+
+/// `feed insert --watch` and `--stdin`.
+#[derive(Args)]
+pub struct SourceArgs {
+    /// Run until killed, inserting every complete file that appears in DIR once (also
+    /// across restarts): dotfiles, *.tmp and *.part are ignored, so write `name.tmp` and
+    /// rename it into place, or write in place without pausing longer than --settle.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["files", "name", "stdin"])]
+    pub(crate) watch: Option<PathBuf>,
+    /// With --watch: seconds without writes after which a file is complete.
+    #[arg(long, default_value_t = 1.0, requires = "watch")]
+    pub(crate) settle: f64,
+    /// With --watch: delete each file once inserted (default: leave it, recorded in the
+    /// state file).
+    #[arg(long, requires = "watch", conflicts_with = "move_to")]
+    pub(crate) remove: bool,
+    /// With --watch: move each file into this directory once inserted (same filesystem).
+    #[arg(long, value_name = "DIR", requires = "watch")]
+    pub(crate) move_to: Option<PathBuf>,
+    /// With --watch: the file that remembers what was inserted (default:
+    /// DIR/.bulkcast-watch-state).
+    #[arg(long, value_name = "FILE", requires = "watch")]
+    pub(crate) state: Option<PathBuf>,
+    /// Read framed products from stdin until its end: for each, a line `NAME SIZE` then
+    /// SIZE bytes (e.g. `printf '%s %d\n' "$n" "$(stat -c %s "$f")"; cat "$f"`).
+    #[arg(long, conflicts_with_all = ["files", "name"])]
+    pub(crate) stdin: bool,
 }
 
 /// `feed subscribe`.
@@ -270,6 +303,18 @@ async fn run_serve(a: ServeArgs) -> Result<i32> {
 async fn run_insert(a: InsertArgs) -> Result<i32> {
     let (keys, _) = auth(&a.common)?;
     let tuning = a.common.tuning()?;
+    let to = Target {
+        server: &a.server,
+        keys: &keys,
+        tuning: &tuning,
+        feedtype: &a.feedtype,
+    };
+    if let Some(dir) = &a.sources.watch {
+        return crate::feed_sources::run_watch(&to, dir, &a.sources).await;
+    }
+    if a.sources.stdin {
+        return crate::feed_sources::run_stdin(&to).await;
+    }
     if a.name.is_some() && a.files.len() > 1 {
         bail!("--name names one product; give one file");
     }

@@ -5,6 +5,7 @@ mod agent_feeds;
 mod demo;
 mod edges;
 mod feed;
+mod feed_sources;
 mod hostlist;
 mod keygen;
 mod metrics;

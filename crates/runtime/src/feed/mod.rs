@@ -16,9 +16,11 @@
 
 pub mod client;
 pub mod disk;
+pub mod ingest;
 pub mod metrics;
 pub mod request;
 pub mod serve;
+pub mod watch;
 
 use std::io;
 use std::time::{SystemTime, UNIX_EPOCH};
