@@ -5,6 +5,7 @@
 //! - [`serve`]: `feed serve`: the listener, every subscriber's connection, the multicast
 //!   pacer, inserts and status.
 //! - [`client`]: `feed subscribe`, `feed insert`, `feed status`.
+//! - [`relay`]: `feed serve --upstream`: a site's relay, fed by a subscription upstream.
 //! - [`metrics`]: a feed source's Prometheus metrics (`feed serve --metrics`).
 //!
 //! Unicast connections carry length-prefixed [`Msg`] frames after the session handshake,
@@ -15,6 +16,7 @@
 pub mod client;
 pub mod disk;
 pub mod metrics;
+pub mod relay;
 pub mod serve;
 
 use std::io;
