@@ -268,10 +268,9 @@ async fn run_serve(a: ServeArgs) -> Result<i32> {
     };
     let dir = a.dir.display().to_string();
     let group = a.multicast.clone().unwrap_or_else(|| "none".into());
-    let relays = a
-        .upstream
-        .as_ref()
-        .map_or(String::new(), |u| format!(", relaying {u} ({})", a.feedtype));
+    let relays = a.upstream.as_ref().map_or(String::new(), |u| {
+        format!(", relaying {u} ({})", a.feedtype)
+    });
     let mut cfg = cfg;
     let endpoint = match &a.metrics {
         Some(addr) => {
@@ -525,7 +524,11 @@ async fn run_status(a: StatusArgs) -> Result<i32> {
              disconnects {}, last error {}",
             up["source"].as_str().unwrap_or(""),
             up["feedtype"].as_str().unwrap_or(""),
-            if up["connected"] == true { "connected" } else { "not connected" },
+            if up["connected"] == true {
+                "connected"
+            } else {
+                "not connected"
+            },
             up["relayed"],
             up["relayed_bytes"],
             up["settled"],

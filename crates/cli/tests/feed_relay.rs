@@ -56,7 +56,14 @@ fn serve(dir: &Path, listen: &str, extra: &[&str]) -> Server {
 /// A relay of `upstream` for feedtypes `feedtype`.
 fn relay(dir: &Path, listen: &str, upstream: &str, feedtype: &str, extra: &[&str]) -> Server {
     let args = [
-        &["--upstream", upstream, "--feedtype", feedtype, "--upstream-from", "1"][..],
+        &[
+            "--upstream",
+            upstream,
+            "--feedtype",
+            feedtype,
+            "--upstream-from",
+            "1",
+        ][..],
         extra,
     ]
     .concat();
@@ -118,7 +125,11 @@ fn status(addr: &str) -> serde_json::Value {
 }
 
 /// Polls `addr`'s status until `ok` holds (panics after `secs`).
-fn wait_status(addr: &str, secs: u64, ok: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+fn wait_status(
+    addr: &str,
+    secs: u64,
+    ok: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
     let end = Instant::now() + Duration::from_secs(secs);
     loop {
         let st = status(addr);
@@ -207,8 +218,19 @@ fn a_relay_feeds_its_site_every_product_once_through_its_restart() {
     let (b3, r3) = batch(&src, "c", 6);
     let want = r1.len() + r2.len() + r3.len();
     let max = want.to_string();
-    let args = ["--feedtype", "ANY", "--max-products", &max, "--duration", "120"];
-    let uni = subscribe(&raddr, &s.0.join("uni"), &[&args[..], &["--unicast"]].concat());
+    let args = [
+        "--feedtype",
+        "ANY",
+        "--max-products",
+        &max,
+        "--duration",
+        "120",
+    ];
+    let uni = subscribe(
+        &raddr,
+        &s.0.join("uni"),
+        &[&args[..], &["--unicast"]].concat(),
+    );
     let multi = subscribe(
         &raddr,
         &s.0.join("multi"),
@@ -221,7 +243,11 @@ fn a_relay_feeds_its_site_every_product_once_through_its_restart() {
     let st = wait_status(&raddr, 60, |st| st["upstream"]["relayed"] == r1.len());
     assert_eq!(st["upstream"]["source"], source.addr.as_str(), "{st}");
     assert_eq!(st["upstream"]["connected"], true, "{st}");
-    assert_eq!(st["products"], r1.len(), "the relay's queue holds what it relayed");
+    assert_eq!(
+        st["products"],
+        r1.len(),
+        "the relay's queue holds what it relayed"
+    );
     // Killed while the next batch flows; the rest is inserted while it is down.
     let feeder = {
         let (addr, src, b2) = (source.addr.clone(), src.clone(), b2.clone());
@@ -241,13 +267,22 @@ fn a_relay_feeds_its_site_every_product_once_through_its_restart() {
         let unique: BTreeSet<u64> = seqs.iter().copied().collect();
         assert_eq!(unique.len(), seqs.len(), "{dir}: duplicates: {err}");
         assert_eq!(seqs.len(), want, "{dir}: {err}");
-        assert!(events(&v, "lost").is_empty(), "{dir}: nothing is lost: {err}");
-        assert!(!events(&v, "disconnected").is_empty(), "{dir} saw the restart");
+        assert!(
+            events(&v, "lost").is_empty(),
+            "{dir}: nothing is lost: {err}"
+        );
+        assert!(
+            !events(&v, "disconnected").is_empty(),
+            "{dir} saw the restart"
+        );
         // The source's numbers: NEXRAD3 products leave gaps, every third one.
         assert!(unique.iter().all(|s| s % 3 != 0), "{dir}: {unique:?}");
         same_files(&src, &s.0.join(dir), &all_relayed);
         for n in names_of(&[b1.clone(), b2.clone(), b3.clone()].concat(), "NEXRAD3") {
-            assert!(!s.0.join(dir).join(&n).exists(), "{dir}: {n} was not relayed");
+            assert!(
+                !s.0.join(dir).join(&n).exists(),
+                "{dir}: {n} was not relayed"
+            );
         }
         let sub = events(&v, "subscribed");
         assert_eq!(sub[0]["transport"], transport, "{dir}: {sub:?}");
@@ -258,12 +293,26 @@ fn a_relay_feeds_its_site_every_product_once_through_its_restart() {
     let out = subscribe(
         &raddr,
         &s.0.join("late"),
-        &["--feedtype", "IDS", "--from", "1", "--max-products", "18", "--duration", "30"],
+        &[
+            "--feedtype",
+            "IDS",
+            "--from",
+            "1",
+            "--max-products",
+            "18",
+            "--duration",
+            "30",
+        ],
     )
     .wait_with_output()
     .unwrap();
     let v = lines(&out);
-    assert_eq!(delivered(&v).len(), 18, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        delivered(&v).len(),
+        18,
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(events(&v, "lost").is_empty(), "{v:?}");
 }
 
@@ -319,12 +368,22 @@ fn a_relay_that_alters_a_product_is_caught_by_its_subscribers() {
     assert_eq!(delivered(&v), vec![1, 4], "{v:?}");
     let sum = events(&v, "summary");
     let stats = &sum[0]["stats"];
-    assert!(stats["corrupt"].as_u64() >= Some(1), "altered bytes fail the hash: {stats}");
-    assert!(stats["bad_tags"].as_u64() >= Some(1), "an altered name fails the tag: {stats}");
+    assert!(
+        stats["corrupt"].as_u64() >= Some(1),
+        "altered bytes fail the hash: {stats}"
+    );
+    assert!(
+        stats["bad_tags"].as_u64() >= Some(1),
+        "an altered name fails the tag: {stats}"
+    );
     for n in ["grid-2", "grid-3", "grid-X"] {
         assert!(!s.0.join("sub").join(n).exists(), "{n} was delivered");
     }
-    same_files(&src, &s.0.join("sub"), &[names[0].clone(), names[3].clone()]);
+    same_files(
+        &src,
+        &s.0.join("sub"),
+        &[names[0].clone(), names[3].clone()],
+    );
 }
 
 #[test]

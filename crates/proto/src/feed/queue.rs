@@ -309,7 +309,11 @@ mod tests {
             max_age: u64::MAX,
         };
         let mut q = ProductQueue::new(lim, 10);
-        assert_eq!(q.floor(), 10, "an empty reopened queue lost everything before it");
+        assert_eq!(
+            q.floor(),
+            10,
+            "an empty reopened queue lost everything before it"
+        );
         q.restore(at(7, 1), 0);
         q.restore(at(9, 1), 0);
         assert_eq!((q.floor(), q.next_seq()), (7, 10));

@@ -208,6 +208,83 @@ mod tests {
         assert_eq!(r2.resume(Some(3)), Some(9));
     }
 
+    /// A source and a relay's server: the relay keeps the source's numbers and tags, skips
+    /// gaps without calling them lost, and refuses what its source did not sign.
+    #[test]
+    fn a_relays_server_keeps_the_source_tags_and_tells_gaps_from_losses() {
+        use super::super::msg::{Msg, Start};
+        use super::super::product::{AllowRule, ProductAuth, SecretAuth};
+        use super::super::queue::{ProductQueue, QueueError, QueueLimits};
+        use super::super::server::{RelayError, Server, ServerConfig, UniOut};
+        use crate::auth::Secret;
+        use std::sync::Arc;
+
+        let auth: Arc<dyn ProductAuth> = Arc::new(SecretAuth::new(&Secret::from_bytes([5; 32])));
+        let limits = QueueLimits {
+            max_bytes: 1 << 20,
+            max_age: u64::MAX,
+        };
+        let cfg = ServerConfig {
+            limits,
+            allow: vec![AllowRule::parse("*=ANY").unwrap()],
+            push: None,
+            unicast_block: 1 << 16,
+            feed_id: 1,
+            group_key: None,
+        };
+        let mut src = Server::new(cfg.clone(), auth.clone(), ProductQueue::new(limits, 1));
+        let mut metas = Vec::new();
+        for ft in ["IDS", "NEXRAD3", "IDS"] {
+            metas.push(src.insert("p", ft, 10, [1; 32], 5).unwrap().0);
+        }
+        let mut relay = Server::new(cfg, auth, ProductQueue::new(limits, 1));
+        let mut forged = metas[0].clone();
+        forged.name = "q".into();
+        assert_eq!(relay.relay(forged, 6), Err(RelayError::BadTag(1)));
+        relay.relay(metas[0].clone(), 6).unwrap();
+        relay.relay(metas[2].clone(), 6).unwrap();
+        assert_eq!(
+            relay.relay(metas[0].clone(), 6),
+            Err(RelayError::Queue(QueueError::Behind { seq: 1, newest: 3 }))
+        );
+        let ip = "127.0.0.1".parse().unwrap();
+        let id = relay
+            .subscribe(ip, "ANY", "", Start::Seq(1), false)
+            .unwrap();
+        let mut got = Vec::new();
+        while let Some(out) = relay.poll_unicast(id, 7) {
+            got.push(out);
+        }
+        let products: Vec<_> = got
+            .iter()
+            .filter_map(|o| match o {
+                UniOut::Msg(Msg::Product { meta, .. }) => Some(meta.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            products,
+            vec![metas[0].clone(), metas[2].clone()],
+            "the source's, as signed"
+        );
+        assert!(
+            !got.iter()
+                .any(|o| matches!(o, UniOut::Msg(Msg::Skip { .. }))),
+            "a gap is no loss: {got:?}"
+        );
+        assert!(got.contains(&UniOut::Msg(Msg::Index { last_seq: 3 })));
+        // A multicast subscriber that saw 1 and 3 asks about 2: not held, not gone.
+        relay.handle_msg(id, Msg::Describe { seq: 2 }, 8);
+        assert_eq!(
+            relay.poll_unicast(id, 8),
+            Some(UniOut::Msg(Msg::Skip {
+                from: 2,
+                to: 2,
+                gone: false
+            }))
+        );
+    }
+
     #[test]
     fn status_shows_lag_losses_and_disconnects() {
         let mut r: Relay<u64> = Relay::new("up:1", "NEXRAD*", 1);

@@ -83,7 +83,11 @@ pub(super) async fn run(ctx: Arc<Ctx>, up: UpstreamConfig, keys: Keys, auth: Arc
             .map(Start::Seq)
             .or(up.start)
             .unwrap_or(Start::Now);
-        tracing::info!("relay: subscribing to {} ({}) from {start:?}", up.source, up.feedtype);
+        tracing::info!(
+            "relay: subscribing to {} ({}) from {start:?}",
+            up.source,
+            up.feedtype
+        );
         let cfg = SubscribeConfig {
             source: up.source.clone(),
             feedtype: up.feedtype.clone(),
@@ -106,7 +110,10 @@ pub(super) async fn run(ctx: Arc<Ctx>, up: UpstreamConfig, keys: Keys, auth: Arc
             Ok(_) => "the subscription ended".to_string(),
             Err(e) => e.to_string(),
         };
-        tracing::warn!("relay: upstream {}: {why}; trying again in {backoff:?}", up.source);
+        tracing::warn!(
+            "relay: upstream {}: {why}; trying again in {backoff:?}",
+            up.source
+        );
         lock(&relay).connected(false, Some(why));
         if began.elapsed() > MAX_BACKOFF {
             backoff = Duration::from_secs(1);
@@ -204,7 +211,12 @@ fn queue(ctx: &Ctx, relay: &RelayState, meta: ProductMeta, tmp: &Path) {
     }
     lock(relay).queued(&meta, now);
     ctx.poke();
-    tracing::debug!("relayed {} as {} ({} bytes)", meta.name, meta.seq, meta.size);
+    tracing::debug!(
+        "relayed {} as {} ({} bytes)",
+        meta.name,
+        meta.seq,
+        meta.size
+    );
 }
 
 /// Reads the upstream's newest sequence number now and then, for the lag in the status.
