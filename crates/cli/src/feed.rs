@@ -17,6 +17,7 @@ use bulkcast_proto::feed::server::ServerConfig;
 use bulkcast_runtime::feed::client::{self, Report, SubError, SubscribeConfig};
 use bulkcast_runtime::feed::ingest::Target;
 use bulkcast_runtime::feed::metrics::SubscribeMetrics;
+use bulkcast_runtime::feed::relay::UpstreamConfig;
 use bulkcast_runtime::feed::serve::{self, ServeConfig};
 use bulkcast_runtime::feed::{now_us, DEFAULT_PORT};
 use clap::{Args, Subcommand};
@@ -87,6 +88,21 @@ pub struct ServeArgs {
     /// bytes sent by unicast and multicast, the queue's depth, each subscriber's backlog.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<String>,
+    /// Relay: take products from this upstream feed server (`HOST:PORT`: the source, or
+    /// another relay) instead of local inserts, keeping the source's sequence numbers and
+    /// tags, and serve them to this site (unicast, or --multicast into its LAN).
+    #[arg(long, value_name = "HOST:PORT")]
+    upstream: Option<String>,
+    /// Relay: feedtypes taken from upstream (NEXRAD3|IDS, NEXRAD*, ANY).
+    #[arg(long, requires = "upstream", default_value = "ANY")]
+    feedtype: String,
+    /// Relay: only products whose name matches this regex.
+    #[arg(long, requires = "upstream", default_value = "")]
+    name: String,
+    /// Relay: where a new relay starts upstream (`123`, `@UNIX_SECONDS`, `-10m`, `now`);
+    /// a relay that relayed before resumes after the newest product it queued.
+    #[arg(long, requires = "upstream")]
+    upstream_from: Option<String>,
     #[command(flatten)]
     common: Common,
 }
@@ -271,9 +287,23 @@ async fn run_serve(a: ServeArgs) -> Result<i32> {
         multicast_if: a.multicast_if,
         multicast_ttl: a.ttl,
         registry: None,
+        upstream: match &a.upstream {
+            Some(source) => Some(UpstreamConfig {
+                source: source.clone(),
+                feedtype: a.feedtype.clone(),
+                name: a.name.clone(),
+                start: a.upstream_from.as_deref().map(parse_from).transpose()?,
+                tuning: a.common.tuning()?,
+                rx: ReceiverConfig::default(),
+            }),
+            None => None,
+        },
     };
     let dir = a.dir.display().to_string();
     let group = a.multicast.clone().unwrap_or_else(|| "none".into());
+    let relays = a.upstream.as_ref().map_or(String::new(), |u| {
+        format!(", relaying {u} ({})", a.feedtype)
+    });
     let mut cfg = cfg;
     let endpoint = match &a.metrics {
         Some(addr) => {
@@ -290,7 +320,7 @@ async fn run_serve(a: ServeArgs) -> Result<i32> {
         .map(|m| format!("http://{}/metrics", m.addr));
     serve::serve(cfg, &a.listen, |addr| {
         // The first line of stdout says where we listen (scripts and tests read it).
-        println!("bulkcast feed serving on {addr}, queue {dir}, multicast {group}");
+        println!("bulkcast feed serving on {addr}, queue {dir}, multicast {group}{relays}");
         if let Some(u) = metrics_url {
             println!("bulkcast feed metrics on {u}");
         }
@@ -483,6 +513,7 @@ fn report(json: bool, exec: Option<&str>, transport: &mut &'static str, r: Repor
             eprintln!("warning: no multicast arrives; falling back to unicast");
             json!({"event": "fallback", "transport": "unicast"})
         }
+        Report::Settled { .. } => return,
         Report::Disconnected { reason } => {
             eprintln!("warning: lost the source ({reason}); reconnecting");
             json!({"event": "disconnected", "reason": reason})
@@ -531,6 +562,27 @@ async fn run_status(a: StatusArgs) -> Result<i32> {
         "queue: {} products, {} of {} bytes, seq {}..{}, multicast {}",
         v["products"], v["bytes"], v["max_bytes"], v["first_seq"], v["last_seq"], v["group"]
     );
+    let up = &v["upstream"];
+    if !up.is_null() {
+        println!(
+            "upstream: {} ({}), {}, relayed {} ({} bytes), settled below {}, lag {}, lost {}, \
+             disconnects {}, last error {}",
+            up["source"].as_str().unwrap_or(""),
+            up["feedtype"].as_str().unwrap_or(""),
+            if up["connected"] == true {
+                "connected"
+            } else {
+                "not connected"
+            },
+            up["relayed"],
+            up["relayed_bytes"],
+            up["settled"],
+            up["lag"],
+            up["lost"],
+            up["disconnects"],
+            up["last_error"]
+        );
+    }
     println!(
         "{:>4} {:<40} {:<16} {:<10} {:>10} {:>8}",
         "id", "host", "feedtype", "transport", "acked", "lag"

@@ -9,6 +9,7 @@
 //! - [`seal`]: multicast datagrams numbered and sealed under the group key.
 //! - [`server`]: the source: subscribers' backlogs and streams, repairs, multicast pacing.
 //! - [`push`]: the multicast pusher.
+//! - [`relay`]: a relay's upstream side: relayed products queued in order, once.
 //! - [`receiver`]: a subscriber: assembly, gap detection, repair requests, delivery once.
 //! - [`ranges`]: byte-range sets.
 //! - [`sim`]: a seeded simulation of one source and many receivers on a lossy LAN.
@@ -20,6 +21,7 @@ pub mod push;
 pub mod queue;
 pub mod ranges;
 pub mod receiver;
+pub mod relay;
 pub mod seal;
 pub mod server;
 #[cfg(feature = "sim")]

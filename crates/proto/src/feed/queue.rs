@@ -31,6 +31,15 @@ pub enum QueueError {
         /// The queue's size.
         max: u64,
     },
+    /// A relayed product at or below the newest one queued (already relayed, or out of
+    /// order): taking it would send a subscriber something twice or behind its position.
+    #[error("product {seq} is not after the newest queued ({newest}): already relayed")]
+    Behind {
+        /// Its sequence number.
+        seq: u64,
+        /// The newest sequence number the queue has taken.
+        newest: u64,
+    },
 }
 
 /// One product in the queue.
@@ -49,6 +58,10 @@ pub struct ProductQueue {
     entries: BTreeMap<u64, Entry>,
     bytes: u64,
     next_seq: u64,
+    /// Products below this left the queue (evicted or aged out) or were never restored:
+    /// they are gone. Between it and `next_seq`, a relay's queue has gaps (products its
+    /// feedtype filter passed over), which are not gone but were never part of this feed.
+    floor: u64,
 }
 
 impl ProductQueue {
@@ -60,7 +73,20 @@ impl ProductQueue {
             entries: BTreeMap::new(),
             bytes: 0,
             next_seq: next_seq.max(1),
+            floor: next_seq.max(1),
         }
+    }
+
+    /// Products below this are gone from the queue (see [`ProductQueue::is_gone`]).
+    pub fn floor(&self) -> u64 {
+        self.floor
+    }
+
+    /// True when product `seq` was in the queue (or may have been) and is no longer: a
+    /// subscriber asking for it lost it. False for a product not yet queued, or a gap in
+    /// a relay's queue.
+    pub fn is_gone(&self, seq: u64) -> bool {
+        seq < self.floor
     }
 
     /// The sequence number the next product gets.
@@ -83,7 +109,23 @@ impl ProductQueue {
     /// Queues a product; `meta.seq` is set to its sequence number. Returns the sequence
     /// numbers evicted to make room (the shell deletes their files).
     pub fn insert(&mut self, mut meta: ProductMeta, now: Micros) -> Result<Vec<u64>, QueueError> {
+        meta.seq = self.next_seq;
+        self.insert_at(meta, now)
+    }
+
+    /// Queues a product under the sequence number it carries (a relay keeps its source's
+    /// numbers, so the source's tag still verifies downstream). It must come after every
+    /// product the queue took: numbers may be skipped (the relay's filter passed over
+    /// products), never reused or taken out of order, so a subscriber's position stays
+    /// exact. Returns the sequence numbers evicted to make room.
+    pub fn insert_at(&mut self, meta: ProductMeta, now: Micros) -> Result<Vec<u64>, QueueError> {
         self.check_size(&meta.name, meta.size)?;
+        if meta.seq < self.next_seq {
+            return Err(QueueError::Behind {
+                seq: meta.seq,
+                newest: self.next_seq - 1,
+            });
+        }
         let mut evicted = self.expire(now);
         while self.bytes + meta.size > self.limits.max_bytes {
             match self.pop_oldest() {
@@ -91,8 +133,7 @@ impl ProductQueue {
                 None => break,
             }
         }
-        meta.seq = self.next_seq;
-        self.next_seq += 1;
+        self.next_seq = meta.seq + 1;
         self.bytes += meta.size;
         self.entries.insert(meta.seq, Entry { meta, queued: now });
         Ok(evicted)
@@ -101,6 +142,11 @@ impl ProductQueue {
     /// Restores a product read back from disk (keeps its sequence number).
     pub fn restore(&mut self, meta: ProductMeta, queued: Micros) {
         self.next_seq = self.next_seq.max(meta.seq + 1);
+        // What came before the oldest product restored is taken as gone (a relay's gaps
+        // there are not told apart from evictions after a restart).
+        if self.entries.is_empty() || meta.seq < self.floor {
+            self.floor = meta.seq;
+        }
         self.bytes += meta.size;
         if let Some(old) = self.entries.insert(meta.seq, Entry { meta, queued }) {
             self.bytes -= old.meta.size;
@@ -124,6 +170,7 @@ impl ProductQueue {
     fn pop_oldest(&mut self) -> Option<u64> {
         let (seq, e) = self.entries.pop_first()?;
         self.bytes -= e.meta.size;
+        self.floor = self.floor.max(seq + 1);
         Some(seq)
     }
 
@@ -217,5 +264,59 @@ mod tests {
         let e = q.insert(meta("huge", 101, 0), 12).unwrap_err();
         assert!(e.to_string().contains("larger than the queue"), "{e}");
         assert_eq!(q.len_bytes(), (1, 1), "a refused product changes nothing");
+    }
+
+    fn at(seq: u64, size: u64) -> ProductMeta {
+        ProductMeta {
+            seq,
+            ..meta(&format!("p{seq}"), size, seq)
+        }
+    }
+
+    #[test]
+    fn a_relay_keeps_its_sources_numbers_with_gaps_and_never_goes_back() {
+        let mut q = ProductQueue::new(
+            QueueLimits {
+                max_bytes: 100,
+                max_age: u64::MAX,
+            },
+            1,
+        );
+        // A relay started while its source was at 500, whose filter passed over 502.
+        assert!(q.insert_at(at(500, 40), 0).unwrap().is_empty());
+        assert!(q.insert_at(at(501, 40), 1).unwrap().is_empty());
+        assert_eq!(q.insert_at(at(503, 40), 2).unwrap(), vec![500]);
+        assert_eq!(q.next_seq(), 504);
+        assert_eq!(q.next_from(502).map(|e| e.meta.seq), Some(503));
+        // Evicted is gone; a gap and what came before the relay's first product are not.
+        assert!(q.is_gone(500) && !q.is_gone(501) && !q.is_gone(502));
+        assert_eq!(q.floor(), 501);
+        // Already relayed, or behind the newest: refused, and nothing changes.
+        for seq in [503, 502, 1] {
+            let e = q.insert_at(at(seq, 1), 3).unwrap_err();
+            assert_eq!(e, QueueError::Behind { seq, newest: 503 });
+        }
+        assert_eq!(q.len_bytes(), (2, 80));
+        // A local insert continues after the newest.
+        q.insert(meta("local", 1, 4), 4).unwrap();
+        assert_eq!(q.last_seq(), Some(504));
+    }
+
+    #[test]
+    fn what_came_before_a_restored_queue_is_gone() {
+        let lim = QueueLimits {
+            max_bytes: 100,
+            max_age: u64::MAX,
+        };
+        let mut q = ProductQueue::new(lim, 10);
+        assert_eq!(
+            q.floor(),
+            10,
+            "an empty reopened queue lost everything before it"
+        );
+        q.restore(at(7, 1), 0);
+        q.restore(at(9, 1), 0);
+        assert_eq!((q.floor(), q.next_seq()), (7, 10));
+        assert!(q.is_gone(6) && !q.is_gone(8));
     }
 }

@@ -39,6 +39,17 @@ pub struct ServerConfig {
     pub group_key: Option<GroupKey>,
 }
 
+/// Why a relayed product was not queued.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RelayError {
+    /// Its tag is not its source's.
+    #[error("product {0}: its tag is not the source's; not relayed")]
+    BadTag(u64),
+    /// The queue refused it.
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+}
+
 /// A subscriber's handle.
 pub type SubId = u64;
 
@@ -125,6 +136,9 @@ pub struct ServerStatus {
     pub multicast_repair: (u64, u64),
     /// The subscribers.
     pub subscribers: Vec<SubStatus>,
+    /// Where a relay's products come from (the shell fills it in).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<super::relay::UpstreamStatus>,
 }
 
 /// The source.
@@ -196,6 +210,25 @@ impl Server {
         Ok((meta, evicted))
     }
 
+    /// Queues a product relayed from an upstream server, under its source's sequence number
+    /// and tag (a relay never signs: its subscribers check the source's tag and hash, so it
+    /// cannot forge or alter a product). It must come after every product queued (see
+    /// [`ProductQueue::insert_at`]). Returns the sequence numbers evicted.
+    pub fn relay(&mut self, meta: ProductMeta, now: Micros) -> Result<Vec<u64>, RelayError> {
+        if !self.auth.verify(&meta) {
+            return Err(RelayError::BadTag(meta.seq));
+        }
+        let seq = meta.seq;
+        let evicted = self.queue.insert_at(meta, now)?;
+        self.after_evict(&evicted);
+        if let Some(p) = &mut self.pusher {
+            if self.subs.values().any(|s| s.multicast) {
+                p.push(seq);
+            }
+        }
+        Ok(evicted)
+    }
+
     /// Drops aged products; returns them for the shell to delete.
     pub fn expire(&mut self, now: Micros) -> Vec<u64> {
         let gone = self.queue.expire(now);
@@ -239,8 +272,9 @@ impl Server {
             (Some(p), true) => p.next_unstarted(self.queue.next_seq()),
             _ => u64::MAX,
         };
-        if let Some(first) = self.queue.first_seq().filter(|f| cursor < *f) {
-            let to = (first - 1).min(until.saturating_sub(1));
+        let floor = self.queue.floor();
+        if cursor < floor {
+            let to = (floor - 1).min(until.saturating_sub(1));
             if cursor <= to {
                 ctrl.push_back(Msg::Skip {
                     from: cursor,
@@ -248,7 +282,7 @@ impl Server {
                     gone: true,
                 });
             }
-            cursor = first;
+            cursor = floor;
         }
         let push = self.pusher.as_ref().map(|p| p.config().clone());
         ctrl.push_front(Msg::Accepted {
@@ -366,10 +400,11 @@ impl Server {
                             .and_then(|p| p.sent_at(seq))
                             .unwrap_or(0),
                     },
+                    // Not held and not gone: a gap in a relay's queue, not part of this feed.
                     None => Msg::Skip {
                         from: seq,
                         to: seq,
-                        gone: e.is_none(),
+                        gone: e.is_none() && self.queue.is_gone(seq),
                     },
                 });
             }
@@ -434,7 +469,7 @@ impl Server {
                 return Some(UniOut::Msg(Msg::Skip {
                     from: seq,
                     to: seq,
-                    gone: e.is_none(),
+                    gone: e.is_none() && self.queue.is_gone(seq),
                 }));
             };
             let sent_at = self
@@ -464,22 +499,22 @@ impl Server {
             if s.cursor >= s.until {
                 break;
             }
+            if s.cursor < q.floor() {
+                // The queue wrapped past this subscriber: the products it skipped are gone.
+                let (from, to) = (s.cursor, (q.floor() - 1).min(s.until - 1));
+                s.cursor = to + 1;
+                return Some(UniOut::Msg(Msg::Skip {
+                    from,
+                    to,
+                    gone: true,
+                }));
+            }
             let Some(e) = q.next_from(s.cursor) else {
                 break;
             };
             if e.meta.seq >= s.until {
                 s.cursor = s.until;
                 break;
-            }
-            if e.meta.seq > s.cursor && q.first_seq() == Some(e.meta.seq) {
-                // The queue wrapped past this subscriber: the products it skipped are gone.
-                let (from, to) = (s.cursor, e.meta.seq - 1);
-                s.cursor = e.meta.seq;
-                return Some(UniOut::Msg(Msg::Skip {
-                    from,
-                    to,
-                    gone: true,
-                }));
             }
             s.cursor = e.meta.seq + 1;
             if s.sub.matches(&e.meta) && allowed(allow, s.host, &e.meta.feedtype) {
@@ -542,6 +577,7 @@ impl Server {
                     repair_bytes: s.repaired_bytes,
                 })
                 .collect(),
+            upstream: None,
         }
     }
 }

@@ -94,6 +94,13 @@ pub enum Report<'a> {
         /// The group.
         group: &'a str,
     },
+    /// Every product below `below` is delivered, passed over or lost (the position a
+    /// restart resumes from); said when it moves, after the products' `Delivered`. A relay
+    /// queues what it delivered in order on it.
+    Settled {
+        /// The position.
+        below: u64,
+    },
     /// The connection ended; reconnecting.
     Disconnected {
         /// Why.
@@ -336,6 +343,11 @@ impl Session<'_> {
             w.flush().await?;
             if let Err(e) = self.events(rx, on, &hash_tx) {
                 return Err(SessionEnd::Fatal(SubError::Local(e)));
+            }
+            if self.resume != Some(rx.resume_seq()) {
+                on(Report::Settled {
+                    below: rx.resume_seq(),
+                });
             }
             self.resume = Some(rx.resume_seq());
             if last_save.elapsed() > Duration::from_millis(500) {

@@ -32,6 +32,11 @@ impl QueueDir {
         })
     }
 
+    /// The directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
     /// A product's data file.
     pub fn data(&self, seq: u64) -> PathBuf {
         self.root.join("queue").join(format!("{seq:020}.dat"))

@@ -208,7 +208,9 @@ impl SubscribeMetrics {
             Report::Disconnected { .. } => {
                 self.disconnects.inc();
             }
-            Report::Subscribed { .. } | Report::RefusedClearGroup { .. } => {}
+            Report::Subscribed { .. }
+            | Report::RefusedClearGroup { .. }
+            | Report::Settled { .. } => {}
         }
     }
 }
@@ -338,6 +340,7 @@ mod tests {
             multicast_sent: (0, 0),
             multicast_repair: (0, 0),
             subscribers: vec![sub(1, "unicast", 2), sub(2, "multicast", 0)],
+            upstream: None,
         };
         #[derive(Debug)]
         struct Fixed(ServerStatus);

@@ -5,6 +5,8 @@
 //! - [`serve`]: `feed serve`: the listener, every subscriber's connection, the multicast
 //!   pacer, inserts and status.
 //! - [`client`]: `feed subscribe`, `feed insert`, `feed status`.
+//! - [`relay`]: `feed serve --upstream`: a site's relay, fed by a subscription upstream.
+//! - [`ingest`], [`watch`]: `feed insert --stdin` framing and `--watch DIR` readiness.
 //! - [`metrics`]: a feed source's Prometheus metrics (`feed serve --metrics`).
 //! - [`request`]: an agent's subscriptions, the `[[feed]]` lines of its config (LDM's
 //!   `REQUEST`).
@@ -18,6 +20,7 @@ pub mod client;
 pub mod disk;
 pub mod ingest;
 pub mod metrics;
+pub mod relay;
 pub mod request;
 pub mod serve;
 pub mod watch;

@@ -19,6 +19,7 @@ use bulkcast_proto::feed::msg::Msg;
 use bulkcast_proto::feed::product::ProductAuth;
 use bulkcast_proto::feed::push::PushOut;
 use bulkcast_proto::feed::queue::QueueLimits;
+use bulkcast_proto::feed::relay::Relay;
 use bulkcast_proto::feed::seal::DgramWriter;
 use bulkcast_proto::feed::server::{Server, ServerConfig, SubId, UniOut};
 use bulkcast_proto::mcast::seal::GroupKey;
@@ -28,6 +29,7 @@ use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::watch;
 
 use super::disk::QueueDir;
+use super::relay::{RelayState, UpstreamConfig};
 use super::{now_us, read_msg, write_msg};
 use crate::transport::{handshake_accept, Stream};
 
@@ -51,11 +53,16 @@ pub struct ServeConfig {
     /// A metrics registry to add the queue's and subscribers' metrics to (read from the
     /// server at each scrape); the counters are in [`super::metrics::global`].
     pub registry: Option<Arc<Mutex<prometheus_client::registry::Registry>>>,
+    /// Relay: products come from this upstream server instead of local inserts
+    /// ([`super::relay`]).
+    pub upstream: Option<UpstreamConfig>,
 }
 
-struct Ctx {
+pub(super) struct Ctx {
     server: Mutex<Server>,
-    dir: QueueDir,
+    pub(super) dir: QueueDir,
+    /// A relay's upstream side.
+    pub(super) relay: Option<Arc<RelayState>>,
     keys: Keys,
     wake: watch::Sender<u64>,
     remote_insert: bool,
@@ -64,13 +71,13 @@ struct Ctx {
 }
 
 impl Ctx {
-    fn lock(&self) -> MutexGuard<'_, Server> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, Server> {
         // A panic while holding the lock is a bug; the state is still consistent enough to
         // keep serving (every update is a single call).
         self.server.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn poke(&self) {
+    pub(super) fn poke(&self) {
         self.wake.send_modify(|g| *g = g.wrapping_add(1));
     }
 }
@@ -84,6 +91,13 @@ pub async fn serve(
 ) -> io::Result<()> {
     let dir = QueueDir::open(&cfg.dir)?;
     let queue = dir.restore(cfg.server.limits)?;
+    let relay = cfg.upstream.as_ref().map(|u| {
+        Arc::new(Mutex::new(Relay::new(
+            &u.source,
+            &u.feedtype,
+            queue.next_seq(),
+        )))
+    });
     let push = cfg.server.push.clone();
     let mut server_cfg = cfg.server;
     // A key for this run alone: the datagram numbers (the nonces) start at 0 again at every
@@ -100,7 +114,7 @@ pub async fn serve(
         server_cfg.group_key.as_ref().map(GroupKey::cipher),
     );
     let has_key = server_cfg.group_key.is_some();
-    let mut server = Server::new(server_cfg, cfg.auth, queue);
+    let mut server = Server::new(server_cfg, cfg.auth.clone(), queue);
     for s in server.expire(now_us()) {
         dir.remove(s);
     }
@@ -110,7 +124,8 @@ pub async fn serve(
     let ctx = Arc::new(Ctx {
         server: Mutex::new(server),
         dir,
-        keys: cfg.keys,
+        relay,
+        keys: cfg.keys.clone(),
         wake,
         remote_insert: cfg.remote_insert,
         has_key,
@@ -131,6 +146,9 @@ pub async fn serve(
         })?;
         let sock = multicast_sender(group, cfg.multicast_if, cfg.multicast_ttl)?;
         tokio::spawn(pace_multicast(ctx.clone(), sock, group, writer));
+    }
+    if let Some(up) = cfg.upstream {
+        tokio::spawn(super::relay::run(ctx.clone(), up, cfg.keys, cfg.auth));
     }
     let c = ctx.clone();
     tokio::spawn(async move {
@@ -317,7 +335,8 @@ async fn connection(ctx: Arc<Ctx>, stream: TcpStream, peer: SocketAddr) -> io::R
             size,
         }) => insert(&ctx, stream, peer, name, feedtype, size).await,
         Some(Msg::Status) => {
-            let status = ctx.lock().status();
+            let mut status = ctx.lock().status();
+            status.upstream = ctx.relay.as_deref().map(|r| super::relay::lock(r).status());
             let json = serde_json::to_string(&status).unwrap_or_default();
             write_msg(&mut stream, &Msg::StatusReply { json }).await?;
             stream.flush().await
@@ -398,6 +417,15 @@ async fn insert(
     feedtype: String,
     size: u64,
 ) -> io::Result<()> {
+    if let Some(r) = &ctx.relay {
+        // Its sequence numbers are its source's: a local product would take one of them.
+        let up = super::relay::lock(r).status().source;
+        return refuse(
+            stream,
+            format!("this server relays {up}: insert products at the source"),
+        )
+        .await;
+    }
     if !ctx.remote_insert && !peer.ip().is_loopback() {
         return refuse(
             stream,

@@ -1,0 +1,301 @@
+//! A relay's side of its upstream subscription: products its upstream server delivered,
+//! put in the relay's own queue under the source's sequence numbers, in order, once.
+//!
+//! A relay (`feed serve --upstream`) is a subscriber of the server above it and a server to
+//! its site. Its queue keeps the source's sequence numbers and tags, so its subscribers check
+//! the source's tag and hash and never learn they talk to a relay. Products come from the
+//! upstream verified but not always in order (a large one is hashed off the receive loop
+//! while smaller ones after it complete); a queue must take them in order, or a subscriber
+//! streaming past a late product would never get it. So [`Relay`] holds a delivered product
+//! until the upstream subscription has settled everything before it (delivered, passed over
+//! by the filter, or lost), then hands it to the queue.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::product::{Micros, ProductMeta};
+
+/// What `feed status` shows of a relay's upstream.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct UpstreamStatus {
+    /// The upstream server, `HOST:PORT`.
+    pub source: String,
+    /// What the relay subscribes to.
+    pub feedtype: String,
+    /// Connected to it now.
+    pub connected: bool,
+    /// Products relayed (queued here) since this relay started.
+    pub relayed: u64,
+    /// Their bytes.
+    pub relayed_bytes: u64,
+    /// Products the upstream no longer held when the relay asked (evicted there first).
+    pub lost: u64,
+    /// Connections lost since the start.
+    pub disconnects: u64,
+    /// Every upstream product below this is relayed, passed over or lost.
+    pub settled: u64,
+    /// The upstream's newest product, when last asked.
+    pub upstream_last_seq: Option<u64>,
+    /// Products the upstream holds past `settled` (its newest minus what is settled here).
+    pub lag: Option<u64>,
+    /// Creation to queued here of the newest product relayed, milliseconds.
+    pub latency_ms: Option<f64>,
+    /// Why the last connection ended, or the last product could not be queued.
+    pub last_error: Option<String>,
+}
+
+/// The relay's state: products held for order, its position, its counters.
+#[derive(Debug)]
+pub struct Relay<T> {
+    held: BTreeMap<u64, (ProductMeta, T)>,
+    /// The first sequence number the relay's queue may still take.
+    next: u64,
+    status: UpstreamStatus,
+}
+
+impl<T> Relay<T> {
+    /// A relay whose queue takes products from `next_seq` on (its queue's next sequence
+    /// number: 1 for a new relay, after the newest relayed for one restarted).
+    pub fn new(source: &str, feedtype: &str, next_seq: u64) -> Self {
+        Self {
+            held: BTreeMap::new(),
+            next: next_seq.max(1),
+            status: UpstreamStatus {
+                source: source.to_string(),
+                feedtype: feedtype.to_string(),
+                settled: next_seq.max(1),
+                ..UpstreamStatus::default()
+            },
+        }
+    }
+
+    /// Where the upstream subscription resumes after a restart: after the newest product
+    /// queued here, or later when the last run's subscription had settled further (products
+    /// its filter passed over). `None` for a new relay with no position: the configured start.
+    pub fn resume(&self, saved: Option<u64>) -> Option<u64> {
+        let queued = (self.next > 1).then_some(self.next);
+        match (queued, saved) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The upstream delivered a product, verified, whose bytes the shell keeps as `file`.
+    /// Returns `file` back when the product is already queued or held (the shell deletes it).
+    pub fn delivered(&mut self, meta: ProductMeta, file: T) -> Option<T> {
+        if meta.seq < self.next || self.held.contains_key(&meta.seq) {
+            return Some(file);
+        }
+        self.held.insert(meta.seq, (meta, file));
+        None
+    }
+
+    /// The upstream subscription settled every product below `below`: the products held
+    /// below it, in sequence order, for the shell to queue ([`Relay::queued`] each).
+    pub fn settled(&mut self, below: u64) -> Vec<(ProductMeta, T)> {
+        self.status.settled = self.status.settled.max(below);
+        let later = self.held.split_off(&below);
+        let ready = std::mem::replace(&mut self.held, later);
+        ready.into_values().collect()
+    }
+
+    /// Product `meta` is in the relay's queue (at `now`).
+    pub fn queued(&mut self, meta: &ProductMeta, now: Micros) {
+        self.next = self.next.max(meta.seq + 1);
+        self.status.relayed += 1;
+        self.status.relayed_bytes += meta.size;
+        self.status.latency_ms = Some(now.saturating_sub(meta.created) as f64 / 1000.0);
+    }
+
+    /// A product could not be queued (the reason is shown in the status).
+    pub fn failed(&mut self, why: String) {
+        self.status.last_error = Some(why);
+    }
+
+    /// The upstream no longer held products `from..=to`.
+    pub fn lost(&mut self, from: u64, to: u64) {
+        self.status.lost += to.saturating_sub(from) + 1;
+    }
+
+    /// Connected (`true`) or lost the connection (`false`, with why).
+    pub fn connected(&mut self, up: bool, why: Option<String>) {
+        if self.status.connected && !up {
+            self.status.disconnects += 1;
+        }
+        self.status.connected = up;
+        if why.is_some() {
+            self.status.last_error = why;
+        }
+    }
+
+    /// The upstream's newest product, as its status said.
+    pub fn upstream_newest(&mut self, last_seq: Option<u64>) {
+        self.status.upstream_last_seq = last_seq;
+    }
+
+    /// Products held for order.
+    pub fn held(&self) -> usize {
+        self.held.len()
+    }
+
+    /// The status.
+    pub fn status(&self) -> UpstreamStatus {
+        let mut s = self.status.clone();
+        s.lag = s
+            .upstream_last_seq
+            .map(|n| (n + 1).saturating_sub(s.settled));
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(seq: u64) -> ProductMeta {
+        ProductMeta {
+            seq,
+            name: format!("p{seq}"),
+            feedtype: "X".into(),
+            created: 1_000,
+            size: 10,
+            hash: [0; 32],
+            tag: bytes::Bytes::new(),
+        }
+    }
+
+    /// Delivers `seq`s in the given order, settling after each as the upstream's receiver
+    /// would (`settle[i]` after the i-th), and returns the order products reach the queue.
+    fn run(r: &mut Relay<u64>, steps: &[(u64, u64)]) -> Vec<u64> {
+        let mut out = Vec::new();
+        for &(seq, settle) in steps {
+            assert_eq!(r.delivered(meta(seq), seq), None, "{seq} is new");
+            for (m, file) in r.settled(settle) {
+                assert_eq!(m.seq, file);
+                r.queued(&m, 2_000);
+                out.push(m.seq);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn products_reach_the_queue_in_order_whatever_order_they_complete_in() {
+        let mut r = Relay::new("up:1", "ANY", 1);
+        // 2 is large and hashed off the loop: 3 and 5 complete first (4 was filtered out).
+        let order = run(&mut r, &[(1, 2), (3, 2), (5, 2), (2, 6)]);
+        assert_eq!(order, vec![1, 2, 3, 5]);
+        assert_eq!(r.held(), 0);
+        let s = r.status();
+        assert_eq!((s.relayed, s.relayed_bytes, s.settled), (4, 40, 6));
+        assert_eq!(s.latency_ms, Some(1.0));
+    }
+
+    #[test]
+    fn nothing_twice_across_a_reconnect_or_a_restart() {
+        let mut r = Relay::new("up:1", "ANY", 1);
+        assert_eq!(r.resume(None), None, "a new relay starts where it is told");
+        assert_eq!(run(&mut r, &[(7, 8), (8, 9)]), vec![7, 8]);
+        // The upstream sends 8 again (the subscription resumed from an older position).
+        assert_eq!(r.delivered(meta(8), 80), Some(80));
+        assert_eq!(r.delivered(meta(9), 9), None);
+        assert_eq!(r.delivered(meta(9), 90), Some(90), "held already");
+        // A restart: the queue's next sequence number, or the subscription's if further.
+        let r2: Relay<u64> = Relay::new("up:1", "ANY", 9);
+        assert_eq!(r2.resume(None), Some(9));
+        assert_eq!(r2.resume(Some(12)), Some(12));
+        assert_eq!(r2.resume(Some(3)), Some(9));
+    }
+
+    /// A source and a relay's server: the relay keeps the source's numbers and tags, skips
+    /// gaps without calling them lost, and refuses what its source did not sign.
+    #[test]
+    fn a_relays_server_keeps_the_source_tags_and_tells_gaps_from_losses() {
+        use super::super::msg::{Msg, Start};
+        use super::super::product::{AllowRule, ProductAuth, SecretAuth};
+        use super::super::queue::{ProductQueue, QueueError, QueueLimits};
+        use super::super::server::{RelayError, Server, ServerConfig, UniOut};
+        use crate::auth::Secret;
+        use std::sync::Arc;
+
+        let auth: Arc<dyn ProductAuth> = Arc::new(SecretAuth::new(&Secret::from_bytes([5; 32])));
+        let limits = QueueLimits {
+            max_bytes: 1 << 20,
+            max_age: u64::MAX,
+        };
+        let cfg = ServerConfig {
+            limits,
+            allow: vec![AllowRule::parse("*=ANY").unwrap()],
+            push: None,
+            unicast_block: 1 << 16,
+            feed_id: 1,
+            group_key: None,
+        };
+        let mut src = Server::new(cfg.clone(), auth.clone(), ProductQueue::new(limits, 1));
+        let mut metas = Vec::new();
+        for ft in ["IDS", "NEXRAD3", "IDS"] {
+            metas.push(src.insert("p", ft, 10, [1; 32], 5).unwrap().0);
+        }
+        let mut relay = Server::new(cfg, auth, ProductQueue::new(limits, 1));
+        let mut forged = metas[0].clone();
+        forged.name = "q".into();
+        assert_eq!(relay.relay(forged, 6), Err(RelayError::BadTag(1)));
+        relay.relay(metas[0].clone(), 6).unwrap();
+        relay.relay(metas[2].clone(), 6).unwrap();
+        assert_eq!(
+            relay.relay(metas[0].clone(), 6),
+            Err(RelayError::Queue(QueueError::Behind { seq: 1, newest: 3 }))
+        );
+        let ip = "127.0.0.1".parse().unwrap();
+        let id = relay
+            .subscribe(ip, "ANY", "", Start::Seq(1), false)
+            .unwrap();
+        let mut got = Vec::new();
+        while let Some(out) = relay.poll_unicast(id, 7) {
+            got.push(out);
+        }
+        let products: Vec<_> = got
+            .iter()
+            .filter_map(|o| match o {
+                UniOut::Msg(Msg::Product { meta, .. }) => Some(meta.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            products,
+            vec![metas[0].clone(), metas[2].clone()],
+            "the source's, as signed"
+        );
+        assert!(
+            !got.iter()
+                .any(|o| matches!(o, UniOut::Msg(Msg::Skip { .. }))),
+            "a gap is no loss: {got:?}"
+        );
+        assert!(got.contains(&UniOut::Msg(Msg::Index { last_seq: 3 })));
+        // A multicast subscriber that saw 1 and 3 asks about 2: not held, not gone.
+        relay.handle_msg(id, Msg::Describe { seq: 2 }, 8);
+        assert_eq!(
+            relay.poll_unicast(id, 8),
+            Some(UniOut::Msg(Msg::Skip {
+                from: 2,
+                to: 2,
+                gone: false
+            }))
+        );
+    }
+
+    #[test]
+    fn status_shows_lag_losses_and_disconnects() {
+        let mut r: Relay<u64> = Relay::new("up:1", "NEXRAD*", 1);
+        r.connected(true, None);
+        r.lost(1, 4);
+        r.settled(5);
+        r.upstream_newest(Some(9));
+        r.connected(false, Some("reset".into()));
+        let s = r.status();
+        assert_eq!((s.lost, s.lag, s.disconnects), (4, Some(5), 1));
+        assert!(!s.connected);
+        assert_eq!(s.last_error.as_deref(), Some("reset"));
+    }
+}
