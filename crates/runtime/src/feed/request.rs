@@ -402,6 +402,8 @@ fn log_report(label: &str, exec: Option<&str>, metrics: Option<&SubscribeMetrics
         Report::Disconnected { reason } => {
             tracing::warn!("feed {label}: lost the source ({reason}); reconnecting")
         }
+        // The position is saved by the subscriber itself.
+        Report::Settled { .. } => {}
     }
 }
 
