@@ -19,7 +19,7 @@ use bulkcast_runtime::feed::ingest::Target;
 use bulkcast_runtime::feed::metrics::SubscribeMetrics;
 use bulkcast_runtime::feed::relay::UpstreamConfig;
 use bulkcast_runtime::feed::serve::{self, ServeConfig};
-use bulkcast_runtime::feed::{now_us, DEFAULT_PORT};
+use bulkcast_runtime::feed::DEFAULT_PORT;
 use clap::{Args, Subcommand};
 use serde_json::json;
 
@@ -370,31 +370,7 @@ async fn run_insert(a: InsertArgs) -> Result<i32> {
 }
 
 fn parse_from(s: &str) -> Result<Start> {
-    let now = now_us();
-    if s == "now" {
-        return Ok(Start::Now);
-    }
-    if let Some(t) = s.strip_prefix('@') {
-        let secs: f64 = t.parse().context("--from @UNIX_SECONDS")?;
-        return Ok(Start::Time((secs * 1e6) as u64));
-    }
-    if let Some(d) = s.strip_prefix('-') {
-        let (num, unit) = d.split_at(
-            d.find(|c: char| !c.is_ascii_digit() && c != '.')
-                .unwrap_or(d.len()),
-        );
-        let n: f64 = num.parse().context("--from -N[s|m|h]")?;
-        let mult = match unit {
-            "" | "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => bail!("--from -N[s|m|h]: unknown unit {unit:?}"),
-        };
-        return Ok(Start::Time(now.saturating_sub((n * mult * 1e6) as u64)));
-    }
-    Ok(Start::Seq(s.parse().context(
-        "--from is a sequence number, @UNIX_SECONDS, -10m or now",
-    )?))
+    bulkcast_runtime::feed::request::parse_start(s).map_err(|e| anyhow::anyhow!("--{e}"))
 }
 
 async fn run_subscribe(a: SubscribeArgs) -> Result<i32> {
@@ -481,7 +457,7 @@ fn report(json: bool, exec: Option<&str>, transport: &mut &'static str, r: Repor
             multicast,
         } => {
             if let Some(cmd) = exec {
-                run_exec(cmd, meta, path);
+                bulkcast_runtime::feed::request::run_exec("subscribe", cmd, meta, path);
             }
             if !json {
                 println!("{} {}", meta.seq, path.display());
@@ -521,32 +497,6 @@ fn report(json: bool, exec: Option<&str>, transport: &mut &'static str, r: Repor
     };
     if json {
         println!("{line}");
-    }
-}
-
-fn run_exec(cmd: &str, meta: &bulkcast_proto::feed::product::ProductMeta, path: &std::path::Path) {
-    let child = tokio::process::Command::new("sh")
-        .arg("-c")
-        .arg(cmd)
-        .arg("bulkcast-feed")
-        .arg(path)
-        .env("BULKCAST_PRODUCT", path)
-        .env("BULKCAST_SEQ", meta.seq.to_string())
-        .env("BULKCAST_FEEDTYPE", &meta.feedtype)
-        .env("BULKCAST_NAME", &meta.name)
-        .spawn();
-    match child {
-        Ok(mut c) => {
-            let seq = meta.seq;
-            tokio::spawn(async move {
-                match c.wait().await {
-                    Ok(s) if !s.success() => eprintln!("warning: --exec for product {seq}: {s}"),
-                    Err(e) => eprintln!("warning: --exec for product {seq}: {e}"),
-                    _ => {}
-                }
-            });
-        }
-        Err(e) => eprintln!("warning: --exec: {e}"),
     }
 }
 

@@ -409,7 +409,7 @@ fn log_report(label: &str, exec: Option<&str>, metrics: Option<&SubscribeMetrics
 
 /// Runs `sh -c CMD` for a product (its path as `$1`, its fields in the environment), as
 /// `feed subscribe --exec` does; a failure is logged, never stops the subscription.
-fn run_exec(label: &str, cmd: &str, meta: &ProductMeta, path: &Path) {
+pub fn run_exec(label: &str, cmd: &str, meta: &ProductMeta, path: &Path) {
     let child = tokio::process::Command::new("sh")
         .arg("-c")
         .arg(cmd)
