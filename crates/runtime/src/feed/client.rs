@@ -558,15 +558,15 @@ const DATAGRAMS_PER_TURN: usize = 64;
 /// rather than per datagram, which at 100 Mbit/s is 8,600 turns a second per subscriber.
 fn take_datagrams(rx: &mut Receiver, inputs: &Inputs, buf: &mut [u8], first: io::Result<usize>) {
     let mut r = first;
-    for _ in 0..DATAGRAMS_PER_TURN {
+    for taken in 1..=DATAGRAMS_PER_TURN {
         let Ok(n) = r else { return };
         // Another feed's, altered, or in clear on a sealed group: never used.
         if let Ok(m) = inputs.dgrams.read(&mut buf[..n]) {
             rx.handle_multicast(now_us(), m);
         }
         r = match &inputs.mcast {
-            Some(s) => s.try_recv(buf),
-            None => return,
+            Some(s) if taken < DATAGRAMS_PER_TURN => s.try_recv(buf),
+            _ => return,
         };
     }
 }
