@@ -20,6 +20,7 @@ pub mod client;
 pub mod disk;
 pub mod ingest;
 pub mod metrics;
+mod pace;
 pub mod relay;
 pub mod request;
 pub mod serve;

@@ -8,16 +8,14 @@
 
 use std::fs::File;
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{SocketAddr, SocketAddrV4};
 use std::os::unix::fs::FileExt;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use bulkcast_proto::auth::Keys;
-use bulkcast_proto::feed::fec::ParityCache;
 use bulkcast_proto::feed::msg::Msg;
 use bulkcast_proto::feed::product::ProductAuth;
-use bulkcast_proto::feed::push::PushOut;
 use bulkcast_proto::feed::queue::QueueLimits;
 use bulkcast_proto::feed::relay::Relay;
 use bulkcast_proto::feed::seal::DgramWriter;
@@ -25,7 +23,7 @@ use bulkcast_proto::feed::server::{Server, ServerConfig, SubId, UniOut};
 use bulkcast_proto::mcast::seal::GroupKey;
 use bytes::Bytes;
 use tokio::io::{AsyncWriteExt, BufWriter};
-use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use super::disk::QueueDir;
@@ -65,6 +63,8 @@ pub(super) struct Ctx {
     pub(super) relay: Option<Arc<RelayState>>,
     keys: Keys,
     wake: watch::Sender<u64>,
+    /// The multicast pacing thread, woken with the connections ([`super::pace`]).
+    pacer: OnceLock<std::thread::Thread>,
     remote_insert: bool,
     /// The group's datagrams are sealed: `Accepted` carries the key.
     has_key: bool,
@@ -79,6 +79,9 @@ impl Ctx {
 
     pub(super) fn poke(&self) {
         self.wake.send_modify(|g| *g = g.wrapping_add(1));
+        if let Some(t) = self.pacer.get() {
+            t.unpark();
+        }
     }
 }
 
@@ -127,6 +130,7 @@ pub async fn serve(
         relay,
         keys: cfg.keys.clone(),
         wake,
+        pacer: OnceLock::new(),
         remote_insert: cfg.remote_insert,
         has_key,
     });
@@ -138,14 +142,18 @@ pub async fn serve(
             .register_collector(Box::new(super::metrics::QueueCollector(Box::new(status))));
     }
     if let Some(p) = push {
-        let group: SocketAddr = p.group.parse().map_err(|_| {
+        let group: SocketAddrV4 = p.group.parse().map_err(|_| {
             io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("multicast group {:?} is not ADDR:PORT", p.group),
+                format!(
+                    "multicast group {:?} is not an IPv4 ADDR:PORT (IPv6 multicast is not supported yet)",
+                    p.group
+                ),
             )
         })?;
-        let sock = multicast_sender(group, cfg.multicast_if, cfg.multicast_ttl)?;
-        tokio::spawn(pace_multicast(ctx.clone(), sock, group, writer));
+        let sock = crate::mcast::sender_socket(cfg.multicast_if, cfg.multicast_ttl)?;
+        let pacer = super::pace::start(&ctx, sock, group, writer)?;
+        let _ = ctx.pacer.set(pacer);
     }
     if let Some(up) = cfg.upstream {
         tokio::spawn(super::relay::run(ctx.clone(), up, cfg.keys, cfg.auth));
@@ -172,33 +180,9 @@ pub async fn serve(
     }
 }
 
-fn multicast_sender(
-    group: SocketAddr,
-    iface: Option<std::net::Ipv4Addr>,
-    ttl: u32,
-) -> io::Result<UdpSocket> {
-    let IpAddr::V4(_) = group.ip() else {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "IPv6 multicast is not supported yet",
-        ));
-    };
-    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None)?;
-    s.set_multicast_ttl_v4(ttl)?;
-    // On: subscribers on the source's own host (and loopback tests) hear the group too.
-    s.set_multicast_loop_v4(true)?;
-    if let Some(a) = iface {
-        s.set_multicast_if_v4(&a)?;
-    }
-    s.set_send_buffer_size(4 << 20)?;
-    s.set_nonblocking(true)?;
-    s.bind(&SocketAddr::from(([0, 0, 0, 0], 0)).into())?;
-    UdpSocket::from_std(s.into())
-}
-
 /// Reads `len` bytes at `offset` of a product, keeping the last file open (a product evicted
 /// while being sent stays readable through the open handle).
-fn read_block(
+pub(super) fn read_block(
     dir: &QueueDir,
     cache: &mut Option<(u64, File)>,
     seq: u64,
@@ -212,80 +196,6 @@ fn read_block(
     let mut buf = vec![0u8; len as usize];
     f.read_exact_at(&mut buf, offset)?;
     Ok(Bytes::from(buf))
-}
-
-/// Paces the group: the only writer of its datagrams in this process, so every one gets its
-/// own number under the run's key.
-async fn pace_multicast(
-    ctx: Arc<Ctx>,
-    sock: UdpSocket,
-    group: SocketAddr,
-    mut writer: DgramWriter,
-) {
-    let mut wake = ctx.wake.subscribe();
-    let mut cache = None;
-    let mut parity = ParityCache::default();
-    let mut dgram = Vec::with_capacity(2048);
-    loop {
-        let now = now_us();
-        let (out, next) = {
-            let mut s = ctx.lock();
-            (s.poll_multicast(now), s.multicast_timeout())
-        };
-        let msg = match out {
-            Some(PushOut::Msg(m)) => m,
-            Some(PushOut::Block { seq, offset, len }) => {
-                match read_block(&ctx.dir, &mut cache, seq, offset, len) {
-                    Ok(data) => Msg::Data { seq, offset, data },
-                    Err(e) => {
-                        tracing::debug!(
-                            "multicast: product {seq} unreadable ({e}); receivers will repair"
-                        );
-                        continue;
-                    }
-                }
-            }
-            Some(PushOut::Symbol {
-                seq,
-                layout,
-                block,
-                index,
-            }) => {
-                let read = |off: u64, len: u64| {
-                    read_block(&ctx.dir, &mut cache, seq, off, len as u32).map(|b| b.to_vec())
-                };
-                match parity.symbol(seq, &layout, block, index, read) {
-                    Ok(data) => Msg::Parity {
-                        seq,
-                        block,
-                        index,
-                        data,
-                    },
-                    Err(e) => {
-                        tracing::debug!("multicast: no parity of product {seq} ({e})");
-                        continue;
-                    }
-                }
-            }
-            None => {
-                let wait = next
-                    .map_or(200_000, |t| t.saturating_sub(now))
-                    .clamp(100, 200_000);
-                tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_micros(wait)) => {}
-                    _ = wake.changed() => {}
-                }
-                continue;
-            }
-        };
-        writer.write(&msg, &mut dgram);
-        if let Err(e) = sock.send_to(&dgram, group).await {
-            tracing::warn!("multicast to {group}: {e}");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        } else {
-            count_sent(&msg, "multicast");
-        }
-    }
 }
 
 async fn connection(ctx: Arc<Ctx>, stream: TcpStream, peer: SocketAddr) -> io::Result<()> {
@@ -400,7 +310,7 @@ async fn subscriber(ctx: &Arc<Ctx>, stream: Stream, id: SubId) -> io::Result<()>
 }
 
 /// Counts a product's start or bytes sent in [`super::metrics::global`].
-fn count_sent(msg: &Msg, transport: &str) {
+pub(super) fn count_sent(msg: &Msg, transport: &str) {
     match msg {
         Msg::Product { .. } => super::metrics::global().product_sent(transport),
         Msg::Data { data, .. } => super::metrics::global().sent(transport, data.len()),

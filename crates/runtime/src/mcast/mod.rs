@@ -7,6 +7,7 @@
 //! - [`recv`]: the agent's side: joins the group, a thread that assembles and writes the
 //!   file, the copy renamed into place once every block matched its hash.
 
+pub(crate) mod batch;
 pub mod recv;
 pub mod send;
 

@@ -12,6 +12,8 @@
 use std::collections::VecDeque;
 use std::fs::File;
 use std::net::{SocketAddr, SocketAddrV4, UdpSocket};
+
+use super::batch::Batch;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::mpsc as std_mpsc;
@@ -212,7 +214,6 @@ pub async fn send(
     if !active.is_empty() {
         sent = data(
             sock,
-            group,
             file,
             layout,
             writer,
@@ -362,7 +363,6 @@ async fn detect(
 #[allow(clippy::too_many_arguments)]
 async fn data(
     sock: UdpSocket,
-    group: SocketAddr,
     file: File,
     layout: Layout,
     writer: DgramWriter,
@@ -382,6 +382,7 @@ async fn data(
     };
     let measure = cfg.rate_bps.is_none();
     let wire = u64::from(layout.symbol) + scfg.overhead;
+    let group = cfg.group;
     let worker = tokio::task::spawn_blocking(move || {
         pace(
             sock, group, file, layout, writer, scfg, measure, ctl_rx, hash_tx,
@@ -546,7 +547,7 @@ impl Train {
 #[allow(clippy::too_many_arguments)]
 fn pace(
     sock: UdpSocket,
-    group: SocketAddr,
+    group: SocketAddrV4,
     file: File,
     layout: Layout,
     mut writer: DgramWriter,
@@ -564,15 +565,14 @@ fn pace(
     }
     let mut cache: VecDeque<(u32, CodedBlock)> = VecDeque::new();
     let mut hashed = 0u32;
-    let seg = writer.overhead() + layout.symbol as usize;
-    let mut buf = Vec::with_capacity(seg);
+    let mut buf = Vec::with_capacity(writer.overhead() + layout.symbol as usize);
     let mut told_end = false;
-    let mut batch = Batch::new(sock, group, seg);
+    let mut batch = Batch::new(sock, group);
     loop {
         let now = super::micros(epoch);
         let tx = s.poll_transmit(now);
         if !matches!(tx, Some(Tx::Data { .. })) {
-            batch.flush();
+            sent(batch.flush());
             if !train_told {
                 let wire = u64::from(layout.symbol) + cfg.overhead;
                 train_written(&s, &mut train_t0, &mut train_told, wire, &up);
@@ -601,17 +601,17 @@ fn pace(
                         return s.stats;
                     }
                 }
-                batch.push(&buf);
+                sent(batch.push(&buf));
                 if !train_told {
                     // The train goes out a datagram at a time: the receivers time each one.
-                    batch.flush();
+                    sent(batch.flush());
                     train_t0.get_or_insert_with(Instant::now);
                 }
             }
             Some(Tx::End) => {
                 let blocks = layout.blocks() as u32;
                 writer.write(DgramKind::End, blocks, 0, &[], &mut buf);
-                batch.send_one(&buf);
+                sent(batch.push(&buf).and(batch.flush()));
             }
             None => {
                 if s.pass_done() && !told_end {
@@ -663,65 +663,11 @@ fn train_written(
     let _ = up.send(Up::TrainSent((bytes as f64 / secs) as u64));
 }
 
-/// The datagrams of one pacing round, sent with few system calls: with UDP GSO
-/// (`UDP_SEGMENT`) one `sendto` carries up to [`Batch::MAX`] datagrams of equal size, which the
-/// kernel cuts apart; without it (an old kernel, a device that refuses), one call each.
-/// Per-datagram calls were what a busy source ran out of CPU on: at 100 Mbit/s they are 8,600
-/// a second, and a pacing thread that misses its deadlines loses rate.
-struct Batch {
-    sock: UdpSocket,
-    group: SocketAddr,
-    buf: Vec<u8>,
-    seg: usize,
-    gso: bool,
-}
-
-impl Batch {
-    /// Most datagrams in one call (the kernel takes up to 64 and 64 KiB).
-    const MAX: usize = 32;
-
-    fn new(sock: UdpSocket, group: SocketAddr, seg: usize) -> Self {
-        use nix::sys::socket::{setsockopt, sockopt::UdpGsoSegment};
-        let gso = i32::try_from(seg).is_ok_and(|s| setsockopt(&sock, UdpGsoSegment, &s).is_ok());
-        Self {
-            sock,
-            group,
-            buf: Vec::with_capacity(Self::MAX * seg),
-            seg,
-            gso,
-        }
-    }
-
-    /// Queues a datagram of exactly the segment size.
-    fn push(&mut self, d: &[u8]) {
-        debug_assert_eq!(d.len(), self.seg);
-        self.buf.extend_from_slice(d);
-        if self.buf.len() >= Self::MAX * self.seg {
-            self.flush();
-        }
-    }
-
-    /// Sends what is queued. A full queue blocks (the socket is blocking): that paces too.
-    fn flush(&mut self) {
-        if self.buf.is_empty() {
-            return;
-        }
-        if self.gso && self.sock.send_to(&self.buf, self.group).is_err() {
-            tracing::debug!("multicast: UDP GSO refused; one datagram per call");
-            self.gso = false;
-        }
-        if !self.gso {
-            for d in self.buf.chunks(self.seg) {
-                let _ = self.sock.send_to(d, self.group);
-            }
-        }
-        self.buf.clear();
-    }
-
-    /// Sends one datagram of another size after what is queued.
-    fn send_one(&mut self, d: &[u8]) {
-        self.flush();
-        let _ = self.sock.send_to(d, self.group);
+/// A send's error: the receivers repair what it lost, and a lasting one shows as their
+/// stall.
+fn sent(r: std::io::Result<()>) {
+    if let Err(e) = r {
+        tracing::debug!("multicast send: {e}");
     }
 }
 
