@@ -264,7 +264,6 @@ async fn run_serve(a: ServeArgs) -> Result<i32> {
         index_interval: 200_000,
         k: a.parity_k,
         m: DEFAULT_M,
-        stale: 20_000,
     });
     let server = ServerConfig {
         limits: QueueLimits {

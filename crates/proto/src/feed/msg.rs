@@ -160,6 +160,10 @@ pub enum Msg {
         seq: u64,
         /// Per block: one past the highest symbol index seen, symbols still needed.
         blocks: Vec<Nak>,
+        /// One past the number of the newest group datagram the subscriber had taken when
+        /// it counted (0: none): what the source sent after that is still on its way to it,
+        /// however far or slow it is, and is not granted again.
+        heard: u64,
     },
     /// A symbol of a product past a block's first pass (on the group): parity, or a source
     /// symbol again once the parity indexes are used up ([`crate::mcast::Layout::slot`]).
@@ -313,9 +317,10 @@ impl Msg {
                 out.put_u32(*k);
                 out.put_u32(*m);
             }
-            Msg::Nak { seq, blocks } => {
+            Msg::Nak { seq, blocks, heard } => {
                 out.put_u8(18);
                 out.put_u64(*seq);
+                out.put_u64(*heard);
                 out.put_u32(blocks.len() as u32);
                 for n in blocks {
                     out.put_u32(n.block);
@@ -426,6 +431,7 @@ impl Msg {
             },
             18 => {
                 let seq = r.u64()?;
+                let heard = r.u64()?;
                 let n = r.u32()? as usize;
                 if n > 65536 {
                     return Err(MsgError::BadField);
@@ -435,7 +441,7 @@ impl Msg {
                     let (block, seen, need) = (r.u32()?, r.u32()?, r.u32()?);
                     blocks.push(Nak { block, seen, need });
                 }
-                Msg::Nak { seq, blocks }
+                Msg::Nak { seq, blocks, heard }
             }
             19 => {
                 let (seq, block, index, n) = (r.u64()?, r.u32()?, r.u32()?, r.u32()? as usize);
@@ -615,6 +621,7 @@ mod tests {
                         need: 1,
                     },
                 ],
+                heard: 90_000,
             },
             Msg::Parity {
                 seq: 4,

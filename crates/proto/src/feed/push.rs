@@ -33,9 +33,6 @@ pub struct PushConfig {
     pub k: u32,
     /// Parity symbols per block before indexes wrap to source symbols.
     pub m: u32,
-    /// Symbols sent longer ago than this plus the counting subscriber's round trip are taken
-    /// as lost by a count that asks past them (shorter than the subscribers' `renak`).
-    pub stale: Micros,
 }
 
 impl PushConfig {
@@ -96,7 +93,7 @@ pub struct Pusher {
     last_index: Micros,
     sent_at: BTreeMap<u64, Micros>,
     /// Blocks granted parity: (product, block).
-    repairs: BTreeMap<(u64, u32), BlockRepair>,
+    repairs: BTreeMap<(u64, u32), Repair>,
     /// Blocks with granted symbols still to send, and their products' cut.
     due: BTreeSet<(u64, u32)>,
     layouts: BTreeMap<u64, Layout>,
@@ -106,6 +103,17 @@ pub struct Pusher {
     pub repair: (u64, u64),
     /// Counts taken.
     pub naks: u64,
+    /// Datagrams chosen so far: the next one's number. The shell writes each one chosen
+    /// under its number, or skips that number ([`crate::feed::seal::DgramWriter::skip`]).
+    numbered: u64,
+}
+
+/// A block's repair: its grants, and the numbers its symbols went out under.
+#[derive(Debug)]
+struct Repair {
+    grants: BlockRepair,
+    /// Numbers of the block's repair datagrams, oldest first (at most the symbols granted).
+    numbers: Vec<u64>,
 }
 
 /// Most blocks with repair state at once (a bound on what forged counts can hold).
@@ -131,6 +139,7 @@ impl Pusher {
             sent: (0, 0),
             repair: (0, 0),
             naks: 0,
+            numbered: 0,
         }
     }
 
@@ -182,14 +191,14 @@ impl Pusher {
         }
     }
 
-    /// A subscriber's counts of symbols it lacks of blocks of product `seq` (`size` bytes):
-    /// each block gets what the worst subscriber lacks, past what is already on its way
-    /// ([`BlockRepair::grant`]). `rtt` is that subscriber's round trip: a count from afar
-    /// was written before the repairs sent within its round trip reached it, and they are
-    /// still on their way, not lost (without it, every far subscriber would ask again for
-    /// what the near ones' counts already brought, and the group would carry it twice).
-    pub fn handle_nak(&mut self, now: Micros, seq: u64, size: u64, naks: &[Nak], rtt: Micros) {
-        let stale = self.cfg.stale + rtt;
+    /// A subscriber's counts of symbols it lacks of blocks of product `seq` (`size` bytes),
+    /// written when it had `heard` the group's datagrams below that number: each block gets
+    /// what the worst subscriber lacks past what is on its way to it, the symbols granted
+    /// and not yet sent and those sent under a number it had not heard yet. That is exact
+    /// however far or busy the subscriber is: a count from afar, or from one whose socket
+    /// still holds the repairs, does not bring them again (with a time window instead, the
+    /// group carried the far and the slow subscribers' losses two and three times).
+    pub fn handle_nak(&mut self, now: Micros, seq: u64, size: u64, naks: &[Nak], heard: u64) {
         let Some(l) = self.cfg.layout(size) else {
             return;
         };
@@ -204,15 +213,19 @@ impl Pusher {
                 // unicast or are done); a count past the bound waits for that.
                 let due = &self.due;
                 self.repairs.retain(|key, r| {
-                    due.contains(key) || now.saturating_sub(r.caught_up()) < FORGET_AFTER
+                    due.contains(key) || now.saturating_sub(r.grants.caught_up()) < FORGET_AFTER
                 });
                 if self.repairs.len() >= MAX_REPAIRS {
                     continue;
                 }
             }
             let k = l.k_of(b);
-            let r = self.repairs.entry((seq, b)).or_insert(BlockRepair::new(k));
-            if r.grant(now, n.seen, n.need.min(k), stale) {
+            let r = self.repairs.entry((seq, b)).or_insert_with(|| Repair {
+                grants: BlockRepair::new(k),
+                numbers: Vec::new(),
+            });
+            let on_way = r.numbers.iter().rev().take_while(|&&x| x >= heard).count();
+            if r.grants.grant_on_way(n.need.min(k), on_way as u32) {
                 self.due.insert((seq, b));
                 self.layouts.insert(seq, l);
             }
@@ -230,10 +243,14 @@ impl Pusher {
             PushOut::Symbol { .. } => u64::from(self.cfg.block) + 12,
             PushOut::Msg(_) => 64,
         } + OVERHEAD;
-        if let PushOut::Symbol { .. } = out {
+        if let PushOut::Symbol { seq, block, .. } = out {
             self.repair.0 += 1;
             self.repair.1 += bytes;
+            if let Some(r) = self.repairs.get_mut(&(seq, block)) {
+                r.numbers.push(self.numbered);
+            }
         }
+        self.numbered += 1;
         self.sent.0 += 1;
         self.sent.1 += bytes;
         let cost = bytes * 1_000_000 / self.cfg.rate.max(1);
@@ -251,7 +268,7 @@ impl Pusher {
                 self.due.remove(&(seq, block));
                 continue;
             };
-            let (index, done) = r.next(now);
+            let (index, done) = r.grants.next(now);
             if done {
                 self.due.remove(&(seq, block));
             }
@@ -357,7 +374,6 @@ mod tests {
             index_interval: 1_000_000,
             k: 0,
             m: 0,
-            stale: 20_000,
         };
         let mut p = Pusher::new(cfg, seq);
         p.push(seq);
@@ -400,7 +416,6 @@ mod tests {
             index_interval: 1_000_000,
             k: 4,
             m: 4,
-            stale: 20_000,
         };
         let mut p = Pusher::new(cfg, seq);
         p.push(seq);
@@ -414,9 +429,10 @@ mod tests {
             need,
         };
         // Block 9 is not sent yet: its count is early and ignored.
-        p.handle_nak(now, seq, 1000, &[nak(1, 2), nak(9, 1)], 0);
-        p.handle_nak(now, seq, 1000, &[nak(1, 1), nak(2, 3)], 0);
-        p.handle_nak(now, seq, 1000, &[nak(1, 2)], 0);
+        // Datagrams 0-20 went out; the subscribers heard them all.
+        p.handle_nak(now, seq, 1000, &[nak(1, 2), nak(9, 1)], 21);
+        p.handle_nak(now, seq, 1000, &[nak(1, 1), nak(2, 3)], 21);
+        p.handle_nak(now, seq, 1000, &[nak(1, 2)], 21);
         let sym = |o: Option<PushOut>| match o {
             Some(PushOut::Symbol { block, index, .. }) => Some((block, index)),
             _ => None,
@@ -435,13 +451,17 @@ mod tests {
         );
         assert_eq!(sym(p.poll(now, &q)), None, "then the product goes on");
         assert_eq!(p.repair.0, 5);
-        // A count that crossed them in flight gets nothing more; nor, later, one from a
-        // subscriber 50 ms away (they are still on their way to it); once stale, one more.
-        p.handle_nak(now + 100, seq, 1000, &[nak(1, 1)], 0);
+        // Block 1's repairs went as datagrams 21 and 22. A count written before it heard
+        // them gets nothing more, however late it comes (a far or a busy subscriber); nor
+        // one that heard 21 and waits for 22.
+        p.handle_nak(now + 100, seq, 1000, &[nak(1, 1)], 21);
         assert_eq!(sym(p.poll(now + 100, &q)), None);
-        p.handle_nak(now + 30_000, seq, 1000, &[nak(1, 1)], 50_000);
-        assert_eq!(sym(p.poll(now + 30_000, &q)), None);
-        p.handle_nak(now + 30_000, seq, 1000, &[nak(1, 1)], 0);
-        assert_eq!(sym(p.poll(now + 30_000, &q)), Some((1, 6)));
+        p.handle_nak(now + 500_000, seq, 1000, &[nak(1, 2)], 21);
+        assert_eq!(sym(p.poll(now + 500_000, &q)), None);
+        p.handle_nak(now + 500_000, seq, 1000, &[nak(1, 1)], 22);
+        assert_eq!(sym(p.poll(now + 500_000, &q)), None);
+        // One that heard both and still lacks a symbol lost it: one more, at once.
+        p.handle_nak(now + 500_000, seq, 1000, &[nak(1, 1)], 23);
+        assert_eq!(sym(p.poll(now + 500_000, &q)), Some((1, 6)));
     }
 }

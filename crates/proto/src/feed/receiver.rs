@@ -178,6 +178,8 @@ pub struct Receiver {
     /// The round trip to the source, as the shell measures it ([`Receiver::set_rtt`]): a
     /// count is not repeated before its repairs could have come back.
     rtt: Micros,
+    /// One past the number of the newest group datagram taken (0: none yet); told in counts.
+    heard: u64,
     /// Counters.
     pub stats: RxStats,
 }
@@ -185,8 +187,7 @@ pub struct Receiver {
 /// Most sequence numbers one message may make the receiver wait for (a bound on what a
 /// forged datagram can cost).
 const MAX_GAP: u64 = 1 << 20;
-/// Most round trip taken from the shell, here and at the source (a bound on how long a lost
-/// count waits).
+/// Most round trip taken from the shell (a bound on how long a lost count waits).
 pub const MAX_RTT: Micros = 2_000_000;
 /// Most bytes of the group's datagrams held for products whose start was lost (a round trip
 /// at 1 Gbit/s and 100 ms is 12.5 MB).
@@ -234,6 +235,7 @@ impl Receiver {
             acked: first.saturating_sub(1),
             last_ack: 0,
             rtt: 0,
+            heard: 0,
             stats: RxStats::default(),
         })
     }
@@ -282,11 +284,12 @@ impl Receiver {
         }
     }
 
-    /// A multicast datagram's message (the shell checked the feed id).
-    pub fn handle_multicast(&mut self, now: Micros, msg: Msg) {
+    /// A multicast datagram's message and number (the shell checked the feed id and seal).
+    pub fn handle_multicast(&mut self, now: Micros, number: u64, msg: Msg) {
         if !self.multicast {
             return;
         }
+        self.heard = self.heard.max(number.saturating_add(1));
         self.stats.datagrams += 1;
         self.last_mcast = now;
         match msg {
@@ -639,6 +642,7 @@ impl Receiver {
                     self.out.push_back(Msg::Nak {
                         seq: *seq,
                         blocks: plan.naks,
+                        heard: self.heard,
                     });
                 }
                 if !plan.unicast.is_empty() {

@@ -77,6 +77,13 @@ impl DgramWriter {
         self.next
     }
 
+    /// Passes over the next number without a datagram: the pusher counts every datagram it
+    /// chose (`proto::feed::push`), and one the shell could not make (its product unreadable)
+    /// keeps its number, so the two counts stay the same.
+    pub fn skip(&mut self) {
+        self.next = self.next.saturating_add(1);
+    }
+
     /// Writes `msg` as the next datagram into `buf` (cleared first).
     pub fn write(&mut self, msg: &Msg, buf: &mut Vec<u8>) {
         let number = self.next;
@@ -116,6 +123,12 @@ impl DgramReader {
     /// the server), one in clear to a sealed reader, or one altered or sealed under another
     /// key is an error.
     pub fn read(&self, d: &mut [u8]) -> Result<Msg, MsgError> {
+        self.read_numbered(d).map(|(_, m)| m)
+    }
+
+    /// As [`DgramReader::read`], with the datagram's number (what a subscriber has heard up
+    /// to, told in its counts: [`Msg::Nak`]'s `heard`).
+    pub fn read_numbered(&self, d: &mut [u8]) -> Result<(u64, Msg), MsgError> {
         if d.len() < DGRAM_HEADER || d[..4] != DGRAM_MAGIC {
             return Err(MsgError::BadMagic);
         }
@@ -124,10 +137,11 @@ impl DgramReader {
             return Err(MsgError::OtherFeed(id));
         }
         let number = u64::from_be_bytes(d[12..20].try_into().map_err(|_| MsgError::Truncated)?);
-        match &self.cipher {
+        let msg = match &self.cipher {
             None => Msg::decode(&d[DGRAM_HEADER..]),
             Some(c) => Msg::decode(c.open(number, DGRAM_HEADER, d).ok_or(MsgError::Unsealed)?),
-        }
+        }?;
+        Ok((number, msg))
     }
 }
 

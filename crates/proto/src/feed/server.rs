@@ -16,7 +16,6 @@ use super::msg::{Msg, Start};
 use super::product::{allowed, AllowRule, Micros, ProductAuth, ProductMeta, Subscription};
 use super::push::{PushConfig, PushOut, Pusher};
 use super::queue::{ProductQueue, QueueError, QueueLimits};
-use super::receiver::MAX_RTT;
 use crate::mcast::seal::GroupKey;
 
 /// The server's settings.
@@ -90,8 +89,6 @@ struct Sub {
     acked: u64,
     sent_bytes: u64,
     repaired_bytes: u64,
-    /// Its round trip, as the shell measures it ([`Server::set_rtt`]; 0 until then).
-    rtt: Micros,
 }
 
 /// A subscriber in the status.
@@ -319,18 +316,9 @@ impl Server {
                 acked,
                 sent_bytes: 0,
                 repaired_bytes: 0,
-                rtt: 0,
             },
         );
         Ok(id)
-    }
-
-    /// Subscriber `id`'s round trip (its connection's smoothed RTT, measured by the shell):
-    /// the pusher reads its parity counts with it ([`Pusher::handle_nak`]).
-    pub fn set_rtt(&mut self, id: SubId, rtt: Micros) {
-        if let Some(s) = self.subs.get_mut(&id) {
-            s.rtt = rtt.min(MAX_RTT);
-        }
     }
 
     /// A subscriber left.
@@ -373,12 +361,12 @@ impl Server {
                     }
                 }
             }
-            Msg::Nak { seq, blocks } => {
+            Msg::Nak { seq, blocks, heard } => {
                 let (Some(p), true) = (&mut self.pusher, s.multicast) else {
                     return;
                 };
                 match self.queue.get(seq) {
-                    Some(e) => p.handle_nak(now, seq, e.meta.size, &blocks, s.rtt),
+                    Some(e) => p.handle_nak(now, seq, e.meta.size, &blocks, heard),
                     None => s.ctrl.push_back(Msg::Skip {
                         from: seq,
                         to: seq,

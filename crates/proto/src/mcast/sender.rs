@@ -99,6 +99,16 @@ impl BlockRepair {
         self.target > self.sent
     }
 
+    /// As [`BlockRepair::grant`], when the receiver told which symbols were still on their
+    /// way to it: `on_way` of those sent. Grants what it needs past them and those queued.
+    pub fn grant_on_way(&mut self, need: u32, on_way: u32) -> bool {
+        let coming = (self.target - self.sent).saturating_add(on_way);
+        if need > coming {
+            self.target = self.target.saturating_add(need - coming);
+        }
+        self.target > self.sent
+    }
+
     /// The next granted index to send, and whether the grant is then used up.
     pub fn next(&mut self, now: Micros) -> (u32, bool) {
         let index = self.sent;

@@ -56,6 +56,9 @@ pub struct RxSpec {
     pub loss: McastLoss,
     /// One-way delay to and from the source.
     pub delay: Micros,
+    /// How much later it takes the group's datagrams than they arrive: a busy host whose
+    /// socket holds them while its counts still go out at once.
+    pub lag: Micros,
     /// Its unicast rate, bytes per second.
     pub unicast_rate: u64,
 }
@@ -309,7 +312,10 @@ impl World {
                 PushOut::Msg(m) => m,
                 PushOut::Block { seq, offset, len } => match self.data(seq, offset, len) {
                     Some(m) => m,
-                    None => continue,
+                    None => {
+                        self.writer.skip();
+                        continue;
+                    }
                 },
                 PushOut::Symbol {
                     seq,
@@ -318,6 +324,7 @@ impl World {
                     index,
                 } => {
                     let Some(d) = self.store.get(&seq) else {
+                        self.writer.skip();
                         continue;
                     };
                     let read =
@@ -331,7 +338,10 @@ impl World {
                             index,
                             data,
                         },
-                        Err(_) => continue,
+                        Err(_) => {
+                            self.writer.skip();
+                            continue;
+                        }
                     }
                 }
             };
@@ -344,7 +354,7 @@ impl World {
                     continue;
                 }
                 if let Some(d) = deliver_mcast(&mut self.rng, &mut self.st[i], now, &dgram) {
-                    let at = now + self.st[i].spec.delay;
+                    let at = now + self.st[i].spec.delay + self.st[i].spec.lag;
                     self.sched(at, Ev::Mcast(i, d));
                 }
             }
@@ -377,19 +387,15 @@ impl World {
                     .server
                     .subscribe(host, &s.feedtype, "", s.start, s.multicast)
                 {
-                    Ok(id) => {
-                        // The shell reads its connection's RTT; here both directions' delay.
-                        self.server.set_rtt(id, 2 * s.delay);
-                        self.st[i].id = Some(id);
-                    }
+                    Ok(id) => self.st[i].id = Some(id),
                     Err(e) => self.st[i].report.refused = Some(e),
                 }
             }
             Ev::Mcast(i, d) => {
                 let r = &mut self.st[i];
                 if let (Some(rx), Some(reader)) = (&mut r.rx, &r.reader) {
-                    if let Ok(m) = reader.read(&mut d.to_vec()) {
-                        rx.handle_multicast(now, m);
+                    if let Ok((number, m)) = reader.read_numbered(&mut d.to_vec()) {
+                        rx.handle_multicast(now, number, m);
                     }
                 }
             }

@@ -561,8 +561,8 @@ fn take_datagrams(rx: &mut Receiver, inputs: &Inputs, buf: &mut [u8], first: io:
     for taken in 1..=DATAGRAMS_PER_TURN {
         let Ok(n) = r else { return };
         // Another feed's, altered, or in clear on a sealed group: never used.
-        if let Ok(m) = inputs.dgrams.read(&mut buf[..n]) {
-            rx.handle_multicast(now_us(), m);
+        if let Ok((number, m)) = inputs.dgrams.read_numbered(&mut buf[..n]) {
+            rx.handle_multicast(now_us(), number, m);
         }
         r = match &inputs.mcast {
             Some(s) if taken < DATAGRAMS_PER_TURN => s.try_recv(buf),

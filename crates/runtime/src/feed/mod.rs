@@ -46,18 +46,14 @@ pub fn now_us() -> Micros {
         .map_or(0, |d| d.as_micros() as Micros)
 }
 
-/// The connection's smoothed round trip in microseconds, as TCP measured it: the repair
-/// logic at both ends waits a round trip longer for repairs from afar
-/// ([`bulkcast_proto::feed::server::Server::set_rtt`],
-/// [`bulkcast_proto::feed::receiver::Receiver::set_rtt`]).
+/// The connection's smoothed round trip in microseconds, as TCP measured it: a subscriber
+/// waits a round trip longer for repairs from afar before it counts again
+/// ([`bulkcast_proto::feed::receiver::Receiver::set_rtt`]).
 pub fn round_trip(w: &WriteHalf) -> Option<Micros> {
     w.tcp()
         .and_then(crate::transport::rtt)
         .map(|d| d.as_micros() as Micros)
 }
-
-/// How often the source reads a subscriber's round trip again (queues change it).
-pub const RTT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Reads one frame; `None` at a clean end of stream.
 pub async fn read_msg<R: AsyncRead + Unpin>(r: &mut R) -> io::Result<Option<Msg>> {

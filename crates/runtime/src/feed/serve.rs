@@ -274,14 +274,7 @@ async fn subscriber(ctx: &Arc<Ctx>, stream: Stream, id: SubId) -> io::Result<()>
         io::Result::Ok(())
     });
     let mut cache = None;
-    let mut rtt_at = std::time::Instant::now() - super::RTT_EVERY;
     loop {
-        if rtt_at.elapsed() >= super::RTT_EVERY {
-            rtt_at = std::time::Instant::now();
-            if let Some(rtt) = super::round_trip(w.get_ref()) {
-                ctx.lock().set_rtt(id, rtt);
-            }
-        }
         let out = ctx.lock().poll_unicast(id, now_us());
         let msg = match out {
             Some(UniOut::Msg(m)) => m,
