@@ -370,16 +370,17 @@ pub struct ParityCache {
 const CACHED_BLOCKS: usize = 64;
 
 impl ParityCache {
-    /// Symbol `index` of block `block` of product `seq` (cut as `layout`), reading the
-    /// block's bytes with `read(offset, len)` on a miss.
-    pub fn symbol<E: std::fmt::Display>(
+    /// Symbol `index` of block `block` of product `seq` (cut as `layout`) as the group's
+    /// [`Msg::Parity`](super::msg::Msg::Parity), reading the block's bytes with
+    /// `read(offset, len)` on a miss.
+    pub fn parity<E: std::fmt::Display>(
         &mut self,
         seq: u64,
         layout: &Layout,
         block: u32,
         index: u32,
         read: impl FnOnce(u64, u64) -> Result<Vec<u8>, E>,
-    ) -> Result<Bytes, String> {
+    ) -> Result<super::msg::Msg, String> {
         let key = (seq, block);
         let pos = match self.blocks.iter().position(|(k, _)| *k == key) {
             Some(p) => p,
@@ -396,7 +397,12 @@ impl ParityCache {
         };
         let c = &mut self.blocks[pos].1;
         let sym = c.symbol(layout, block, index).map_err(|e| e.to_string())?;
-        Ok(Bytes::copy_from_slice(sym))
+        Ok(super::msg::Msg::Parity {
+            seq,
+            block,
+            index,
+            data: Bytes::copy_from_slice(sym),
+        })
     }
 }
 

@@ -331,13 +331,8 @@ impl World {
                         |off: u64, len: u64| -> Result<Vec<u8>, crate::mcast::fec::FecError> {
                             Ok(d[off as usize..(off + len) as usize].to_vec())
                         };
-                    match self.parity.symbol(seq, &layout, block, index, read) {
-                        Ok(data) => Msg::Parity {
-                            seq,
-                            block,
-                            index,
-                            data,
-                        },
+                    match self.parity.parity(seq, &layout, block, index, read) {
+                        Ok(m) => m,
                         Err(_) => {
                             self.writer.skip();
                             continue;

@@ -133,13 +133,8 @@ impl Reader {
                 let read = |off: u64, len: u64| {
                     read_block(dir, file, seq, off, len as u32).map(|b| b.to_vec())
                 };
-                match self.parity.symbol(seq, &layout, block, index, read) {
-                    Ok(data) => Some(Msg::Parity {
-                        seq,
-                        block,
-                        index,
-                        data,
-                    }),
+                match self.parity.parity(seq, &layout, block, index, read) {
+                    Ok(m) => Some(m),
                     Err(e) => {
                         tracing::debug!("multicast: no parity of product {seq} ({e})");
                         None
