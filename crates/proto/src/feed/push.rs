@@ -118,6 +118,8 @@ struct Repair {
 
 /// Most blocks with repair state at once (a bound on what forged counts can hold).
 const MAX_REPAIRS: usize = 1 << 16;
+/// Most repair numbers kept per block (a bound on what forged counts can make it hold).
+const MAX_NUMBERS: usize = 1024;
 /// A block's repair state is kept this long after its last grant went out.
 const FORGET_AFTER: Micros = 5_000_000;
 
@@ -247,6 +249,10 @@ impl Pusher {
             self.repair.0 += 1;
             self.repair.1 += bytes;
             if let Some(r) = self.repairs.get_mut(&(seq, block)) {
+                if r.numbers.len() >= MAX_NUMBERS {
+                    // The oldest are long heard by every subscriber still counting.
+                    r.numbers.drain(..MAX_NUMBERS / 2);
+                }
                 r.numbers.push(self.numbered);
             }
         }
