@@ -361,7 +361,8 @@ async fn run_insert(a: InsertArgs) -> Result<i32> {
         match client::insert(&a.server, &keys, &tuning, f, &name, &a.feedtype).await {
             Ok(seq) => println!("{seq} {name}"),
             Err(e) => {
-                eprintln!("error: {}: {e}", f.display());
+                // The error names the file.
+                eprintln!("error: {e}");
                 failed += 1;
             }
         }

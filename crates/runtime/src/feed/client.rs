@@ -20,6 +20,7 @@ use tokio::io::{AsyncWriteExt, BufWriter};
 use tokio::net::UdpSocket;
 use tokio::sync::mpsc;
 
+use super::ingest::{insert_from, InsertError};
 use super::{now_us, read_msg, write_msg};
 use crate::transport::{connect_tcp, handshake_connect, ReadHalf, Stream, TcpTuning, WriteHalf};
 
@@ -593,6 +594,10 @@ fn join_group(group: &str, iface: Option<Ipv4Addr>) -> io::Result<UdpSocket> {
 }
 
 /// Inserts one file as a product; returns its sequence number.
+///
+/// The insert is [`insert_from`] with the file as its reader. Every error names `path` (the
+/// file cannot be opened, it shrank while read, the source refused it or was unreachable), so
+/// that a caller inserting many files can print it as it is.
 pub async fn insert(
     server: &str,
     keys: &Keys,
@@ -601,53 +606,21 @@ pub async fn insert(
     name: &str,
     feedtype: &str,
 ) -> io::Result<u64> {
-    let file = File::open(path)?;
-    let size = file.metadata()?.len();
-    let stream = connect_tcp(server, tuning)
+    let named = |kind, what: &dyn std::fmt::Display| {
+        io::Error::new(kind, format!("{}: {what}", path.display()))
+    };
+    let opened = |e: io::Error| named(e.kind(), &e);
+    let mut file = tokio::fs::File::open(path).await.map_err(opened)?;
+    let size = file.metadata().await.map_err(opened)?.len();
+    insert_from(server, keys, tuning, name, feedtype, size, &mut file)
         .await
-        .map_err(io::Error::other)?;
-    let mut stream = handshake_connect(Stream::Tcp(stream), keys)
-        .await
-        .map_err(io::Error::other)?;
-    write_msg(
-        &mut stream,
-        &Msg::Insert {
-            name: name.into(),
-            feedtype: feedtype.into(),
-            size,
-        },
-    )
-    .await?;
-    stream.flush().await?;
-    match read_msg(&mut stream).await? {
-        Some(Msg::Ack { .. }) => {}
-        Some(Msg::Refused { reason }) => return Err(io::Error::other(reason)),
-        other => return Err(io::Error::other(format!("unexpected answer {other:?}"))),
-    }
-    let mut w = BufWriter::with_capacity(1 << 20, &mut stream);
-    let mut off = 0u64;
-    let mut buf = vec![0u8; 256 << 10];
-    while off < size {
-        let n = ((size - off) as usize).min(buf.len());
-        file.read_exact_at(&mut buf[..n], off)?;
-        write_msg(
-            &mut w,
-            &Msg::Data {
-                seq: 0,
-                offset: off,
-                data: bytes::Bytes::copy_from_slice(&buf[..n]),
-            },
-        )
-        .await?;
-        off += n as u64;
-    }
-    w.flush().await?;
-    drop(w);
-    match read_msg(&mut stream).await? {
-        Some(Msg::Inserted { seq }) => Ok(seq),
-        Some(Msg::Refused { reason }) => Err(io::Error::other(reason)),
-        other => Err(io::Error::other(format!("unexpected answer {other:?}"))),
-    }
+        .map_err(|e| {
+            let kind = match &e {
+                InsertError::Io(io) => io.kind(),
+                InsertError::Refused(_) | InsertError::Truncated { .. } => io::ErrorKind::Other,
+            };
+            named(kind, &e)
+        })
 }
 
 /// The server's status as JSON.
