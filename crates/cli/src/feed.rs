@@ -491,9 +491,9 @@ fn report(json: bool, exec: Option<&str>, transport: &mut &'static str, r: Repor
             json!({"event": "fallback", "transport": "unicast"})
         }
         Report::Settled { .. } => return,
-        Report::Disconnected { reason } => {
-            eprintln!("warning: lost the source ({reason}); reconnecting");
-            json!({"event": "disconnected", "reason": reason})
+        Report::Disconnected { reason, retry_in } => {
+            eprintln!("warning: lost the source ({reason}); reconnecting in {retry_in:.2?}");
+            json!({"event": "disconnected", "reason": reason, "retry_in_ms": retry_in.as_millis() as u64})
         }
     };
     if json {

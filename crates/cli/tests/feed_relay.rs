@@ -10,7 +10,7 @@ use std::time::Duration;
 mod common;
 use common::feed::{
     delivered, events, free_port, insert, lines, relay, same_files, serve, subscribe, wait_status,
-    write_files,
+    write_files, Server,
 };
 use common::Scratch;
 
@@ -252,4 +252,68 @@ fn products_the_source_evicted_while_the_relay_was_down_are_reported_lost() {
     assert_eq!(st["first_seq"], 1, "{st}");
     assert_eq!(st["last_seq"], 5, "{st}");
     assert_eq!(st["products"], 3, "1, then 4 and 5 once each: {st}");
+}
+
+/// Stops `r` and starts the relay again on its queue; then a subscriber from 1 of everything
+/// the relay holds: what it delivered and the ranges it was told are lost.
+fn restart_and_read(
+    r: Server,
+    s: &Scratch,
+    source: &str,
+    tag: &str,
+) -> (Server, Vec<u64>, Vec<(u64, u64)>) {
+    let raddr = r.addr.clone();
+    drop(r);
+    let r = relay(
+        &s.0.join("rq"),
+        &raddr,
+        source,
+        "IDS",
+        &["--queue-mib", "1"],
+    );
+    let out = subscribe(
+        &raddr,
+        &s.0.join(tag),
+        &["--feedtype", "ANY", "--from", "1", "--duration", "4"],
+    )
+    .wait_with_output()
+    .unwrap();
+    let v = lines(&out);
+    let lost = events(&v, "lost")
+        .iter()
+        .map(|l| (l["from"].as_u64().unwrap(), l["to"].as_u64().unwrap()))
+        .collect();
+    (r, delivered(&v), lost)
+}
+
+/// The relay's filter passes over products before its first (and later between two it
+/// evicted and the next): after a restart its subscribers still hear of gaps, not losses.
+#[test]
+fn a_restarted_relay_does_not_report_what_its_filter_passed_over_as_lost() {
+    let s = Scratch::new("feed-relay-floor");
+    let (src, sq, rq) = (s.0.join("src"), s.0.join("sq"), s.0.join("rq"));
+    let names: Vec<String> = (1..=5).map(|i| format!("p-{i}")).collect();
+    // 1 and 4 are NEXRAD3 (not relayed); 3 and 5 fill most of the relay's 1 MiB queue.
+    let files = write_files(&src, &names, |i| [100, 100, 600_000, 100, 600_000][i]);
+    let source = serve(&sq, "127.0.0.1:0", &[]);
+    let raddr = free_port();
+    let r = relay(&rq, &raddr, &source.addr, "IDS", &["--queue-mib", "1"]);
+    insert(&source.addr, "NEXRAD3", &files[..1]);
+    insert(&source.addr, "IDS", &files[1..2]);
+    wait_status(&raddr, 30, |st| st["upstream"]["relayed"] == 1);
+    let (r, got, lost) = restart_and_read(r, &s, &source.addr, "first");
+    assert_eq!(got, vec![2], "{lost:?}");
+    assert_eq!(lost, vec![], "1 was passed over, not lost");
+    // 3 in, 4 passed over, 5 evicts 2 and 3: gone below 4, a gap at 4.
+    insert(&source.addr, "IDS", &files[2..3]);
+    insert(&source.addr, "NEXRAD3", &files[3..4]);
+    insert(&source.addr, "IDS", &files[4..5]);
+    wait_status(&raddr, 30, |st| st["upstream"]["relayed"] == 2);
+    let (_r, got, lost) = restart_and_read(r, &s, &source.addr, "second");
+    assert_eq!(got, vec![5], "{lost:?}");
+    assert_eq!(
+        lost,
+        vec![(1, 3)],
+        "evicted 2 and 3 (and what came before) are lost, 4 is not"
+    );
 }

@@ -20,6 +20,7 @@ use tokio::io::{AsyncWriteExt, BufWriter};
 use tokio::net::UdpSocket;
 use tokio::sync::mpsc;
 
+use super::backoff::Backoff;
 use super::ingest::{insert_from, InsertError};
 use super::{now_us, read_msg, write_msg};
 use crate::transport::{connect_tcp, handshake_connect, ReadHalf, Stream, TcpTuning, WriteHalf};
@@ -102,10 +103,13 @@ pub enum Report<'a> {
         /// The position.
         below: u64,
     },
-    /// The connection ended; reconnecting.
+    /// The connection ended (or an attempt to connect failed); reconnecting after
+    /// `retry_in` ([`Backoff::reconnect`]).
     Disconnected {
         /// Why.
         reason: String,
+        /// The wait before the next attempt.
+        retry_in: Duration,
     },
 }
 
@@ -153,7 +157,7 @@ fn save_position(dir: &Path, seq: u64) {
 }
 
 /// Subscribes until `max_products` or `duration` (or forever), reconnecting after losing the
-/// source and resuming where it stopped.
+/// source (after [`Backoff::reconnect`]'s waits) and resuming where it stopped.
 pub async fn subscribe(
     cfg: SubscribeConfig,
     on: impl FnMut(Report<'_>),
@@ -178,18 +182,20 @@ pub async fn subscribe_until(
         .start
         .unwrap_or_else(|| saved_position(&cfg.dir).map_or(Start::Now, Start::Seq));
     let mut summary = Summary::default();
+    let mut backoff = Backoff::reconnect();
     loop {
         let mut s = Session {
             cfg: &cfg,
             files: HashMap::new(),
             summary: &mut summary,
             resume: None,
+            admitted: None,
         };
         let r = tokio::select! {
             r = s.run(sub.clone(), start, deadline, &mut on) => Some(r),
             _ = &mut stop => None,
         };
-        let resume = s.resume;
+        let (resume, admitted) = (s.resume, s.admitted);
         s.discard_all();
         let Some(r) = r else {
             // `resume` is set after every delivery, before the session waits again: it
@@ -199,20 +205,27 @@ pub async fn subscribe_until(
             }
             return Ok(summary);
         };
-        match r {
+        let reason = match r {
             Ok(()) => return Ok(summary),
             Err(SessionEnd::Fatal(e)) => return Err(e),
-            Err(SessionEnd::Lost(reason)) => on(Report::Disconnected { reason }),
-        }
+            Err(SessionEnd::Lost(reason)) => reason,
+        };
+        let lived = admitted.map_or(Duration::ZERO, |t| t.elapsed());
+        let retry_in = backoff.after(lived, rand::random());
+        on(Report::Disconnected { reason, retry_in });
         if let Some(r) = resume {
             start = Start::Seq(r);
         }
+        // Never waits past the deadline: a run of 10 s does not linger 30 s in a backoff.
+        let wait = deadline.map_or(retry_in, |d| {
+            retry_in.min(d.saturating_duration_since(Instant::now()))
+        });
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = &mut stop => return Ok(summary),
+        }
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return Ok(summary);
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-            _ = &mut stop => return Ok(summary),
         }
     }
 }
@@ -233,6 +246,9 @@ struct Session<'a> {
     files: HashMap<u64, (PathBuf, File, ProductMeta)>,
     summary: &'a mut Summary,
     resume: Option<u64>,
+    /// When the source accepted the subscription: how long the connection lived decides the
+    /// wait before the next ([`Backoff::after`]).
+    admitted: Option<Instant>,
 }
 
 impl Session<'_> {
@@ -270,6 +286,7 @@ impl Session<'_> {
         on: &mut impl FnMut(Report<'_>),
     ) -> Result<(), SessionEnd> {
         let (mut stream, acc) = self.connect(start).await?;
+        self.admitted = Some(Instant::now());
         let (acc, refused) = refuse_clear_group(acc, !self.cfg.keys.plaintext());
         let Msg::Accepted {
             feed_id,
