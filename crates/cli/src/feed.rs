@@ -360,7 +360,8 @@ async fn run_insert(a: InsertArgs) -> Result<i32> {
         match client::insert(&a.server, &keys, &tuning, f, &name, &a.feedtype).await {
             Ok(seq) => println!("{seq} {name}"),
             Err(e) => {
-                eprintln!("error: {}: {e}", f.display());
+                // The error names the file.
+                eprintln!("error: {e}");
                 failed += 1;
             }
         }
@@ -489,9 +490,9 @@ fn report(json: bool, exec: Option<&str>, transport: &mut &'static str, r: Repor
             json!({"event": "fallback", "transport": "unicast"})
         }
         Report::Settled { .. } => return,
-        Report::Disconnected { reason } => {
-            eprintln!("warning: lost the source ({reason}); reconnecting");
-            json!({"event": "disconnected", "reason": reason})
+        Report::Disconnected { reason, retry_in } => {
+            eprintln!("warning: lost the source ({reason}); reconnecting in {retry_in:.2?}");
+            json!({"event": "disconnected", "reason": reason, "retry_in_ms": retry_in.as_millis() as u64})
         }
     };
     if json {

@@ -4,132 +4,16 @@
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command};
 
 mod common;
-use common::{bin_in, capture_group, root_test_cannot_run, Netns, Proc, Scratch};
+use common::feed::{
+    delivered, free_port, insert, insert_in, insert_with, lines, same_files, serve, serve_in,
+    status, subscribe, subscribe_in, write_files, SECRET,
+};
+use common::{capture_group, root_test_cannot_run, Netns, Scratch};
 
 const BIN: &str = env!("CARGO_BIN_EXE_bulkcast");
-const SECRET: &str = "5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a";
-
-/// A `feed serve` process, killed on drop.
-struct Server {
-    _proc: Proc,
-    addr: String,
-}
-
-/// The binary, run inside network namespace `ns` if given.
-fn serve(dir: &Path, listen: &str, extra: &[&str]) -> Server {
-    serve_in(None, dir, listen, extra)
-}
-
-fn serve_in(ns: Option<&str>, dir: &Path, listen: &str, extra: &[&str]) -> Server {
-    let mut child = bin_in(ns)
-        .args(["feed", "serve", "--listen", listen, "--dir"])
-        .arg(dir)
-        .args(extra)
-        .env("BULKCAST_SECRET", SECRET)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    // "bulkcast feed serving on ADDR, queue ..."
-    let addr = line
-        .split_whitespace()
-        .nth(4)
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .trim_end_matches(',')
-        .to_string();
-    Server {
-        _proc: Proc(child),
-        addr,
-    }
-}
-
-fn insert(addr: &str, feedtype: &str, files: &[std::path::PathBuf]) -> Output {
-    insert_in(None, addr, feedtype, files)
-}
-
-fn insert_in(ns: Option<&str>, addr: &str, feedtype: &str, files: &[std::path::PathBuf]) -> Output {
-    let out = bin_in(ns)
-        .args(["feed", "insert", "--server", addr, "--feedtype", feedtype])
-        .args(files)
-        .env("BULKCAST_SECRET", SECRET)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "insert: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-fn subscribe(addr: &str, dir: &Path, args: &[&str]) -> Child {
-    subscribe_in(None, addr, dir, args)
-}
-
-fn subscribe_in(ns: Option<&str>, addr: &str, dir: &Path, args: &[&str]) -> Child {
-    bin_in(ns)
-        .args(["feed", "subscribe", addr, "--json", "--dir"])
-        .arg(dir)
-        .args(args)
-        .env("BULKCAST_SECRET", SECRET)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-/// The JSON lines of a finished subscriber.
-fn lines(out: &Output) -> Vec<serde_json::Value> {
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-        .collect()
-}
-
-fn delivered(v: &[serde_json::Value]) -> Vec<u64> {
-    v.iter()
-        .filter(|l| l["event"] == "delivered")
-        .map(|l| l["seq"].as_u64().unwrap())
-        .collect()
-}
-
-fn write_files(
-    dir: &Path,
-    names: &[String],
-    size: impl Fn(usize) -> usize,
-) -> Vec<std::path::PathBuf> {
-    std::fs::create_dir_all(dir).unwrap();
-    names
-        .iter()
-        .enumerate()
-        .map(|(i, n)| {
-            let p = dir.join(n);
-            let data: Vec<u8> = (0..size(i)).map(|j| (j * 31 + i * 7) as u8).collect();
-            std::fs::write(&p, data).unwrap();
-            p
-        })
-        .collect()
-}
-
-fn same_files(a: &Path, b: &Path, names: &[String]) {
-    for n in names {
-        let (x, y) = (std::fs::read(a.join(n)).unwrap(), std::fs::read(b.join(n)));
-        assert_eq!(Some(&x), y.as_ref().ok(), "{n} differs or is missing");
-    }
-}
-
-/// A free port on loopback (for a server that restarts on the same address).
-fn free_port() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().to_string()
-}
 
 #[test]
 fn subscribers_get_verified_files_and_the_backlog_survives_a_restart() {
@@ -362,13 +246,7 @@ fn ten_thousand_small_products_arrive_once_by_unicast_and_multicast() {
         let sub = v.iter().find(|l| l["event"] == "subscribed").unwrap();
         assert_eq!(sub["transport"], dir_transport(dir), "{sub}");
     }
-    let st = Command::new(BIN)
-        .args(["feed", "status", "--json", "--server", &server.addr])
-        .env("BULKCAST_SECRET", SECRET)
-        .output()
-        .unwrap();
-    let st: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
-    assert_eq!(st["products"], n);
+    assert_eq!(status(&server.addr)["products"], n);
 }
 
 fn dir_transport(dir: &str) -> &'static str {
@@ -545,25 +423,7 @@ fn host_keys_admit_feed_subscribers_by_key() {
     let names: Vec<String> = vec!["a".into()];
     let files = write_files(&s.0.join("src"), &names, |_| 3000);
     let sub_id = id(&sub_key, &to_srv);
-    let out = bin_in(None)
-        .args([
-            "feed",
-            "insert",
-            "--server",
-            &server.addr,
-            "--feedtype",
-            "IDS",
-        ])
-        .args(&files)
-        .args(&sub_id)
-        .env("BULKCAST_SECRET", SECRET)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "insert: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    insert_with(None, &server.addr, "IDS", &files, &sub_id);
     let sub = |k: &Path, dir: &str| {
         let mut args = vec!["--feedtype", "ANY", "--from", "1", "--duration", "3"];
         let ident = id(k, &to_srv);
@@ -705,24 +565,12 @@ fn feed_seen(
         }
         subs.push((child, out, lines));
     }
-    let out = Command::new(BIN)
-        .args([
-            "feed",
-            "insert",
-            "--server",
-            &server.addr,
-            "--feedtype",
-            "IDS",
-        ])
-        .arg(product)
-        .args(sub_extra)
-        .env("BULKCAST_SECRET", SECRET)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "insert: {}",
-        String::from_utf8_lossy(&out.stderr)
+    insert_with(
+        None,
+        &server.addr,
+        "IDS",
+        &[product.to_path_buf()],
+        sub_extra,
     );
     let subs: Vec<_> = subs
         .into_iter()

@@ -6,66 +6,20 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::Scratch;
-
-const BIN: &str = env!("CARGO_BIN_EXE_bulkcast");
-const SECRET: &str = "5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a";
-
-/// A process killed on drop.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// A `feed serve` on a free loopback port; returns it and its address.
-fn serve(dir: &Path) -> (Proc, String) {
-    let mut child = Command::new(BIN)
-        .args(["feed", "serve", "--listen", "127.0.0.1:0", "--dir"])
-        .arg(dir)
-        .env("BULKCAST_SECRET", SECRET)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    // "bulkcast feed serving on ADDR, queue ..."
-    let addr = line
-        .split_whitespace()
-        .nth(4)
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .trim_end_matches(',')
-        .to_string();
-    (Proc(child), addr)
-}
+use common::feed::{bin, insert, serve};
+use common::{Proc, Scratch};
 
 /// Inserts one product named `name` of `feedtype`; returns its sequence number.
-fn insert(addr: &str, src: &Path, name: &str, feedtype: &str) -> u64 {
+fn insert_one(addr: &str, src: &Path, name: &str, feedtype: &str) -> u64 {
     let p = src.join(name);
     let data: Vec<u8> = (0..(name.len() * 997)).map(|j| (j * 31) as u8).collect();
     std::fs::write(&p, data).unwrap();
-    let out = Command::new(BIN)
-        .args(["feed", "insert", "--server", addr, "--feedtype", feedtype])
-        .arg(&p)
-        .env("BULKCAST_SECRET", SECRET)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = insert(addr, feedtype, &[p]);
     let text = String::from_utf8_lossy(&out.stdout);
     text.split_whitespace()
         .next()
@@ -80,10 +34,9 @@ struct AgentProc {
 }
 
 fn agent(config: &Path) -> AgentProc {
-    let mut child = Command::new(BIN)
+    let mut child = bin()
         .args(["agent", "--listen", "127.0.0.1:0", "--config"])
         .arg(config)
-        .env("BULKCAST_SECRET", SECRET)
         .env("BULKCAST_LOG", "info")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -202,7 +155,8 @@ fn agent_feeds_get_their_products_and_resume_across_a_restart() {
         s.0.join("agent.toml"),
     );
     std::fs::create_dir_all(&src).unwrap();
-    let (_server, addr) = serve(&q);
+    let server = serve(&q, "127.0.0.1:0", &[]);
+    let addr = server.addr.clone();
     let execlog = s.0.join("exec.log");
     config(
         &cfg,
@@ -229,7 +183,7 @@ fn agent_feeds_get_their_products_and_resume_across_a_restart() {
     // Some products before the agent starts (`from = "1"` takes them), some after.
     let mut seqs: BTreeMap<String, u64> = BTreeMap::new();
     let mut put = |name: &str, ft: &str| {
-        seqs.insert(name.to_string(), insert(&addr, &src, name, ft));
+        seqs.insert(name.to_string(), insert_one(&addr, &src, name, ft));
     };
     put("radar-1", "NEXRAD3");
     put("bulletin-1", "IDS");
@@ -298,7 +252,8 @@ fn sighup_starts_added_feeds_and_stops_removed_ones() {
         s.0.join("agent.toml"),
     );
     std::fs::create_dir_all(&src).unwrap();
-    let (_server, addr) = serve(&q);
+    let server = serve(&q, "127.0.0.1:0", &[]);
+    let addr = server.addr.clone();
     let agent_dir = s.0.join("agent");
     config(
         &cfg,
@@ -306,7 +261,7 @@ fn sighup_starts_added_feeds_and_stops_removed_ones() {
         &[feed(&addr, "NEXRAD3", &a_dir, "from = \"1\"\n")],
     );
     let a = agent(&cfg);
-    insert(&addr, &src, "r-1", "NEXRAD3");
+    insert_one(&addr, &src, "r-1", "NEXRAD3");
     wait_for(&a_dir, &src, &names(&["r-1"]));
     // Swap the feed for another: SIGHUP stops the first and starts the second.
     config(
@@ -323,8 +278,8 @@ fn sighup_starts_added_feeds_and_stops_removed_ones() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    insert(&addr, &src, "r-2", "NEXRAD3");
-    insert(&addr, &src, "g-1", "NGRID");
+    insert_one(&addr, &src, "r-2", "NEXRAD3");
+    insert_one(&addr, &src, "g-1", "NGRID");
     wait_for(&b_dir, &src, &names(&["g-1"]));
     // A bad config on SIGHUP leaves the running feeds as they are.
     std::fs::write(&cfg, "[[feed]]\nsource = \"x:1\"\n").unwrap();
@@ -334,7 +289,7 @@ fn sighup_starts_added_feeds_and_stops_removed_ones() {
         assert!(start.elapsed() < Duration::from_secs(20), "no error logged");
         std::thread::sleep(Duration::from_millis(50));
     }
-    insert(&addr, &src, "g-2", "NGRID");
+    insert_one(&addr, &src, "g-2", "NGRID");
     wait_for(&b_dir, &src, &names(&["g-1", "g-2"]));
     a.stop();
     // The removed feed took nothing after its removal.
@@ -347,10 +302,9 @@ fn a_bad_feed_line_stops_the_agent_at_its_start_naming_the_line() {
     let cfg = s.0.join("agent.toml");
     let run = |text: String| {
         std::fs::write(&cfg, text).unwrap();
-        let out = Command::new(BIN)
+        let out = bin()
             .args(["agent", "--listen", "127.0.0.1:0", "--config"])
             .arg(&cfg)
-            .env("BULKCAST_SECRET", SECRET)
             .output()
             .unwrap();
         assert!(!out.status.success(), "the agent started");

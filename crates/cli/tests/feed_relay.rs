@@ -4,169 +4,15 @@
 //! while the relay was down are reported lost.
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-#[allow(dead_code, unused_imports)]
 mod common;
+use common::feed::{
+    delivered, events, free_port, insert, lines, relay, same_files, serve, subscribe, wait_status,
+    write_files, Server,
+};
 use common::Scratch;
-
-const BIN: &str = env!("CARGO_BIN_EXE_bulkcast");
-const SECRET: &str = "5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a";
-
-/// A `feed serve` process, killed on drop.
-struct Server {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn serve(dir: &Path, listen: &str, extra: &[&str]) -> Server {
-    let mut child = Command::new(BIN)
-        .args(["feed", "serve", "--listen", listen, "--dir"])
-        .arg(dir)
-        .args(extra)
-        .env("BULKCAST_SECRET", SECRET)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    // "bulkcast feed serving on ADDR, queue ..."
-    let addr = line
-        .split_whitespace()
-        .nth(4)
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .trim_end_matches(',')
-        .to_string();
-    Server { child, addr }
-}
-
-/// A relay of `upstream` for feedtypes `feedtype`.
-fn relay(dir: &Path, listen: &str, upstream: &str, feedtype: &str, extra: &[&str]) -> Server {
-    let args = [
-        &[
-            "--upstream",
-            upstream,
-            "--feedtype",
-            feedtype,
-            "--upstream-from",
-            "1",
-        ][..],
-        extra,
-    ]
-    .concat();
-    serve(dir, listen, &args)
-}
-
-fn insert(addr: &str, feedtype: &str, files: &[PathBuf]) {
-    let out = Command::new(BIN)
-        .args(["feed", "insert", "--server", addr, "--feedtype", feedtype])
-        .args(files)
-        .env("BULKCAST_SECRET", SECRET)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "insert: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn subscribe(addr: &str, dir: &Path, args: &[&str]) -> Child {
-    Command::new(BIN)
-        .args(["feed", "subscribe", addr, "--json", "--dir"])
-        .arg(dir)
-        .args(args)
-        .env("BULKCAST_SECRET", SECRET)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-fn lines(out: &Output) -> Vec<serde_json::Value> {
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-        .collect()
-}
-
-fn events<'a>(v: &'a [serde_json::Value], ev: &str) -> Vec<&'a serde_json::Value> {
-    v.iter().filter(|l| l["event"] == ev).collect()
-}
-
-fn delivered(v: &[serde_json::Value]) -> Vec<u64> {
-    events(v, "delivered")
-        .iter()
-        .map(|l| l["seq"].as_u64().unwrap())
-        .collect()
-}
-
-fn status(addr: &str) -> serde_json::Value {
-    let out = Command::new(BIN)
-        .args(["feed", "status", "--json", "--server", addr])
-        .env("BULKCAST_SECRET", SECRET)
-        .output()
-        .unwrap();
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)))
-}
-
-/// Polls `addr`'s status until `ok` holds (panics after `secs`).
-fn wait_status(
-    addr: &str,
-    secs: u64,
-    ok: impl Fn(&serde_json::Value) -> bool,
-) -> serde_json::Value {
-    let end = Instant::now() + Duration::from_secs(secs);
-    loop {
-        let st = status(addr);
-        if ok(&st) {
-            return st;
-        }
-        assert!(Instant::now() < end, "status never got there: {st}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
-/// Files `NAME` of `size(i)` bytes, each different.
-fn write_files(dir: &Path, names: &[String], size: impl Fn(usize) -> usize) -> Vec<PathBuf> {
-    std::fs::create_dir_all(dir).unwrap();
-    names
-        .iter()
-        .enumerate()
-        .map(|(i, n)| {
-            let p = dir.join(n);
-            let data: Vec<u8> = (0..size(i)).map(|j| (j * 31 + i * 7) as u8).collect();
-            std::fs::write(&p, data).unwrap();
-            p
-        })
-        .collect()
-}
-
-fn same_files(a: &Path, b: &Path, names: &[String]) {
-    for n in names {
-        let (x, y) = (std::fs::read(a.join(n)).unwrap(), std::fs::read(b.join(n)));
-        assert_eq!(Some(&x), y.as_ref().ok(), "{n} differs or is missing");
-    }
-}
-
-fn free_port() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().to_string()
-}
 
 /// One batch of the feed: `n` products of each of IDS (small), NGRID (mid-size, one large)
 /// and NEXRAD3 (which the relay does not take), interleaved as one insert each.
@@ -406,4 +252,68 @@ fn products_the_source_evicted_while_the_relay_was_down_are_reported_lost() {
     assert_eq!(st["first_seq"], 1, "{st}");
     assert_eq!(st["last_seq"], 5, "{st}");
     assert_eq!(st["products"], 3, "1, then 4 and 5 once each: {st}");
+}
+
+/// Stops `r` and starts the relay again on its queue; then a subscriber from 1 of everything
+/// the relay holds: what it delivered and the ranges it was told are lost.
+fn restart_and_read(
+    r: Server,
+    s: &Scratch,
+    source: &str,
+    tag: &str,
+) -> (Server, Vec<u64>, Vec<(u64, u64)>) {
+    let raddr = r.addr.clone();
+    drop(r);
+    let r = relay(
+        &s.0.join("rq"),
+        &raddr,
+        source,
+        "IDS",
+        &["--queue-mib", "1"],
+    );
+    let out = subscribe(
+        &raddr,
+        &s.0.join(tag),
+        &["--feedtype", "ANY", "--from", "1", "--duration", "4"],
+    )
+    .wait_with_output()
+    .unwrap();
+    let v = lines(&out);
+    let lost = events(&v, "lost")
+        .iter()
+        .map(|l| (l["from"].as_u64().unwrap(), l["to"].as_u64().unwrap()))
+        .collect();
+    (r, delivered(&v), lost)
+}
+
+/// The relay's filter passes over products before its first (and later between two it
+/// evicted and the next): after a restart its subscribers still hear of gaps, not losses.
+#[test]
+fn a_restarted_relay_does_not_report_what_its_filter_passed_over_as_lost() {
+    let s = Scratch::new("feed-relay-floor");
+    let (src, sq, rq) = (s.0.join("src"), s.0.join("sq"), s.0.join("rq"));
+    let names: Vec<String> = (1..=5).map(|i| format!("p-{i}")).collect();
+    // 1 and 4 are NEXRAD3 (not relayed); 3 and 5 fill most of the relay's 1 MiB queue.
+    let files = write_files(&src, &names, |i| [100, 100, 600_000, 100, 600_000][i]);
+    let source = serve(&sq, "127.0.0.1:0", &[]);
+    let raddr = free_port();
+    let r = relay(&rq, &raddr, &source.addr, "IDS", &["--queue-mib", "1"]);
+    insert(&source.addr, "NEXRAD3", &files[..1]);
+    insert(&source.addr, "IDS", &files[1..2]);
+    wait_status(&raddr, 30, |st| st["upstream"]["relayed"] == 1);
+    let (r, got, lost) = restart_and_read(r, &s, &source.addr, "first");
+    assert_eq!(got, vec![2], "{lost:?}");
+    assert_eq!(lost, vec![], "1 was passed over, not lost");
+    // 3 in, 4 passed over, 5 evicts 2 and 3: gone below 4, a gap at 4.
+    insert(&source.addr, "IDS", &files[2..3]);
+    insert(&source.addr, "NEXRAD3", &files[3..4]);
+    insert(&source.addr, "IDS", &files[4..5]);
+    wait_status(&raddr, 30, |st| st["upstream"]["relayed"] == 2);
+    let (_r, got, lost) = restart_and_read(r, &s, &source.addr, "second");
+    assert_eq!(got, vec![5], "{lost:?}");
+    assert_eq!(
+        lost,
+        vec![(1, 3)],
+        "evicted 2 and 3 (and what came before) are lost, 4 is not"
+    );
 }

@@ -3,97 +3,35 @@
 //! restart of the watcher; framed stdin of 1,000 products with a bad tail.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::Scratch;
-
-const BIN: &str = env!("CARGO_BIN_EXE_bulkcast");
-const SECRET: &str = "5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a";
-
-/// A child process killed on drop.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn bin() -> Command {
-    let mut c = Command::new(BIN);
-    c.env("BULKCAST_SECRET", SECRET);
-    c
-}
-
-/// `feed serve` on a free loopback port; its address.
-fn serve(dir: &Path, extra: &[&str]) -> (Proc, String) {
-    let mut child = bin()
-        .args(["feed", "serve", "--listen", "127.0.0.1:0", "--dir"])
-        .arg(dir)
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .split_whitespace()
-        .nth(4)
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .trim_end_matches(',')
-        .to_string();
-    (Proc(child), addr)
-}
+use common::feed::{bin, events, lines, serve, status, subscribe};
+use common::{Proc, Scratch};
 
 /// A unicast subscriber from the start of the queue, until `n` products.
-fn subscribe(addr: &str, dir: &Path, feedtype: &str, n: usize) -> Child {
-    bin()
-        .args([
-            "feed",
-            "subscribe",
-            addr,
-            "--json",
-            "--unicast",
-            "--from",
-            "1",
-        ])
-        .args(["--feedtype", feedtype, "--duration", "120", "--dir"])
-        .arg(dir)
-        .args(["--max-products", &n.to_string()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+fn subscribe_n(addr: &str, dir: &Path, feedtype: &str, n: usize) -> Child {
+    let n = n.to_string();
+    let args = ["--unicast", "--from", "1", "--feedtype", feedtype];
+    let until = ["--duration", "120", "--max-products", &n];
+    subscribe(addr, dir, &[&args[..], &until[..]].concat())
 }
 
 /// Product names delivered, with how often.
 fn delivered(out: &Output) -> BTreeMap<String, usize> {
     let mut m = BTreeMap::new();
-    for l in String::from_utf8_lossy(&out.stdout).lines() {
-        let v: serde_json::Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"));
-        if v["event"] == "delivered" {
-            *m.entry(v["name"].as_str().unwrap().to_string())
-                .or_insert(0) += 1;
-        }
+    for v in events(&lines(out), "delivered") {
+        *m.entry(v["name"].as_str().unwrap().to_string())
+            .or_insert(0) += 1;
     }
     m
 }
 
 fn queued(addr: &str) -> u64 {
-    let out = bin()
-        .args(["feed", "status", "--json", "--server", addr])
-        .output()
-        .unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["products"].as_u64().unwrap()
+    status(addr)["products"].as_u64().unwrap()
 }
 
 fn content(i: usize, len: usize) -> Vec<u8> {
@@ -140,7 +78,8 @@ fn a_watched_directory_inserts_each_complete_file_once_across_restarts() {
     let s = Scratch::new("feed-watch");
     let (inbox, got) = (s.0.join("in"), s.0.join("got"));
     std::fs::create_dir_all(&inbox).unwrap();
-    let (_server, addr) = serve(&s.0.join("q"), &[]);
+    let server = serve(&s.0.join("q"), "127.0.0.1:0", &[]);
+    let addr = server.addr.clone();
     let mut want: BTreeMap<String, Vec<u8>> = BTreeMap::new();
     // There before the watcher starts.
     want.insert("early".into(), content(0, 70_000));
@@ -173,7 +112,9 @@ fn a_watched_directory_inserts_each_complete_file_once_across_restarts() {
     }
     // Everything arrives; then the watcher restarts (killed hard) with --remove.
     let n = want.len();
-    let first = subscribe(&addr, &got, "WX", n).wait_with_output().unwrap();
+    let first = subscribe_n(&addr, &got, "WX", n)
+        .wait_with_output()
+        .unwrap();
     let d = delivered(&first);
     assert_eq!(
         d.keys().cloned().collect::<Vec<_>>(),
@@ -200,7 +141,7 @@ fn a_watched_directory_inserts_each_complete_file_once_across_restarts() {
         inbox.join("early").exists(),
         "inserted before --remove: left alone"
     );
-    let all = subscribe(&addr, &s.0.join("all"), "WX", want.len())
+    let all = subscribe_n(&addr, &s.0.join("all"), "WX", want.len())
         .wait_with_output()
         .unwrap();
     let d = delivered(&all);
@@ -272,7 +213,8 @@ fn insert_stdin(addr: &str, input: &[u8]) -> Output {
 #[test]
 fn framed_stdin_inserts_a_thousand_products_and_names_the_bad_tail() {
     let s = Scratch::new("feed-stdin");
-    let (_server, addr) = serve(&s.0.join("q"), &[]);
+    let server = serve(&s.0.join("q"), "127.0.0.1:0", &[]);
+    let addr = server.addr.clone();
     let n = 1000;
     let mut input = Vec::new();
     for i in 0..n {
@@ -288,7 +230,7 @@ fn framed_stdin_inserts_a_thousand_products_and_names_the_bad_tail() {
         "{err}"
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), n);
-    let sub = subscribe(&addr, &s.0.join("got"), "IDS", n)
+    let sub = subscribe_n(&addr, &s.0.join("got"), "IDS", n)
         .wait_with_output()
         .unwrap();
     let d = delivered(&sub);
@@ -309,7 +251,8 @@ fn framed_stdin_inserts_a_thousand_products_and_names_the_bad_tail() {
 #[test]
 fn framed_stdin_skips_a_refused_product_and_stops_at_a_malformed_header() {
     let s = Scratch::new("feed-stdin-bad");
-    let (_server, addr) = serve(&s.0.join("q"), &["--queue-mib", "1"]);
+    let server = serve(&s.0.join("q"), "127.0.0.1:0", &["--queue-mib", "1"]);
+    let addr = server.addr.clone();
     let mut input = Vec::new();
     frame(&mut input, "ok1", b"abc");
     frame(&mut input, "big", &vec![7u8; 2 << 20]);
@@ -332,7 +275,7 @@ fn framed_stdin_skips_a_refused_product_and_stops_at_a_malformed_header() {
         "{err}"
     );
     let names: BTreeSet<String> = delivered(
-        &subscribe(&addr, &s.0.join("got"), "IDS", 2)
+        &subscribe_n(&addr, &s.0.join("got"), "IDS", 2)
             .wait_with_output()
             .unwrap(),
     )

@@ -46,6 +46,10 @@ pub use group::capture_group;
 #[allow(dead_code)] // only the resume tests use it
 pub mod resume;
 
+/// The feed tests' servers, inserts, subscribers and files.
+#[allow(dead_code)] // only the feed tests use it
+pub mod feed;
+
 /// Agents and sends of the loopback test binaries.
 #[allow(dead_code)] // not every test binary sends
 pub mod run;

@@ -153,6 +153,15 @@ impl ProductQueue {
         }
     }
 
+    /// Takes back the floor a relay's queue saved before it stopped ([`ProductQueue::floor`]
+    /// then), once its products are restored: the numbers between it and the oldest product
+    /// restored are gaps its filter passed over, not products gone, and without it a
+    /// subscriber from before them would be told they are lost. Never raised past what
+    /// [`ProductQueue::restore`] found (a product restored is held, whatever was saved).
+    pub fn restore_floor(&mut self, saved: u64) {
+        self.floor = self.floor.min(saved.max(1));
+    }
+
     /// Drops products past the age bound; returns their sequence numbers.
     pub fn expire(&mut self, now: Micros) -> Vec<u64> {
         let mut gone = Vec::new();
@@ -318,5 +327,44 @@ mod tests {
         q.restore(at(9, 1), 0);
         assert_eq!((q.floor(), q.next_seq()), (7, 10));
         assert!(q.is_gone(6) && !q.is_gone(8));
+    }
+
+    /// A relay's queue: its filter passed over 1 and 2 and later 5, it evicted 3 and 4, then
+    /// stopped. Restored with its saved floor, it tells the gaps from the products gone.
+    #[test]
+    fn a_restored_relay_queue_keeps_its_gaps_with_its_saved_floor() {
+        let lim = QueueLimits {
+            max_bytes: 100,
+            max_age: u64::MAX,
+        };
+        let mut q = ProductQueue::new(lim, 1);
+        q.insert_at(at(3, 40), 0).unwrap();
+        q.insert_at(at(4, 50), 0).unwrap();
+        assert_eq!(q.insert_at(at(6, 60), 0).unwrap(), vec![3, 4]);
+        let saved = q.floor();
+        assert_eq!(saved, 5, "evicted 3 and 4 are gone; the gap 5 is not");
+        let restore = |floor: Option<u64>| {
+            let mut r = ProductQueue::new(lim, q.next_seq());
+            r.restore(at(6, 60), 0);
+            if let Some(f) = floor {
+                r.restore_floor(f);
+            }
+            r
+        };
+        let without = restore(None);
+        assert!(without.is_gone(5), "without the floor the gap looks lost");
+        let r = restore(Some(saved));
+        assert_eq!(r.floor(), 5);
+        assert!(r.is_gone(4) && !r.is_gone(5) && !r.is_gone(6));
+        // A new relay's queue whose first product came after gaps: none of them is lost.
+        let mut first = ProductQueue::new(lim, 7);
+        first.restore(at(3, 1), 0);
+        first.restore_floor(1);
+        assert!(!first.is_gone(1) && !first.is_gone(2));
+        // A floor saved above a product restored (its removal cut short) keeps the product.
+        let mut high = ProductQueue::new(lim, 7);
+        high.restore(at(3, 1), 0);
+        high.restore_floor(5);
+        assert_eq!(high.floor(), 3);
     }
 }

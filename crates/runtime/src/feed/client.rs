@@ -20,6 +20,8 @@ use tokio::io::{AsyncWriteExt, BufWriter};
 use tokio::net::UdpSocket;
 use tokio::sync::mpsc;
 
+use super::backoff::Backoff;
+use super::ingest::{insert_from, InsertError};
 use super::{now_us, read_msg, write_msg};
 use crate::transport::{connect_tcp, handshake_connect, ReadHalf, Stream, TcpTuning, WriteHalf};
 
@@ -101,10 +103,13 @@ pub enum Report<'a> {
         /// The position.
         below: u64,
     },
-    /// The connection ended; reconnecting.
+    /// The connection ended (or an attempt to connect failed); reconnecting after
+    /// `retry_in` ([`Backoff::reconnect`]).
     Disconnected {
         /// Why.
         reason: String,
+        /// The wait before the next attempt.
+        retry_in: Duration,
     },
 }
 
@@ -152,7 +157,7 @@ fn save_position(dir: &Path, seq: u64) {
 }
 
 /// Subscribes until `max_products` or `duration` (or forever), reconnecting after losing the
-/// source and resuming where it stopped.
+/// source (after [`Backoff::reconnect`]'s waits) and resuming where it stopped.
 pub async fn subscribe(
     cfg: SubscribeConfig,
     on: impl FnMut(Report<'_>),
@@ -177,18 +182,20 @@ pub async fn subscribe_until(
         .start
         .unwrap_or_else(|| saved_position(&cfg.dir).map_or(Start::Now, Start::Seq));
     let mut summary = Summary::default();
+    let mut backoff = Backoff::reconnect();
     loop {
         let mut s = Session {
             cfg: &cfg,
             files: HashMap::new(),
             summary: &mut summary,
             resume: None,
+            admitted: None,
         };
         let r = tokio::select! {
             r = s.run(sub.clone(), start, deadline, &mut on) => Some(r),
             _ = &mut stop => None,
         };
-        let resume = s.resume;
+        let (resume, admitted) = (s.resume, s.admitted);
         s.discard_all();
         let Some(r) = r else {
             // `resume` is set after every delivery, before the session waits again: it
@@ -198,20 +205,27 @@ pub async fn subscribe_until(
             }
             return Ok(summary);
         };
-        match r {
+        let reason = match r {
             Ok(()) => return Ok(summary),
             Err(SessionEnd::Fatal(e)) => return Err(e),
-            Err(SessionEnd::Lost(reason)) => on(Report::Disconnected { reason }),
-        }
+            Err(SessionEnd::Lost(reason)) => reason,
+        };
+        let lived = admitted.map_or(Duration::ZERO, |t| t.elapsed());
+        let retry_in = backoff.after(lived, rand::random());
+        on(Report::Disconnected { reason, retry_in });
         if let Some(r) = resume {
             start = Start::Seq(r);
         }
+        // Never waits past the deadline: a run of 10 s does not linger 30 s in a backoff.
+        let wait = deadline.map_or(retry_in, |d| {
+            retry_in.min(d.saturating_duration_since(Instant::now()))
+        });
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = &mut stop => return Ok(summary),
+        }
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return Ok(summary);
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-            _ = &mut stop => return Ok(summary),
         }
     }
 }
@@ -232,6 +246,9 @@ struct Session<'a> {
     files: HashMap<u64, (PathBuf, File, ProductMeta)>,
     summary: &'a mut Summary,
     resume: Option<u64>,
+    /// When the source accepted the subscription: how long the connection lived decides the
+    /// wait before the next ([`Backoff::after`]).
+    admitted: Option<Instant>,
 }
 
 impl Session<'_> {
@@ -269,6 +286,7 @@ impl Session<'_> {
         on: &mut impl FnMut(Report<'_>),
     ) -> Result<(), SessionEnd> {
         let (mut stream, acc) = self.connect(start).await?;
+        self.admitted = Some(Instant::now());
         let (acc, refused) = refuse_clear_group(acc, !self.cfg.keys.plaintext());
         let Msg::Accepted {
             feed_id,
@@ -593,6 +611,10 @@ fn join_group(group: &str, iface: Option<Ipv4Addr>) -> io::Result<UdpSocket> {
 }
 
 /// Inserts one file as a product; returns its sequence number.
+///
+/// The insert is [`insert_from`] with the file as its reader. Every error names `path` (the
+/// file cannot be opened, it shrank while read, the source refused it or was unreachable), so
+/// that a caller inserting many files can print it as it is.
 pub async fn insert(
     server: &str,
     keys: &Keys,
@@ -601,53 +623,21 @@ pub async fn insert(
     name: &str,
     feedtype: &str,
 ) -> io::Result<u64> {
-    let file = File::open(path)?;
-    let size = file.metadata()?.len();
-    let stream = connect_tcp(server, tuning)
+    let named = |kind, what: &dyn std::fmt::Display| {
+        io::Error::new(kind, format!("{}: {what}", path.display()))
+    };
+    let opened = |e: io::Error| named(e.kind(), &e);
+    let mut file = tokio::fs::File::open(path).await.map_err(opened)?;
+    let size = file.metadata().await.map_err(opened)?.len();
+    insert_from(server, keys, tuning, name, feedtype, size, &mut file)
         .await
-        .map_err(io::Error::other)?;
-    let mut stream = handshake_connect(Stream::Tcp(stream), keys)
-        .await
-        .map_err(io::Error::other)?;
-    write_msg(
-        &mut stream,
-        &Msg::Insert {
-            name: name.into(),
-            feedtype: feedtype.into(),
-            size,
-        },
-    )
-    .await?;
-    stream.flush().await?;
-    match read_msg(&mut stream).await? {
-        Some(Msg::Ack { .. }) => {}
-        Some(Msg::Refused { reason }) => return Err(io::Error::other(reason)),
-        other => return Err(io::Error::other(format!("unexpected answer {other:?}"))),
-    }
-    let mut w = BufWriter::with_capacity(1 << 20, &mut stream);
-    let mut off = 0u64;
-    let mut buf = vec![0u8; 256 << 10];
-    while off < size {
-        let n = ((size - off) as usize).min(buf.len());
-        file.read_exact_at(&mut buf[..n], off)?;
-        write_msg(
-            &mut w,
-            &Msg::Data {
-                seq: 0,
-                offset: off,
-                data: bytes::Bytes::copy_from_slice(&buf[..n]),
-            },
-        )
-        .await?;
-        off += n as u64;
-    }
-    w.flush().await?;
-    drop(w);
-    match read_msg(&mut stream).await? {
-        Some(Msg::Inserted { seq }) => Ok(seq),
-        Some(Msg::Refused { reason }) => Err(io::Error::other(reason)),
-        other => Err(io::Error::other(format!("unexpected answer {other:?}"))),
-    }
+        .map_err(|e| {
+            let kind = match &e {
+                InsertError::Io(io) => io.kind(),
+                InsertError::Refused(_) | InsertError::Truncated { .. } => io::ErrorKind::Other,
+            };
+            named(kind, &e)
+        })
 }
 
 /// The server's status as JSON.

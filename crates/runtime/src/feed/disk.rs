@@ -1,7 +1,7 @@
 //! The product queue on disk: `DIR/queue/<seq>.dat` (the bytes) and `<seq>.meta` (the
-//! metadata, written after the bytes are in place), `DIR/next_seq`, and `DIR/tmp/` for
-//! products being inserted. A crash leaves at worst a data file without metadata, which the
-//! next start removes: a product is in the queue whole or not at all.
+//! metadata, written after the bytes are in place), `DIR/next_seq`, a relay's `DIR/floor`, and
+//! `DIR/tmp/` for products being inserted. A crash leaves at worst a data file without
+//! metadata, which the next start removes: a product is in the queue whole or not at all.
 
 use std::fs::{self, File};
 use std::io::{self, Read};
@@ -11,6 +11,14 @@ use bulkcast_proto::feed::msg::Msg;
 use bulkcast_proto::feed::product::{Micros, ProductMeta};
 use bulkcast_proto::feed::queue::{ProductQueue, QueueLimits};
 use bytes::BytesMut;
+
+/// A relay's queue floor, in the queue's directory.
+const FLOOR: &str = "floor";
+
+/// A number saved in a file of its own; `None` when missing or unreadable.
+fn read_number(p: &Path) -> Option<u64> {
+    fs::read_to_string(p).ok()?.trim().parse().ok()
+}
 
 /// Where a queue lives.
 #[derive(Debug, Clone)]
@@ -55,10 +63,7 @@ impl QueueDir {
 
     /// Reads the queue back: every product whose data and metadata are both whole.
     pub fn restore(&self, limits: QueueLimits) -> io::Result<ProductQueue> {
-        let next = fs::read_to_string(self.root.join("next_seq"))
-            .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok())
-            .unwrap_or(1);
+        let next = read_number(&self.root.join("next_seq")).unwrap_or(1);
         let mut q = ProductQueue::new(limits, next);
         let mut seen = Vec::new();
         for e in fs::read_dir(self.root.join("queue"))? {
@@ -82,7 +87,21 @@ impl QueueDir {
         for (meta, queued) in seen {
             q.restore(meta, queued);
         }
+        if let Some(floor) = read_number(&self.root.join(FLOOR)) {
+            q.restore_floor(floor);
+        }
         Ok(q)
+    }
+
+    /// Saves a relay's queue floor ([`ProductQueue::floor`]), for [`QueueDir::restore`] to
+    /// take back: without it a restart takes everything before the oldest product held as
+    /// gone, and the relay's subscribers would be told its filter's gaps there are lost. Only
+    /// a relay's queue has gaps, so only a relay saves it. Written aside and renamed, as
+    /// `next_seq` is: a crash leaves the old floor or the new one.
+    pub fn save_floor(&self, floor: u64) -> io::Result<()> {
+        let t = self.tmp();
+        fs::write(&t, floor.to_string())?;
+        fs::rename(&t, self.root.join(FLOOR))
     }
 
     fn read_meta(&self, seq: u64) -> Option<(ProductMeta, Micros)> {
@@ -173,6 +192,23 @@ mod tests {
         assert_eq!(q.next_seq(), 4, "sequence numbers are never reused");
         assert!(!d.data(9).exists() && !d.data(3).exists());
         assert_eq!(fs::read_dir(root.join("tmp")).unwrap().count(), 0);
+        let _ = fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn a_saved_floor_comes_back_with_the_queue() {
+        let root = std::env::temp_dir().join(format!("bulkcast-feed-floor-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        let d = QueueDir::open(&root).unwrap();
+        let t = d.tmp();
+        fs::write(&t, vec![7u8; 100]).unwrap();
+        // A relay's first product, 5: its filter passed over 1 to 4.
+        d.commit(&t, &meta(5, 100), 50, 6).unwrap();
+        assert_eq!(d.restore(limits()).unwrap().floor(), 5, "nothing saved");
+        d.save_floor(1).unwrap();
+        let q = QueueDir::open(&root).unwrap().restore(limits()).unwrap();
+        assert_eq!((q.floor(), q.first_seq()), (1, Some(5)));
+        assert!(!q.is_gone(4));
         let _ = fs::remove_dir_all(&root);
     }
 }

@@ -8,6 +8,7 @@
 //! - [`relay`]: `feed serve --upstream`: a site's relay, fed by a subscription upstream.
 //! - [`ingest`], [`watch`]: `feed insert --stdin` framing and `--watch DIR` readiness.
 //! - [`metrics`]: a feed source's Prometheus metrics (`feed serve --metrics`).
+//! - [`backoff`]: when a subscriber tries a lost connection again.
 //! - [`request`]: an agent's subscriptions, the `[[feed]]` lines of its config (LDM's
 //!   `REQUEST`).
 //!
@@ -16,6 +17,7 @@
 //! each, numbered and sealed under the group key that `feed serve` draws at every start
 //! ([`bulkcast_proto::feed::seal`]).
 
+pub mod backoff;
 pub mod client;
 pub mod disk;
 pub mod ingest;

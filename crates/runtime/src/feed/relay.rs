@@ -7,7 +7,9 @@
 //!
 //! Products arrive in `DIR/upstream/` (with the subscription's position, which a restart
 //! resumes from, with the queue's next sequence number) and are moved into `DIR/tmp/` at
-//! once, then into the queue when everything before them is settled.
+//! once, then into the queue when everything before them is settled. The queue's floor is
+//! saved in `DIR/floor` whenever it moves ([`super::disk::QueueDir::save_floor`]), so a
+//! restart still tells the filter's gaps from products gone.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -20,6 +22,7 @@ use bulkcast_proto::feed::product::{ProductAuth, ProductMeta};
 use bulkcast_proto::feed::receiver::ReceiverConfig;
 use bulkcast_proto::feed::relay::Relay;
 
+use super::backoff::Backoff;
 use super::client::{self, Report, SubscribeConfig};
 use super::now_us;
 use super::serve::Ctx;
@@ -51,8 +54,14 @@ pub(super) fn lock(r: &RelayState) -> MutexGuard<'_, Relay<PathBuf>> {
 
 /// How often the upstream's newest sequence number is read (for the lag in the status).
 const STATUS_EVERY: Duration = Duration::from_secs(5);
-/// Longest wait between attempts after the upstream refused or failed locally.
-const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// Waits between attempts after the upstream refused or a local failure: 1 s doubling to
+/// 60 s (a refusal is a configuration to fix, not a blip), again from 1 s after a
+/// subscription that ran a minute.
+const REFUSED_BACKOFF: Backoff = Backoff::new(
+    Duration::from_secs(1),
+    Duration::from_secs(60),
+    Duration::from_secs(60),
+);
 /// Directory under the queue's where the upstream subscription writes.
 const STAGING: &str = "upstream";
 
@@ -62,8 +71,9 @@ pub(super) fn staging(root: &Path) -> PathBuf {
 }
 
 /// Subscribes upstream for as long as the process runs, queuing what arrives. A lost
-/// connection is taken up again by the subscription itself (every second, from where it
-/// stopped); a refusal or a local failure is retried here, waiting twice as long each time.
+/// connection is taken up again by the subscription itself, from where it stopped, after
+/// [`Backoff::reconnect`]'s waits; a refusal or a local failure is retried here, after
+/// [`REFUSED_BACKOFF`]'s.
 pub(super) async fn run(ctx: Arc<Ctx>, up: UpstreamConfig, keys: Keys, auth: Arc<dyn ProductAuth>) {
     let Some(relay) = ctx.relay.clone() else {
         return;
@@ -74,7 +84,10 @@ pub(super) async fn run(ctx: Arc<Ctx>, up: UpstreamConfig, keys: Keys, auth: Arc
         up.clone(),
         keys.clone(),
     ));
-    let mut backoff = Duration::from_secs(1);
+    // A new relay's floor is its queue's first sequence number, below the products its
+    // filter passes over before the first it takes: saved now, before any of them.
+    save_floor(&ctx);
+    let mut backoff = REFUSED_BACKOFF;
     loop {
         clean_staging(&dir);
         let saved = client::saved_position(&dir);
@@ -105,21 +118,18 @@ pub(super) async fn run(ctx: Arc<Ctx>, up: UpstreamConfig, keys: Keys, auth: Arc
             duration: None,
         };
         let began = Instant::now();
-        let r = client::subscribe(cfg, |rep| on_report(&ctx, &relay, rep)).await;
+        let r = client::subscribe(cfg, |rep| on_report(&ctx, &relay, &up.source, rep)).await;
         let why = match r {
             Ok(_) => "the subscription ended".to_string(),
             Err(e) => e.to_string(),
         };
+        let wait = backoff.after(began.elapsed(), rand::random());
         tracing::warn!(
-            "relay: upstream {}: {why}; trying again in {backoff:?}",
+            "relay: upstream {}: {why}; trying again in {wait:.2?}",
             up.source
         );
         lock(&relay).connected(false, Some(why));
-        if began.elapsed() > MAX_BACKOFF {
-            backoff = Duration::from_secs(1);
-        }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(MAX_BACKOFF);
+        tokio::time::sleep(wait).await;
     }
 }
 
@@ -141,7 +151,7 @@ fn clean_staging(dir: &Path) {
     }
 }
 
-fn on_report(ctx: &Ctx, relay: &RelayState, rep: Report<'_>) {
+fn on_report(ctx: &Ctx, relay: &RelayState, source: &str, rep: Report<'_>) {
     match rep {
         Report::Subscribed { from, .. } => {
             tracing::info!("relay: subscribed upstream from {from}");
@@ -173,8 +183,9 @@ fn on_report(ctx: &Ctx, relay: &RelayState, rep: Report<'_>) {
             );
             lock(relay).lost(from, to);
         }
-        Report::Disconnected { reason } => {
-            tracing::warn!("relay: lost the upstream ({reason}); reconnecting");
+        Report::Disconnected { reason, retry_in } => {
+            // Once per attempt, at info: an upstream down for an hour says so every 30 s.
+            tracing::info!("relay: upstream {source}: {reason}; trying again in {retry_in:.2?}");
             lock(relay).connected(false, Some(reason));
         }
         Report::FellBack | Report::RefusedClearGroup { .. } => {}
@@ -198,6 +209,10 @@ fn queue(ctx: &Ctx, relay: &RelayState, meta: ProductMeta, tmp: &Path) {
     };
     let committed = ctx.dir.commit(tmp, &meta, now, s.queue().next_seq());
     drop(s);
+    if !evicted.is_empty() {
+        // Before the evicted files go: a crash between leaves them restored, not a gap.
+        save_floor(ctx);
+    }
     if let Err(e) = committed {
         // In the queue's index without its file: subscribers are told it is gone.
         let why = format!("product {} not stored: {e}", meta.seq);
@@ -217,6 +232,20 @@ fn queue(ctx: &Ctx, relay: &RelayState, meta: ProductMeta, tmp: &Path) {
         meta.seq,
         meta.size
     );
+}
+
+/// Saves the queue's floor if this server is a relay (only a relay's queue has gaps below
+/// its oldest product: [`super::disk::QueueDir::save_floor`]). Called when the floor may have
+/// moved (an eviction, products aged out), before the files of the products gone are deleted.
+pub(super) fn save_floor(ctx: &Ctx) {
+    if ctx.relay.is_none() {
+        return;
+    }
+    let floor = ctx.lock().queue().floor();
+    if let Err(e) = ctx.dir.save_floor(floor) {
+        // Not fatal: a restart would report this floor's gaps as lost, nothing worse.
+        tracing::warn!("relay: cannot save the queue's floor {floor}: {e}");
+    }
 }
 
 /// Reads the upstream's newest sequence number now and then, for the lag in the status.

@@ -399,8 +399,10 @@ fn log_report(label: &str, exec: Option<&str>, metrics: Option<&SubscribeMetrics
         Report::FellBack => {
             tracing::warn!("feed {label}: no multicast arrives; falling back to unicast")
         }
-        Report::Disconnected { reason } => {
-            tracing::warn!("feed {label}: lost the source ({reason}); reconnecting")
+        Report::Disconnected { reason, retry_in } => {
+            tracing::warn!(
+                "feed {label}: lost the source ({reason}); reconnecting in {retry_in:.2?}"
+            )
         }
         // The position is saved by the subscriber itself.
         Report::Settled { .. } => {}

@@ -164,6 +164,9 @@ pub async fn serve(
             tokio::time::sleep(Duration::from_secs(1)).await;
             let gone = c.lock().expire(now_us());
             super::metrics::global().removed("age", gone.len());
+            if !gone.is_empty() {
+                super::relay::save_floor(&c);
+            }
             for s in gone {
                 c.dir.remove(s);
             }
