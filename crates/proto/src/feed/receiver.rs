@@ -266,6 +266,21 @@ impl Receiver {
         self.done_below
     }
 
+    /// Products delivered past [`Receiver::resume_seq`] (out of order). A subscriber that
+    /// reconnects resumes from that position, and the source sends these again: its next
+    /// receiver takes them ([`Receiver::already_delivered`]) so they are not delivered twice.
+    pub fn delivered_past_resume(&self) -> Vec<u64> {
+        self.done.iter().copied().collect()
+    }
+
+    /// Products an earlier session of this subscriber delivered
+    /// ([`Receiver::delivered_past_resume`]): skipped when they come again.
+    pub fn already_delivered(&mut self, seqs: impl IntoIterator<Item = u64>) {
+        for seq in seqs {
+            self.mark_done(seq);
+        }
+    }
+
     /// Products being received or awaited.
     pub fn in_flight(&self) -> usize {
         self.partial.len() + self.wanted.len() + self.described.len()
@@ -793,4 +808,87 @@ fn new_gaps(p: &Partial, limit: u64) -> Vec<(u64, u64)> {
         .into_iter()
         .flat_map(|(a, b)| p.asked.uncovered(a, b))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::Secret;
+    use crate::feed::product::SecretAuth;
+
+    /// A unicast receiver from sequence number `first`, and the source's auth.
+    fn receiver(first: u64) -> (Receiver, SecretAuth) {
+        let auth = SecretAuth::new(&Secret::from_bytes([4; 32]));
+        let acc = Msg::Accepted {
+            feed_id: 1,
+            group: String::new(),
+            block: 1400,
+            mcast_from: u64::MAX,
+            first,
+            key: None,
+        };
+        let sub = Subscription::parse("ANY", "").expect("pattern");
+        let rx = Receiver::new(
+            ReceiverConfig::default(),
+            Arc::new(auth.clone()),
+            sub,
+            &acc,
+            0,
+        );
+        (rx.expect("accepted"), auth)
+    }
+
+    /// Sends product `seq` whole over the connection and confirms it: its delivered seqs.
+    fn offer(rx: &mut Receiver, auth: &SecretAuth, seq: u64) -> Vec<u64> {
+        let mut meta = ProductMeta {
+            seq,
+            name: format!("p{seq}"),
+            feedtype: "X".into(),
+            created: 0,
+            size: 3,
+            hash: [0; 32],
+            tag: Bytes::new(),
+        };
+        meta.tag = auth.tag(&meta);
+        rx.handle_unicast(1, Msg::Product { meta, sent_at: 1 });
+        let data = Bytes::from_static(b"abc");
+        rx.handle_unicast(
+            1,
+            Msg::Data {
+                seq,
+                offset: 0,
+                data,
+            },
+        );
+        let mut delivered = Vec::new();
+        while let Some(e) = rx.poll_event() {
+            match e {
+                RxEvent::Complete(s) => rx.confirm(2, s, true),
+                RxEvent::Delivered { meta, .. } => delivered.push(meta.seq),
+                _ => {}
+            }
+        }
+        delivered
+    }
+
+    #[test]
+    fn a_reconnected_receiver_does_not_deliver_again_what_the_last_one_did_out_of_order() {
+        let (mut rx, auth) = receiver(1);
+        assert_eq!(offer(&mut rx, &auth, 1), vec![1]);
+        // Product 3 before 2 (2 repaired later): the resume position stays at 2.
+        assert_eq!(offer(&mut rx, &auth, 3), vec![3]);
+        assert_eq!(rx.resume_seq(), 2);
+        let past = rx.delivered_past_resume();
+        assert_eq!(past, vec![3]);
+        // The connection drops; the next session resumes from 2 and the source sends 2, 3.
+        let (mut next, _) = receiver(2);
+        next.already_delivered(past);
+        assert_eq!(offer(&mut next, &auth, 2), vec![2]);
+        assert_eq!(
+            offer(&mut next, &auth, 3),
+            Vec::<u64>::new(),
+            "delivered twice"
+        );
+        assert_eq!(next.resume_seq(), 4);
+    }
 }

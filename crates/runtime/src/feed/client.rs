@@ -183,6 +183,7 @@ pub async fn subscribe_until(
         .unwrap_or_else(|| saved_position(&cfg.dir).map_or(Start::Now, Start::Seq));
     let mut summary = Summary::default();
     let mut backoff = Backoff::reconnect();
+    let mut delivered = Vec::new();
     loop {
         let mut s = Session {
             cfg: &cfg,
@@ -190,12 +191,14 @@ pub async fn subscribe_until(
             summary: &mut summary,
             resume: None,
             admitted: None,
+            delivered: std::mem::take(&mut delivered),
         };
         let r = tokio::select! {
             r = s.run(sub.clone(), start, deadline, &mut on) => Some(r),
             _ = &mut stop => None,
         };
         let (resume, admitted) = (s.resume, s.admitted);
+        delivered = std::mem::take(&mut s.delivered);
         s.discard_all();
         let Some(r) = r else {
             // `resume` is set after every delivery, before the session waits again: it
@@ -249,6 +252,9 @@ struct Session<'a> {
     /// When the source accepted the subscription: how long the connection lived decides the
     /// wait before the next ([`Backoff::after`]).
     admitted: Option<Instant>,
+    /// Products delivered past the resume position, handed from session to session: the
+    /// source sends them again from that position.
+    delivered: Vec<u64>,
 }
 
 impl Session<'_> {
@@ -308,6 +314,7 @@ impl Session<'_> {
         }
         let mut rx = Receiver::new(self.cfg.rx, self.cfg.auth.clone(), sub, &acc, now_us())
             .ok_or_else(|| SessionEnd::Lost("bad answer".into()))?;
+        rx.already_delivered(self.delivered.iter().copied());
         let mcast = join_group_or_unicast(group, self.cfg.iface);
         on(Report::Subscribed {
             transport: if rx.multicast() {
@@ -329,6 +336,7 @@ impl Session<'_> {
             .receive(&mut rx, BufWriter::new(w), inputs, deadline, on)
             .await;
         reader.abort();
+        self.delivered = rx.delivered_past_resume();
         save_position(&self.cfg.dir, rx.resume_seq());
         self.summary.stats = rx.stats;
         result

@@ -2,8 +2,8 @@
 //!
 //! - [`disk`]: the product queue on disk (one data file and one metadata file per product),
 //!   restored at start so sequence numbers and backlogs survive restarts.
-//! - [`serve`]: `feed serve`: the listener, every subscriber's connection, the multicast
-//!   pacer, inserts and status.
+//! - [`serve`]: `feed serve`: the listener, every subscriber's connection, inserts and
+//!   status; `pace` (private): the thread that paces the multicast group.
 //! - [`client`]: `feed subscribe`, `feed insert`, `feed status`.
 //! - [`relay`]: `feed serve --upstream`: a site's relay, fed by a subscription upstream.
 //! - [`ingest`], [`watch`]: `feed insert --stdin` framing and `--watch DIR` readiness.
