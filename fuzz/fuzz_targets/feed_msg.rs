@@ -67,8 +67,8 @@ fn run(key: Option<GroupKey>, mut data: &[u8]) {
         data = rest;
         now += 1_000;
         if n & 0x80 == 0 {
-            if let Ok(m) = reader.read(&mut piece.to_vec()) {
-                rx.handle_multicast(now, m);
+            if let Ok((number, m)) = reader.read_numbered(&mut piece.to_vec()) {
+                rx.handle_multicast(now, number, m);
             }
         } else if let Ok(m) = Msg::decode(piece) {
             rx.handle_unicast(now, m);
