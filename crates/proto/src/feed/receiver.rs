@@ -55,10 +55,43 @@ pub struct Latency {
     pub waiting_us: Micros,
     /// Start of sending to the end of the first pass (or delivery, when nothing was missed).
     pub transmission_us: Micros,
-    /// The first repair request to delivery.
+    /// The end of the first pass (or the first request, for a product missed whole) to
+    /// delivery, when anything had to be repaired.
     pub repair_us: Micros,
     /// Creation to verified delivery.
     pub total_us: Micros,
+}
+
+impl Latency {
+    /// The split of a product created at `created`, started by the source at `sent_at`, whose
+    /// first pass ended here at `pass_end` (if it did: a product taken by unicast has none)
+    /// and whose repair was first asked for at `repair_from`, delivered at `now`. Repair is
+    /// what came after the pass: a block's loss asked for while later blocks still arrive
+    /// overlaps transmission and costs the product nothing past the pass.
+    fn split(
+        created: Micros,
+        sent_at: Micros,
+        pass_end: Option<Micros>,
+        repair_from: Option<Micros>,
+        now: Micros,
+    ) -> Self {
+        let end_tx = match (pass_end, repair_from) {
+            (_, None) => now,
+            (Some(e), Some(_)) => e.min(now),
+            (None, Some(r)) => r.min(now),
+        }
+        .max(sent_at);
+        Self {
+            waiting_us: sent_at.saturating_sub(created),
+            transmission_us: end_tx.saturating_sub(sent_at),
+            repair_us: if repair_from.is_some() {
+                now.saturating_sub(end_tx)
+            } else {
+                0
+            },
+            total_us: now.saturating_sub(created),
+        }
+    }
 }
 
 /// What the shell must do.
@@ -138,7 +171,12 @@ struct Partial {
     started: Micros,
     last_activity: Micros,
     requested_at: Option<Micros>,
+    /// The first repair request (or when the product was noticed missing).
     repair_from: Option<Micros>,
+    /// When the group's first pass of it ended here: its last bytes came by multicast, or a
+    /// later product (or index) showed the source was past it. Transmission ends here and
+    /// repair begins, however early the first request for a lost block went out.
+    pass_end: Option<Micros>,
     repaired: u64,
     complete: bool,
     /// Blocks held for repair by parity (multicast products, when the source codes them).
@@ -421,6 +459,7 @@ impl Receiver {
         self.expected = self.expected.max(end);
         for p in self.partial.range_mut(..end).map(|(_, p)| p) {
             p.eop = true;
+            p.pass_end.get_or_insert(now);
         }
     }
 
@@ -466,6 +505,7 @@ impl Receiver {
                     last_activity: now,
                     requested_at: None,
                     repair_from: noticed,
+                    pass_end: eop.then_some(now),
                     repaired: 0,
                     complete: false,
                     fec,
@@ -492,6 +532,9 @@ impl Receiver {
                 p.last_activity = now;
                 if mcast {
                     p.high = p.high.max(end);
+                    if end == p.meta.size {
+                        p.pass_end.get_or_insert(now);
+                    }
                 }
                 let new = p.have.insert(offset, end);
                 if p.repair_from.is_some() && !mcast {
@@ -577,15 +620,7 @@ impl Receiver {
             return;
         }
         let created = p.meta.created;
-        let end_tx = p.repair_from.unwrap_or(now).max(p.sent_at);
-        let latency = Latency {
-            waiting_us: p.sent_at.saturating_sub(created),
-            transmission_us: end_tx.saturating_sub(p.sent_at),
-            repair_us: p
-                .repair_from
-                .map_or(0, |r| now.saturating_sub(r.max(p.sent_at))),
-            total_us: now.saturating_sub(created),
-        };
+        let latency = Latency::split(created, p.sent_at, p.pass_end, p.repair_from, now);
         self.stats.delivered += 1;
         self.mark_done(seq);
         self.events.push_back(RxEvent::Delivered {
@@ -869,6 +904,23 @@ mod tests {
             }
         }
         delivered
+    }
+
+    #[test]
+    fn repair_is_what_came_after_the_first_pass() {
+        // Created at 0, started at 10, a block's loss asked for at 100 while the pass went on
+        // to 1,000, delivered at 1,050: 50 us of repair, not 950.
+        let l = Latency::split(0, 10, Some(1_000), Some(100), 1_050);
+        assert_eq!(
+            (l.waiting_us, l.transmission_us, l.repair_us, l.total_us),
+            (10, 990, 50, 1_050)
+        );
+        // Nothing missed: all of it is transmission.
+        let l = Latency::split(0, 10, Some(1_000), None, 1_002);
+        assert_eq!((l.transmission_us, l.repair_us), (992, 0));
+        // Missed whole (noticed at 400, no pass seen here): repair from the notice.
+        let l = Latency::split(0, 10, None, Some(400), 900);
+        assert_eq!((l.transmission_us, l.repair_us), (390, 500));
     }
 
     #[test]

@@ -341,6 +341,11 @@ impl CodedBlock {
         }
     }
 
+    /// Bytes held: the block's and its parity's once computed.
+    pub fn bytes(&self) -> usize {
+        self.data.len() + self.parity.iter().flatten().map(Vec::len).sum::<usize>()
+    }
+
     /// The bytes of symbol `index` (parity computed on first use).
     pub fn symbol(
         &mut self,
