@@ -64,7 +64,8 @@ pub struct ServeArgs {
     /// take it; missing pieces are repaired over their TCP connection.
     #[arg(long)]
     multicast: Option<String>,
-    /// Multicast rate, Mbit/s.
+    /// Multicast rate, Mbit/s, counting every byte a datagram takes on an Ethernet LAN (its
+    /// headers from Ethernet's up): set it a little under the slowest link to the subscribers.
     #[arg(long, default_value_t = 100.0)]
     rate_mbps: f64,
     /// Product bytes per multicast datagram (keep datagrams under the LAN's MTU).

@@ -43,6 +43,10 @@ pub fn product_layout(size: u64, symbol: u32, k: u32, m: u32) -> Option<Layout> 
     Layout::new(size, symbol, k, m.min(k.max(1) * 4)).ok()
 }
 
+/// Counts per parity round at most (repeats of an unanswered count included) before a
+/// block goes by unicast: a count that is never answered is not repeated for ever.
+const MAX_REPEATS: u32 = 3;
+
 /// A subscriber's repair settings.
 #[derive(Debug, Clone, Copy)]
 pub struct RepairConfig {
@@ -73,7 +77,12 @@ struct Held {
     syms: BTreeMap<u32, Bytes>,
     seen: u32,
     last_nak: Option<Micros>,
+    /// Counts answered with symbols and asked again: parity rounds used.
     rounds: u32,
+    /// Counts sent, repeats included.
+    counts: u32,
+    /// Symbols held when the last count went out.
+    held_at_count: u32,
     /// Gone to unicast: when its gaps were last asked for.
     unicast: Option<Micros>,
 }
@@ -310,7 +319,8 @@ impl ProductFec {
         let h = self.blocks.entry(b).or_default();
         let need = k.saturating_sub(h.syms.len() as u32);
         let heavy = u64::from(need) * 1000 > u64::from(k) * u64::from(cfg.heavy_permille) + 2000;
-        if h.unicast.is_none() && (heavy || h.rounds >= cfg.max_rounds) {
+        let spent = h.rounds >= cfg.max_rounds || h.counts >= cfg.max_rounds * MAX_REPEATS;
+        if h.unicast.is_none() && (heavy || spent) {
             h.unicast = Some(0);
         }
         if let Some(t) = h.unicast {
@@ -327,8 +337,17 @@ impl ProductFec {
         {
             return;
         }
+        // A repeat with nothing new since the last count is not a round: the count or its
+        // repairs are still on their way (a busy subscriber's socket holds them), and the
+        // source grants nothing twice for it. Rounds are counts that got symbols and still
+        // fell short.
+        let held = h.syms.len() as u32;
+        if h.last_nak.is_none() || held > h.held_at_count {
+            h.rounds += 1;
+        }
         h.last_nak = Some(now);
-        h.rounds += 1;
+        h.counts += 1;
+        h.held_at_count = held;
         plan.naks.push(Nak {
             block: b,
             seen: h.seen.max(k),
@@ -501,18 +520,36 @@ mod tests {
             1
         );
 
-        // 60 of 64: parity, for two rounds, then unicast.
-        let mut f = ProductFec::new(l);
-        let mut have = RangeSet::default();
-        for i in 0..60u64 {
-            have.insert(i * 4, i * 4 + 4);
-            f.source(i * 4, &Bytes::copy_from_slice(&d), &have, true);
-        }
+        // 60 of 64: parity. A count answered with symbols that still fall short is a round:
+        // two rounds, then unicast.
+        let whole = vec![7u8; 256];
+        let sixty = || {
+            let mut f = ProductFec::new(l);
+            let mut have = RangeSet::default();
+            for i in 0..60u64 {
+                have.insert(i * 4, i * 4 + 4);
+                f.source(i * 4, &Bytes::copy_from_slice(&d), &have, true);
+            }
+            (f, have)
+        };
+        let (mut f, have) = sixty();
         let round = |f: &mut ProductFec, t| f.plan(t, 256, &have, &cfg, 1_000_000);
         assert_eq!(round(&mut f, 0).naks.len(), 1);
         assert_eq!(round(&mut f, 10), Plan::default(), "renak not due");
+        f.parity(0, 64, sym(&whole, &l, 0, 64), &have, true);
         assert_eq!(round(&mut f, 40_000).naks.len(), 1);
+        f.parity(0, 65, sym(&whole, &l, 0, 65), &have, true);
         let p = round(&mut f, 80_000);
+        assert!(p.naks.is_empty() && p.unicast == vec![(240, 256)], "{p:?}");
+
+        // Counts that bring nothing (the repairs still in a busy socket, or the count lost)
+        // are repeats, not rounds: three per round allowed, then unicast all the same.
+        let (mut f, have) = sixty();
+        let round = |f: &mut ProductFec, t| f.plan(t, 256, &have, &cfg, 1_000_000);
+        for n in 0..6 {
+            assert_eq!(round(&mut f, n * 40_000).naks.len(), 1, "count {n}");
+        }
+        let p = round(&mut f, 6 * 40_000);
         assert!(p.naks.is_empty() && p.unicast == vec![(240, 256)], "{p:?}");
     }
 }

@@ -73,8 +73,14 @@ pub enum PushOut {
     },
 }
 
-/// Bytes a datagram costs beyond its payload (IP, UDP, feed header, message header).
-const OVERHEAD: u64 = 28 + 12 + 32;
+/// Bytes a datagram costs on an Ethernet LAN beyond its message: the Ethernet header (what
+/// a switch port and `tc` count), IP, UDP, the feed's datagram header and its tag (as the
+/// file send counts, [`crate::mcast::sender::wire_overhead`]). A `--rate-mbps` of the LAN's
+/// rate is then the LAN's rate, not 2% over it (72 bytes were counted here until 2026-11-28,
+/// 99 go on the wire).
+const WIRE: u64 = 14 + 20 + 8 + super::seal::overhead(true) as u64;
+/// A data or parity message's header: kind, product, offset or block and index, length.
+const MSG_HEADER: u64 = 21;
 /// Most credit the pacer banks when polled late: the shell's timer (1 ms in tokio) and a
 /// busy host hold the pacing task up for milliseconds, and it catches up on up to this much
 /// time at once; never more, so an idle spell does not become a burst (as
@@ -241,10 +247,10 @@ impl Pusher {
         }
         let out = self.next_out(now, q)?;
         let bytes = match &out {
-            PushOut::Block { len, .. } => u64::from(*len),
-            PushOut::Symbol { .. } => u64::from(self.cfg.block) + 12,
+            PushOut::Block { len, .. } => u64::from(*len) + MSG_HEADER,
+            PushOut::Symbol { .. } => u64::from(self.cfg.block) + MSG_HEADER,
             PushOut::Msg(_) => 64,
-        } + OVERHEAD;
+        } + WIRE;
         if let PushOut::Symbol { seq, block, .. } = out {
             self.repair.0 += 1;
             self.repair.1 += bytes;
@@ -332,7 +338,7 @@ impl Pusher {
     /// Counts `bytes` sent to the LAN another way (unicast repairs share the source's link):
     /// the group waits for them, so multicast and repairs together keep to the rate.
     pub fn charge(&mut self, now: Micros, bytes: u64) {
-        let cost = (bytes + OVERHEAD) * 1_000_000 / self.cfg.rate.max(1);
+        let cost = (bytes + WIRE) * 1_000_000 / self.cfg.rate.max(1);
         self.next_send = self.next_send.max(now.saturating_sub(BURST)) + cost;
     }
 
@@ -372,11 +378,11 @@ mod tests {
             tag: bytes::Bytes::new(),
         };
         let seq = q.insert(meta, 0).map(|_| q.last_seq()).unwrap().unwrap();
-        // 1 MB/s: the product's start costs 136 us, a block of 928 + 72 bytes 1 ms.
+        // 1 MB/s: the product's start costs 142 us, a block of 901 + 99 bytes 1 ms.
         let cfg = PushConfig {
             group: "239.1.1.1:1".into(),
             rate: 1_000_000,
-            block: 928,
+            block: 901,
             index_interval: 1_000_000,
             k: 0,
             m: 0,
@@ -385,14 +391,14 @@ mod tests {
         p.push(seq);
         let mut drain = |now| std::iter::from_fn(|| p.poll(now, &q)).count();
         assert_eq!(drain(0), 1, "the product's start");
-        assert_eq!(drain(136), 1, "a block");
+        assert_eq!(drain(142), 1, "a block");
         assert_eq!(drain(1_000), 0, "paced");
         // 5 ms late: caught up whole.
-        assert_eq!(drain(6_136), 6);
+        assert_eq!(drain(6_142), 6);
         // A second late: 20 ms's worth (and the one due now), not a second's.
-        assert_eq!(drain(1_006_136), 21);
-        assert_eq!(drain(1_006_636), 0, "then the rate again");
-        assert_eq!(drain(1_007_136), 1);
+        assert_eq!(drain(1_006_142), 21);
+        assert_eq!(drain(1_006_642), 0, "then the rate again");
+        assert_eq!(drain(1_007_142), 1);
     }
 
     #[test]
