@@ -112,6 +112,9 @@ pub struct Pusher {
     /// Datagrams chosen so far: the next one's number. The shell writes each one chosen
     /// under its number, or skips that number ([`crate::feed::seal::DgramWriter::skip`]).
     numbered: u64,
+    /// The last block of the product whose pass ended last, until the group goes idle (then
+    /// it gets parity ahead of the counts, [`Pusher::ahead`]) or the next product starts.
+    tail: Option<(u64, u32, Layout)>,
 }
 
 /// A block's repair: its grants, and the numbers its symbols went out under.
@@ -128,6 +131,8 @@ const MAX_REPAIRS: usize = 1 << 16;
 const MAX_NUMBERS: usize = 1024;
 /// A block's repair state is kept this long after its last grant went out.
 const FORGET_AFTER: Micros = 5_000_000;
+/// Blocks the group's recent loss is read over ([`Pusher::recent_worst_loss`]).
+const RECENT_BLOCKS: usize = 8;
 
 impl Pusher {
     /// A pusher whose first product will be `next_seq`.
@@ -148,6 +153,7 @@ impl Pusher {
             repair: (0, 0),
             naks: 0,
             numbered: 0,
+            tail: None,
         }
     }
 
@@ -297,6 +303,10 @@ impl Pusher {
                 self.current = None;
                 self.last_handled = seq;
                 self.index_due = true;
+                self.tail = self
+                    .cfg
+                    .layout(size)
+                    .map(|l| (seq, l.blocks().saturating_sub(1) as u32, l));
             } else {
                 self.current = Some((seq, offset + len, size));
             }
@@ -313,6 +323,7 @@ impl Pusher {
                 self.last_handled = seq;
                 continue;
             };
+            self.tail = None;
             self.sent_at.insert(seq, now);
             if e.meta.size == 0 {
                 self.last_handled = seq;
@@ -332,7 +343,59 @@ impl Pusher {
                 last_seq: self.last_handled,
             }));
         }
+        if self.ahead() {
+            return self.next_out(now, q);
+        }
         None
+    }
+
+    /// The group has nothing to send: grants the last product's last block, before any count
+    /// for it, the parity its worst subscriber lacked of recent blocks. Its counts could come
+    /// only a round trip after the index that ends the product, and the rate would go unused
+    /// meanwhile; the symbols are numbered like any repair, so a count that did not hear them
+    /// brings nothing again. Returns true when symbols are due.
+    fn ahead(&mut self) -> bool {
+        let Some((seq, b, l)) = self.tail.take() else {
+            return false;
+        };
+        if self.repairs.contains_key(&(seq, b)) || self.repairs.len() >= MAX_REPAIRS {
+            return false;
+        }
+        let k = l.k_of(b);
+        let extra = (f64::from(k) * self.recent_worst_loss()).ceil() as u32;
+        if extra == 0 {
+            return false;
+        }
+        let mut grants = BlockRepair::new(k);
+        grants.grant_on_way(extra.min(k), 0);
+        self.repairs.insert(
+            (seq, b),
+            Repair {
+                grants,
+                numbers: Vec::new(),
+            },
+        );
+        self.due.insert((seq, b));
+        self.layouts.insert(seq, l);
+        true
+    }
+
+    /// The worst subscriber's loss on the group lately: the parity granted per source symbol,
+    /// over the last [`RECENT_BLOCKS`] blocks that needed any (0 before any count).
+    fn recent_worst_loss(&self) -> f64 {
+        let (mut granted, mut k) = (0u64, 0u64);
+        for ((seq, b), r) in self.repairs.iter().rev().take(RECENT_BLOCKS) {
+            if let Some(l) = self.layouts.get(seq) {
+                let kb = l.k_of(*b);
+                granted += u64::from(r.grants.granted(kb));
+                k += u64::from(kb);
+            }
+        }
+        if k == 0 {
+            0.0
+        } else {
+            granted as f64 / k as f64
+        }
     }
 
     /// Counts `bytes` sent to the LAN another way (unicast repairs share the source's link):
@@ -475,5 +538,25 @@ mod tests {
         // One that heard both and still lacks a symbol lost it: one more, at once.
         p.handle_nak(now + 500_000, seq, 1000, &[nak(1, 1)], 23);
         assert_eq!(sym(p.poll(now + 500_000, &q)), Some((1, 6)));
+
+        // The rest of the product, its index, then (nothing else to send) the last block's
+        // parity ahead of its counts: the worst loss of recent blocks, 6 of 8 symbols
+        // (blocks 1 and 2), of its 4: 3 symbols.
+        let rest: Vec<_> = std::iter::from_fn(|| p.poll(now + 500_000, &q)).collect();
+        let n = rest.len();
+        assert!(matches!(
+            rest[n - 4],
+            PushOut::Msg(Msg::Index { last_seq }) if last_seq == seq
+        ));
+        let ahead: Vec<_> = rest[n - 3..].iter().cloned().map(Some).map(sym).collect();
+        assert_eq!(ahead, vec![Some((24, 4)), Some((24, 5)), Some((24, 6))]);
+        // A count that did not hear them gets nothing again; one that did and still lacks
+        // a symbol gets one.
+        let heard_all = p.numbered;
+        p.handle_nak(now + 600_000, seq, 1000, &[nak(24, 3)], heard_all - 3);
+        assert_eq!(sym(p.poll(now + 600_000, &q)), None);
+        p.handle_nak(now + 600_000, seq, 1000, &[nak(24, 1)], heard_all);
+        assert_eq!(sym(p.poll(now + 600_000, &q)), Some((24, 7)));
+        assert_eq!(p.poll(now + 600_000, &q), None, "once");
     }
 }

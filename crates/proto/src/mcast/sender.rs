@@ -120,6 +120,11 @@ impl BlockRepair {
         (index, done)
     }
 
+    /// Symbols granted past the first pass of a block of `k`.
+    pub fn granted(&self, k: u32) -> u32 {
+        self.target.saturating_sub(k)
+    }
+
     /// When the last grant was used up (0: never).
     pub fn caught_up(&self) -> Micros {
         self.caught_up
