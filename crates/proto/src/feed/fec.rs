@@ -43,8 +43,9 @@ pub fn product_layout(size: u64, symbol: u32, k: u32, m: u32) -> Option<Layout> 
     Layout::new(size, symbol, k, m.min(k.max(1) * 4)).ok()
 }
 
-/// Counts per parity round at most (repeats of an unanswered count included) before a
-/// block goes by unicast: a count that is never answered is not repeated for ever.
+/// Counts a block may send per parity round allowed, repeats included (a budget of
+/// `max_rounds` x this for the block), before it goes by unicast: a count that is never
+/// answered is not repeated for ever.
 const MAX_REPEATS: u32 = 3;
 
 /// A subscriber's repair settings.
@@ -385,11 +386,14 @@ impl ProductFec {
 #[derive(Debug, Default)]
 pub struct ParityCache {
     blocks: VecDeque<((u64, u32), CodedBlock)>,
+    /// Bytes the blocks hold, as of their insertion (parity computed later is not counted:
+    /// at most `m` symbols more a block).
+    held: usize,
 }
 
-/// Bytes of blocks kept coded, their parity included (k = 1024 symbols of 1400 bytes with
-/// 256 parity: about 1.8 MB a block).
-const CACHED_BYTES: usize = 64 << 20;
+/// Bytes of blocks kept coded, their parity aside (k = 1024 symbols of 1400 bytes: 1.4 MB a
+/// block, and up to `m` parity symbols more once computed).
+const CACHED_BYTES: usize = 48 << 20;
 
 impl ParityCache {
     /// Symbol `index` of block `block` of product `seq` (cut as `layout`) as the group's
@@ -409,15 +413,15 @@ impl ParityCache {
             None => {
                 let (off, len) = layout.block_range(block);
                 let data = read(off, len).map_err(|e| e.to_string())?;
-                let mut held: usize = self.blocks.iter().map(|(_, c)| c.bytes()).sum();
-                while held + data.len() > CACHED_BYTES {
+                let coded = CodedBlock::new(layout, block, data);
+                while self.held + coded.data_bytes() > CACHED_BYTES {
                     match self.blocks.pop_front() {
-                        Some((_, c)) => held -= c.bytes(),
+                        Some((_, c)) => self.held -= c.data_bytes(),
                         None => break,
                     }
                 }
-                self.blocks
-                    .push_back((key, CodedBlock::new(layout, block, data)));
+                self.held += coded.data_bytes();
+                self.blocks.push_back((key, coded));
                 self.blocks.len() - 1
             }
         };

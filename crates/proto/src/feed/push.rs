@@ -77,7 +77,7 @@ pub enum PushOut {
 /// a switch port and `tc` count), IP, UDP, the feed's datagram header and its tag (as the
 /// file send counts, [`crate::mcast::sender::wire_overhead`]). A `--rate-mbps` of the LAN's
 /// rate is then the LAN's rate, not 2% over it (72 bytes were counted here until 2026-11-28,
-/// 99 go on the wire).
+/// 99 go on the wire). In clear (`--plaintext`) the tag is not sent: 1% under the rate.
 const WIRE: u64 = 14 + 20 + 8 + super::seal::overhead(true) as u64;
 /// A data or parity message's header: kind, product, offset or block and index, length.
 const MSG_HEADER: u64 = 21;
@@ -121,6 +121,8 @@ pub struct Pusher {
 #[derive(Debug)]
 struct Repair {
     grants: BlockRepair,
+    /// Granted ahead of any count ([`Pusher::ahead`]): not a measure of the group's loss.
+    ahead: bool,
     /// Numbers of the block's repair datagrams, oldest first (at most the symbols granted).
     numbers: Vec<u64>,
 }
@@ -133,6 +135,8 @@ const MAX_NUMBERS: usize = 1024;
 const FORGET_AFTER: Micros = 5_000_000;
 /// Blocks the group's recent loss is read over ([`Pusher::recent_worst_loss`]).
 const RECENT_BLOCKS: usize = 8;
+/// How old a product's counts may be to tell the group's loss now.
+const RECENT: Micros = 10_000_000;
 
 impl Pusher {
     /// A pusher whose first product will be `next_seq`.
@@ -184,11 +188,17 @@ impl Pusher {
         self.repairs = self.repairs.split_off(&(seq, 0));
         self.due = self.due.split_off(&(seq, 0));
         self.layouts = self.layouts.split_off(&seq);
+        if self.tail.is_some_and(|(s, ..)| s < seq) {
+            self.tail = None;
+        }
     }
 
     /// True when nothing is queued or in progress.
     pub fn idle(&self) -> bool {
-        self.pending.is_empty() && self.current.is_none() && self.due.is_empty()
+        self.pending.is_empty()
+            && self.current.is_none()
+            && self.due.is_empty()
+            && self.tail.is_none()
     }
 
     /// True when block `b` of product `seq` (cut as `l`) has had its first pass.
@@ -236,6 +246,7 @@ impl Pusher {
             let k = l.k_of(b);
             let r = self.repairs.entry((seq, b)).or_insert_with(|| Repair {
                 grants: BlockRepair::new(k),
+                ahead: false,
                 numbers: Vec::new(),
             });
             let on_way = r.numbers.iter().rev().take_while(|&&x| x >= heard).count();
@@ -343,7 +354,7 @@ impl Pusher {
                 last_seq: self.last_handled,
             }));
         }
-        if self.ahead() {
+        if self.ahead(now) {
             return self.next_out(now, q);
         }
         None
@@ -354,15 +365,21 @@ impl Pusher {
     /// only a round trip after the index that ends the product, and the rate would go unused
     /// meanwhile; the symbols are numbered like any repair, so a count that did not hear them
     /// brings nothing again. Returns true when symbols are due.
-    fn ahead(&mut self) -> bool {
+    fn ahead(&mut self, now: Micros) -> bool {
         let Some((seq, b, l)) = self.tail.take() else {
             return false;
         };
-        if self.repairs.contains_key(&(seq, b)) || self.repairs.len() >= MAX_REPAIRS {
+        // A product evicted meanwhile has nothing to read; a block with counts has its grant.
+        if !self.sent_at.contains_key(&seq)
+            || self.repairs.contains_key(&(seq, b))
+            || self.repairs.len() >= MAX_REPAIRS
+        {
             return false;
         }
         let k = l.k_of(b);
-        let extra = (f64::from(k) * self.recent_worst_loss()).ceil() as u32;
+        // Rounded down: a block too small to expect a loss in gets none ahead (rounding up
+        // would send every small product a symbol whatever the loss).
+        let extra = (f64::from(k) * self.recent_worst_loss(now)).floor() as u32;
         if extra == 0 {
             return false;
         }
@@ -372,6 +389,7 @@ impl Pusher {
             (seq, b),
             Repair {
                 grants,
+                ahead: true,
                 numbers: Vec::new(),
             },
         );
@@ -380,12 +398,18 @@ impl Pusher {
         true
     }
 
-    /// The worst subscriber's loss on the group lately: the parity granted per source symbol,
-    /// over the last [`RECENT_BLOCKS`] blocks that needed any (0 before any count).
-    fn recent_worst_loss(&self) -> f64 {
+    /// The worst subscriber's loss on the group lately: the parity granted on counts per
+    /// source symbol, over the last [`RECENT_BLOCKS`] blocks that were counted, within
+    /// [`RECENT`] (0 before any count, and after a quiet spell).
+    fn recent_worst_loss(&self, now: Micros) -> f64 {
         let (mut granted, mut k) = (0u64, 0u64);
-        for ((seq, b), r) in self.repairs.iter().rev().take(RECENT_BLOCKS) {
-            if let Some(l) = self.layouts.get(seq) {
+        let counted = self.repairs.iter().rev().filter(|(_, r)| !r.ahead);
+        for ((seq, b), r) in counted.take(RECENT_BLOCKS) {
+            let recent = self
+                .sent_at
+                .get(seq)
+                .is_some_and(|&t| now.saturating_sub(t) < RECENT);
+            if let (true, Some(l)) = (recent, self.layouts.get(seq)) {
                 let kb = l.k_of(*b);
                 granted += u64::from(r.grants.granted(kb));
                 k += u64::from(kb);
@@ -462,6 +486,75 @@ mod tests {
         assert_eq!(drain(1_006_142), 21);
         assert_eq!(drain(1_006_642), 0, "then the rate again");
         assert_eq!(drain(1_007_142), 1);
+    }
+
+    #[test]
+    fn parity_ahead_goes_out_at_the_rate_after_the_index_not_a_heartbeat_later() {
+        let mut q = ProductQueue::new(
+            QueueLimits {
+                max_bytes: u64::MAX,
+                max_age: u64::MAX,
+            },
+            1,
+        );
+        let meta = ProductMeta {
+            seq: 0,
+            name: "p".into(),
+            feedtype: "X".into(),
+            created: 0,
+            size: 80,
+            hash: [0; 32],
+            tag: bytes::Bytes::new(),
+        };
+        let seq = q.insert(meta, 0).map(|_| q.last_seq()).unwrap().unwrap();
+        // Two blocks of 4 symbols of 10 bytes, 100 KB/s: about a millisecond a datagram.
+        let cfg = PushConfig {
+            group: "239.1.1.1:1".into(),
+            rate: 100_000,
+            block: 10,
+            index_interval: 1_000_000,
+            k: 4,
+            m: 4,
+        };
+        let mut p = Pusher::new(cfg, seq);
+        p.push(seq);
+        let (mut now, mut outs, mut counted) = (0, Vec::new(), false);
+        while now < 500_000 {
+            match p.poll(now, &q) {
+                Some(o) => outs.push((now, o)),
+                None => now = p.poll_timeout().max(now + 1),
+            }
+            // Block 0 passed: a subscriber lacked 2 of its 4 symbols.
+            let passed = outs
+                .iter()
+                .any(|(_, o)| matches!(o, PushOut::Block { offset: 40, .. }));
+            if passed && !counted {
+                let nak = Nak {
+                    block: 0,
+                    seen: 4,
+                    need: 2,
+                };
+                p.handle_nak(now, seq, 80, &[nak], p.numbered);
+                counted = true;
+            }
+        }
+        let at_index = outs
+            .iter()
+            .find(|(_, o)| matches!(o, PushOut::Msg(Msg::Index { .. })))
+            .map(|(t, _)| *t)
+            .expect("the index");
+        let ahead: Vec<_> = outs
+            .iter()
+            .filter_map(|(t, o)| match o {
+                PushOut::Symbol {
+                    block: 1, index, ..
+                } => Some((*t, *index)),
+                _ => None,
+            })
+            .collect();
+        // Block 1 gets half its symbols (the loss of block 0), each a datagram's time apart.
+        assert_eq!(ahead.iter().map(|a| a.1).collect::<Vec<_>>(), vec![4, 5]);
+        assert!(ahead[0].0 - at_index < 5_000, "{ahead:?} after {at_index}");
     }
 
     #[test]

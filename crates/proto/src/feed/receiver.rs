@@ -459,7 +459,9 @@ impl Receiver {
         self.expected = self.expected.max(end);
         for p in self.partial.range_mut(..end).map(|(_, p)| p) {
             p.eop = true;
-            p.pass_end.get_or_insert(now);
+            if p.mcast {
+                p.pass_end.get_or_insert(now);
+            }
         }
     }
 

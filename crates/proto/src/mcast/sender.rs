@@ -346,9 +346,9 @@ impl CodedBlock {
         }
     }
 
-    /// Bytes held: the block's and its parity's once computed.
-    pub fn bytes(&self) -> usize {
-        self.data.len() + self.parity.iter().flatten().map(Vec::len).sum::<usize>()
+    /// Bytes of the block itself (padded to whole symbols).
+    pub fn data_bytes(&self) -> usize {
+        self.data.len()
     }
 
     /// The bytes of symbol `index` (parity computed on first use).
