@@ -446,8 +446,8 @@ mod tests {
     use crate::feed::product::ProductMeta;
     use crate::feed::queue::QueueLimits;
 
-    #[test]
-    fn a_late_pusher_catches_up_at_most_a_burst() {
+    /// A queue holding one product `name` of `size` bytes, and its sequence number.
+    fn queue_of(name: &str, size: u64) -> (ProductQueue, u64) {
         let mut q = ProductQueue::new(
             QueueLimits {
                 max_bytes: u64::MAX,
@@ -457,14 +457,20 @@ mod tests {
         );
         let meta = ProductMeta {
             seq: 0,
-            name: "big".into(),
+            name: name.into(),
             feedtype: "X".into(),
             created: 0,
-            size: 1 << 30,
+            size,
             hash: [0; 32],
             tag: bytes::Bytes::new(),
         };
         let seq = q.insert(meta, 0).map(|_| q.last_seq()).unwrap().unwrap();
+        (q, seq)
+    }
+
+    #[test]
+    fn a_late_pusher_catches_up_at_most_a_burst() {
+        let (q, seq) = queue_of("big", 1 << 30);
         // 1 MB/s: the product's start costs 142 us, a block of 901 + 99 bytes 1 ms.
         let cfg = PushConfig {
             group: "239.1.1.1:1".into(),
@@ -490,23 +496,7 @@ mod tests {
 
     #[test]
     fn parity_ahead_goes_out_at_the_rate_after_the_index_not_a_heartbeat_later() {
-        let mut q = ProductQueue::new(
-            QueueLimits {
-                max_bytes: u64::MAX,
-                max_age: u64::MAX,
-            },
-            1,
-        );
-        let meta = ProductMeta {
-            seq: 0,
-            name: "p".into(),
-            feedtype: "X".into(),
-            created: 0,
-            size: 80,
-            hash: [0; 32],
-            tag: bytes::Bytes::new(),
-        };
-        let seq = q.insert(meta, 0).map(|_| q.last_seq()).unwrap().unwrap();
+        let (q, seq) = queue_of("p", 80);
         // Two blocks of 4 symbols of 10 bytes, 100 KB/s: about a millisecond a datagram.
         let cfg = PushConfig {
             group: "239.1.1.1:1".into(),
@@ -559,23 +549,7 @@ mod tests {
 
     #[test]
     fn counts_from_many_subscribers_share_one_grant() {
-        let mut q = ProductQueue::new(
-            QueueLimits {
-                max_bytes: u64::MAX,
-                max_age: u64::MAX,
-            },
-            1,
-        );
-        let meta = ProductMeta {
-            seq: 0,
-            name: "p".into(),
-            feedtype: "X".into(),
-            created: 0,
-            size: 100 * 10,
-            hash: [0; 32],
-            tag: bytes::Bytes::new(),
-        };
-        let seq = q.insert(meta, 0).map(|_| q.last_seq()).unwrap().unwrap();
+        let (q, seq) = queue_of("p", 100 * 10);
         // Blocks of 4 symbols of 10 bytes: 25 blocks.
         let cfg = PushConfig {
             group: "239.1.1.1:1".into(),
