@@ -345,8 +345,10 @@ fn corrupt_datagrams_never_deliver_bad_bytes() {
 }
 
 /// Sealing the group (the default outside the simulator's other tests) changes nothing of
-/// what arrives or how: the same seed gives the same deliveries and the same repairs. A
-/// corrupted sealed datagram does not open, so it is a loss, never a bad block.
+/// what arrives: the same seed gives the same deliveries and the same repairs. Only the pace
+/// differs (the pacer counts the 16-byte tag of a sealed datagram), so the heartbeats between
+/// products may differ by a few. A corrupted sealed datagram does not open, so it is a loss,
+/// never a bad block.
 #[test]
 fn a_sealed_group_delivers_as_the_clear_one_and_corrupt_datagrams_are_losses() {
     let loss = McastLoss {
@@ -372,7 +374,8 @@ fn a_sealed_group_delivers_as_the_clear_one_and_corrupt_datagrams_are_losses() {
         assert_eq!(c.delivered, s.delivered);
         assert_eq!(c.repaired, s.repaired);
     }
-    assert_eq!(clear.multicast_sent, sealed.multicast_sent);
+    let (c, s) = (clear.multicast_sent.0, sealed.multicast_sent.0);
+    assert!(c.abs_diff(s) * 100 <= c, "clear {c}, sealed {s} datagrams");
     let corrupt = McastLoss {
         corrupt: 0.01,
         ..loss
@@ -439,7 +442,7 @@ fn sixteen(seed: u64, loss: f64, k: u32) -> (f64, f64, f64) {
 }
 
 /// [`sixteen`] with receiver `i`'s one-way delay `delay(i)`, each taking the group's
-/// datagrams `lag` late.
+/// datagrams `lag` late. The group is sealed, as by default: the pacer counts the tag.
 fn sixteen_at(
     seed: u64,
     loss: f64,
@@ -452,6 +455,7 @@ fn sixteen_at(
     if let Some(p) = &mut cfg.push {
         p.rate = rate;
     }
+    cfg.group_key = Some(GroupKey::from_bytes([7; KEY_BYTES]));
     let (mut inserts, mut bytes) = (Vec::new(), 0u64);
     while bytes < rate * 3 {
         let size = MIX[inserts.len() % MIX.len()];

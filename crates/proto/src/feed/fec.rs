@@ -16,7 +16,7 @@
 //! would cost everyone), a block still incomplete after [`RepairConfig::max_rounds`] rounds,
 //! and blocks whose symbols could not be held ([`RepairConfig::max_held`]).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use bytes::Bytes;
 
@@ -383,19 +383,40 @@ impl ProductFec {
 
 /// The source's recently coded blocks: parity is computed once per block and served to
 /// every round from here (the shell and the simulator read the block's bytes).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ParityCache {
-    blocks: VecDeque<((u64, u32), CodedBlock)>,
+    /// The blocks by product and block number.
+    blocks: HashMap<(u64, u32), CodedBlock>,
+    /// Their keys, oldest first: the order they leave in.
+    order: VecDeque<(u64, u32)>,
     /// Bytes the blocks hold, as of their insertion (parity computed later is not counted:
     /// at most `m` symbols more a block).
     held: usize,
+    /// The most bytes `held` may reach before the oldest blocks leave.
+    cap: usize,
 }
 
 /// Bytes of blocks kept coded, their parity aside (k = 1024 symbols of 1400 bytes: 1.4 MB a
 /// block, and up to `m` parity symbols more once computed).
 const CACHED_BYTES: usize = 48 << 20;
 
+impl Default for ParityCache {
+    fn default() -> Self {
+        Self::with_capacity(CACHED_BYTES)
+    }
+}
+
 impl ParityCache {
+    /// A cache that keeps at most `cap` bytes of blocks (their parity aside).
+    pub fn with_capacity(cap: usize) -> Self {
+        Self {
+            blocks: HashMap::new(),
+            order: VecDeque::new(),
+            held: 0,
+            cap,
+        }
+    }
+
     /// Symbol `index` of block `block` of product `seq` (cut as `layout`) as the group's
     /// [`Msg::Parity`](super::msg::Msg::Parity), reading the block's bytes with
     /// `read(offset, len)` on a miss.
@@ -408,24 +429,25 @@ impl ParityCache {
         read: impl FnOnce(u64, u64) -> Result<Vec<u8>, E>,
     ) -> Result<super::msg::Msg, String> {
         let key = (seq, block);
-        let pos = match self.blocks.iter().position(|(k, _)| *k == key) {
-            Some(p) => p,
-            None => {
-                let (off, len) = layout.block_range(block);
-                let data = read(off, len).map_err(|e| e.to_string())?;
-                let coded = CodedBlock::new(layout, block, data);
-                while self.held + coded.data_bytes() > CACHED_BYTES {
-                    match self.blocks.pop_front() {
-                        Some((_, c)) => self.held -= c.data_bytes(),
-                        None => break,
-                    }
+        if !self.blocks.contains_key(&key) {
+            let (off, len) = layout.block_range(block);
+            let data = read(off, len).map_err(|e| e.to_string())?;
+            let coded = CodedBlock::new(layout, block, data);
+            while self.held + coded.data_bytes() > self.cap {
+                let Some(old) = self.order.pop_front() else {
+                    break;
+                };
+                if let Some(c) = self.blocks.remove(&old) {
+                    self.held -= c.data_bytes();
                 }
-                self.held += coded.data_bytes();
-                self.blocks.push_back((key, coded));
-                self.blocks.len() - 1
             }
+            self.held += coded.data_bytes();
+            self.order.push_back(key);
+            self.blocks.insert(key, coded);
+        }
+        let Some(c) = self.blocks.get_mut(&key) else {
+            return Err(format!("block {block} of product {seq} left the cache"));
         };
-        let c = &mut self.blocks[pos].1;
         let sym = c.symbol(layout, block, index).map_err(|e| e.to_string())?;
         Ok(super::msg::Msg::Parity {
             seq,
@@ -453,6 +475,41 @@ mod tests {
             d[l.block_range(b).0 as usize..][..l.block_range(b).1 as usize].to_vec(),
         );
         Bytes::copy_from_slice(c.symbol(l, b, i).unwrap())
+    }
+
+    #[test]
+    fn the_parity_cache_reads_a_block_once_and_lets_the_oldest_go_by_bytes() {
+        let (l, d) = product();
+        // Room for two blocks of 16 bytes (the third of this product is 10).
+        let mut cache = ParityCache::with_capacity(32);
+        let mut reads = Vec::new();
+        let ask = |cache: &mut ParityCache, seq: u64, b: u32, reads: &mut Vec<(u64, u32)>| {
+            let m = cache
+                .parity(seq, &l, b, 4, |off, len| {
+                    reads.push((seq, b));
+                    Ok::<_, String>(d[off as usize..][..len as usize].to_vec())
+                })
+                .unwrap();
+            match m {
+                super::super::msg::Msg::Parity { data, .. } => data,
+                other => panic!("{other:?}"),
+            }
+        };
+        let first = ask(&mut cache, 7, 0, &mut reads);
+        assert_eq!(
+            first,
+            sym(&d, &l, 0, 4),
+            "the same parity as the block coded alone"
+        );
+        ask(&mut cache, 7, 0, &mut reads);
+        ask(&mut cache, 7, 1, &mut reads);
+        assert_eq!(reads, [(7, 0), (7, 1)], "a block is read once while held");
+        // A third block goes over the bytes: the oldest (7, 0) leaves, (7, 1) stays.
+        ask(&mut cache, 8, 0, &mut reads);
+        ask(&mut cache, 7, 1, &mut reads);
+        assert_eq!(reads.len(), 3);
+        ask(&mut cache, 7, 0, &mut reads);
+        assert_eq!(reads, [(7, 0), (7, 1), (8, 0), (7, 0)]);
     }
 
     #[test]

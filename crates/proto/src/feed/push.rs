@@ -73,12 +73,14 @@ pub enum PushOut {
     },
 }
 
-/// Bytes a datagram costs on an Ethernet LAN beyond its message: the Ethernet header (what
-/// a switch port and `tc` count), IP, UDP, the feed's datagram header and its tag (as the
-/// file send counts, [`crate::mcast::sender::wire_overhead`]). A `--rate-mbps` of the LAN's
-/// rate is then the LAN's rate, not 2% over it (72 bytes were counted here until 2026-11-28,
-/// 99 go on the wire). In clear (`--plaintext`) the tag is not sent: 1% under the rate.
-const WIRE: u64 = 14 + 20 + 8 + super::seal::overhead(true) as u64;
+/// Bytes a datagram costs on an Ethernet LAN beyond its message: the LAN's headers, the
+/// feed's datagram header and its tag when the group is sealed (as the file send counts,
+/// [`crate::mcast::sender::wire_overhead`]). A `--rate-mbps` of the LAN's rate is then the
+/// LAN's rate, not 2% over it (72 bytes were counted here until 2026-11-28, 99 go on the
+/// wire sealed) nor 1% under it in clear (the tag was counted there until 2026-11-28).
+const fn wire(sealed: bool) -> u64 {
+    crate::mcast::sender::LAN_HEADERS + super::seal::overhead(sealed) as u64
+}
 /// A data or parity message's header: kind, product, offset or block and index, length.
 const MSG_HEADER: u64 = 21;
 /// Most credit the pacer banks when polled late: the shell's timer (1 ms in tokio) and a
@@ -91,6 +93,8 @@ const BURST: Micros = 20_000;
 #[derive(Debug)]
 pub struct Pusher {
     cfg: PushConfig,
+    /// What a datagram costs on the LAN beyond its message ([`wire`]): set at the start.
+    wire: u64,
     pending: VecDeque<u64>,
     current: Option<(u64, u64, u64)>,
     next_send: Micros,
@@ -139,10 +143,12 @@ const RECENT_BLOCKS: usize = 8;
 const RECENT: Micros = 10_000_000;
 
 impl Pusher {
-    /// A pusher whose first product will be `next_seq`.
-    pub fn new(cfg: PushConfig, next_seq: u64) -> Self {
+    /// A pusher whose first product will be `next_seq`; its datagrams carry a tag when
+    /// `sealed` (the group has a key), which the pacer counts.
+    pub fn new(cfg: PushConfig, next_seq: u64, sealed: bool) -> Self {
         Self {
             cfg,
+            wire: wire(sealed),
             pending: VecDeque::new(),
             current: None,
             next_send: 0,
@@ -267,7 +273,7 @@ impl Pusher {
             PushOut::Block { len, .. } => u64::from(*len) + MSG_HEADER,
             PushOut::Symbol { .. } => u64::from(self.cfg.block) + MSG_HEADER,
             PushOut::Msg(_) => 64,
-        } + WIRE;
+        } + self.wire;
         if let PushOut::Symbol { seq, block, .. } = out {
             self.repair.0 += 1;
             self.repair.1 += bytes;
@@ -425,7 +431,7 @@ impl Pusher {
     /// Counts `bytes` sent to the LAN another way (unicast repairs share the source's link):
     /// the group waits for them, so multicast and repairs together keep to the rate.
     pub fn charge(&mut self, now: Micros, bytes: u64) {
-        let cost = (bytes + WIRE) * 1_000_000 / self.cfg.rate.max(1);
+        let cost = (bytes + self.wire) * 1_000_000 / self.cfg.rate.max(1);
         self.next_send = self.next_send.max(now.saturating_sub(BURST)) + cost;
     }
 
@@ -480,7 +486,7 @@ mod tests {
             k: 0,
             m: 0,
         };
-        let mut p = Pusher::new(cfg, seq);
+        let mut p = Pusher::new(cfg, seq, true);
         p.push(seq);
         let mut drain = |now| std::iter::from_fn(|| p.poll(now, &q)).count();
         assert_eq!(drain(0), 1, "the product's start");
@@ -495,6 +501,28 @@ mod tests {
     }
 
     #[test]
+    fn in_clear_the_pacer_counts_no_tag() {
+        let (q, seq) = queue_of("big", 1 << 30);
+        // 1 MB/s, no tag (16 bytes less than sealed): the start costs 126 us, a block of
+        // 901 + 83 bytes 984 us.
+        let cfg = PushConfig {
+            group: "239.1.1.1:1".into(),
+            rate: 1_000_000,
+            block: 901,
+            index_interval: 1_000_000,
+            k: 0,
+            m: 0,
+        };
+        let mut p = Pusher::new(cfg, seq, false);
+        p.push(seq);
+        assert!(p.poll(0, &q).is_some(), "the product's start");
+        assert!(p.poll(125, &q).is_none());
+        assert!(p.poll(126, &q).is_some(), "a block");
+        assert!(p.poll(1_109, &q).is_none());
+        assert!(p.poll(1_110, &q).is_some(), "the next block");
+    }
+
+    #[test]
     fn parity_ahead_goes_out_at_the_rate_after_the_index_not_a_heartbeat_later() {
         let (q, seq) = queue_of("p", 80);
         // Two blocks of 4 symbols of 10 bytes, 100 KB/s: about a millisecond a datagram.
@@ -506,7 +534,7 @@ mod tests {
             k: 4,
             m: 4,
         };
-        let mut p = Pusher::new(cfg, seq);
+        let mut p = Pusher::new(cfg, seq, true);
         p.push(seq);
         let (mut now, mut outs, mut counted) = (0, Vec::new(), false);
         while now < 500_000 {
@@ -559,7 +587,7 @@ mod tests {
             k: 4,
             m: 4,
         };
-        let mut p = Pusher::new(cfg, seq);
+        let mut p = Pusher::new(cfg, seq, true);
         p.push(seq);
         let now = 1_000;
         // The start and the first 5 blocks' symbols, then counts arrive.

@@ -151,7 +151,11 @@ pub struct Server {
 impl Server {
     /// A server over `queue` (new or restored from disk).
     pub fn new(cfg: ServerConfig, auth: Arc<dyn ProductAuth>, queue: ProductQueue) -> Self {
-        let pusher = cfg.push.clone().map(|p| Pusher::new(p, queue.next_seq()));
+        let sealed = cfg.group_key.is_some();
+        let pusher = cfg
+            .push
+            .clone()
+            .map(|p| Pusher::new(p, queue.next_seq(), sealed));
         Self {
             cfg,
             auth,

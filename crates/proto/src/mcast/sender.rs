@@ -44,10 +44,15 @@ pub enum Tx {
     End,
 }
 
-/// Bytes a datagram costs on an Ethernet LAN beyond its symbol: Ethernet, IP and UDP
-/// headers, ours, and the tag when `sealed`.
+/// Bytes every datagram costs on an Ethernet LAN beyond its UDP payload: the Ethernet header
+/// (what a switch port and `tc` count), IPv4 and UDP. The file send and the feed's pusher pace
+/// on these.
+pub const LAN_HEADERS: u64 = 14 + 20 + 8;
+
+/// Bytes a datagram costs on an Ethernet LAN beyond its symbol: [`LAN_HEADERS`], ours, and
+/// the tag when `sealed`.
 pub const fn wire_overhead(sealed: bool) -> u64 {
-    14 + 20 + 8 + super::seal::overhead(sealed) as u64
+    LAN_HEADERS + super::seal::overhead(sealed) as u64
 }
 /// Most credit the pacer banks when polled late: a sending thread held up by the scheduler
 /// or a full socket buffer catches up on up to this much time at once, so a stall of a few
