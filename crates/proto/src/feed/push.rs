@@ -474,19 +474,23 @@ mod tests {
         (q, seq)
     }
 
-    #[test]
-    fn a_late_pusher_catches_up_at_most_a_burst() {
-        let (q, seq) = queue_of("big", 1 << 30);
-        // 1 MB/s: the product's start costs 142 us, a block of 901 + 99 bytes 1 ms.
-        let cfg = PushConfig {
+    /// 1 MB/s, blocks of 901 bytes, no parity.
+    fn one_mb_per_s() -> PushConfig {
+        PushConfig {
             group: "239.1.1.1:1".into(),
             rate: 1_000_000,
             block: 901,
             index_interval: 1_000_000,
             k: 0,
             m: 0,
-        };
-        let mut p = Pusher::new(cfg, seq, true);
+        }
+    }
+
+    #[test]
+    fn a_late_pusher_catches_up_at_most_a_burst() {
+        let (q, seq) = queue_of("big", 1 << 30);
+        // 1 MB/s: the product's start costs 142 us, a block of 901 + 99 bytes 1 ms.
+        let mut p = Pusher::new(one_mb_per_s(), seq, true);
         p.push(seq);
         let mut drain = |now| std::iter::from_fn(|| p.poll(now, &q)).count();
         assert_eq!(drain(0), 1, "the product's start");
@@ -505,15 +509,7 @@ mod tests {
         let (q, seq) = queue_of("big", 1 << 30);
         // 1 MB/s, no tag (16 bytes less than sealed): the start costs 126 us, a block of
         // 901 + 83 bytes 984 us.
-        let cfg = PushConfig {
-            group: "239.1.1.1:1".into(),
-            rate: 1_000_000,
-            block: 901,
-            index_interval: 1_000_000,
-            k: 0,
-            m: 0,
-        };
-        let mut p = Pusher::new(cfg, seq, false);
+        let mut p = Pusher::new(one_mb_per_s(), seq, false);
         p.push(seq);
         assert!(p.poll(0, &q).is_some(), "the product's start");
         assert!(p.poll(125, &q).is_none());
