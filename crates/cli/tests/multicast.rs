@@ -102,8 +102,9 @@ fn multicast_falls_back_to_the_tree_where_the_group_cannot_be_joined() {
     );
 }
 
-/// `auto` multicasts one big file to receivers on the source's LAN (loopback here), and once
-/// multicast reached none of a host set it sends that set down the tree at once for a day.
+/// `auto` multicasts one big file to receivers on the source's LAN (loopback here), but not to
+/// one receiver alone, and once multicast reached none of a host set it sends that set down
+/// the tree at once for a day.
 #[test]
 fn auto_multicasts_on_a_lan_and_remembers_where_it_cannot() {
     let s = Scratch::new("mcast-auto");
@@ -113,7 +114,7 @@ fn auto_multicasts_on_a_lan_and_remembers_where_it_cannot() {
     let agents: Vec<Agent> = dirs.iter().map(|d| agent(None, d)).collect();
     let to: Vec<&str> = agents.iter().map(|a| a.addr.as_str()).collect();
     let cache = s.0.join("cache");
-    let run = |extra: &[&str]| {
+    let run_to = |to: &[&str], extra: &[&str]| {
         bin_in(None)
             .arg("send")
             .arg(&file)
@@ -124,6 +125,7 @@ fn auto_multicasts_on_a_lan_and_remembers_where_it_cannot() {
             .output()
             .unwrap()
     };
+    let run = |extra: &[&str]| run_to(&to, extra);
     let group = format!("239.255.77.2:{}", 20_000 + std::process::id() % 20_000);
     let (report, err) = check(&run(&["--mcast-group", &group]), &file, &dirs);
     assert!(
@@ -131,6 +133,12 @@ fn auto_multicasts_on_a_lan_and_remembers_where_it_cannot() {
         "{err}"
     );
     assert_eq!(report["multicast"]["from"], "measured", "{report}");
+    // One receiver alone: nothing to share, its TCP connection (the tree).
+    std::fs::remove_file(dirs[0].join("obj.bin")).unwrap();
+    let out = run_to(&to[..1], &["--mcast-group", &group]);
+    let (report, err) = check(&out, &file, &dirs[..1]);
+    assert!(err.contains("strategy auto: tree"), "{err}");
+    assert!(report["multicast"].is_null(), "{report}");
     // A group no receiver can join: every one gets the tree, and the set is remembered
     // (the copies go first: a receiver holding the object would not try the group)...
     for d in &dirs {

@@ -49,6 +49,12 @@ pub const AUTO_HYBRID_MIN_BYTES: u64 = 2 << 20;
 /// (128 MiB) the chain read 0.72 of the link, multicast 0.83 (docs/notes/line-rate.md).
 pub const AUTO_MULTICAST_MIN_BYTES: u64 = 32 << 20;
 
+/// Fewest receivers `auto` multicasts to. One receiver shares nothing: its TCP connection
+/// holds the link (bbr under random loss too) without the group's set-up, its rate's train
+/// and its pacer. On loopback 1 GiB to one agent took 7.1-7.2 s by multicast and 3.1-3.8 s by
+/// the tree (2026-11-28).
+pub const AUTO_MULTICAST_MIN_RECEIVERS: usize = 2;
+
 /// What the choice of strategy looks at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SendShape {
@@ -58,6 +64,8 @@ pub struct SendShape {
     pub single_file: bool,
     /// Distinct sites among the source and the hosts (from the hosts file).
     pub sites: usize,
+    /// Receivers named (0: not known, as with a ticket).
+    pub receivers: usize,
     /// Receivers joined with a ticket: they take only their parent's connection.
     pub ticket: bool,
     /// The user fixed the tree's fan-out.
@@ -75,6 +83,7 @@ impl SendShape {
             len,
             single_file: true,
             sites,
+            receivers: 0,
             ticket: false,
             fanout: false,
             lan: false,
@@ -86,8 +95,9 @@ impl SendShape {
 /// swarming pays (an object of known, non-zero length, a file or a directory of at most
 /// [`MAX_SWARM_BYTES`], hosts in two or more sites, receivers that can reach each other: not
 /// ticket mode, no fixed fan-out): `hybrid` from [`AUTO_HYBRID_MIN_BYTES`], `mob` below;
-/// multicast for one file of at least [`AUTO_MULTICAST_MIN_BYTES`] to receivers on the
-/// source's LAN (one site, not ticket mode, no fixed fan-out); the tree otherwise.
+/// multicast for one file of at least [`AUTO_MULTICAST_MIN_BYTES`] to at least
+/// [`AUTO_MULTICAST_MIN_RECEIVERS`] receivers on the source's LAN (one site, not ticket mode,
+/// no fixed fan-out); the tree otherwise.
 pub fn choose(requested: Strategy, shape: &SendShape) -> Strategy {
     if requested != Strategy::Auto {
         return requested;
@@ -99,6 +109,7 @@ pub fn choose(requested: Strategy, shape: &SendShape) -> Strategy {
         && shape.lan
         && shape.single_file
         && shape.sites <= 1
+        && shape.receivers >= AUTO_MULTICAST_MIN_RECEIVERS
         && shape.len.is_some_and(|l| l >= AUTO_MULTICAST_MIN_BYTES);
     match shape.len {
         Some(l) if swarm && l >= AUTO_HYBRID_MIN_BYTES => Strategy::Hybrid,
@@ -208,11 +219,19 @@ mod tests {
         };
         assert_eq!(auto(&fixed), Strategy::Tree);
         // One big file to a LAN: multicast; not a small one, a directory, a ticket, a fixed
-        // fan-out, or hosts beyond a router.
+        // fan-out, one receiver, or hosts beyond a router.
         let lan = |len| SendShape {
             lan: true,
+            receivers: 8,
             ..SendShape::file(Some(len), 1)
         };
+        assert_eq!(
+            auto(&SendShape {
+                receivers: AUTO_MULTICAST_MIN_RECEIVERS,
+                ..lan(1 << 30)
+            }),
+            Strategy::Multicast
+        );
         assert_eq!(auto(&lan(1 << 30)), Strategy::Multicast);
         assert_eq!(auto(&lan(AUTO_MULTICAST_MIN_BYTES - 1)), Strategy::Tree);
         let not = [
@@ -226,6 +245,10 @@ mod tests {
             },
             SendShape {
                 fanout: true,
+                ..lan(1 << 30)
+            },
+            SendShape {
+                receivers: 1,
                 ..lan(1 << 30)
             },
             SendShape::file(Some(1 << 30), 1),

@@ -63,6 +63,7 @@ pub fn choose_auto(hosts: &HostsFile, input: &Input, joined: bool, fanout: bool)
     let shape = SendShape {
         fanout,
         lan: crate::mcast::on_lan(&addrs),
+        receivers: addrs.len(),
         ..send_shape(hosts, input, joined)
     };
     let mut chosen = strategy::choose(strategy::Strategy::Auto, &shape);
