@@ -188,8 +188,6 @@ pub enum Msg {
     Relay {
         /// Its address, as its subscribers reach it (`HOST:PORT`).
         listen: String,
-        /// The servers above it, the source first, its parent last.
-        ancestry: Vec<String>,
     },
     /// Ask a server for its place in the relay tree (first message of a connection).
     Peers,
@@ -366,10 +364,9 @@ impl Msg {
                 out.put_u32(data.len() as u32);
                 out.put_slice(data);
             }
-            Msg::Relay { listen, ancestry } => {
+            Msg::Relay { listen } => {
                 out.put_u8(20);
                 put_str(out, listen);
-                put_addrs(out, ancestry);
             }
             Msg::Peers => out.put_u8(21),
             Msg::PeersReply {
@@ -493,10 +490,7 @@ impl Msg {
                     data: Bytes::copy_from_slice(r.take(n)?),
                 }
             }
-            20 => Msg::Relay {
-                listen: r.addr()?,
-                ancestry: r.addrs()?,
-            },
+            20 => Msg::Relay { listen: r.addr()? },
             21 => Msg::Peers,
             22 => Msg::PeersReply {
                 max_children: r.u32()?,
@@ -712,7 +706,6 @@ mod tests {
             },
             Msg::Relay {
                 listen: "10.0.0.2:5301".into(),
-                ancestry: vec!["src:5300".into(), "10.0.0.1:5301".into()],
             },
             Msg::Peers,
             Msg::PeersReply {
@@ -768,19 +761,17 @@ mod tests {
             b.to_vec()
         };
         // An empty address, an address too long, a list too long, a count past the end.
-        let mut empty = vec![20, 0, 0, 0, 0];
+        let empty = vec![20, 0, 0];
         assert_eq!(Msg::decode(&empty), Err(MsgError::BadField));
-        empty[0] = 22;
-        assert!(Msg::decode(&empty).is_err());
+        assert!(Msg::decode(&[22, 0, 0, 0, 0]).is_err());
         let mut long = vec![20, 1, 0];
         long.extend(std::iter::repeat_n(b'a', 256));
-        long.extend([0, 0]);
         assert_eq!(Msg::decode(&long), Err(MsgError::BadField));
         let many = [22, 0, 0, 0, 8, 0, 0, 1, 1];
         assert_eq!(Msg::decode(&many), Err(MsgError::BadField));
         let past_end = [22, 0, 0, 0, 8, 0, 0, 0, 200, 0, 1, b'a'];
         assert_eq!(Msg::decode(&past_end), Err(MsgError::Truncated));
-        let bad_utf8 = [20, 0, 2, 0xff, 0xfe, 0, 0];
+        let bad_utf8 = [20, 0, 2, 0xff, 0xfe];
         assert_eq!(Msg::decode(&bad_utf8), Err(MsgError::BadField));
         // What a producer cannot send is cut, never an undecodable frame.
         let huge = Msg::PeersReply {

@@ -136,6 +136,11 @@ pub struct ServerStatus {
     /// Where a relay's products come from (the shell fills it in).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream: Option<super::relay::UpstreamStatus>,
+    /// The relays subscribed here as relays ([`super::tree`]), by the address they gave (the
+    /// shell fills it in).
+    pub relay_children: Vec<String>,
+    /// Relay children taken at most (the shell fills it in).
+    pub max_relay_children: u32,
 }
 
 /// The source.
@@ -566,6 +571,8 @@ impl Server {
                 })
                 .collect(),
             upstream: None,
+            relay_children: Vec::new(),
+            max_relay_children: 0,
         }
     }
 }
