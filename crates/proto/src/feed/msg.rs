@@ -193,6 +193,9 @@ pub enum Msg {
     Peers,
     /// A server's place in the relay tree.
     PeersReply {
+        /// Its allow rules admit the asking host as a subscriber (a relay elsewhere may be
+        /// nearer and have room, yet serve its own site only).
+        admits: bool,
         /// Relay children it takes at most.
         max_children: u32,
         /// The servers above it, the source first (empty at the source).
@@ -370,11 +373,13 @@ impl Msg {
             }
             Msg::Peers => out.put_u8(21),
             Msg::PeersReply {
+                admits,
                 max_children,
                 ancestry,
                 children,
             } => {
                 out.put_u8(22);
+                out.put_u8(u8::from(*admits));
                 out.put_u32(*max_children);
                 put_addrs(out, ancestry);
                 put_addrs(out, children);
@@ -493,6 +498,7 @@ impl Msg {
             20 => Msg::Relay { listen: r.addr()? },
             21 => Msg::Peers,
             22 => Msg::PeersReply {
+                admits: r.u8()? != 0,
                 max_children: r.u32()?,
                 ancestry: r.addrs()?,
                 children: r.addrs()?,
@@ -709,6 +715,7 @@ mod tests {
             },
             Msg::Peers,
             Msg::PeersReply {
+                admits: true,
                 max_children: 8,
                 ancestry: vec![],
                 children: vec!["a:1".into(), "b:2".into()],
@@ -763,18 +770,19 @@ mod tests {
         // An empty address, an address too long, a list too long, a count past the end.
         let empty = vec![20, 0, 0];
         assert_eq!(Msg::decode(&empty), Err(MsgError::BadField));
-        assert!(Msg::decode(&[22, 0, 0, 0, 0]).is_err());
+        assert!(Msg::decode(&[22, 1, 0, 0, 0, 0]).is_err());
         let mut long = vec![20, 1, 0];
         long.extend(std::iter::repeat_n(b'a', 256));
         assert_eq!(Msg::decode(&long), Err(MsgError::BadField));
-        let many = [22, 0, 0, 0, 8, 0, 0, 1, 1];
+        let many = [22, 1, 0, 0, 0, 8, 0, 0, 1, 1];
         assert_eq!(Msg::decode(&many), Err(MsgError::BadField));
-        let past_end = [22, 0, 0, 0, 8, 0, 0, 0, 200, 0, 1, b'a'];
+        let past_end = [22, 1, 0, 0, 0, 8, 0, 0, 0, 200, 0, 1, b'a'];
         assert_eq!(Msg::decode(&past_end), Err(MsgError::Truncated));
         let bad_utf8 = [20, 0, 2, 0xff, 0xfe];
         assert_eq!(Msg::decode(&bad_utf8), Err(MsgError::BadField));
         // What a producer cannot send is cut, never an undecodable frame.
         let huge = Msg::PeersReply {
+            admits: false,
             max_children: 1,
             ancestry: vec!["\u{e9}".repeat(200); 2],
             children: vec!["x:1".into(); 300],
@@ -790,6 +798,7 @@ mod tests {
         }
         // Every byte flipped, every length: an error or a message, never a panic.
         let good = enc(&Msg::PeersReply {
+            admits: true,
             max_children: 8,
             ancestry: vec!["s:1".into()],
             children: vec!["a:1".into(), "b:2".into()],

@@ -246,6 +246,11 @@ impl Server {
         }
     }
 
+    /// Whether the allow rules admit `host` as a subscriber (of some feedtype).
+    pub fn admits(&self, host: IpAddr) -> bool {
+        self.cfg.allow.iter().any(|r| r.covers_host(host))
+    }
+
     /// A subscriber asks. Refused (with the reason to send back) when no rule covers its host
     /// or its subscription does not parse; otherwise its handle and the `Accepted` message is
     /// the first thing [`Server::poll_unicast`] returns.
@@ -257,7 +262,7 @@ impl Server {
         start: Start,
         multicast: bool,
     ) -> Result<SubId, String> {
-        if !self.cfg.allow.iter().any(|r| r.covers_host(host)) {
+        if !self.admits(host) {
             return Err(format!(
                 "host {host} is not allowed to subscribe (no allow rule covers it)"
             ));

@@ -24,6 +24,8 @@ pub struct Candidate {
     pub source: bool,
     /// The smallest round trip measured to it, microseconds.
     pub rtt_us: u64,
+    /// Its allow rules admit this relay.
+    pub admits: bool,
     /// Relay children it has now.
     pub children: u32,
     /// Relay children it takes at most.
@@ -34,11 +36,12 @@ pub struct Candidate {
 
 impl Candidate {
     /// Whether a relay at `me` may attach below it: it is not `me`, not below `me` (`me` in
-    /// its ancestry: a loop), not `dead`, and has room.
+    /// its ancestry: a loop), not `dead`, admits it, and has room.
     pub fn eligible(&self, me: &str, dead: &[String]) -> bool {
-        self.addr != me
+        self.admits
+            && self.addr != me
             && !self.ancestry.iter().any(|a| a == me)
-            && !dead.iter().any(|d| *d == self.addr)
+            && !dead.contains(&self.addr)
             && self.children < self.max_children
     }
 }
@@ -114,6 +117,7 @@ mod tests {
             addr: addr.into(),
             source,
             rtt_us,
+            admits: true,
             children,
             max_children: 2,
             ancestry: ancestry.iter().map(|s| s.to_string()).collect(),
@@ -187,6 +191,17 @@ mod tests {
         // The source dead too: nothing left, whatever its round trip.
         let src_dead = [c("src", true, 1, 0, &[])];
         assert_eq!(pick("me", &src_dead, &["src"]), None);
+    }
+
+    #[test]
+    fn a_relay_whose_allow_rules_refuse_this_one_is_skipped() {
+        let mut found = vec![
+            c("src", true, 40_000, 0, &[]),
+            c("other-site", false, 1_000, 0, &["src"]),
+        ];
+        assert_eq!(pick("me", &found, &[]).as_deref(), Some("other-site"));
+        found[1].admits = false;
+        assert_eq!(pick("me", &found, &[]).as_deref(), Some("src"));
     }
 
     #[test]

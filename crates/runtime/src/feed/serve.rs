@@ -88,9 +88,10 @@ impl Ctx {
         self.children.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// This server's place in the relay tree, for a joining relay.
-    fn peers(&self) -> Msg {
+    /// This server's place in the relay tree, for a joining relay at `host`.
+    fn peers(&self, host: std::net::IpAddr) -> Msg {
         Msg::PeersReply {
+            admits: self.lock().admits(host),
             max_children: self.max_children,
             ancestry: self
                 .relay
@@ -278,7 +279,7 @@ async fn connection(ctx: Arc<Ctx>, stream: TcpStream, peer: SocketAddr) -> io::R
             size,
         }) => insert(&ctx, stream, peer, name, feedtype, size).await,
         Some(Msg::Peers) => {
-            write_msg(&mut stream, &ctx.peers()).await?;
+            write_msg(&mut stream, &ctx.peers(peer.ip())).await?;
             stream.flush().await
         }
         Some(Msg::Status) => {

@@ -46,6 +46,7 @@ pub struct Joined {
 struct Probe {
     rtt: Duration,
     local: SocketAddr,
+    admits: bool,
     max_children: u32,
     ancestry: Vec<String>,
     children: Vec<String>,
@@ -68,12 +69,14 @@ async fn probe(addr: &str, keys: &Keys, tuning: &TcpTuning) -> io::Result<Probe>
     let sampled = stream.tcp().and_then(min_rtt).unwrap_or(connect);
     match reply {
         Some(Msg::PeersReply {
+            admits,
             max_children,
             ancestry,
             children,
         }) => Ok(Probe {
             rtt: connect.min(sampled),
             local,
+            admits,
             max_children,
             ancestry,
             children,
@@ -155,6 +158,7 @@ fn candidate(addr: &str, source: bool, p: &Probe) -> Candidate {
         addr: addr.to_string(),
         source,
         rtt_us: p.rtt.as_micros() as u64,
+        admits: p.admits,
         children: p.children.len() as u32,
         max_children: p.max_children,
         ancestry: p.ancestry.clone(),
