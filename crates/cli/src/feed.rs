@@ -91,9 +91,24 @@ pub struct ServeArgs {
     metrics: Option<String>,
     /// Relay: take products from this upstream feed server (`HOST:PORT`: the source, or
     /// another relay) instead of local inserts, keeping the source's sequence numbers and
-    /// tags, and serve them to this site (unicast, or --multicast into its LAN).
+    /// tags, and serve them to this site (unicast, or --multicast into its LAN). The relay
+    /// joins the relay tree below it: it asks it and the relays below it for room, measures
+    /// the round trip to each, and subscribes to the nearest (the source itself unless a
+    /// relay is under half its round trip); a parent that stays unreachable is left for
+    /// another, from the same position.
     #[arg(long, value_name = "HOST:PORT")]
     upstream: Option<String>,
+    /// Relay: subscribe to --upstream itself, never below another relay (a chain by hand).
+    #[arg(long, requires = "upstream")]
+    upstream_fixed: bool,
+    /// Relay: the address other relays reach this one at (default: --listen, its IP taken
+    /// from the connection to the upstream when listening on every address).
+    #[arg(long, requires = "upstream", value_name = "HOST:PORT")]
+    advertise: Option<String>,
+    /// Relay children this server takes at most (the source too): joining relays go below
+    /// one of them past it.
+    #[arg(long, default_value_t = 8)]
+    max_relay_children: u32,
     /// Relay: feedtypes taken from upstream (NEXRAD3|IDS, NEXRAD*, ANY).
     #[arg(long, requires = "upstream", default_value = "ANY")]
     feedtype: String,
@@ -290,6 +305,9 @@ async fn run_serve(a: ServeArgs) -> Result<i32> {
         upstream: match &a.upstream {
             Some(source) => Some(UpstreamConfig {
                 source: source.clone(),
+                fixed: a.upstream_fixed,
+                advertise: a.advertise.clone(),
+                listen: None,
                 feedtype: a.feedtype.clone(),
                 name: a.name.clone(),
                 start: a.upstream_from.as_deref().map(parse_from).transpose()?,
@@ -298,6 +316,7 @@ async fn run_serve(a: ServeArgs) -> Result<i32> {
             }),
             None => None,
         },
+        max_relay_children: a.max_relay_children,
     };
     let dir = a.dir.display().to_string();
     let group = a.multicast.clone().unwrap_or_else(|| "none".into());
@@ -393,6 +412,7 @@ async fn run_subscribe(a: SubscribeArgs) -> Result<i32> {
         },
         max_products: a.max_products,
         duration: a.duration.map(Duration::from_secs_f64),
+        hello: None,
     };
     let (json, exec) = (a.json, a.exec.clone());
     let mut transport = "unicast";
@@ -532,6 +552,30 @@ async fn run_status(a: StatusArgs) -> Result<i32> {
             up["lost"],
             up["disconnects"],
             up["last_error"]
+        );
+        println!(
+            "parent: {} (join {}: {}), above it {}",
+            up["parent"].as_str().unwrap_or(""),
+            up["joins"],
+            up["chosen"].as_str().unwrap_or(""),
+            up["ancestry"]
+        );
+        for c in up["measured"].as_array().into_iter().flatten() {
+            println!(
+                "  measured {:<40} {:>9.2} ms, relay children {}/{}{}",
+                c["addr"].as_str().unwrap_or(""),
+                c["rtt_us"].as_f64().unwrap_or(0.0) / 1000.0,
+                c["children"],
+                c["max_children"],
+                if c["source"] == true { " (source)" } else { "" }
+            );
+        }
+    }
+    let kids = v["relay_children"].as_array().map_or(0, Vec::len);
+    if kids > 0 {
+        println!(
+            "relay children ({kids} of at most {}): {}",
+            v["max_relay_children"], v["relay_children"]
         );
     }
     println!(

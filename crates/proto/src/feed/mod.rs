@@ -10,6 +10,7 @@
 //! - [`server`]: the source: subscribers' backlogs and streams, repairs, multicast pacing.
 //! - [`push`]: the multicast pusher.
 //! - [`relay`]: a relay's upstream side: relayed products queued in order, once.
+//! - [`tree`]: where a relay joins the relay tree (its parent, by round trip).
 //! - [`receiver`]: a subscriber: assembly, gap detection, repair requests, delivery once.
 //! - [`ranges`]: byte-range sets.
 //! - [`sim`]: a seeded simulation of one source and many receivers on a lossy LAN.
@@ -24,5 +25,6 @@ pub mod receiver;
 pub mod relay;
 pub mod seal;
 pub mod server;
+pub mod tree;
 #[cfg(feature = "sim")]
 pub use crate::sim::feed as sim;

@@ -12,6 +12,11 @@ use crate::mcast::seal::{GroupKey, KEY_BYTES};
 /// Largest frame on a unicast connection (a data block plus headers).
 pub const MAX_FRAME: usize = (1 << 20) + 4096;
 
+/// Longest server address in the relay tree's messages (`HOST:PORT`), bytes.
+pub const MAX_ADDR: usize = 255;
+/// Most servers in an ancestry (the chain above a relay), and most relay children listed.
+pub const MAX_PEERS: usize = 256;
+
 /// Where a subscriber's stream starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Start {
@@ -177,6 +182,27 @@ pub enum Msg {
         /// The symbol (the multicast block size; a source symbol zero-padded).
         data: Bytes,
     },
+    /// Relay to the server it subscribes to, right after `Subscribe` on the same connection:
+    /// it is a relay, and other relays reach it at `listen`; it is the server's relay child
+    /// for as long as the connection lasts ([`crate::feed::tree`]).
+    Relay {
+        /// Its address, as its subscribers reach it (`HOST:PORT`).
+        listen: String,
+    },
+    /// Ask a server for its place in the relay tree (first message of a connection).
+    Peers,
+    /// A server's place in the relay tree.
+    PeersReply {
+        /// Its allow rules admit the asking host as a subscriber (a relay elsewhere may be
+        /// nearer and have room, yet serve its own site only).
+        admits: bool,
+        /// Relay children it takes at most.
+        max_children: u32,
+        /// The servers above it, the source first (empty at the source).
+        ancestry: Vec<String>,
+        /// Its relay children's addresses.
+        children: Vec<String>,
+    },
 }
 
 /// A message that could not be decoded.
@@ -341,6 +367,23 @@ impl Msg {
                 out.put_u32(data.len() as u32);
                 out.put_slice(data);
             }
+            Msg::Relay { listen } => {
+                out.put_u8(20);
+                put_str(out, listen);
+            }
+            Msg::Peers => out.put_u8(21),
+            Msg::PeersReply {
+                admits,
+                max_children,
+                ancestry,
+                children,
+            } => {
+                out.put_u8(22);
+                out.put_u8(u8::from(*admits));
+                out.put_u32(*max_children);
+                put_addrs(out, ancestry);
+                put_addrs(out, children);
+            }
         }
     }
 
@@ -452,6 +495,14 @@ impl Msg {
                     data: Bytes::copy_from_slice(r.take(n)?),
                 }
             }
+            20 => Msg::Relay { listen: r.addr()? },
+            21 => Msg::Peers,
+            22 => Msg::PeersReply {
+                admits: r.u8()? != 0,
+                max_children: r.u32()?,
+                ancestry: r.addrs()?,
+                children: r.addrs()?,
+            },
             t => return Err(MsgError::UnknownType(t)),
         };
         Ok(m)
@@ -469,6 +520,20 @@ fn put_str(out: &mut BytesMut, s: &str) {
     let b = &s.as_bytes()[..s.len().min(u16::MAX as usize)];
     out.put_u16(b.len() as u16);
     out.put_slice(b);
+}
+
+/// A list of addresses: a count, then each (at most [`MAX_PEERS`] of [`MAX_ADDR`] bytes:
+/// longer lists are cut, as their producers never make them).
+fn put_addrs(out: &mut BytesMut, addrs: &[String]) {
+    let n = addrs.len().min(MAX_PEERS);
+    out.put_u16(n as u16);
+    for a in &addrs[..n] {
+        let mut end = a.len().min(MAX_ADDR);
+        while !a.is_char_boundary(end) {
+            end -= 1;
+        }
+        put_str(out, &a[..end]);
+    }
 }
 
 fn put_meta(out: &mut BytesMut, m: &ProductMeta) {
@@ -510,6 +575,22 @@ impl<'a> Reader<'a> {
         let n = usize::from(u16::from_be_bytes([b[0], b[1]]));
         let s = self.take(n)?;
         String::from_utf8(s.to_vec()).map_err(|_| MsgError::BadField)
+    }
+    /// A server address: non-empty, at most [`MAX_ADDR`] bytes.
+    fn addr(&mut self) -> Result<String, MsgError> {
+        let s = self.str()?;
+        if s.is_empty() || s.len() > MAX_ADDR {
+            return Err(MsgError::BadField);
+        }
+        Ok(s)
+    }
+    fn addrs(&mut self) -> Result<Vec<String>, MsgError> {
+        let b = self.take(2)?;
+        let n = usize::from(u16::from_be_bytes([b[0], b[1]]));
+        if n > MAX_PEERS {
+            return Err(MsgError::BadField);
+        }
+        (0..n).map(|_| self.addr()).collect()
     }
     fn meta(&mut self) -> Result<ProductMeta, MsgError> {
         let seq = self.u64()?;
@@ -629,6 +710,16 @@ mod tests {
                 index: 258,
                 data: Bytes::from_static(b"pq"),
             },
+            Msg::Relay {
+                listen: "10.0.0.2:5301".into(),
+            },
+            Msg::Peers,
+            Msg::PeersReply {
+                admits: true,
+                max_children: 8,
+                ancestry: vec![],
+                children: vec!["a:1".into(), "b:2".into()],
+            },
         ];
         let key = Some(GroupKey::from_bytes([6; KEY_BYTES]));
         for m in msgs {
@@ -666,5 +757,62 @@ mod tests {
         let last = b.len() - 1;
         b[last] = 2;
         assert_eq!(Msg::decode(&b), Err(MsgError::BadField));
+    }
+
+    /// The relay tree's messages from a hostile peer: every bound is checked, nothing panics.
+    #[test]
+    fn malformed_relay_tree_messages_are_errors_not_panics() {
+        let enc = |m: &Msg| {
+            let mut b = BytesMut::new();
+            m.encode(&mut b);
+            b.to_vec()
+        };
+        // An empty address, an address too long, a list too long, a count past the end.
+        let empty = vec![20, 0, 0];
+        assert_eq!(Msg::decode(&empty), Err(MsgError::BadField));
+        assert!(Msg::decode(&[22, 1, 0, 0, 0, 0]).is_err());
+        let mut long = vec![20, 1, 0];
+        long.extend(std::iter::repeat_n(b'a', 256));
+        assert_eq!(Msg::decode(&long), Err(MsgError::BadField));
+        let many = [22, 1, 0, 0, 0, 8, 0, 0, 1, 1];
+        assert_eq!(Msg::decode(&many), Err(MsgError::BadField));
+        let past_end = [22, 1, 0, 0, 0, 8, 0, 0, 0, 200, 0, 1, b'a'];
+        assert_eq!(Msg::decode(&past_end), Err(MsgError::Truncated));
+        let bad_utf8 = [20, 0, 2, 0xff, 0xfe];
+        assert_eq!(Msg::decode(&bad_utf8), Err(MsgError::BadField));
+        // What a producer cannot send is cut, never an undecodable frame.
+        let huge = Msg::PeersReply {
+            admits: false,
+            max_children: 1,
+            ancestry: vec!["\u{e9}".repeat(200); 2],
+            children: vec!["x:1".into(); 300],
+        };
+        match Msg::decode(&enc(&huge)) {
+            Ok(Msg::PeersReply {
+                ancestry, children, ..
+            }) => {
+                assert!(ancestry.iter().all(|a| a.len() <= MAX_ADDR), "{ancestry:?}");
+                assert_eq!(children.len(), MAX_PEERS);
+            }
+            other => panic!("{other:?}"),
+        }
+        // Every byte flipped, every length: an error or a message, never a panic.
+        let good = enc(&Msg::PeersReply {
+            admits: true,
+            max_children: 8,
+            ancestry: vec!["s:1".into()],
+            children: vec!["a:1".into(), "b:2".into()],
+        });
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..20_000 {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let mut b = good.clone();
+            let i = (rng as usize) % b.len();
+            b[i] = (rng >> 32) as u8;
+            b.truncate(1 + (rng >> 40) as usize % b.len());
+            let _ = Msg::decode(&b);
+        }
     }
 }

@@ -15,12 +15,25 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::product::{Micros, ProductMeta};
+use super::tree::Candidate;
 
 /// What `feed status` shows of a relay's upstream.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct UpstreamStatus {
-    /// The upstream server, `HOST:PORT`.
+    /// The upstream server it was given (`--upstream`), `HOST:PORT`: the root of its joins.
     pub source: String,
+    /// The server it subscribes to now (the source, or a relay it joined below).
+    pub parent: String,
+    /// The servers above it, the source first, its parent last.
+    pub ancestry: Vec<String>,
+    /// Why the parent was chosen.
+    pub chosen: String,
+    /// The servers measured at the last join ([`crate::feed::tree`]).
+    pub measured: Vec<Candidate>,
+    /// Joins since the start (the first one included): each after a dead parent.
+    pub joins: u64,
+    /// Parents given up as dead, excluded from joins for a while.
+    pub dead: Vec<String>,
     /// What the relay subscribes to.
     pub feedtype: String,
     /// Connected to it now.
@@ -35,9 +48,9 @@ pub struct UpstreamStatus {
     pub disconnects: u64,
     /// Every upstream product below this is relayed, passed over or lost.
     pub settled: u64,
-    /// The upstream's newest product, when last asked.
+    /// The parent's newest product, when last asked.
     pub upstream_last_seq: Option<u64>,
-    /// Products the upstream holds past `settled` (its newest minus what is settled here).
+    /// Products the parent holds past `settled` (its newest minus what is settled here).
     pub lag: Option<u64>,
     /// Creation to queued here of the newest product relayed, milliseconds.
     pub latency_ms: Option<f64>,
@@ -63,6 +76,7 @@ impl<T> Relay<T> {
             next: next_seq.max(1),
             status: UpstreamStatus {
                 source: source.to_string(),
+                parent: source.to_string(),
                 feedtype: feedtype.to_string(),
                 settled: next_seq.max(1),
                 ..UpstreamStatus::default()
@@ -127,6 +141,37 @@ impl<T> Relay<T> {
         if why.is_some() {
             self.status.last_error = why;
         }
+    }
+
+    /// Joined below `parent` (ancestry: the servers above this relay, the parent last),
+    /// chosen `why` among `measured`.
+    pub fn joined(
+        &mut self,
+        parent: &str,
+        ancestry: Vec<String>,
+        why: String,
+        measured: Vec<Candidate>,
+    ) {
+        self.status.parent = parent.to_string();
+        self.status.ancestry = ancestry;
+        self.status.chosen = why;
+        self.status.measured = measured;
+        self.status.joins += 1;
+    }
+
+    /// The parents given up as dead, now excluded from joins.
+    pub fn set_dead(&mut self, dead: Vec<String>) {
+        self.status.dead = dead;
+    }
+
+    /// The server subscribed to now.
+    pub fn parent(&self) -> &str {
+        &self.status.parent
+    }
+
+    /// The servers above this relay, the source first.
+    pub fn ancestry(&self) -> &[String] {
+        &self.status.ancestry
     }
 
     /// The upstream's newest product, as its status said.

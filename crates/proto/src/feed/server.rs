@@ -136,6 +136,11 @@ pub struct ServerStatus {
     /// Where a relay's products come from (the shell fills it in).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream: Option<super::relay::UpstreamStatus>,
+    /// The relays subscribed here as relays ([`super::tree`]), by the address they gave (the
+    /// shell fills it in).
+    pub relay_children: Vec<String>,
+    /// Relay children taken at most (the shell fills it in).
+    pub max_relay_children: u32,
 }
 
 /// The source.
@@ -245,6 +250,11 @@ impl Server {
         }
     }
 
+    /// Whether the allow rules admit `host` as a subscriber (of some feedtype).
+    pub fn admits(&self, host: IpAddr) -> bool {
+        self.cfg.allow.iter().any(|r| r.covers_host(host))
+    }
+
     /// A subscriber asks. Refused (with the reason to send back) when no rule covers its host
     /// or its subscription does not parse; otherwise its handle and the `Accepted` message is
     /// the first thing [`Server::poll_unicast`] returns.
@@ -256,7 +266,7 @@ impl Server {
         start: Start,
         multicast: bool,
     ) -> Result<SubId, String> {
-        if !self.cfg.allow.iter().any(|r| r.covers_host(host)) {
+        if !self.admits(host) {
             return Err(format!(
                 "host {host} is not allowed to subscribe (no allow rule covers it)"
             ));
@@ -570,6 +580,8 @@ impl Server {
                 })
                 .collect(),
             upstream: None,
+            relay_children: Vec::new(),
+            max_relay_children: 0,
         }
     }
 }

@@ -54,6 +54,9 @@ pub struct SubscribeConfig {
     pub max_products: Option<u64>,
     /// Stop after this long.
     pub duration: Option<Duration>,
+    /// Sent right after `Subscribe` on every connection: a relay's [`Msg::Relay`], which
+    /// makes it its server's relay child while the connection lasts.
+    pub hello: Option<Msg>,
 }
 
 /// What happens, as it happens (the CLI prints it and runs `--exec`).
@@ -273,6 +276,9 @@ impl Session<'_> {
             multicast: self.cfg.multicast,
         };
         write_msg(&mut stream, &m).await?;
+        if let Some(h) = &self.cfg.hello {
+            write_msg(&mut stream, h).await?;
+        }
         stream.flush().await?;
         let acc = tokio::time::timeout(Duration::from_secs(10), read_msg(&mut stream))
             .await

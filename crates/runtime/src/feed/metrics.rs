@@ -341,6 +341,8 @@ mod tests {
             multicast_repair: (0, 0),
             subscribers: vec![sub(1, "unicast", 2), sub(2, "multicast", 0)],
             upstream: None,
+            relay_children: Vec::new(),
+            max_relay_children: 8,
         };
         #[derive(Debug)]
         struct Fixed(ServerStatus);

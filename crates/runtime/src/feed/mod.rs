@@ -26,6 +26,7 @@ mod pace;
 pub mod relay;
 pub mod request;
 pub mod serve;
+pub mod tree;
 pub mod watch;
 
 use std::io;

@@ -17,22 +17,32 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bulkcast_proto::auth::Keys;
-use bulkcast_proto::feed::msg::Start;
+use bulkcast_proto::feed::msg::{Msg, Start};
 use bulkcast_proto::feed::product::{ProductAuth, ProductMeta};
 use bulkcast_proto::feed::receiver::ReceiverConfig;
 use bulkcast_proto::feed::relay::Relay;
 
 use super::backoff::Backoff;
-use super::client::{self, Report, SubscribeConfig};
+use super::client::{self, Report, SubError, SubscribeConfig};
 use super::now_us;
 use super::serve::Ctx;
+use super::tree::Joined;
 use crate::transport::TcpTuning;
+use tokio::sync::Notify;
 
 /// Where a relay's products come from.
 #[derive(Clone)]
 pub struct UpstreamConfig {
-    /// The upstream server (the source, or a relay nearer it), `HOST:PORT`.
+    /// The upstream server it is given (the source, or a relay nearer it), `HOST:PORT`: the
+    /// root of its joins ([`super::tree`]).
     pub source: String,
+    /// Subscribe to `source` itself, never joining below another relay (a chain by hand).
+    pub fixed: bool,
+    /// This relay's address as other relays reach it (`None`: its listening address, with
+    /// the IP of its connection to the source if it listens on every address).
+    pub advertise: Option<String>,
+    /// Where this server listens (`serve` fills it in).
+    pub listen: Option<std::net::SocketAddr>,
     /// Feedtypes relayed.
     pub feedtype: String,
     /// Names relayed (regex; "" for any).
@@ -70,9 +80,21 @@ pub(super) fn staging(root: &Path) -> PathBuf {
     root.join(STAGING)
 }
 
-/// Subscribes upstream for as long as the process runs, queuing what arrives. A lost
+/// A parent that failed this many attempts in a row ([`Backoff::reconnect`]'s waits: about
+/// a second when it refuses connections) is taken for dead, as is one that has failed
+/// every attempt for [`DEAD_AFTER_TIME`] (a host that does not answer at all).
+const DEAD_AFTER_ATTEMPTS: u32 = 3;
+/// See [`DEAD_AFTER_ATTEMPTS`].
+const DEAD_AFTER_TIME: Duration = Duration::from_secs(10);
+/// How long a dead parent stays out of joins.
+const DEAD_FOR: Duration = Duration::from_secs(300);
+
+/// Subscribes upstream for as long as the process runs, queuing what arrives. Each round
+/// joins the relay tree ([`super::tree::join`]) and subscribes to the parent it chose. A lost
 /// connection is taken up again by the subscription itself, from where it stopped, after
-/// [`Backoff::reconnect`]'s waits; a refusal or a local failure is retried here, after
+/// [`Backoff::reconnect`]'s waits; a parent other than the source that stays unreachable
+/// ([`DEAD_AFTER_ATTEMPTS`]) or refuses is left for a new join without it, resumed at the
+/// same position; the source's refusal or a local failure is retried here, after
 /// [`REFUSED_BACKOFF`]'s.
 pub(super) async fn run(ctx: Arc<Ctx>, up: UpstreamConfig, keys: Keys, auth: Arc<dyn ProductAuth>) {
     let Some(relay) = ctx.relay.clone() else {
@@ -88,49 +110,132 @@ pub(super) async fn run(ctx: Arc<Ctx>, up: UpstreamConfig, keys: Keys, auth: Arc
     // filter passes over before the first it takes: saved now, before any of them.
     save_floor(&ctx);
     let mut backoff = REFUSED_BACKOFF;
+    let mut dead: Vec<(String, Instant)> = Vec::new();
     loop {
         clean_staging(&dir);
+        dead.retain(|(_, t)| t.elapsed() < DEAD_FOR);
+        let dead_now: Vec<String> = dead.iter().map(|(a, _)| a.clone()).collect();
+        let j = super::tree::join(&up, &keys, &dead_now).await;
         let saved = client::saved_position(&dir);
-        let start = lock(&relay)
-            .resume(saved)
-            .map(Start::Seq)
-            .or(up.start)
-            .unwrap_or(Start::Now);
+        let start = {
+            let mut r = lock(&relay);
+            r.joined(
+                &j.parent,
+                j.ancestry.clone(),
+                j.why.clone(),
+                j.measured.clone(),
+            );
+            r.set_dead(dead_now);
+            r.resume(saved)
+        }
+        .map(Start::Seq)
+        .or(up.start)
+        .unwrap_or(Start::Now);
         tracing::info!(
-            "relay: subscribing to {} ({}) from {start:?}",
-            up.source,
+            "relay: joined below {} as {} ({}), {} servers measured; subscribing ({}) from \
+             {start:?}",
+            j.parent,
+            j.me,
+            j.why,
+            j.measured.len(),
             up.feedtype
         );
-        let cfg = SubscribeConfig {
-            source: up.source.clone(),
-            feedtype: up.feedtype.clone(),
-            name: up.name.clone(),
-            dir: dir.clone(),
-            start: Some(start),
-            // The WAN leg is unicast: multicast, if any, is this relay's own LAN.
-            multicast: false,
-            iface: None,
-            keys: keys.clone(),
-            auth: auth.clone(),
-            tuning: up.tuning.clone(),
-            rx: up.rx,
-            max_products: None,
-            duration: None,
-        };
+        let watch_parent = !up.fixed && j.parent != up.source;
         let began = Instant::now();
-        let r = client::subscribe(cfg, |rep| on_report(&ctx, &relay, &up.source, rep)).await;
-        let why = match r {
-            Ok(_) => "the subscription ended".to_string(),
-            Err(e) => e.to_string(),
+        let sub = Sub {
+            up: &up,
+            joined: &j,
+            keys: &keys,
+            auth: &auth,
+            watch_parent,
         };
+        let (why, leave) = match subscribe_to(&ctx, &relay, sub, start).await {
+            Ok(true) => ("unreachable".to_string(), true),
+            Ok(false) => ("the subscription ended".to_string(), false),
+            Err(e @ SubError::Refused(_)) => (e.to_string(), true),
+            Err(e) => (e.to_string(), false),
+        };
+        if watch_parent && leave {
+            tracing::warn!(
+                "relay: parent {}: {why}; joining again from {} without it",
+                j.parent,
+                up.source
+            );
+            lock(&relay).connected(false, Some(format!("parent {}: {why}", j.parent)));
+            dead.push((j.parent.clone(), Instant::now()));
+            continue;
+        }
         let wait = backoff.after(began.elapsed(), rand::random());
         tracing::warn!(
             "relay: upstream {}: {why}; trying again in {wait:.2?}",
-            up.source
+            j.parent
         );
         lock(&relay).connected(false, Some(why));
         tokio::time::sleep(wait).await;
     }
+}
+
+/// One subscription to a parent.
+struct Sub<'a> {
+    up: &'a UpstreamConfig,
+    joined: &'a Joined,
+    keys: &'a Keys,
+    auth: &'a Arc<dyn ProductAuth>,
+    /// Give the parent up when it stays unreachable (not the source: it is waited for).
+    watch_parent: bool,
+}
+
+/// Subscribes to the parent until the subscription fails for good or, when watched, the
+/// parent stays unreachable (`Ok(true)`: the position is saved, for the next parent).
+async fn subscribe_to(
+    ctx: &Ctx,
+    relay: &RelayState,
+    sub: Sub<'_>,
+    start: Start,
+) -> Result<bool, SubError> {
+    let up = sub.up;
+    let cfg = SubscribeConfig {
+        source: sub.joined.parent.clone(),
+        feedtype: up.feedtype.clone(),
+        name: up.name.clone(),
+        dir: staging(ctx.dir.root()),
+        start: Some(start),
+        // The WAN leg is unicast: multicast, if any, is this relay's own LAN.
+        multicast: false,
+        iface: None,
+        keys: sub.keys.clone(),
+        auth: sub.auth.clone(),
+        tuning: up.tuning.clone(),
+        rx: up.rx,
+        max_products: None,
+        duration: None,
+        hello: (!sub.joined.me.is_empty()).then(|| Msg::Relay {
+            listen: sub.joined.me.clone(),
+        }),
+    };
+    // Failed attempts in a row, and since when.
+    let (mut failed, mut since) = (0u32, None::<Instant>);
+    let gave_up = Notify::new();
+    let mut gave = false;
+    let parent = &sub.joined.parent;
+    let on = |rep: Report<'_>| {
+        match &rep {
+            Report::Subscribed { .. } => (failed, since) = (0, None),
+            Report::Disconnected { .. } => {
+                failed += 1;
+                let first = *since.get_or_insert_with(Instant::now);
+                let dead = failed >= DEAD_AFTER_ATTEMPTS || first.elapsed() >= DEAD_AFTER_TIME;
+                if sub.watch_parent && dead {
+                    gave = true;
+                    gave_up.notify_one();
+                }
+            }
+            _ => {}
+        }
+        on_report(ctx, relay, parent, rep);
+    };
+    client::subscribe_until(cfg, on, gave_up.notified()).await?;
+    Ok(gave)
 }
 
 /// Deletes products of an earlier run that were delivered but not queued (they come again:
@@ -248,10 +353,11 @@ pub(super) fn save_floor(ctx: &Ctx) {
     }
 }
 
-/// Reads the upstream's newest sequence number now and then, for the lag in the status.
+/// Reads the parent's newest sequence number now and then, for the lag in the status.
 async fn poll_upstream_status(relay: Arc<RelayState>, up: UpstreamConfig, keys: Keys) {
     loop {
-        let newest = match client::status(&up.source, &keys, &up.tuning).await {
+        let parent = lock(&relay).parent().to_string();
+        let newest = match client::status(&parent, &keys, &up.tuning).await {
             Ok(json) => serde_json::from_str::<serde_json::Value>(&json)
                 .ok()
                 .and_then(|v| v["last_seq"].as_u64()),

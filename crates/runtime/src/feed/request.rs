@@ -334,6 +334,7 @@ async fn keep_subscribed(line: FeedLine, ctx: FeedContext, stop: Arc<Notify>) {
             },
             max_products: None,
             duration: None,
+            hello: None,
         };
         let metrics = ctx.metrics.as_deref();
         let exec = line.exec.as_deref();

@@ -6,6 +6,7 @@
 //! [`Server`] sits behind a mutex; a watch channel wakes the connections when products arrive
 //! or subscribers ask for repairs.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io;
 use std::net::{SocketAddr, SocketAddrV4};
@@ -54,6 +55,9 @@ pub struct ServeConfig {
     /// Relay: products come from this upstream server instead of local inserts
     /// ([`super::relay`]).
     pub upstream: Option<UpstreamConfig>,
+    /// Relay children this server takes at most: joining relays look elsewhere past it
+    /// ([`bulkcast_proto::feed::tree`]).
+    pub max_relay_children: u32,
 }
 
 pub(super) struct Ctx {
@@ -68,6 +72,9 @@ pub(super) struct Ctx {
     remote_insert: bool,
     /// The group's datagrams are sealed: `Accepted` carries the key.
     has_key: bool,
+    /// Subscribers that said they are relays ([`Msg::Relay`]): their addresses.
+    children: Mutex<BTreeMap<SubId, String>>,
+    max_children: u32,
 }
 
 impl Ctx {
@@ -75,6 +82,24 @@ impl Ctx {
         // A panic while holding the lock is a bug; the state is still consistent enough to
         // keep serving (every update is a single call).
         self.server.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn children(&self) -> MutexGuard<'_, BTreeMap<SubId, String>> {
+        self.children.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// This server's place in the relay tree, for a joining relay at `host`.
+    fn peers(&self, host: std::net::IpAddr) -> Msg {
+        Msg::PeersReply {
+            admits: self.lock().admits(host),
+            max_children: self.max_children,
+            ancestry: self
+                .relay
+                .as_deref()
+                .map(|r| super::relay::lock(r).ancestry().to_vec())
+                .unwrap_or_default(),
+            children: self.children().values().cloned().collect(),
+        }
     }
 
     pub(super) fn poke(&self) {
@@ -133,6 +158,8 @@ pub async fn serve(
         pacer: OnceLock::new(),
         remote_insert: cfg.remote_insert,
         has_key,
+        children: Mutex::new(BTreeMap::new()),
+        max_children: cfg.max_relay_children,
     });
     if let Some(reg) = &cfg.registry {
         let c = Arc::downgrade(&ctx);
@@ -155,7 +182,8 @@ pub async fn serve(
         let pacer = super::pace::start(&ctx, sock, group, writer)?;
         let _ = ctx.pacer.set(pacer);
     }
-    if let Some(up) = cfg.upstream {
+    if let Some(mut up) = cfg.upstream {
+        up.listen = Some(listener.local_addr()?);
         tokio::spawn(super::relay::run(ctx.clone(), up, cfg.keys, cfg.auth));
     }
     let c = ctx.clone();
@@ -234,6 +262,9 @@ async fn connection(ctx: Arc<Ctx>, stream: TcpStream, peer: SocketAddr) -> io::R
                     tracing::info!("subscriber {id} from {peer}: {feedtype} {name:?} {start:?}");
                     let r = subscriber(&ctx, stream, id).await;
                     ctx.lock().unsubscribe(id);
+                    if let Some(child) = ctx.children().remove(&id) {
+                        tracing::info!("relay child {child} (subscriber {id}) left");
+                    }
                     r
                 }
                 Err(reason) => {
@@ -247,9 +278,15 @@ async fn connection(ctx: Arc<Ctx>, stream: TcpStream, peer: SocketAddr) -> io::R
             feedtype,
             size,
         }) => insert(&ctx, stream, peer, name, feedtype, size).await,
+        Some(Msg::Peers) => {
+            write_msg(&mut stream, &ctx.peers(peer.ip())).await?;
+            stream.flush().await
+        }
         Some(Msg::Status) => {
             let mut status = ctx.lock().status();
             status.upstream = ctx.relay.as_deref().map(|r| super::relay::lock(r).status());
+            status.relay_children = ctx.children().values().cloned().collect();
+            status.max_relay_children = ctx.max_children;
             let json = serde_json::to_string(&status).unwrap_or_default();
             write_msg(&mut stream, &Msg::StatusReply { json }).await?;
             stream.flush().await
@@ -271,6 +308,10 @@ async fn subscriber(ctx: &Arc<Ctx>, stream: Stream, id: SubId) -> io::Result<()>
     let c = ctx.clone();
     let mut reader = tokio::spawn(async move {
         while let Some(m) = read_msg(&mut r).await? {
+            if let Msg::Relay { listen } = m {
+                relay_child(&c, id, listen);
+                continue;
+            }
             c.lock().handle_msg(id, m, now_us());
             c.poke();
         }
@@ -303,6 +344,28 @@ async fn subscriber(ctx: &Arc<Ctx>, stream: Stream, id: SubId) -> io::Result<()>
         write_msg(&mut w, &msg).await?;
         count_sent(&msg, "unicast");
     }
+}
+
+/// Most relay children listed: past it a server lists no more (a joining relay finds
+/// enough candidates, and a peer cannot grow the list without bound).
+const MAX_LISTED_CHILDREN: usize = 1024;
+
+/// Subscriber `id` said it is a relay reachable at `listen`.
+fn relay_child(ctx: &Ctx, id: SubId, listen: String) {
+    let mut children = ctx.children();
+    if children.len() >= MAX_LISTED_CHILDREN && !children.contains_key(&id) {
+        return;
+    }
+    let n = children.len() + usize::from(!children.contains_key(&id));
+    if n > ctx.max_children as usize {
+        // A relay given this server with --upstream-fixed, or two that joined at once.
+        tracing::warn!(
+            "relay child {listen} (subscriber {id}) is past --max-relay-children {}",
+            ctx.max_children
+        );
+    }
+    tracing::info!("relay child {listen} (subscriber {id}) joined: {n} relay children");
+    children.insert(id, listen);
 }
 
 /// Counts a product's start or bytes sent in [`super::metrics::global`].
