@@ -343,30 +343,13 @@ impl Msg {
                 out.put_u32(*k);
                 out.put_u32(*m);
             }
-            Msg::Nak { seq, blocks, heard } => {
-                out.put_u8(18);
-                out.put_u64(*seq);
-                out.put_u64(*heard);
-                out.put_u32(blocks.len() as u32);
-                for n in blocks {
-                    out.put_u32(n.block);
-                    out.put_u32(n.seen);
-                    out.put_u32(n.need);
-                }
-            }
+            Msg::Nak { seq, blocks, heard } => put_nak(out, *seq, *heard, blocks),
             Msg::Parity {
                 seq,
                 block,
                 index,
                 data,
-            } => {
-                out.put_u8(19);
-                out.put_u64(*seq);
-                out.put_u32(*block);
-                out.put_u32(*index);
-                out.put_u32(data.len() as u32);
-                out.put_slice(data);
-            }
+            } => put_parity(out, (*seq, *block, *index), data),
             Msg::Relay { listen } => {
                 out.put_u8(20);
                 put_str(out, listen);
@@ -512,6 +495,29 @@ impl Msg {
 fn put_seq(out: &mut BytesMut, t: u8, seq: u64) {
     out.put_u8(t);
     out.put_u64(seq);
+}
+
+/// [`Msg::Nak`]'s body.
+fn put_nak(out: &mut BytesMut, seq: u64, heard: u64, blocks: &[Nak]) {
+    out.put_u8(18);
+    out.put_u64(seq);
+    out.put_u64(heard);
+    out.put_u32(blocks.len() as u32);
+    for n in blocks {
+        out.put_u32(n.block);
+        out.put_u32(n.seen);
+        out.put_u32(n.need);
+    }
+}
+
+/// [`Msg::Parity`]'s body: product, block and symbol index, then the symbol.
+fn put_parity(out: &mut BytesMut, (seq, block, index): (u64, u32, u32), data: &[u8]) {
+    out.put_u8(19);
+    out.put_u64(seq);
+    out.put_u32(block);
+    out.put_u32(index);
+    out.put_u32(data.len() as u32);
+    out.put_slice(data);
 }
 
 fn put_str(out: &mut BytesMut, s: &str) {
