@@ -101,8 +101,9 @@ pub struct ServeArgs {
     /// Relay: subscribe to --upstream itself, never below another relay (a chain by hand).
     #[arg(long, requires = "upstream")]
     upstream_fixed: bool,
-    /// Relay: the address other relays reach this one at (default: --listen, its IP taken
-    /// from the connection to the upstream when listening on every address).
+    /// Relay: the address other relays reach this one at (default: --listen). Its upstream
+    /// lists this relay at the IP it connects from, with this port: a subscriber cannot
+    /// point joining relays at another host.
     #[arg(long, requires = "upstream", value_name = "HOST:PORT")]
     advertise: Option<String>,
     /// Relay children this server takes at most (the source too): joining relays go below

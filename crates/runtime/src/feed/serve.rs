@@ -260,7 +260,7 @@ async fn connection(ctx: Arc<Ctx>, stream: TcpStream, peer: SocketAddr) -> io::R
             match r {
                 Ok(id) => {
                     tracing::info!("subscriber {id} from {peer}: {feedtype} {name:?} {start:?}");
-                    let r = subscriber(&ctx, stream, id).await;
+                    let r = subscriber(&ctx, stream, id, peer.ip()).await;
                     ctx.lock().unsubscribe(id);
                     if let Some(child) = ctx.children().remove(&id) {
                         tracing::info!("relay child {child} (subscriber {id}) left");
@@ -301,7 +301,12 @@ async fn refuse(mut stream: Stream, reason: String) -> io::Result<()> {
     stream.shutdown().await
 }
 
-async fn subscriber(ctx: &Arc<Ctx>, stream: Stream, id: SubId) -> io::Result<()> {
+async fn subscriber(
+    ctx: &Arc<Ctx>,
+    stream: Stream,
+    id: SubId,
+    peer: std::net::IpAddr,
+) -> io::Result<()> {
     let (mut r, w) = stream.into_split();
     let mut w = BufWriter::with_capacity(256 << 10, w);
     let mut wake = ctx.wake.subscribe();
@@ -309,7 +314,7 @@ async fn subscriber(ctx: &Arc<Ctx>, stream: Stream, id: SubId) -> io::Result<()>
     let mut reader = tokio::spawn(async move {
         while let Some(m) = read_msg(&mut r).await? {
             if let Msg::Relay { listen } = m {
-                relay_child(&c, id, listen);
+                relay_child(&c, id, peer, &listen);
                 continue;
             }
             c.lock().handle_msg(id, m, now_us());
@@ -350,9 +355,22 @@ async fn subscriber(ctx: &Arc<Ctx>, stream: Stream, id: SubId) -> io::Result<()>
 /// enough candidates, and a peer cannot grow the list without bound).
 const MAX_LISTED_CHILDREN: usize = 1024;
 
-/// Subscriber `id` said it is a relay reachable at `listen`.
-fn relay_child(ctx: &Ctx, id: SubId, listen: String) {
+/// Subscriber `id`, connected from `peer`, said it is a relay reachable at `listen`. Only the
+/// port is taken from it: the relay is listed at the address it connected from, so a peer
+/// cannot point joining relays at another host (or at their own loopback, or `0.0.0.0`).
+fn relay_child(ctx: &Ctx, id: SubId, peer: std::net::IpAddr, listen: &str) {
+    let Some(port) = listen
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse::<u16>().ok())
+        .filter(|p| *p != 0)
+    else {
+        tracing::warn!("relay child (subscriber {id}) announced {listen:?}: no port, not listed");
+        return;
+    };
+    let listen = SocketAddr::new(peer, port).to_string();
     let mut children = ctx.children();
+    // The same relay again, its old connection not yet timed out: listed once.
+    children.retain(|k, v| *k == id || *v != listen);
     if children.len() >= MAX_LISTED_CHILDREN && !children.contains_key(&id) {
         return;
     }

@@ -165,6 +165,20 @@ fn candidate(addr: &str, source: bool, p: &Probe) -> Candidate {
     }
 }
 
+/// Whether a relay child `child` that server `from` listed can be another host's parent: not
+/// an unspecified address, and not a loopback one unless `from` is on loopback too (a relay
+/// on the source's own host reached it by loopback; to a relay elsewhere that address is
+/// itself).
+fn reachable(from: &str, child: &str) -> bool {
+    let ip = |a: &str| a.parse::<SocketAddr>().ok().map(|s| s.ip());
+    match (ip(from), ip(child)) {
+        (_, Some(c)) if c.is_unspecified() => false,
+        (Some(f), Some(c)) if c.is_loopback() => f.is_loopback(),
+        (None, Some(c)) if c.is_loopback() => false,
+        _ => true,
+    }
+}
+
 /// Breadth first below the source, one level at a time, each level's servers measured at
 /// once; stops at the bounds, keeping what it measured.
 async fn search(
@@ -178,14 +192,18 @@ async fn search(
 ) {
     let mut seen: HashSet<String> = HashSet::from([up.source.clone(), me.to_string()]);
     let mut level: VecDeque<String> = VecDeque::new();
-    let mut add = |level: &mut VecDeque<String>, children: &[String], n: usize| {
+    let mut add = |level: &mut VecDeque<String>, from: &str, children: &[String], n: usize| {
         for c in children {
-            if n + level.len() < MAX_CANDIDATES && !dead.contains(c) && seen.insert(c.clone()) {
+            if n + level.len() < MAX_CANDIDATES
+                && reachable(from, c)
+                && !dead.contains(c)
+                && seen.insert(c.clone())
+            {
                 level.push_back(c.clone());
             }
         }
     };
-    add(&mut level, first, found.len());
+    add(&mut level, &up.source, first, found.len());
     for _ in 0..MAX_DEPTH {
         if level.is_empty() {
             return;
@@ -220,11 +238,28 @@ async fn search(
         for (_, addr, p) in &answers {
             found.push(candidate(addr, false, p));
         }
-        for (_, _, p) in &answers {
-            add(&mut level, &p.children, found.len());
+        for (_, addr, p) in &answers {
+            add(&mut level, addr, &p.children, found.len());
         }
         if tokio::time::Instant::now() >= deadline {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listed_addresses_that_would_be_the_joiner_itself_are_skipped() {
+        assert!(reachable("10.0.0.1:7388", "10.0.0.2:7388"));
+        assert!(!reachable("10.0.0.1:7388", "0.0.0.0:7388"));
+        assert!(!reachable("10.0.0.1:7388", "127.0.0.1:7388"));
+        assert!(!reachable("src.example:7388", "127.0.0.1:7388"));
+        assert!(reachable("127.0.0.1:7388", "127.0.0.1:7389"));
+        assert!(!reachable("[::1]:7388", "[::]:7389"));
+        // Names are dialled as given.
+        assert!(reachable("10.0.0.1:7388", "relay.example:7388"));
     }
 }
