@@ -202,6 +202,13 @@ pub enum Msg {
         ancestry: Vec<String>,
         /// Its relay children's addresses.
         children: Vec<String>,
+        /// The feedtypes it carries (`ANY` at the source) and the names (regex, "" for any):
+        /// a relay below it gets only these.
+        feedtype: String,
+        /// See `feedtype`.
+        name: String,
+        /// The oldest product it still holds: products below it are gone there.
+        floor: u64,
     },
 }
 
@@ -360,12 +367,18 @@ impl Msg {
                 max_children,
                 ancestry,
                 children,
+                feedtype,
+                name,
+                floor,
             } => {
                 out.put_u8(22);
                 out.put_u8(u8::from(*admits));
                 out.put_u32(*max_children);
                 put_addrs(out, ancestry);
                 put_addrs(out, children);
+                put_str(out, feedtype);
+                put_str(out, name);
+                out.put_u64(*floor);
             }
         }
     }
@@ -485,6 +498,9 @@ impl Msg {
                 max_children: r.u32()?,
                 ancestry: r.addrs()?,
                 children: r.addrs()?,
+                feedtype: r.str()?,
+                name: r.str()?,
+                floor: r.u64()?,
             },
             t => return Err(MsgError::UnknownType(t)),
         };
@@ -725,6 +741,9 @@ mod tests {
                 max_children: 8,
                 ancestry: vec![],
                 children: vec!["a:1".into(), "b:2".into()],
+                feedtype: "NEXRAD3|IDS".into(),
+                name: "^KTLX".into(),
+                floor: 1234,
             },
         ];
         let key = Some(GroupKey::from_bytes([6; KEY_BYTES]));
@@ -792,6 +811,9 @@ mod tests {
             max_children: 1,
             ancestry: vec!["\u{e9}".repeat(200); 2],
             children: vec!["x:1".into(); 300],
+            feedtype: "ANY".into(),
+            name: String::new(),
+            floor: 1,
         };
         match Msg::decode(&enc(&huge)) {
             Ok(Msg::PeersReply {
@@ -808,6 +830,9 @@ mod tests {
             max_children: 8,
             ancestry: vec!["s:1".into()],
             children: vec!["a:1".into(), "b:2".into()],
+            feedtype: "ANY".into(),
+            name: String::new(),
+            floor: 7,
         });
         let mut rng = 0x2545_f491_4f6c_dd1du64;
         for _ in 0..20_000 {

@@ -3,12 +3,12 @@
 //!
 //! A relay started with `--upstream SOURCE` asks the source for its relay children, then
 //! those for theirs (breadth first, bounded), measures the round trip to each, and attaches
-//! below the nearest one with room: the incremental, greedy (Prim-like) join of a minimum
-//! spanning tree over round trips. The source is kept unless a relay is *clearly* nearer
-//! (a round trip under [`CLEARLY_NEARER`] of the source's): a relay at the same distance as
-//! the source saves nothing and adds a hop (its queue, its failures), while one at the
-//! relay's own site (a LAN round trip against a WAN one) is what the tree is for: one relay
-//! per site, the WAN crossed once.
+//! below the nearest one with room: a greedy nearest-parent join (a relay stays where it
+//! joined until its parent dies; the tree is never re-optimised). The source is kept unless
+//! a relay is *clearly* nearer (a round trip under [`CLEARLY_NEARER`] of the source's): a
+//! relay at the same distance as the source saves nothing and adds a hop (its queue, its
+//! failures), while one at the relay's own site (a LAN round trip against a WAN one) is what
+//! the tree is for: one relay per site, the WAN crossed once.
 
 use serde::Serialize;
 
@@ -32,18 +32,39 @@ pub struct Candidate {
     pub max_children: u32,
     /// The servers above it, the source first.
     pub ancestry: Vec<String>,
+    /// It carries every product the joiner wants ([`carries`]).
+    pub carries: bool,
+    /// It still holds the product the joiner resumes from (its floor is not past it).
+    pub holds: bool,
 }
 
 impl Candidate {
     /// Whether a relay at `me` may attach below it: it is not `me`, not below `me` (`me` in
-    /// its ancestry: a loop), not `dead`, admits it, and has room.
+    /// its ancestry: a loop), not `dead`, admits it, carries what it wants and still holds
+    /// where it resumes, and has room.
     pub fn eligible(&self, me: &str, dead: &[String]) -> bool {
         self.admits
+            && self.carries
+            && self.holds
             && self.addr != me
             && !self.ancestry.iter().any(|a| a == me)
             && !dead.contains(&self.addr)
             && self.children < self.max_children
     }
+}
+
+/// Whether a server relaying `feedtype` / `name` (regex, "" for any) carries every product a
+/// relay wanting `want_feedtype` / `want_name` takes: it carries everything (`ANY`, any name),
+/// or exactly the same filter. A narrower parent would leave the joiner a subset with no
+/// product counted lost, and telling whether one pattern covers another is not worth the risk.
+pub fn carries(feedtype: &str, name: &str, want_feedtype: &str, want_name: &str) -> bool {
+    (feedtype == "ANY" && name.is_empty()) || (feedtype == want_feedtype && name == want_name)
+}
+
+/// Whether a server whose oldest product is `floor` still holds what a relay resuming from
+/// `from` needs (`None`: it starts now or from a time, so anything held will do).
+pub fn holds(floor: u64, from: Option<u64>) -> bool {
+    from.is_none_or(|f| floor <= f)
 }
 
 /// The parent chosen, and why (for the status and the log).
@@ -121,6 +142,8 @@ mod tests {
             children,
             max_children: 2,
             ancestry: ancestry.iter().map(|s| s.to_string()).collect(),
+            carries: true,
+            holds: true,
         }
     }
 
@@ -202,6 +225,32 @@ mod tests {
         assert_eq!(pick("me", &found, &[]).as_deref(), Some("other-site"));
         found[1].admits = false;
         assert_eq!(pick("me", &found, &[]).as_deref(), Some("src"));
+    }
+
+    #[test]
+    fn a_relay_that_lacks_products_the_joiner_wants_is_skipped() {
+        // Carries: everything, or exactly the same filter; never a narrower one.
+        assert!(carries("ANY", "", "NEXRAD3", "^KTLX"));
+        assert!(carries("NEXRAD3", "^KTLX", "NEXRAD3", "^KTLX"));
+        assert!(!carries("NEXRAD3", "", "ANY", ""));
+        assert!(!carries("ANY", "^KTLX", "ANY", ""));
+        assert!(
+            !carries("NEXRAD3", "", "NEXRAD3", "^KTLX"),
+            "not proven to cover"
+        );
+        // Holds: its floor is not past where the joiner resumes.
+        assert!(holds(100, Some(100)) && holds(100, None));
+        assert!(!holds(101, Some(100)));
+        let mut found = vec![
+            c("src", true, 40_000, 0, &[]),
+            c("narrow", false, 1_000, 0, &["src"]),
+            c("evicted", false, 1_000, 0, &["src"]),
+        ];
+        found[1].carries = false;
+        found[2].holds = false;
+        assert_eq!(pick("me", &found, &[]).as_deref(), Some("src"));
+        found[2].holds = true;
+        assert_eq!(pick("me", &found, &[]).as_deref(), Some("evicted"));
     }
 
     #[test]

@@ -115,8 +115,13 @@ pub(super) async fn run(ctx: Arc<Ctx>, up: UpstreamConfig, keys: Keys, auth: Arc
         clean_staging(&dir);
         dead.retain(|(_, t)| t.elapsed() < DEAD_FOR);
         let dead_now: Vec<String> = dead.iter().map(|(a, _)| a.clone()).collect();
-        let j = super::tree::join(&up, &keys, &dead_now).await;
         let saved = client::saved_position(&dir);
+        // Where the subscription resumes: the parent must still hold it.
+        let from = lock(&relay).resume(saved).or(match up.start {
+            Some(Start::Seq(s)) => Some(s),
+            _ => None,
+        });
+        let j = super::tree::join(&up, &keys, &dead_now, from).await;
         let start = {
             let mut r = lock(&relay);
             r.joined(

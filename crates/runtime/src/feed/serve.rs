@@ -75,6 +75,9 @@ pub(super) struct Ctx {
     /// Subscribers that said they are relays ([`Msg::Relay`]): their addresses.
     children: Mutex<BTreeMap<SubId, String>>,
     max_children: u32,
+    /// What this server carries, feedtypes and names: a relay's upstream filter, everything
+    /// at the source. Told to joining relays.
+    carries: (String, String),
 }
 
 impl Ctx {
@@ -90,8 +93,14 @@ impl Ctx {
 
     /// This server's place in the relay tree, for a joining relay at `host`.
     fn peers(&self, host: std::net::IpAddr) -> Msg {
+        // One lock, taken and let go before the struct (a guard in a field's expression
+        // would live to its end, and a second `lock` there would deadlock).
+        let (admits, floor) = {
+            let server = self.lock();
+            (server.admits(host), server.queue().floor())
+        };
         Msg::PeersReply {
-            admits: self.lock().admits(host),
+            admits,
             max_children: self.max_children,
             ancestry: self
                 .relay
@@ -99,6 +108,9 @@ impl Ctx {
                 .map(|r| super::relay::lock(r).ancestry().to_vec())
                 .unwrap_or_default(),
             children: self.children().values().cloned().collect(),
+            feedtype: self.carries.0.clone(),
+            name: self.carries.1.clone(),
+            floor,
         }
     }
 
@@ -160,6 +172,12 @@ pub async fn serve(
         has_key,
         children: Mutex::new(BTreeMap::new()),
         max_children: cfg.max_relay_children,
+        carries: cfg
+            .upstream
+            .as_ref()
+            .map_or(("ANY".into(), String::new()), |u| {
+                (u.feedtype.clone(), u.name.clone())
+            }),
     });
     if let Some(reg) = &cfg.registry {
         let c = Arc::downgrade(&ctx);

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use bulkcast_proto::auth::Keys;
 use bulkcast_proto::feed::msg::Msg;
-use bulkcast_proto::feed::tree::{choose, Candidate};
+use bulkcast_proto::feed::tree::{carries, choose, holds, Candidate};
 use tokio::io::AsyncWriteExt;
 use tokio::task::JoinSet;
 
@@ -50,6 +50,9 @@ struct Probe {
     max_children: u32,
     ancestry: Vec<String>,
     children: Vec<String>,
+    /// What it carries: feedtypes, names.
+    carries: (String, String),
+    floor: u64,
 }
 
 /// Connects to `addr`, asks for its place in the tree and measures the round trip: the
@@ -73,6 +76,9 @@ async fn probe(addr: &str, keys: &Keys, tuning: &TcpTuning) -> io::Result<Probe>
             max_children,
             ancestry,
             children,
+            feedtype,
+            name,
+            floor,
         }) => Ok(Probe {
             rtt: connect.min(sampled),
             local,
@@ -80,6 +86,8 @@ async fn probe(addr: &str, keys: &Keys, tuning: &TcpTuning) -> io::Result<Probe>
             max_children,
             ancestry,
             children,
+            carries: (feedtype, name),
+            floor,
         }),
         Some(Msg::Refused { reason }) => Err(io::Error::other(reason)),
         other => Err(io::Error::other(format!(
@@ -103,9 +111,10 @@ fn me(up: &UpstreamConfig, local: Option<SocketAddr>) -> String {
     .to_string()
 }
 
-/// Joins the tree below `up.source`, `dead` excluded; with `up.fixed`, below the source
-/// alone. A source that does not answer is the parent anyway (its subscription backs off).
-pub async fn join(up: &UpstreamConfig, keys: &Keys, dead: &[String]) -> Joined {
+/// Joins the tree below `up.source`, `dead` excluded, for a subscription resuming `from`
+/// (`None`: now, or from a time); with `up.fixed`, below the source alone. A source that
+/// does not answer is the parent anyway (its subscription backs off).
+pub async fn join(up: &UpstreamConfig, keys: &Keys, dead: &[String], from: Option<u64>) -> Joined {
     let deadline = tokio::time::Instant::now() + JOIN_TIME;
     let src = tokio::time::timeout_at(deadline, probe(&up.source, keys, &up.tuning)).await;
     let src = match src {
@@ -114,9 +123,10 @@ pub async fn join(up: &UpstreamConfig, keys: &Keys, dead: &[String]) -> Joined {
         Err(_) => return unanswered(up, format!("no answer within {JOIN_TIME:?}")),
     };
     let me = me(up, Some(src.local));
-    let mut found = vec![candidate(&up.source, true, &src)];
+    let mut found = vec![candidate(&up.source, true, &src, up, from)];
     if !up.fixed {
-        search(up, keys, dead, &me, &src.children, &mut found, deadline).await;
+        let at = (&me[..], from);
+        search(up, keys, dead, at, &src.children, &mut found, deadline).await;
     }
     let pick = match up.fixed {
         true => None,
@@ -153,7 +163,14 @@ fn unanswered(up: &UpstreamConfig, e: String) -> Joined {
     }
 }
 
-fn candidate(addr: &str, source: bool, p: &Probe) -> Candidate {
+/// What `p` said of server `addr`, for a relay configured as `up` resuming `from`.
+fn candidate(
+    addr: &str,
+    source: bool,
+    p: &Probe,
+    up: &UpstreamConfig,
+    from: Option<u64>,
+) -> Candidate {
     Candidate {
         addr: addr.to_string(),
         source,
@@ -162,6 +179,8 @@ fn candidate(addr: &str, source: bool, p: &Probe) -> Candidate {
         children: p.children.len() as u32,
         max_children: p.max_children,
         ancestry: p.ancestry.clone(),
+        carries: carries(&p.carries.0, &p.carries.1, &up.feedtype, &up.name),
+        holds: holds(p.floor, from),
     }
 }
 
@@ -185,7 +204,7 @@ async fn search(
     up: &UpstreamConfig,
     keys: &Keys,
     dead: &[String],
-    me: &str,
+    (me, from): (&str, Option<u64>),
     first: &[String],
     found: &mut Vec<Candidate>,
     deadline: tokio::time::Instant,
@@ -236,7 +255,7 @@ async fn search(
         // In the order they were listed, not answered: ties stay stable.
         answers.sort_by_key(|a| a.0);
         for (_, addr, p) in &answers {
-            found.push(candidate(addr, false, p));
+            found.push(candidate(addr, false, p, up, from));
         }
         for (_, addr, p) in &answers {
             add(&mut level, addr, &p.children, found.len());
