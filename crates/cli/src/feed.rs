@@ -68,8 +68,9 @@ pub struct ServeArgs {
     /// headers from Ethernet's up): set it a little under the slowest link to the subscribers.
     #[arg(long, default_value_t = 100.0)]
     rate_mbps: f64,
-    /// Product bytes per multicast datagram (keep datagrams under the LAN's MTU).
-    #[arg(long, default_value_t = 1400, value_parser = clap::value_parser!(u32).range(256..=65000))]
+    /// Product bytes per multicast datagram (keep datagrams under the LAN's MTU; the
+    /// default fills a 1500-byte Ethernet frame).
+    #[arg(long, default_value_t = bulkcast_proto::feed::seal::LAN_BLOCK, value_parser = clap::value_parser!(u32).range(256..=65000))]
     block: u32,
     /// Multicast repair: symbols per block of the parity code (any this many of a block's
     /// symbols rebuild it; the group carries the worst subscriber's loss per block); 0

@@ -539,7 +539,11 @@ fn feed_seen(
     let server = serve(&s.0.join(format!("{tag}-q")), "127.0.0.1:0", &args);
     let tap = Tap::start(&server.addr);
     let stop = Arc::new(AtomicBool::new(false));
-    let cap = capture_group(&group, b"BCF2", stop.clone());
+    let cap = capture_group(
+        &group,
+        &bulkcast_proto::feed::seal::DGRAM_MAGIC,
+        stop.clone(),
+    );
     let mut subs = Vec::new();
     for mode in ["--iface", "--unicast"] {
         let mut a = vec![

@@ -158,7 +158,7 @@ fn auto_multicasts_on_a_lan_and_remembers_where_it_cannot() {
     );
 }
 
-/// What the group carried during a send: every datagram of ours (magic `BCM2`), as a third
+/// What the group carried during a send: every datagram of ours (its magic), as a third
 /// party on the LAN joined to the group sees it.
 struct Capture {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -168,7 +168,11 @@ struct Capture {
 impl Capture {
     fn start(group: &str) -> Capture {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let thread = capture_group(group, b"BCM2", stop.clone());
+        let thread = capture_group(
+            group,
+            &bulkcast_proto::mcast::msg::DGRAM_MAGIC,
+            stop.clone(),
+        );
         Capture { stop, thread }
     }
 

@@ -508,6 +508,74 @@ impl Msg {
     }
 }
 
+/// The short form of [`Msg::Data`] in a datagram: product and offset in 48 bits each, the
+/// length the datagram's.
+const DATA_DGRAM: u8 = 40;
+/// The short form of [`Msg::Parity`] in a datagram: product in 48 bits, block, index in 16
+/// (a block has at most 65,536 symbols, [`crate::mcast::layout::MAX_SYMBOLS`] of each kind).
+const PARITY_DGRAM: u8 = 41;
+/// Largest value the short forms carry.
+const MAX_U48: u64 = (1 << 48) - 1;
+/// Bytes of the short forms' headers: every datagram of product bytes pays them
+/// ([`super::push`] counts them).
+pub const DGRAM_MSG_HEADER: usize = 13;
+
+impl Msg {
+    /// Encodes the message for a multicast datagram: data and parity in their short forms
+    /// (13 bytes before the bytes, against 21 on a connection, where frames need the length),
+    /// every other message, and a value the short form cannot hold, as on a connection.
+    pub fn encode_dgram(&self, out: &mut BytesMut) {
+        match self {
+            Msg::Data { seq, offset, data } if *seq <= MAX_U48 && *offset <= MAX_U48 => {
+                out.put_u8(DATA_DGRAM);
+                out.put_slice(&seq.to_be_bytes()[2..]);
+                out.put_slice(&offset.to_be_bytes()[2..]);
+                out.put_slice(data);
+            }
+            Msg::Parity {
+                seq,
+                block,
+                index,
+                data,
+            } if *seq <= MAX_U48 && *index <= u32::from(u16::MAX) => {
+                out.put_u8(PARITY_DGRAM);
+                out.put_slice(&seq.to_be_bytes()[2..]);
+                out.put_u32(*block);
+                out.put_u16(*index as u16);
+                out.put_slice(data);
+            }
+            m => m.encode(out),
+        }
+    }
+
+    /// Decodes a datagram's message: the short forms of [`Msg::encode_dgram`], or any message
+    /// as on a connection.
+    pub fn decode_dgram(b: &[u8]) -> Result<Msg, MsgError> {
+        let mut r = Reader(b);
+        match r.u8()? {
+            DATA_DGRAM => {
+                let (seq, offset) = (r.u48()?, r.u48()?);
+                Ok(Msg::Data {
+                    seq,
+                    offset,
+                    data: Bytes::copy_from_slice(r.0),
+                })
+            }
+            PARITY_DGRAM => {
+                let (seq, block) = (r.u48()?, r.u32()?);
+                let index = u32::from(u16::from_be_bytes([r.u8()?, r.u8()?]));
+                Ok(Msg::Parity {
+                    seq,
+                    block,
+                    index,
+                    data: Bytes::copy_from_slice(r.0),
+                })
+            }
+            _ => Msg::decode(b),
+        }
+    }
+}
+
 fn put_seq(out: &mut BytesMut, t: u8, seq: u64) {
     out.put_u8(t);
     out.put_u64(seq);
@@ -586,6 +654,11 @@ impl<'a> Reader<'a> {
     fn u32(&mut self) -> Result<u32, MsgError> {
         let b = self.take(4)?;
         Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn u48(&mut self) -> Result<u64, MsgError> {
+        let mut a = [0u8; 8];
+        a[2..].copy_from_slice(self.take(6)?);
+        Ok(u64::from_be_bytes(a))
     }
     fn u64(&mut self) -> Result<u64, MsgError> {
         let mut a = [0u8; 8];

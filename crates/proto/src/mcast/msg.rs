@@ -17,9 +17,16 @@
 //! mtime  = 0:u8 | 1:u8 secs:i64 nanos:u32
 //! string = len:u16 | utf-8
 //!
-//! datagram = "BCM2" | session:u64 | kind:u8 (0 data, 1 end, 2 hello) | block:u32
-//!            | index:u32 | number:u64 | symbol bytes (data only) | tag[16] (sealed only)
+//! datagram = "M3" | session:u32 | kind:u8 (0 data, 1 end, 2 hello) | block:u32
+//!            | index:u32 | number:u48 | symbol bytes (data only) | tag[16] (sealed only)
 //! ```
+//!
+//! The header is as short as it can be, because every byte of it is paid in every datagram:
+//! 21 bytes (29 before protocol 3) leave 1434 symbol bytes of a sealed 1500-byte frame, 0.947
+//! of the wire. `session` is the session id's low 32 bits ([`session_tag`]): it keeps a
+//! receiver off another session's datagrams on a shared group, and a stray one that matched
+//! would still fail its tag (sealed) or its block's hash (plaintext). 48 bits of datagram
+//! number last 8 years at a million datagrams a second, far beyond one send.
 //!
 //! A sealed session's datagrams are AES-256-GCM under the `Open`'s group key, the header
 //! their associated data and `number` their nonce ([`super::seal`]).
@@ -384,10 +391,17 @@ fn get_str(b: &mut Bytes) -> Result<String, WireError> {
         .map_err(|_| WireError::BadValue(WHAT, "string not UTF-8"))
 }
 
-/// Magic at the start of every datagram.
-pub const DGRAM_MAGIC: [u8; 4] = *b"BCM2";
+/// Magic at the start of every datagram (3: the short header).
+pub const DGRAM_MAGIC: [u8; 2] = *b"M3";
 /// Bytes of a datagram's header.
-pub const DGRAM_HEADER: usize = 29;
+pub const DGRAM_HEADER: usize = 21;
+/// Datagram numbers a session may use: they travel in 48 bits.
+pub const MAX_NUMBER: u64 = (1 << 48) - 1;
+
+/// What a datagram carries of session id `session`: its low 32 bits.
+pub const fn session_tag(session: u64) -> u32 {
+    session as u32
+}
 /// Bytes of UDP payload in a 1500-byte Ethernet frame.
 pub const LAN_PAYLOAD: usize = 1472;
 
@@ -411,58 +425,57 @@ pub enum DgramKind {
 /// A datagram's header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DgramHeader {
-    /// Session.
-    pub session: u64,
+    /// Session: the id's low 32 bits ([`session_tag`]).
+    pub session: u32,
     /// What it carries.
     pub kind: DgramKind,
     /// Block (or block count for `End`).
     pub block: u32,
     /// Symbol index in the block.
     pub index: u32,
-    /// The datagram's number in its session, never repeated: the nonce of a sealed one.
+    /// The datagram's number in its session, never repeated: the nonce of a sealed one. At
+    /// most [`MAX_NUMBER`].
     pub number: u64,
 }
 
 impl DgramHeader {
     /// Writes the header into the first [`DGRAM_HEADER`] bytes of `out`.
     pub fn write(&self, out: &mut [u8]) {
-        out[..4].copy_from_slice(&DGRAM_MAGIC);
-        out[4..12].copy_from_slice(&self.session.to_be_bytes());
-        out[12] = match self.kind {
+        debug_assert!(self.number <= MAX_NUMBER);
+        out[..2].copy_from_slice(&DGRAM_MAGIC);
+        out[2..6].copy_from_slice(&self.session.to_be_bytes());
+        out[6] = match self.kind {
             DgramKind::Data => 0,
             DgramKind::End => 1,
             DgramKind::Hello => 2,
         };
-        out[13..17].copy_from_slice(&self.block.to_be_bytes());
-        out[17..21].copy_from_slice(&self.index.to_be_bytes());
-        out[21..29].copy_from_slice(&self.number.to_be_bytes());
+        out[7..11].copy_from_slice(&self.block.to_be_bytes());
+        out[11..15].copy_from_slice(&self.index.to_be_bytes());
+        out[15..21].copy_from_slice(&self.number.to_be_bytes()[2..]);
     }
 
     /// Reads a header and the bytes after it (a sealed session's are the sealed body and
     /// the tag); `None` for anything that is not one of ours.
     pub fn read(d: &[u8]) -> Option<(DgramHeader, &[u8])> {
-        if d.len() < DGRAM_HEADER || d[..4] != DGRAM_MAGIC {
+        if d.len() < DGRAM_HEADER || d[..2] != DGRAM_MAGIC {
             return None;
         }
-        let kind = match d[12] {
+        let kind = match d[6] {
             0 => DgramKind::Data,
             1 => DgramKind::End,
             2 => DgramKind::Hello,
             _ => return None,
         };
         let u32_at = |i: usize| u32::from_be_bytes([d[i], d[i + 1], d[i + 2], d[i + 3]]);
-        let u64_at = |i: usize| {
-            let mut s = [0u8; 8];
-            s.copy_from_slice(&d[i..i + 8]);
-            u64::from_be_bytes(s)
-        };
+        let mut number = [0u8; 8];
+        number[2..].copy_from_slice(&d[15..21]);
         Some((
             DgramHeader {
-                session: u64_at(4),
+                session: u32_at(2),
                 kind,
-                block: u32_at(13),
-                index: u32_at(17),
-                number: u64_at(21),
+                block: u32_at(7),
+                index: u32_at(11),
+                number: u64::from_be_bytes(number),
             },
             &d[DGRAM_HEADER..],
         ))
@@ -583,11 +596,11 @@ mod tests {
     #[test]
     fn datagram_headers_round_trip() {
         let h = DgramHeader {
-            session: 0xabcdef,
+            session: session_tag(0x1122_3344_00ab_cdef),
             kind: DgramKind::Data,
             block: 5,
             index: 300,
-            number: 0x0102_0304_0506_0708,
+            number: 0x0304_0506_0708,
         };
         let mut d = vec![0u8; DGRAM_HEADER + 3];
         h.write(&mut d);
@@ -597,6 +610,10 @@ mod tests {
         assert!(DgramHeader::read(&d[..10]).is_none());
         d[0] = b'X';
         assert!(DgramHeader::read(&d).is_none());
+        assert_eq!(r.session, 0x00ab_cdef);
+        // A sealed frame: 1434 symbol bytes of 1514 on an Ethernet wire (1426 with the old
+        // 29-byte header).
+        assert_eq!(lan_symbol(true), 1434);
         assert_eq!(lan_symbol(false) as usize + DGRAM_HEADER, 1471);
         assert_eq!(lan_symbol(true) as usize + DGRAM_HEADER + 16, 1471);
     }

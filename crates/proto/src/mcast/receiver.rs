@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use super::layout::{Layout, Slot};
-use super::msg::{DgramHeader, DgramKind, McastMsg, Nak, DGRAM_HEADER};
+use super::msg::{session_tag, DgramHeader, DgramKind, McastMsg, Nak, DGRAM_HEADER};
 use super::seal::GroupCipher;
 use super::train::TrainMeter;
 use super::{fec, Micros};
@@ -153,7 +153,7 @@ impl Receiver {
         let Some((h, _)) = DgramHeader::read(d) else {
             return;
         };
-        if h.session != self.session || self.failed {
+        if h.session != session_tag(self.session) || self.failed {
             return;
         }
         let body = match &self.cipher {

@@ -17,7 +17,7 @@
 
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
 
-use super::msg::{DgramHeader, DgramKind, DGRAM_HEADER};
+use super::msg::{session_tag, DgramHeader, DgramKind, DGRAM_HEADER, MAX_NUMBER};
 
 /// Bytes of a group key.
 pub const KEY_BYTES: usize = 32;
@@ -157,11 +157,16 @@ impl DgramWriter {
         buf: &mut Vec<u8>,
     ) {
         let number = self.next;
+        // A send of 2^48 datagrams (400 PB) is beyond any; stop rather than repeat a nonce.
+        assert!(
+            number <= MAX_NUMBER,
+            "a session never writes 2^48 datagrams"
+        );
         self.next += 1;
         buf.clear();
         buf.resize(DGRAM_HEADER, 0);
         DgramHeader {
-            session: self.session,
+            session: session_tag(self.session),
             kind,
             block,
             index,

@@ -367,14 +367,22 @@ impl CodedBlock {
         match layout.slot(block, index) {
             Slot::Source(i) => Ok(&self.data[i as usize * s..(i as usize + 1) * s]),
             Slot::Parity(j) => {
-                if self.parity.is_none() {
-                    let src: Vec<&[u8]> = self.data.chunks(s).take(self.k as usize).collect();
-                    self.parity = Some(fec::encode(&src, layout.m as usize, s)?);
-                }
+                self.code(layout)?;
                 let p = self.parity.as_ref().map(|p| p[j as usize].as_slice());
                 Ok(p.unwrap_or_default())
             }
         }
+    }
+
+    /// Computes the block's parity unless it has it: the costly part of [`Self::symbol`],
+    /// which a shell may do ahead, on a thread of its own.
+    pub fn code(&mut self, layout: &Layout) -> Result<(), fec::FecError> {
+        if self.parity.is_none() {
+            let s = layout.symbol as usize;
+            let src: Vec<&[u8]> = self.data.chunks(s).take(self.k as usize).collect();
+            self.parity = Some(fec::encode(&src, layout.m as usize, s)?);
+        }
+        Ok(())
     }
 }
 

@@ -67,8 +67,10 @@ pub const HEADER_LEN: usize = 5;
 /// member. 8: the multicast `Open` carries the file's mtime (with its name, size and mode,
 /// the object's identity) and a receiver that holds the object answers `Holds`. 9: feed
 /// connections are encrypted like every other, the feed's `Accepted` carries the group key,
-/// and feed datagrams are numbered and sealed (`BCF2`, [`crate::feed::seal`]).
-pub const VERSION: u16 = 9;
+/// and feed datagrams are numbered and sealed (`BCF2`, [`crate::feed::seal`]). 10: shorter
+/// datagram headers on both groups, 8 bytes less on a file's (`M3`), 16 less on a feed's data
+/// and parity (`F3`, short forms of `Data` and `Parity`).
+pub const VERSION: u16 = 10;
 
 /// Magic bytes at the start of every connection's first frame, so a stray client (an HTTP
 /// probe, a port scanner) is told apart from a peer with the wrong secret.
