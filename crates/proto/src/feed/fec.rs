@@ -407,6 +407,32 @@ impl Default for ParityCache {
 }
 
 impl ParityCache {
+    /// Whether block `block` of product `seq` is kept.
+    pub fn contains(&self, seq: u64, block: u32) -> bool {
+        self.blocks.contains_key(&(seq, block))
+    }
+
+    /// Keeps block `block` of product `seq`, coded elsewhere (ahead of its counts, off the
+    /// pacer's thread: [`super::push::PushOut::Block`]'s `code`); the oldest blocks leave
+    /// to make room. A block already kept stays as it is.
+    pub fn insert(&mut self, seq: u64, block: u32, coded: CodedBlock) {
+        let key = (seq, block);
+        if self.blocks.contains_key(&key) {
+            return;
+        }
+        while self.held + coded.data_bytes() > self.cap {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(c) = self.blocks.remove(&old) {
+                self.held -= c.data_bytes();
+            }
+        }
+        self.held += coded.data_bytes();
+        self.order.push_back(key);
+        self.blocks.insert(key, coded);
+    }
+
     /// A cache that keeps at most `cap` bytes of blocks (their parity aside).
     pub fn with_capacity(cap: usize) -> Self {
         Self {
@@ -432,18 +458,7 @@ impl ParityCache {
         if !self.blocks.contains_key(&key) {
             let (off, len) = layout.block_range(block);
             let data = read(off, len).map_err(|e| e.to_string())?;
-            let coded = CodedBlock::new(layout, block, data);
-            while self.held + coded.data_bytes() > self.cap {
-                let Some(old) = self.order.pop_front() else {
-                    break;
-                };
-                if let Some(c) = self.blocks.remove(&old) {
-                    self.held -= c.data_bytes();
-                }
-            }
-            self.held += coded.data_bytes();
-            self.order.push_back(key);
-            self.blocks.insert(key, coded);
+            self.insert(seq, block, CodedBlock::new(layout, block, data));
         }
         let Some(c) = self.blocks.get_mut(&key) else {
             return Err(format!("block {block} of product {seq} left the cache"));
@@ -510,6 +525,33 @@ mod tests {
         assert_eq!(reads.len(), 3);
         ask(&mut cache, 7, 0, &mut reads);
         assert_eq!(reads, [(7, 0), (7, 1), (8, 0), (7, 0)]);
+    }
+
+    #[test]
+    fn a_block_coded_ahead_is_served_without_a_read_and_the_same() {
+        let (l, d) = product();
+        let mut cache = ParityCache::with_capacity(32);
+        let block =
+            |b: u32| d[l.block_range(b).0 as usize..][..l.block_range(b).1 as usize].to_vec();
+        let mut ahead = CodedBlock::new(&l, 1, block(1));
+        ahead.code(&l).unwrap();
+        cache.insert(7, 1, ahead);
+        assert!(cache.contains(7, 1) && !cache.contains(7, 0));
+        // Inserted again (the pacer coded it meanwhile): kept once.
+        cache.insert(7, 1, CodedBlock::new(&l, 1, block(1)));
+        let m = cache
+            .parity(7, &l, 1, 5, |_, _| {
+                Err::<Vec<u8>, _>("no read: it is coded")
+            })
+            .unwrap();
+        let super::super::msg::Msg::Parity { data, .. } = m else {
+            panic!("{m:?}")
+        };
+        assert_eq!(data, sym(&d, &l, 1, 5));
+        // Two more blocks of 16 bytes go over the 32: the oldest leaves.
+        cache.insert(7, 0, CodedBlock::new(&l, 0, block(0)));
+        cache.insert(8, 0, CodedBlock::new(&l, 0, block(0)));
+        assert!(!cache.contains(7, 1) && cache.contains(7, 0) && cache.contains(8, 0));
     }
 
     #[test]

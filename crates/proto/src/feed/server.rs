@@ -131,6 +131,10 @@ pub struct ServerStatus {
     pub multicast_sent: (u64, u64),
     /// Of those, repair symbols (parity) on the group.
     pub multicast_repair: (u64, u64),
+    /// Milliseconds of the group's rate lost to late polls of the pacer (a busy host):
+    /// [`super::push::Pusher::late`].
+    #[serde(default)]
+    pub multicast_late_ms: u64,
     /// The subscribers.
     pub subscribers: Vec<SubStatus>,
     /// Where a relay's products come from (the shell fills it in).
@@ -565,6 +569,7 @@ impl Server {
             group: self.cfg.push.as_ref().map(|p| p.group.clone()),
             multicast_sent: self.pusher.as_ref().map_or((0, 0), |p| p.sent),
             multicast_repair: self.pusher.as_ref().map_or((0, 0), |p| p.repair),
+            multicast_late_ms: self.pusher.as_ref().map_or(0, |p| p.late / 1000),
             subscribers: self
                 .subs
                 .iter()

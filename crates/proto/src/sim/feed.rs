@@ -310,7 +310,9 @@ impl World {
         while let Some(out) = self.server.poll_multicast(now) {
             let msg = match out {
                 PushOut::Msg(m) => m,
-                PushOut::Block { seq, offset, len } => match self.data(seq, offset, len) {
+                PushOut::Block {
+                    seq, offset, len, ..
+                } => match self.data(seq, offset, len) {
                     Some(m) => m,
                     None => {
                         self.writer.skip();

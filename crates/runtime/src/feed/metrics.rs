@@ -339,6 +339,7 @@ mod tests {
             group: None,
             multicast_sent: (0, 0),
             multicast_repair: (0, 0),
+            multicast_late_ms: 0,
             subscribers: vec![sub(1, "unicast", 2), sub(2, "multicast", 0)],
             upstream: None,
             relay_children: Vec::new(),
