@@ -9,10 +9,11 @@ use anyhow::{bail, Context, Result};
 use bulkcast_proto::auth::Keys;
 use bulkcast_proto::feed::fec::{DEFAULT_K, DEFAULT_M};
 use bulkcast_proto::feed::msg::Start;
-use bulkcast_proto::feed::product::{AllowRule, ProductAuth, SecretAuth, SignedAuth};
+use bulkcast_proto::feed::product::{AllowRule, HostPattern, ProductAuth, SecretAuth, SignedAuth};
 use bulkcast_proto::feed::push::PushConfig;
 use bulkcast_proto::feed::queue::QueueLimits;
 use bulkcast_proto::feed::receiver::ReceiverConfig;
+use bulkcast_proto::feed::relay::PARENT_STALL;
 use bulkcast_proto::feed::server::ServerConfig;
 use bulkcast_runtime::feed::client::{self, Report, SubError, SubscribeConfig};
 use bulkcast_runtime::feed::ingest::Target;
@@ -108,9 +109,22 @@ pub struct ServeArgs {
     #[arg(long, requires = "upstream", value_name = "HOST:PORT")]
     advertise: Option<String>,
     /// Relay children this server takes at most (the source too): joining relays go below
-    /// one of them past it.
-    #[arg(long, default_value_t = 8)]
+    /// one of them past it. At most 256 (what a server's answer to a joiner lists).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(0..=256))]
     max_relay_children: u32,
+    /// Who may be a relay below this server (the source too): a subscriber that announces
+    /// itself as a relay is listed for joining relays to choose as their parent only if its
+    /// host matches (*, an address or a CIDR block, as in --allow); others are served as
+    /// plain subscribers and counted in `feed status` (relays_refused). Repeatable. Default:
+    /// any subscriber --allow admits may be a relay.
+    #[arg(long, value_name = "PATTERN")]
+    allow_relay: Vec<String>,
+    /// Relay: leave a parent (not --upstream itself) that sends nothing for this long while
+    /// the source has newer products (asked from the source), and join again without it;
+    /// multiplied by the relays between this one and the source, so the one nearest the
+    /// silent relay leaves first. 0: never.
+    #[arg(long, requires = "upstream", default_value_t = PARENT_STALL / 1_000_000, value_name = "SECS")]
+    parent_stall_secs: u64,
     /// Relay: feedtypes taken from upstream (NEXRAD3|IDS, NEXRAD*, ANY).
     #[arg(long, requires = "upstream", default_value = "ANY")]
     feedtype: String,
@@ -269,6 +283,11 @@ async fn run_serve(a: ServeArgs) -> Result<i32> {
         .iter()
         .map(|r| AllowRule::parse(r))
         .collect::<Result<Vec<_>, _>>()?;
+    let allow_relay = a
+        .allow_relay
+        .iter()
+        .map(|p| HostPattern::parse(p).with_context(|| format!("--allow-relay {p}")))
+        .collect::<Result<Vec<_>>>()?;
     if a.rate_mbps <= 0.0 {
         bail!("--rate-mbps must be positive");
     }
@@ -289,6 +308,7 @@ async fn run_serve(a: ServeArgs) -> Result<i32> {
             max_age: a.max_age * 1_000_000,
         },
         allow,
+        allow_relay,
         push,
         unicast_block: 256 << 10,
         feed_id: rand::random(),
@@ -315,6 +335,7 @@ async fn run_serve(a: ServeArgs) -> Result<i32> {
                 start: a.upstream_from.as_deref().map(parse_from).transpose()?,
                 tuning: a.common.tuning()?,
                 rx: ReceiverConfig::default(),
+                parent_stall: Duration::from_secs(a.parent_stall_secs),
             }),
             None => None,
         },
@@ -512,7 +533,7 @@ fn report(json: bool, exec: Option<&str>, transport: &mut &'static str, r: Repor
             eprintln!("warning: no multicast arrives; falling back to unicast");
             json!({"event": "fallback", "transport": "unicast"})
         }
-        Report::Settled { .. } => return,
+        Report::Settled { .. } | Report::Received { .. } => return,
         Report::Disconnected { reason, retry_in } => {
             eprintln!("warning: lost the source ({reason}); reconnecting in {retry_in:.2?}");
             json!({"event": "disconnected", "reason": reason, "retry_in_ms": retry_in.as_millis() as u64})
@@ -556,11 +577,15 @@ async fn run_status(a: StatusArgs) -> Result<i32> {
             up["last_error"]
         );
         println!(
-            "parent: {} (join {}: {}), above it {}",
+            "parent: {} (join {}: {}), above it {}; source at seq {}; dead parents {}, {} left \
+             for sending nothing",
             up["parent"].as_str().unwrap_or(""),
             up["joins"],
             up["chosen"].as_str().unwrap_or(""),
-            up["ancestry"]
+            up["ancestry"],
+            up["source_last_seq"],
+            up["dead"],
+            up["stalls"]
         );
         for c in up["measured"].as_array().into_iter().flatten() {
             println!(
@@ -578,6 +603,12 @@ async fn run_status(a: StatusArgs) -> Result<i32> {
         println!(
             "relay children ({kids} of at most {}): {}",
             v["max_relay_children"], v["relay_children"]
+        );
+    }
+    if v["relays_refused"].as_u64().is_some_and(|n| n > 0) {
+        println!(
+            "relays refused (no --allow-relay pattern covers them): {}",
+            v["relays_refused"]
         );
     }
     println!(

@@ -22,6 +22,7 @@ fn coded(max_bytes: u64, multicast: bool, k: u32) -> ServerConfig {
             max_age: 3600 * SEC,
         },
         allow: vec![AllowRule::parse("10.0.0.0/8=ANY").unwrap()],
+        allow_relay: Vec::new(),
         push: multicast.then(|| PushConfig {
             group: "239.255.7.1:7500".into(),
             rate: 100_000_000 / 8,

@@ -280,10 +280,44 @@ pub struct AllowRule {
     feedtype: FeedPattern,
 }
 
-#[derive(Debug, Clone)]
-enum HostPattern {
+/// Which hosts a rule covers: `*`, an address or a CIDR block (the host part of an
+/// [`AllowRule`], and `feed serve --allow-relay`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostPattern {
+    /// Every host.
     Any,
+    /// The hosts whose first bits (the second field) are those of the address.
     Net(IpAddr, u8),
+}
+
+impl HostPattern {
+    /// Parses `*`, an address or a CIDR block.
+    pub fn parse(text: &str) -> Result<Self, PatternError> {
+        let bad = || PatternError::Host(text.to_string());
+        let h = text.trim();
+        if h == "*" {
+            return Ok(Self::Any);
+        }
+        let (a, bits) = match h.split_once('/') {
+            Some((a, b)) => (a, Some(b.parse::<u8>().map_err(|_| bad())?)),
+            None => (h, None),
+        };
+        let ip: IpAddr = a.parse().map_err(|_| bad())?;
+        let max = if ip.is_ipv4() { 32 } else { 128 };
+        let bits = bits.unwrap_or(max);
+        if bits > max {
+            return Err(bad());
+        }
+        Ok(Self::Net(ip, bits))
+    }
+
+    /// True when `host` falls under the pattern (an IPv4-mapped IPv6 address as IPv4).
+    pub fn covers(&self, host: IpAddr) -> bool {
+        match *self {
+            Self::Any => true,
+            Self::Net(net, bits) => prefix_eq(net, canonical(host), bits),
+        }
+    }
 }
 
 impl AllowRule {
@@ -292,35 +326,15 @@ impl AllowRule {
         let (host, ft) = text
             .split_once('=')
             .ok_or_else(|| PatternError::Host(text.to_string()))?;
-        let bad = || PatternError::Host(host.to_string());
-        let host = match host.trim() {
-            "*" => HostPattern::Any,
-            h => {
-                let (a, bits) = match h.split_once('/') {
-                    Some((a, b)) => (a, Some(b.parse::<u8>().map_err(|_| bad())?)),
-                    None => (h, None),
-                };
-                let ip: IpAddr = a.parse().map_err(|_| bad())?;
-                let max = if ip.is_ipv4() { 32 } else { 128 };
-                let bits = bits.unwrap_or(max);
-                if bits > max {
-                    return Err(bad());
-                }
-                HostPattern::Net(ip, bits)
-            }
-        };
         Ok(Self {
-            host,
+            host: HostPattern::parse(host)?,
             feedtype: FeedPattern::parse(ft)?,
         })
     }
 
     /// True when `host` falls under the rule.
     pub fn covers_host(&self, host: IpAddr) -> bool {
-        match self.host {
-            HostPattern::Any => true,
-            HostPattern::Net(net, bits) => prefix_eq(net, canonical(host), bits),
-        }
+        self.host.covers(host)
     }
 
     /// True when the rule lets `host` have products of `feedtype`.
@@ -377,6 +391,16 @@ mod tests {
         assert!(!r.allows("10.2.3.4".parse().unwrap(), "IDS"));
         assert!(AllowRule::parse("10.0.0.0/33=ANY").is_err());
         assert!(AllowRule::parse("nohost").is_err());
+        let h = HostPattern::parse("127.0.0.0/8").unwrap();
+        assert!(h.covers("127.0.0.1".parse().unwrap()));
+        assert!(h.covers("::ffff:127.0.0.1".parse().unwrap()));
+        assert!(!h.covers("10.0.0.1".parse().unwrap()));
+        assert_eq!(HostPattern::parse(" * "), Ok(HostPattern::Any));
+        assert!(HostPattern::parse("::1/129").is_err());
+        assert!(
+            HostPattern::parse("relay.example").is_err(),
+            "addresses, not names"
+        );
     }
 
     #[test]

@@ -50,6 +50,11 @@ pub struct UpstreamStatus {
     pub settled: u64,
     /// The parent's newest product, when last asked.
     pub upstream_last_seq: Option<u64>,
+    /// The source's newest product, when last asked (the source itself: a parent that
+    /// withholds products could lie about its own newest), for [`Stall`].
+    pub source_last_seq: Option<u64>,
+    /// Parents left because they sent nothing while the source moved on ([`Stall`]).
+    pub stalls: u64,
     /// Products the parent holds past `settled` (its newest minus what is settled here).
     pub lag: Option<u64>,
     /// Creation to queued here of the newest product relayed, milliseconds.
@@ -179,6 +184,26 @@ impl<T> Relay<T> {
         self.status.upstream_last_seq = last_seq;
     }
 
+    /// The source's newest product, as its status said (`None`: it did not answer).
+    pub fn source_newest(&mut self, last_seq: Option<u64>) {
+        self.status.source_last_seq = last_seq;
+    }
+
+    /// The source's newest product, when last asked.
+    pub fn source_last_seq(&self) -> Option<u64> {
+        self.status.source_last_seq
+    }
+
+    /// Every upstream product below this is relayed, passed over or lost.
+    pub fn settled_below(&self) -> u64 {
+        self.status.settled
+    }
+
+    /// The parent was left for sending nothing ([`Stall`]).
+    pub fn stalled(&mut self) {
+        self.status.stalls += 1;
+    }
+
     /// Products held for order.
     pub fn held(&self) -> usize {
         self.held.len()
@@ -191,6 +216,134 @@ impl<T> Relay<T> {
             .upstream_last_seq
             .map(|n| (n + 1).saturating_sub(s.settled));
         s
+    }
+}
+
+/// How long a relay waits on a parent that sends nothing while the source moves on before
+/// it leaves it ([`Stall`]), per relay between it and the source. Long enough that the
+/// status polls (every 5 s) see the source ahead six times, so one slow or lost answer does
+/// not decide; and over twice what a parent needs to route around its own dead parent
+/// (10 s to give it up, 3 s to join again, then it sends again), so a relay does not
+/// abandon a parent that is recovering. Leaving costs a join and a WAN connection to
+/// the source, and the parent stays out of joins for 5 minutes: better late than wrongly.
+pub const PARENT_STALL: Micros = 30_000_000;
+
+/// Watches a relay's parent for sending nothing while connected: withholding products, or
+/// stuck itself (on an upstream that refuses it, or stopped). Dead parents (connections
+/// that fail) are the shell's; this one's connection is fine and silent.
+///
+/// The parent is left when nothing came from it for the stall time (no product settled,
+/// no new byte of a product) while the source, asked itself, was known ahead of the
+/// relay all along (its newest product at or past the relay's settled position). The
+/// source is asked, not the parent: a parent withholding products could also understate
+/// its newest. So a parent that is merely slow is kept (its bytes keep coming, even in a
+/// product that takes minutes), an idle feed is no stall (the source is not ahead), and
+/// a source that does not answer leaves nothing to compare: the parent is kept (it may be
+/// the only way to the feed).
+#[derive(Debug, Clone)]
+pub struct Stall {
+    limit: Micros,
+    /// Every product below it is settled here.
+    settled: u64,
+    /// When something last came from the parent (or the watch began).
+    heard: Micros,
+    /// The source's newest product, when last asked (`None`: no answer).
+    source: Option<u64>,
+    /// Since when the source has been known ahead with nothing from the parent.
+    since: Option<Micros>,
+}
+
+/// Why a parent is left ([`Stall::poll_leave`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stalled {
+    /// How long nothing came from it.
+    pub silent: Micros,
+    /// The source's newest product.
+    pub source: u64,
+    /// The relay's settled position (every product below it settled).
+    pub settled: u64,
+}
+
+impl std::fmt::Display for Stalled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "sent nothing for {:.0} s while the source is at seq {} and we are at {}",
+            self.silent as f64 / 1e6,
+            self.source,
+            self.settled.saturating_sub(1)
+        )
+    }
+}
+
+impl Stall {
+    /// A watch of a new subscription at `now`, the relay settled below `settled`, with
+    /// `relays_above` relays between it and the source (its parent included). The stall
+    /// time is `limit` per relay above: when a relay higher up stalls, every relay below
+    /// it stalls too, and the one just below it must be the first to leave (then its
+    /// subtree follows it to its new parent) rather than the whole subtree scattering to
+    /// the source. `limit` 0 never leaves.
+    pub fn new(limit: Micros, relays_above: usize, settled: u64, now: Micros) -> Self {
+        Self {
+            limit: limit.saturating_mul(relays_above.max(1) as u64),
+            settled,
+            heard: now,
+            source: None,
+            since: None,
+        }
+    }
+
+    /// The stall time of this watch.
+    pub fn limit(&self) -> Micros {
+        self.limit
+    }
+
+    /// The subscription settled every product below `below`.
+    pub fn handle_settled(&mut self, below: u64, now: Micros) {
+        if below > self.settled {
+            self.settled = below;
+            self.heard(now);
+        }
+    }
+
+    /// New bytes of a product came from the parent.
+    pub fn handle_bytes(&mut self, now: Micros) {
+        self.heard(now);
+    }
+
+    fn heard(&mut self, now: Micros) {
+        self.heard = now;
+        // Still behind a source known ahead: the count starts again from here.
+        self.since = self.ahead().then_some(now);
+    }
+
+    fn ahead(&self) -> bool {
+        self.source.is_some_and(|s| s >= self.settled)
+    }
+
+    /// The source's newest product, as its status said (`None`: it did not answer, or
+    /// holds nothing).
+    pub fn handle_source_newest(&mut self, last_seq: Option<u64>, now: Micros) {
+        self.source = last_seq;
+        match self.ahead() {
+            true => {
+                self.since.get_or_insert(now);
+            }
+            false => self.since = None,
+        }
+    }
+
+    /// Whether to leave the parent now, and why.
+    pub fn poll_leave(&self, now: Micros) -> Option<Stalled> {
+        let since = self.since?;
+        if self.limit == 0 || now.saturating_sub(since) < self.limit {
+            return None;
+        }
+        Some(Stalled {
+            silent: now.saturating_sub(self.heard),
+            source: self.source?,
+            settled: self.settled,
+        })
     }
 }
 
@@ -272,6 +425,7 @@ mod tests {
         let cfg = ServerConfig {
             limits,
             allow: vec![AllowRule::parse("*=ANY").unwrap()],
+            allow_relay: Vec::new(),
             push: None,
             unicast_block: 1 << 16,
             feed_id: 1,
@@ -342,5 +496,84 @@ mod tests {
         assert_eq!((s.lost, s.lag, s.disconnects), (4, Some(5), 1));
         assert!(!s.connected);
         assert_eq!(s.last_error.as_deref(), Some("reset"));
+    }
+}
+
+#[cfg(test)]
+mod stall_tests {
+    use super::*;
+
+    const S: Micros = 1_000_000;
+
+    #[test]
+    fn a_silent_parent_is_left_once_the_source_was_ahead_for_the_stall_time() {
+        let mut w = Stall::new(30 * S, 1, 13, 0);
+        w.handle_source_newest(Some(12), S);
+        assert_eq!(w.poll_leave(100 * S), None, "idle: the source is not ahead");
+        w.handle_source_newest(Some(24), 40 * S);
+        assert_eq!(w.poll_leave(69 * S), None);
+        let left = w.poll_leave(70 * S).expect("30 s behind a source ahead");
+        assert_eq!(
+            left,
+            Stalled {
+                silent: 70 * S,
+                source: 24,
+                settled: 13
+            }
+        );
+        assert_eq!(
+            left.to_string(),
+            "sent nothing for 70 s while the source is at seq 24 and we are at 12"
+        );
+    }
+
+    #[test]
+    fn a_slow_parent_is_kept_while_anything_comes() {
+        let mut w = Stall::new(30 * S, 1, 1, 0);
+        w.handle_source_newest(Some(100), 0);
+        // One large product: no product settles for minutes, its bytes keep coming.
+        for t in 1..=300 {
+            w.handle_bytes(t * S);
+            w.handle_source_newest(Some(100 + t), t * S);
+            assert_eq!(w.poll_leave(t * S + S / 2), None, "at {t} s");
+        }
+        w.handle_settled(2, 301 * S);
+        assert_eq!(w.poll_leave(330 * S), None);
+        // Then nothing: 30 s after the last thing heard.
+        assert!(w.poll_leave(331 * S).is_some());
+        // A settled position that does not move is nothing heard.
+        let mut w = Stall::new(30 * S, 1, 5, 0);
+        w.handle_source_newest(Some(9), 0);
+        w.handle_settled(5, 20 * S);
+        w.handle_settled(3, 25 * S);
+        assert!(w.poll_leave(30 * S).is_some());
+    }
+
+    #[test]
+    fn no_answer_from_the_source_is_no_stall() {
+        let mut w = Stall::new(30 * S, 1, 1, 0);
+        w.handle_source_newest(Some(50), 0);
+        w.handle_source_newest(None, 20 * S);
+        assert_eq!(w.poll_leave(60 * S), None);
+        // Back: the count starts when it is seen ahead again.
+        w.handle_source_newest(Some(50), 60 * S);
+        assert_eq!(w.poll_leave(89 * S), None);
+        assert!(w.poll_leave(90 * S).is_some());
+        // Caught up (the parent delivered up to the source's newest): not ahead.
+        w.handle_settled(51, 91 * S);
+        assert_eq!(w.poll_leave(200 * S), None);
+    }
+
+    #[test]
+    fn deeper_relays_wait_longer_and_zero_never_leaves() {
+        let mut deep = Stall::new(30 * S, 3, 1, 0);
+        assert_eq!(deep.limit(), 90 * S);
+        deep.handle_source_newest(Some(7), 0);
+        assert_eq!(deep.poll_leave(89 * S), None);
+        assert!(deep.poll_leave(90 * S).is_some());
+        let mut off = Stall::new(0, 1, 1, 0);
+        off.handle_source_newest(Some(7), 0);
+        assert_eq!(off.poll_leave(u64::MAX), None);
+        assert_eq!(Stall::new(30 * S, 0, 1, 0).limit(), 30 * S, "at least one");
     }
 }

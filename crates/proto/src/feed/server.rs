@@ -13,7 +13,9 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::msg::{Msg, Start};
-use super::product::{allowed, AllowRule, Micros, ProductAuth, ProductMeta, Subscription};
+use super::product::{
+    allowed, AllowRule, HostPattern, Micros, ProductAuth, ProductMeta, Subscription,
+};
 use super::push::{PushConfig, PushOut, Pusher};
 use super::queue::{ProductQueue, QueueError, QueueLimits};
 use crate::mcast::seal::GroupKey;
@@ -25,6 +27,10 @@ pub struct ServerConfig {
     pub limits: QueueLimits,
     /// Who may subscribe to what; empty admits nobody.
     pub allow: Vec<AllowRule>,
+    /// Which subscribers are listed as relay children when they announce themselves
+    /// ([`Msg::Relay`]): joining relays may choose them as parents. Empty: any subscriber
+    /// admitted (`feed serve --allow-relay`, whose default this is).
+    pub allow_relay: Vec<HostPattern>,
     /// Multicast, if the LAN carries it.
     pub push: Option<PushConfig>,
     /// Bytes per unicast data message.
@@ -145,6 +151,9 @@ pub struct ServerStatus {
     pub relay_children: Vec<String>,
     /// Relay children taken at most (the shell fills it in).
     pub max_relay_children: u32,
+    /// Subscribers that announced themselves as relays and were not listed: no
+    /// `--allow-relay` pattern covers their host.
+    pub relays_refused: u64,
 }
 
 /// The source.
@@ -155,6 +164,7 @@ pub struct Server {
     pusher: Option<Pusher>,
     subs: BTreeMap<SubId, Sub>,
     next_id: SubId,
+    relays_refused: u64,
 }
 
 impl Server {
@@ -172,6 +182,7 @@ impl Server {
             pusher,
             subs: BTreeMap::new(),
             next_id: 1,
+            relays_refused: 0,
         }
     }
 
@@ -257,6 +268,20 @@ impl Server {
     /// Whether the allow rules admit `host` as a subscriber (of some feedtype).
     pub fn admits(&self, host: IpAddr) -> bool {
         self.cfg.allow.iter().any(|r| r.covers_host(host))
+    }
+
+    /// Subscriber `id` announced itself as a relay: whether it may be listed as a relay child
+    /// (joining relays may then choose it as their parent). A subscriber this server has,
+    /// whose host an `allow_relay` pattern covers (any, with none given); a refusal is
+    /// counted. Refused or not, it stays a subscriber.
+    pub fn may_relay(&mut self, id: SubId) -> bool {
+        let Some(host) = self.subs.get(&id).map(|s| s.host) else {
+            return false;
+        };
+        let rules = &self.cfg.allow_relay;
+        let ok = rules.is_empty() || rules.iter().any(|r| r.covers(host));
+        self.relays_refused += u64::from(!ok);
+        ok
     }
 
     /// A subscriber asks. Refused (with the reason to send back) when no rule covers its host
@@ -587,6 +612,65 @@ impl Server {
             upstream: None,
             relay_children: Vec::new(),
             max_relay_children: 0,
+            relays_refused: self.relays_refused,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::Secret;
+    use crate::feed::product::SecretAuth;
+
+    fn server(allow_relay: &[&str]) -> Server {
+        let limits = QueueLimits {
+            max_bytes: 1 << 20,
+            max_age: u64::MAX,
+        };
+        let cfg = ServerConfig {
+            limits,
+            allow: vec![AllowRule::parse("*=ANY").unwrap()],
+            allow_relay: allow_relay
+                .iter()
+                .map(|p| HostPattern::parse(p).unwrap())
+                .collect(),
+            push: None,
+            unicast_block: 1 << 16,
+            feed_id: 1,
+            group_key: None,
+        };
+        let auth = Arc::new(SecretAuth::new(&Secret::from_bytes([5; 32])));
+        Server::new(cfg, auth, ProductQueue::new(limits, 1))
+    }
+
+    fn sub(s: &mut Server, host: &str) -> SubId {
+        let host = host.parse().unwrap();
+        s.subscribe(host, "ANY", "", Start::Now, false).unwrap()
+    }
+
+    #[test]
+    fn only_hosts_allowed_to_relay_are_listed_and_the_others_are_counted() {
+        // No --allow-relay: any subscriber admitted may relay (the behaviour before it).
+        let mut open = server(&[]);
+        let id = sub(&mut open, "203.0.113.7");
+        assert!(open.may_relay(id));
+        assert!(!open.may_relay(99), "not a subscriber");
+        assert_eq!(open.status().relays_refused, 0);
+
+        let mut s = server(&["10.1.0.0/16", "192.0.2.5"]);
+        let (site, one, other) = (
+            sub(&mut s, "10.1.2.3"),
+            sub(&mut s, "::ffff:192.0.2.5"),
+            sub(&mut s, "10.2.0.1"),
+        );
+        assert!(s.may_relay(site) && s.may_relay(one));
+        assert!(!s.may_relay(other));
+        assert!(!s.may_relay(other), "asked again");
+        let st = s.status();
+        assert_eq!(st.relays_refused, 2);
+        // Refused as a relay, it is still a subscriber with its products.
+        assert_eq!(st.subscribers.len(), 3);
+        assert!(s.poll_unicast(other, 1).is_some(), "its Accepted");
     }
 }

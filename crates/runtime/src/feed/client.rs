@@ -91,6 +91,14 @@ pub enum Report<'a> {
         /// Last.
         to: u64,
     },
+    /// New bytes of a product arrived (not yet verified): a slow product is still progress
+    /// (a relay's [`bulkcast_proto::feed::relay::Stall`]).
+    Received {
+        /// The product.
+        seq: u64,
+        /// How many bytes.
+        bytes: u64,
+    },
     /// Multicast did not arrive; unicast now.
     FellBack,
     /// The source's group goes in clear (it chose `--plaintext`) and this subscriber did
@@ -442,6 +450,8 @@ impl Session<'_> {
                     if let Some((_, f, _)) = self.files.get(&seq) {
                         f.write_all_at(&data, offset)?;
                     }
+                    let bytes = data.len() as u64;
+                    on(Report::Received { seq, bytes });
                 }
                 RxEvent::Complete(seq) => {
                     let Some((p, _, m)) = self.files.get(&seq) else {

@@ -210,7 +210,8 @@ impl SubscribeMetrics {
             }
             Report::Subscribed { .. }
             | Report::RefusedClearGroup { .. }
-            | Report::Settled { .. } => {}
+            | Report::Settled { .. }
+            | Report::Received { .. } => {}
         }
     }
 }
@@ -344,6 +345,7 @@ mod tests {
             upstream: None,
             relay_children: Vec::new(),
             max_relay_children: 8,
+            relays_refused: 0,
         };
         #[derive(Debug)]
         struct Fixed(ServerStatus);

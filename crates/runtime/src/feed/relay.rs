@@ -20,7 +20,7 @@ use bulkcast_proto::auth::Keys;
 use bulkcast_proto::feed::msg::{Msg, Start};
 use bulkcast_proto::feed::product::{ProductAuth, ProductMeta};
 use bulkcast_proto::feed::receiver::ReceiverConfig;
-use bulkcast_proto::feed::relay::Relay;
+use bulkcast_proto::feed::relay::{Relay, Stall};
 
 use super::backoff::Backoff;
 use super::client::{self, Report, SubError, SubscribeConfig};
@@ -53,6 +53,9 @@ pub struct UpstreamConfig {
     pub tuning: TcpTuning,
     /// Timers of the upstream subscription.
     pub rx: ReceiverConfig,
+    /// A parent (not the source, not `fixed`) that sends nothing for this long per relay
+    /// above this one while the source is ahead is left ([`Stall`]); zero: never.
+    pub parent_stall: Duration,
 }
 
 /// The relay's state, beside the server's.
@@ -62,8 +65,13 @@ pub(super) fn lock(r: &RelayState) -> MutexGuard<'_, Relay<PathBuf>> {
     r.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// How often the upstream's newest sequence number is read (for the lag in the status).
+/// How often the upstream's newest sequence number is read (for the lag in the status), and
+/// the source's when it is not the parent ([`Stall`]); more often under a short stall time,
+/// so that it sees the source ahead a few times first.
 const STATUS_EVERY: Duration = Duration::from_secs(5);
+/// A status that takes longer counts as no answer: a parent stopped in its tracks still
+/// completes TCP's handshake (the kernel's backlog), never ours.
+const STATUS_TIMEOUT: Duration = Duration::from_secs(3);
 /// Waits between attempts after the upstream refused or a local failure: 1 s doubling to
 /// 60 s (a refusal is a configuration to fix, not a blip), again from 1 s after a
 /// subscription that ran a minute.
@@ -93,9 +101,9 @@ const DEAD_FOR: Duration = Duration::from_secs(300);
 /// joins the relay tree ([`super::tree::join`]) and subscribes to the parent it chose. A lost
 /// connection is taken up again by the subscription itself, from where it stopped, after
 /// [`Backoff::reconnect`]'s waits; a parent other than the source that stays unreachable
-/// ([`DEAD_AFTER_ATTEMPTS`]) or refuses is left for a new join without it, resumed at the
-/// same position; the source's refusal or a local failure is retried here, after
-/// [`REFUSED_BACKOFF`]'s.
+/// ([`DEAD_AFTER_ATTEMPTS`]), refuses, or sends nothing while the source moves on
+/// ([`Stall`]) is left for a new join without it, resumed at the same position; the
+/// source's refusal or a local failure is retried here, after [`REFUSED_BACKOFF`]'s.
 pub(super) async fn run(ctx: Arc<Ctx>, up: UpstreamConfig, keys: Keys, auth: Arc<dyn ProductAuth>) {
     let Some(relay) = ctx.relay.clone() else {
         return;
@@ -147,16 +155,22 @@ pub(super) async fn run(ctx: Arc<Ctx>, up: UpstreamConfig, keys: Keys, auth: Arc
         );
         let watch_parent = !up.fixed && j.parent != up.source;
         let began = Instant::now();
+        let settled = lock(&relay).settled_below();
         let sub = Sub {
             up: &up,
             joined: &j,
             keys: &keys,
             auth: &auth,
             watch_parent,
+            // The ancestry is the source, the relays above, the parent last.
+            stall: (watch_parent && !up.parent_stall.is_zero()).then(|| {
+                let limit = up.parent_stall.as_micros() as u64;
+                Stall::new(limit, j.ancestry.len().saturating_sub(1), settled, 0)
+            }),
         };
         let (why, leave) = match subscribe_to(&ctx, &relay, sub, start).await {
-            Ok(true) => ("unreachable".to_string(), true),
-            Ok(false) => ("the subscription ended".to_string(), false),
+            Ok(Some(why)) => (why, true),
+            Ok(None) => ("the subscription ended".to_string(), false),
             Err(e @ SubError::Refused(_)) => (e.to_string(), true),
             Err(e) => (e.to_string(), false),
         };
@@ -188,18 +202,14 @@ struct Sub<'a> {
     auth: &'a Arc<dyn ProductAuth>,
     /// Give the parent up when it stays unreachable (not the source: it is waited for).
     watch_parent: bool,
+    /// Give the parent up when it sends nothing while the source moves on (watched only).
+    stall: Option<Stall>,
 }
 
-/// Subscribes to the parent until the subscription fails for good or, when watched, the
-/// parent stays unreachable (`Ok(true)`: the position is saved, for the next parent).
-async fn subscribe_to(
-    ctx: &Ctx,
-    relay: &RelayState,
-    sub: Sub<'_>,
-    start: Start,
-) -> Result<bool, SubError> {
+/// The subscription to the parent, from `start`.
+fn parent_config(ctx: &Ctx, sub: &Sub<'_>, start: Start) -> SubscribeConfig {
     let up = sub.up;
-    let cfg = SubscribeConfig {
+    SubscribeConfig {
         source: sub.joined.parent.clone(),
         feedtype: up.feedtype.clone(),
         name: up.name.clone(),
@@ -217,14 +227,42 @@ async fn subscribe_to(
         hello: (!sub.joined.me.is_empty()).then(|| Msg::Relay {
             listen: sub.joined.me.clone(),
         }),
-    };
+    }
+}
+
+/// Subscribes to the parent until the subscription fails for good or, when watched, the
+/// parent stays unreachable or silent (`Ok(Some(why))`: the position is saved, for the next
+/// parent).
+async fn subscribe_to(
+    ctx: &Ctx,
+    relay: &RelayState,
+    sub: Sub<'_>,
+    start: Start,
+) -> Result<Option<String>, SubError> {
+    let cfg = parent_config(ctx, &sub, start);
     // Failed attempts in a row, and since when.
     let (mut failed, mut since) = (0u32, None::<Instant>);
     let gave_up = Notify::new();
     let mut gave = false;
     let parent = &sub.joined.parent;
+    // The stall watch's clock: this subscription's.
+    let began = Instant::now();
+    let now = || began.elapsed().as_micros() as u64;
+    let stall = Mutex::new(sub.stall);
+    let stall_lock = || stall.lock().unwrap_or_else(|p| p.into_inner());
+    let mut stalled = None;
     let on = |rep: Report<'_>| {
         match &rep {
+            Report::Settled { below } => {
+                if let Some(w) = stall_lock().as_mut() {
+                    w.handle_settled(*below, now());
+                }
+            }
+            Report::Received { .. } => {
+                if let Some(w) = stall_lock().as_mut() {
+                    w.handle_bytes(now());
+                }
+            }
             Report::Subscribed { .. } => (failed, since) = (0, None),
             Report::Disconnected { .. } => {
                 failed += 1;
@@ -239,8 +277,44 @@ async fn subscribe_to(
         }
         on_report(ctx, relay, parent, rep);
     };
-    client::subscribe_until(cfg, on, gave_up.notified()).await?;
-    Ok(gave)
+    let stop = async {
+        tokio::select! {
+            _ = gave_up.notified() => {}
+            why = watch_stall(&stall, relay, now) => stalled = Some(why),
+        }
+    };
+    client::subscribe_until(cfg, on, stop).await?;
+    if let Some(why) = stalled {
+        lock(relay).stalled();
+        return Ok(Some(why));
+    }
+    Ok(gave.then(|| "unreachable".to_string()))
+}
+
+/// Completes when the stall watch says the parent is to be left (why), fed the source's
+/// newest product as [`poll_upstream_status`] last read it, ten times per stall time (at
+/// most every second); never without a watch.
+async fn watch_stall(
+    stall: &Mutex<Option<Stall>>,
+    relay: &RelayState,
+    now: impl Fn() -> u64,
+) -> String {
+    let lock_stall = || stall.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(limit) = lock_stall().as_ref().map(Stall::limit) else {
+        return std::future::pending().await;
+    };
+    let tick =
+        Duration::from_micros(limit / 10).clamp(Duration::from_millis(100), Duration::from_secs(1));
+    loop {
+        tokio::time::sleep(tick).await;
+        let source = lock(relay).source_last_seq();
+        if let Some(w) = lock_stall().as_mut() {
+            w.handle_source_newest(source, now());
+            if let Some(s) = w.poll_leave(now()) {
+                return s.to_string();
+            }
+        }
+    }
 }
 
 /// Deletes products of an earlier run that were delivered but not queued (they come again:
@@ -298,7 +372,7 @@ fn on_report(ctx: &Ctx, relay: &RelayState, source: &str, rep: Report<'_>) {
             tracing::info!("relay: upstream {source}: {reason}; trying again in {retry_in:.2?}");
             lock(relay).connected(false, Some(reason));
         }
-        Report::FellBack | Report::RefusedClearGroup { .. } => {}
+        Report::FellBack | Report::RefusedClearGroup { .. } | Report::Received { .. } => {}
     }
 }
 
@@ -358,20 +432,47 @@ pub(super) fn save_floor(ctx: &Ctx) {
     }
 }
 
-/// Reads the parent's newest sequence number now and then, for the lag in the status.
+/// Reads the parent's newest sequence number now and then, for the lag in the status, and
+/// the source's (the same when the source is the parent), for the [`Stall`] watch: from the
+/// source itself, as a parent that withholds products could understate its own newest.
 async fn poll_upstream_status(relay: Arc<RelayState>, up: UpstreamConfig, keys: Keys) {
+    let every = match up.parent_stall.is_zero() {
+        true => STATUS_EVERY,
+        false => STATUS_EVERY.min(up.parent_stall / 3),
+    };
+    let every = every.max(Duration::from_millis(200));
+    let wait = STATUS_TIMEOUT.min(every);
     loop {
         let parent = lock(&relay).parent().to_string();
-        let newest = match client::status(&parent, &keys, &up.tuning).await {
-            Ok(json) => serde_json::from_str::<serde_json::Value>(&json)
-                .ok()
-                .and_then(|v| v["last_seq"].as_u64()),
-            Err(e) => {
-                tracing::debug!("relay: upstream status: {e}");
-                None
+        let own = parent != up.source;
+        let (p, s) = tokio::join!(last_seq(&parent, &keys, &up, wait), async {
+            match own {
+                true => last_seq(&up.source, &keys, &up, wait).await,
+                false => None,
             }
-        };
-        lock(&relay).upstream_newest(newest);
-        tokio::time::sleep(STATUS_EVERY).await;
+        });
+        {
+            let mut r = lock(&relay);
+            r.upstream_newest(p);
+            r.source_newest(if own { s } else { p });
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// `addr`'s newest sequence number, as its status says within `wait` (`None`: no answer).
+async fn last_seq(addr: &str, keys: &Keys, up: &UpstreamConfig, wait: Duration) -> Option<u64> {
+    match tokio::time::timeout(wait, client::status(addr, keys, &up.tuning)).await {
+        Ok(Ok(json)) => serde_json::from_str::<serde_json::Value>(&json)
+            .ok()
+            .and_then(|v| v["last_seq"].as_u64()),
+        Ok(Err(e)) => {
+            tracing::debug!("relay: status of {addr}: {e}");
+            None
+        }
+        Err(_) => {
+            tracing::debug!("relay: status of {addr}: no answer within {wait:?}");
+            None
+        }
     }
 }

@@ -406,7 +406,7 @@ fn log_report(label: &str, exec: Option<&str>, metrics: Option<&SubscribeMetrics
             )
         }
         // The position is saved by the subscriber itself.
-        Report::Settled { .. } => {}
+        Report::Settled { .. } | Report::Received { .. } => {}
     }
 }
 

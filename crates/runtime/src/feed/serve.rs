@@ -375,8 +375,16 @@ const MAX_LISTED_CHILDREN: usize = 1024;
 
 /// Subscriber `id`, connected from `peer`, said it is a relay reachable at `listen`. Only the
 /// port is taken from it: the relay is listed at the address it connected from, so a peer
-/// cannot point joining relays at another host (or at their own loopback, or `0.0.0.0`).
+/// cannot point joining relays at another host (or at their own loopback, or `0.0.0.0`). A
+/// host no `--allow-relay` pattern covers is not listed (it stays a subscriber).
 fn relay_child(ctx: &Ctx, id: SubId, peer: std::net::IpAddr, listen: &str) {
+    if !ctx.lock().may_relay(id) {
+        tracing::warn!(
+            "subscriber {id} from {peer} announced itself as a relay ({listen:?}): no \
+             --allow-relay pattern covers {peer}; not listed, served as a subscriber"
+        );
+        return;
+    }
     let Some(port) = listen
         .rsplit_once(':')
         .and_then(|(_, p)| p.parse::<u16>().ok())
