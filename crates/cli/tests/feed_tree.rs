@@ -53,22 +53,7 @@ fn a_relay_joins_below_another_when_the_source_is_full_and_routes_around_its_dea
 
     let names: Vec<String> = (0..24).map(|i| format!("p-{i}")).collect();
     let files = write_files(&src, &names, |i| 1000 + i * 7919);
-    let want = names.len().to_string();
-    let sub = subscribe(
-        &b.addr,
-        &s.0.join("sub"),
-        &[
-            "--feedtype",
-            "ANY",
-            "--from",
-            "1",
-            "--unicast",
-            "--max-products",
-            &want,
-            "--duration",
-            "90",
-        ],
-    );
+    let sub = subscriber_of(&b.addr, &s.0.join("sub"), names.len());
     wait_status(&b.addr, 20, |st| {
         st["subscribers"].as_array().is_some_and(|a| a.len() == 1)
     });
