@@ -118,8 +118,9 @@ pub struct Pusher {
     pub repair: (u64, u64),
     /// Counts taken.
     pub naks: u64,
-    /// Sending time lost to late polls: how far past [`BURST`] the pacer was polled while the
-    /// first pass or granted repairs were waiting (a busy host's rate, lost for good).
+    /// Sending time lost to late polls: how far past its burst credit (20 ms) the pacer was
+    /// polled while the first pass or granted repairs were waiting (a busy host's rate, lost
+    /// for good).
     pub late: Micros,
     /// Whether something was waiting to go after the last datagram (what makes a late poll
     /// lost time rather than an idle spell).
