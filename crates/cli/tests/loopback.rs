@@ -428,8 +428,18 @@ fn plan_probes_agents_and_send_uses_the_planned_tree() {
         None,
     );
     assert_eq!(report_ok(&out)["probe"]["cached"], false);
-    // The saved matrix replaces probing.
+    // The saved matrix replaces probing. Its round trips are what the probe measured, which
+    // on a loaded machine can pass the 2 ms where hops go in parts: read as a quiet loopback's.
     let m = s.0.join("m.toml");
+    let mut near: toml::Value = toml::from_str(&std::fs::read_to_string(&m).unwrap()).unwrap();
+    for row in near["rtt_ms"].as_array_mut().unwrap() {
+        for v in row.as_array_mut().unwrap() {
+            if v.as_float() != Some(0.0) {
+                *v = toml::Value::Float(0.1);
+            }
+        }
+    }
+    std::fs::write(&m, toml::to_string(&near).unwrap()).unwrap();
     let out = send(
         &[
             src.to_str().unwrap(),
