@@ -120,7 +120,11 @@ pub async fn send(
         })
         .collect::<Vec<_>>();
     let s = r.stats;
-    let measured = if r.train.is_some() { " measured" } else { "" };
+    let measured = match (&r.train, s.rate_changes) {
+        (None, _) => "",
+        (Some(_), 0) => " measured",
+        (Some(_), _) => " raised from the train's while the group kept up",
+    };
     let strategy = match s.first_pass {
         0 => "multicast (nothing sent)".to_string(),
         _ => format!(
@@ -172,6 +176,11 @@ fn rate_report(r: &mcast::McastResult, why: &str) -> McastRateReport {
         rate_mbps: r.rate_bps as f64 / 1e6,
         from: why.to_string(),
         train_sent_mbps: r.train.as_ref().map(|t| t.sent_bps as f64 / 1e6),
+        train_rate_mbps: r
+            .train
+            .as_ref()
+            .and_then(|t| t.rate_bps)
+            .map(|b| b as f64 / 1e6),
         train: r.train.as_ref().map_or(Vec::new(), |t| {
             t.receivers
                 .iter()

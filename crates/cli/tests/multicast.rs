@@ -329,10 +329,18 @@ fn multicast_measures_its_rate_where_none_is_given() {
         .next()
         .and_then(|x| x.parse().ok())
         .unwrap_or_else(|| panic!("no rate in {strategy:?}"));
-    assert!(strategy.contains("Mbit/s measured"), "{strategy}");
-    // Never above the shaped link, and not the old fixed 100 Mbit/s. The lower bound is loose:
-    // a source starved of CPU (a test run at nice 19 on a loaded machine) writes its train
-    // with gaps in every window, and measures less.
+    assert!(
+        strategy.contains("Mbit/s measured") || strategy.contains("Mbit/s raised from the train"),
+        "{strategy}"
+    );
+    // The train: never above the shaped link, and not the old fixed 100 Mbit/s. The lower
+    // bound is loose: a source starved of CPU (a test run at nice 19 on a loaded machine)
+    // writes its train with gaps in every window, and measures less.
+    let m = &report["multicast"];
+    let train = m["train_rate_mbps"].as_f64().unwrap_or(mbps);
+    assert!((45.0..=82.0).contains(&train), "train {train}: {m}");
+    // The link is the source's own here: a rate raised from the train's (it arrived as fast
+    // as it was written) is held back by the socket, and the send goes at what it takes.
     assert!((45.0..=82.0).contains(&mbps), "{strategy}");
 }
 

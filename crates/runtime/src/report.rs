@@ -112,6 +112,10 @@ pub struct McastRateReport {
     /// Mbit/s the source wrote the train at (measured only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub train_sent_mbps: Option<f64>,
+    /// Mbit/s the train's reports set (measured only); `rate_mbps` differs when the train
+    /// arrived as fast as it was written and the rate was raised while the group kept up.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub train_rate_mbps: Option<f64>,
     /// Per receiver in order (measured only): how fast the train arrived, `None` without a
     /// report that could be timed.
     #[serde(skip_serializing_if = "Vec::is_empty")]

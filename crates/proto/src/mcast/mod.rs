@@ -17,6 +17,8 @@
 //! - [`sender`]: the source: pacing, first pass, parity granted on requests, end markers.
 //! - [`receiver`]: a receiver: assembly, decoding, per-block hash checks, repair requests.
 //! - [`train`]: the sending rate, measured from how fast the first symbols arrive.
+//! - [`probe`]: the rate raised while the group keeps up, when the train saw only the
+//!   source's own pace.
 //! - `sim`: a seeded simulation of a source and many receivers on a lossy LAN (tests).
 //!
 //! Confidentiality and integrity: every datagram is sealed under the session's group key,
@@ -30,6 +32,7 @@
 pub mod fec;
 pub mod layout;
 pub mod msg;
+pub mod probe;
 pub mod receiver;
 pub mod seal;
 pub mod sender;

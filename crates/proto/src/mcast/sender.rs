@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::layout::{Layout, Slot};
 use super::msg::Nak;
+use super::probe::Probe;
 use super::train::TRAIN_DATAGRAMS;
 use super::{fec, Micros};
 
@@ -147,6 +148,8 @@ pub struct SenderStats {
     pub ends: u64,
     /// Requests taken.
     pub naks: u64,
+    /// Times a probe ([`Sender::set_rate_floor`]) changed the rate.
+    pub rate_changes: u32,
 }
 
 /// The source's state.
@@ -165,6 +168,10 @@ pub struct Sender {
     unpaced: u32,
     /// After the train, nothing goes out until the rate is set or this time passes.
     hold_until: Option<Micros>,
+    /// Raises the rate while the group keeps up, when it was set as a floor.
+    probe: Option<Probe>,
+    /// Bytes on the wire sent so far (the probe's measure of keeping up).
+    sent_bytes: u64,
     /// Counters.
     pub stats: SenderStats,
 }
@@ -184,6 +191,8 @@ impl Sender {
             stopped: false,
             unpaced: 0,
             hold_until: None,
+            probe: None,
+            sent_bytes: 0,
             stats: SenderStats::default(),
         }
     }
@@ -209,6 +218,26 @@ impl Sender {
         // Released at the next poll, which restarts the pacer from then (no credit banked
         // while held).
         self.hold_until = self.hold_until.map(|_| 0);
+    }
+
+    /// As [`Sender::set_rate`], for a rate that is a floor: a train that arrived as fast as it
+    /// was written ([`super::probe::censored`]). The rate is then raised while the group
+    /// keeps up ([`super::probe`]).
+    pub fn set_rate_floor(&mut self, rate: u64) {
+        self.set_rate(rate);
+        self.probe = Some(Probe::new(rate.max(1)));
+    }
+
+    /// The rate now, bytes per second on the wire.
+    pub fn rate(&self) -> u64 {
+        self.cfg.rate
+    }
+
+    /// What the send went at, bytes per second on the wire: the rate, or less where a probe
+    /// found the source's link (or host) taking less than it.
+    pub fn rate_sent(&self) -> u64 {
+        let wrote = self.probe.as_ref().and_then(Probe::wrote);
+        wrote.map_or(self.cfg.rate, |w| w.min(self.cfg.rate))
     }
 
     /// The first pass starts with [`TRAIN_DATAGRAMS`] symbols back to back, unpaced (only
@@ -248,6 +277,14 @@ impl Sender {
         }
         let first_pass = self.stats.first_pass;
         let tx = self.next_tx(now)?;
+        let bytes = match tx {
+            Tx::Data { .. } => u64::from(self.layout.symbol) + self.cfg.overhead,
+            Tx::End => self.cfg.overhead,
+        };
+        self.sent_bytes += bytes;
+        if let (Tx::Data { block, index: 0 }, true) = (tx, self.stats.first_pass > first_pass) {
+            self.block_started(now, block);
+        }
         if self.unpaced > 0 && self.stats.first_pass > first_pass {
             self.unpaced -= 1;
             if self.unpaced == 0 || self.pass_done() {
@@ -257,14 +294,34 @@ impl Sender {
             self.next_send = self.next_send.max(now);
             return Some(tx);
         }
-        let bytes = match tx {
-            Tx::Data { .. } => u64::from(self.layout.symbol) + self.cfg.overhead,
-            Tx::End => self.cfg.overhead,
-        };
         let cost = bytes * 1_000_000 / self.cfg.rate.max(1);
         // Late by more than a burst: the excess credit is dropped.
         self.next_send = self.next_send.max(now.saturating_sub(BURST)) + cost;
         Some(tx)
+    }
+
+    /// The first pass started `block`: the probe, if any, judges a window.
+    fn block_started(&mut self, now: Micros, block: u32) {
+        let Some(p) = self.probe.as_mut() else {
+            return;
+        };
+        let (layout, repairs) = (&self.layout, &self.repairs);
+        // Repairs granted per first-pass symbol over the blocks: the worst receiver's loss.
+        let loss = |blocks: std::ops::Range<u32>| {
+            let (mut granted, mut k) = (0u64, 0u64);
+            for b in blocks {
+                let kb = layout.k_of(b);
+                granted += u64::from(repairs.get(&b).map_or(0, |r| r.granted(kb)));
+                k += u64::from(kb);
+            }
+            granted as f64 / k.max(1) as f64
+        };
+        if let Some(r) = p.handle_block(now, block, self.sent_bytes, self.cfg.rate, loss) {
+            if r != self.cfg.rate {
+                self.stats.rate_changes += 1;
+            }
+            self.cfg.rate = r.max(1);
+        }
     }
 
     fn next_tx(&mut self, now: Micros) -> Option<Tx> {

@@ -398,3 +398,31 @@ fn the_train_finds_the_slowest_downlink_and_the_send_keeps_to_it() {
     let eff = floor / out.finish as f64;
     assert!(eff >= 0.85, "{eff:.3} of the slowest link");
 }
+
+#[test]
+fn a_rate_measured_too_low_is_raised_to_the_slowest_downlink_and_kept_below_it() {
+    // The train read half the slowest link (a busy source wrote it slowly): the rate is a
+    // floor, raised while the group keeps up. Two downlinks at 1 MB/s, two at 2 MB/s, each
+    // with a 30 ms queue, and 1% random loss past them.
+    let mut sim = Sim::new(SIZE, SHAPE, 4, RATE / 2, 6);
+    sim.sender.set_rate_floor(RATE / 2);
+    sim.links = vec![
+        Some((2 * RATE, 30_000)),
+        Some((RATE, 30_000)),
+        Some((RATE, 30_000)),
+        Some((2 * RATE, 30_000)),
+    ];
+    let out = sim.run(random_loss(0.01, 4), 600_000_000);
+    sim.assert_exact();
+    let rate = sim.sender.rate() as f64 / RATE as f64;
+    assert!(
+        (0.8..=1.0).contains(&rate),
+        "ends at {rate:.3} of the slowest link"
+    );
+    assert!(sim.sender.stats.rate_changes >= 5);
+    // Held at the floor the send would take twice the first pass at the link's rate.
+    let floor = SIZE as f64 * (64 + OVERHEAD) as f64 / 64.0 / RATE as f64 * 1e6;
+    let eff = floor / out.finish as f64;
+    assert!(eff >= 0.75, "{eff:.3} of the slowest link");
+    assert!(out.cost < 1.2, "{:.3} datagrams per symbol", out.cost);
+}

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use bulkcast_proto::auth::Keys;
 use bulkcast_proto::manifest::Manifest;
 use bulkcast_proto::mcast::msg::{DgramKind, McastOpen, Nak};
+use bulkcast_proto::mcast::probe::censored;
 use bulkcast_proto::mcast::seal::{DgramWriter, GroupKey};
 use bulkcast_proto::mcast::sender::{
     wire_overhead, CodedBlock, Sender, SenderConfig, SenderStats, Tx, TRAIN_WAIT,
@@ -96,6 +97,9 @@ pub struct McastResult {
 pub struct TrainOutcome {
     /// Bits per second the source wrote the train at (its own link's limit).
     pub sent_bps: u64,
+    /// Bits per second the train set (the send may have moved on from it, see
+    /// [`bulkcast_proto::mcast::probe`]).
+    pub rate_bps: Option<u64>,
     /// Per receiver in the order given: the rate its train arrived at and the share lost
     /// (`None`: no report).
     pub receivers: Vec<Option<(u64, f64)>>,
@@ -103,8 +107,9 @@ pub struct TrainOutcome {
 
 enum Ctl {
     Nak(Nak),
-    /// The rate measured from the train, bytes per second on the wire.
-    Rate(u64),
+    /// The rate measured from the train, bytes per second on the wire, and whether it is
+    /// only a floor ([`bulkcast_proto::mcast::probe::censored`]).
+    Rate(u64, bool),
     Stop,
 }
 
@@ -396,7 +401,8 @@ async fn data(
     while active(outcomes) {
         if let Some(r) = train.as_mut().and_then(|t| t.rate(outcomes, wire)) {
             rate = r * 8;
-            let _ = ctl_tx.send(Ctl::Rate(r));
+            let floor = train.as_ref().is_some_and(|t| t.censored(r));
+            let _ = ctl_tx.send(Ctl::Rate(r, floor));
         }
         let tick = tokio::time::sleep(Duration::from_millis(200));
         tokio::select! {
@@ -471,7 +477,11 @@ async fn data(
         }
     }
     stop(&ctl_tx, writers).await;
-    let stats = worker.await.unwrap_or_default();
+    let (stats, last) = worker.await.unwrap_or_default();
+    // A probe moved the rate on from the train's: the rate it ended at.
+    if stats.rate_changes > 0 {
+        rate = last;
+    }
     (stats, rate, train.map(|t| t.outcome(wire)))
 }
 
@@ -492,6 +502,8 @@ struct Train {
     sent: Option<(u64, Instant)>,
     reports: Vec<Option<TrainReport>>,
     done: bool,
+    /// The rate set from the reports, bytes per second.
+    set: Option<u64>,
 }
 
 impl Train {
@@ -500,6 +512,7 @@ impl Train {
             sent: None,
             reports: vec![None; n],
             done: false,
+            set: None,
         }
     }
 
@@ -515,6 +528,7 @@ impl Train {
         self.done = true;
         let reports: Vec<TrainReport> = self.reports.iter().flatten().copied().collect();
         let r = rate_from(&reports, wire);
+        self.set = r;
         match r {
             Some(r) => tracing::info!(
                 "multicast rate: {:.1} Mbit/s measured ({} of {} receivers timed the train)",
@@ -530,9 +544,20 @@ impl Train {
         r
     }
 
+    /// True when the receivers took the train about as fast as it was written: the rate
+    /// `r` is then the source's pace, a floor to raise from.
+    fn censored(&self, r: u64) -> bool {
+        let floor = self.sent.is_some_and(|(sent, _)| censored(r, sent));
+        if floor {
+            tracing::info!("multicast rate: the train arrived as fast as it was written; raising the rate while the group keeps up");
+        }
+        floor
+    }
+
     fn outcome(&self, wire: u64) -> TrainOutcome {
         TrainOutcome {
             sent_bps: self.sent.map_or(0, |s| s.0 * 8),
+            rate_bps: self.set.map(|r| r * 8),
             receivers: self
                 .reports
                 .iter()
@@ -555,7 +580,7 @@ fn pace(
     measure: bool,
     ctl: std_mpsc::Receiver<Ctl>,
     up: mpsc::UnboundedSender<Up>,
-) -> SenderStats {
+) -> (SenderStats, u64) {
     let epoch = Instant::now();
     let mut s = Sender::new(layout, cfg);
     // When the train's first datagram went out, and whether its end was told.
@@ -591,14 +616,14 @@ fn pace(
                     Ok(c) => c,
                     Err(e) => {
                         let _ = up.send(Up::Failed(format!("reading the file: {e}")));
-                        return s.stats;
+                        return finished(&s);
                     }
                 };
                 match c.symbol(&layout, block, index) {
                     Ok(sym) => writer.write(DgramKind::Data, block, index, sym, &mut buf),
                     Err(e) => {
                         let _ = up.send(Up::Failed(e.to_string()));
-                        return s.stats;
+                        return finished(&s);
                     }
                 }
                 sent(batch.push(&buf));
@@ -623,9 +648,9 @@ fn pace(
                 let wait = s.poll_timeout().saturating_sub(now).clamp(BATCH, 5_000);
                 match ctl.recv_timeout(Duration::from_micros(wait)) {
                     Ok(Ctl::Nak(n)) => s.handle_nak(super::micros(epoch), n),
-                    Ok(Ctl::Rate(r)) => s.set_rate(r),
+                    Ok(Ctl::Rate(r, floor)) => set_rate(&mut s, r, floor),
                     Ok(Ctl::Stop) | Err(std_mpsc::RecvTimeoutError::Disconnected) => {
-                        return s.stats
+                        return finished(&s)
                     }
                     Err(std_mpsc::RecvTimeoutError::Timeout) => {}
                 }
@@ -634,10 +659,23 @@ fn pace(
         while let Ok(c) = ctl.try_recv() {
             match c {
                 Ctl::Nak(n) => s.handle_nak(super::micros(epoch), n),
-                Ctl::Rate(r) => s.set_rate(r),
-                Ctl::Stop => return s.stats,
+                Ctl::Rate(r, floor) => set_rate(&mut s, r, floor),
+                Ctl::Stop => return finished(&s),
             }
         }
+    }
+}
+
+/// The sender's counters and the rate it went at last (bits per second on the wire).
+fn finished(s: &Sender) -> (SenderStats, u64) {
+    (s.stats, s.rate_sent() * 8)
+}
+
+/// The train's rate `r` to the sender: a `floor` it raises while the group keeps up.
+fn set_rate(s: &mut Sender, r: u64, floor: bool) {
+    match floor {
+        true => s.set_rate_floor(r),
+        false => s.set_rate(r),
     }
 }
 
