@@ -10,7 +10,11 @@
 //! a receiver's link overflows the queue in front of it: the repairs it asks for grow), and
 //! the source kept up with its own pace (where the source's own link is the limit its socket
 //! blocks, and a rate the host cannot write is no rate). The first window whose loss rose
-//! ends the raising: the rate steps down until a window is clean again, and stays.
+//! ends the raising: the rate steps down until a window is clean again, and stays. It never
+//! goes below the train's figure, which the bottleneck was seen to pass: a window that looks
+//! lossy by chance (a random drop takes a whole GSO run of datagrams at once, so one block in
+//! a window can lose tens) costs at most the raising, never the floor. On a 1%-loss star the
+//! rate once fell a tenth a window to 26 Mbit/s before this bound.
 //!
 //! A window is judged only [`LAG_BLOCKS`] blocks and [`LAG`] after its last block went out,
 //! when every receiver has asked for what it lost of it; the next window starts at the next
@@ -33,8 +37,10 @@ pub const LAG_BLOCKS: u32 = 4;
 /// Time after a window before it is judged: receivers on busy hosts ask late.
 pub const LAG: Micros = 40_000;
 
-/// Each clean window raises the rate by this factor: from half the link to the link in 7.
-pub const RAISE: f64 = 1.12;
+/// Each clean window raises the rate by this factor: from half the link to the link in 4
+/// windows (about 1.5 s at 50 Mbit/s). Where the source's link is the limit its socket holds
+/// the excess back; past a receiver's link, one window's excess is lost and repaired.
+pub const RAISE: f64 = 1.2;
 
 /// A window that lost more than the floor steps the rate down by this factor.
 pub const BACK_OFF: f64 = 0.9;
@@ -44,7 +50,8 @@ pub const BACK_OFF: f64 = 0.9;
 pub const KEPT_UP: f64 = 0.98;
 
 /// Loss (repairs per first-pass symbol, the worst receiver's per block) above the lowest a
-/// window saw that marks a full queue rather than random loss.
+/// window saw that marks a full queue rather than random loss; the loss must also be twice
+/// that lowest.
 pub const EXTRA_LOSS: f64 = 0.01;
 
 /// True when a train measured at `measured` bytes per second, written at `sent`, shows the
@@ -143,9 +150,9 @@ impl Probe {
     fn judge(&mut self, rate: u64, wrote: u64, loss: f64) -> u64 {
         let floor = self.floor_loss.map_or(loss, |f| f.min(loss));
         self.floor_loss = Some(floor);
-        if loss > floor + EXTRA_LOSS {
+        if loss > floor + EXTRA_LOSS && loss > 2.0 * floor {
             self.raising = false;
-            return ((rate as f64 * BACK_OFF) as u64).max(1);
+            return ((rate as f64 * BACK_OFF) as u64).max(self.floor_rate);
         }
         if !self.raising {
             return rate;
@@ -204,11 +211,11 @@ mod tests {
         let mut p = Probe::new(1_200_000);
         let rates = run(&mut p, 1_200_000, 200, 400_000, 2_000_000, |_| 0.01);
         assert!(rates.len() > 5, "{rates:?}");
-        assert!(rates[..4].windows(2).all(|w| w[1] > w[0]), "{rates:?}");
+        assert!(rates[..3].windows(2).all(|w| w[1] > w[0]), "{rates:?}");
         // Once at the host's limit the rate stays within a step of it, never far above.
         let tail = &rates[rates.len() - 4..];
         assert!(
-            tail.iter().all(|&r| (1_800_000..=2_300_000).contains(&r)),
+            tail.iter().all(|&r| (1_800_000..=2_400_000).contains(&r)),
             "{rates:?}"
         );
         assert!(p.raising());
@@ -228,6 +235,22 @@ mod tests {
             "settles below the link: {rates:?}"
         );
         assert!(rates.iter().all(|&r| r < 2_000_000), "{rates:?}");
+    }
+
+    #[test]
+    fn lossy_windows_never_take_the_rate_below_the_trains() {
+        // Every other window loses 20% by chance: raising stops, the train's rate holds.
+        let mut p = Probe::new(1_000_000);
+        let lossy = std::cell::Cell::new(0u32);
+        let rates = run(&mut p, 1_000_000, 300, 400_000, u64::MAX, |_| {
+            lossy.set(lossy.get() + 1);
+            match lossy.get() / 12 % 2 {
+                0 => 0.01,
+                _ => 0.2,
+            }
+        });
+        assert!(!p.raising(), "{rates:?}");
+        assert!(rates.iter().all(|&r| r >= 1_000_000), "{rates:?}");
     }
 
     #[test]
