@@ -9,8 +9,9 @@
 //! blocks at a time while two things hold. The group's loss stays at its floor (a rate above
 //! a receiver's link overflows the queue in front of it: the repairs it asks for grow), and
 //! the source kept up with its own pace (where the source's own link is the limit its socket
-//! blocks, and a rate the host cannot write is no rate). The first window whose loss rose
-//! ends the raising: the rate steps down until a window is clean again, and stays. It never
+//! blocks, and a rate the host cannot write is no rate). A window that did not keep up ends
+//! the raising at the last rate that did. The first window whose loss rose ends it too: the
+//! rate steps down until a window is clean again, and stays. It never
 //! goes below the train's figure, which the bottleneck was seen to pass: a window that looks
 //! lossy by chance (a random drop takes a whole GSO run of datagrams at once, so one block in
 //! a window can lose tens) costs at most the raising, never the floor. On a 1%-loss star the
@@ -73,6 +74,8 @@ pub struct Probe {
     raising: bool,
     /// The rate the source wrote at in the last window judged.
     wrote: Option<u64>,
+    /// The highest rate a window was judged clean and kept up at (at first the train's).
+    kept: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -94,6 +97,7 @@ impl Probe {
             floor_loss: None,
             raising: true,
             wrote: None,
+            kept: rate,
         }
     }
 
@@ -158,9 +162,13 @@ impl Probe {
             return rate;
         }
         if (wrote as f64) < KEPT_UP * rate as f64 {
-            // The host or its link held the source back: pace at what it wrote.
-            return wrote.max(self.floor_rate);
+            // The host or its own link held the source back: back to the last rate it kept
+            // up with, so the socket's queue drains (pacing at what it wrote would keep that
+            // queue full, and repairs would wait behind it), and no more raising.
+            self.raising = false;
+            return self.kept;
         }
+        self.kept = rate;
         (rate as f64 * RAISE) as u64
     }
 }
@@ -206,19 +214,16 @@ mod tests {
     }
 
     #[test]
-    fn a_clean_group_has_its_rate_raised_until_the_host_cannot_keep_up() {
+    fn a_clean_group_has_its_rate_raised_until_the_host_cannot_keep_up_then_held_below() {
         // 1.2 MB/s measured, the host writes at most 2 MB/s, 1% random loss at any rate.
         let mut p = Probe::new(1_200_000);
         let rates = run(&mut p, 1_200_000, 200, 400_000, 2_000_000, |_| 0.01);
         assert!(rates.len() > 5, "{rates:?}");
         assert!(rates[..3].windows(2).all(|w| w[1] > w[0]), "{rates:?}");
-        // Once at the host's limit the rate stays within a step of it, never far above.
-        let tail = &rates[rates.len() - 4..];
-        assert!(
-            tail.iter().all(|&r| (1_800_000..=2_400_000).contains(&r)),
-            "{rates:?}"
-        );
-        assert!(p.raising());
+        // Past the host's limit it goes back to the last rate it kept up with, and stays.
+        assert_eq!(rates[2], 2_073_600, "{rates:?}");
+        assert!(rates[3..].iter().all(|&r| r == 1_728_000), "{rates:?}");
+        assert!(!p.raising());
     }
 
     #[test]
@@ -267,7 +272,7 @@ mod tests {
         let end = u64::from(WINDOW_BLOCKS) * 100_000;
         let b = WINDOW_BLOCKS + LAG_BLOCKS;
         assert_eq!(p.handle_block(end + LAG - 1, b, 0, 1_000, loss), None);
-        // Nothing was written in it: it did not keep up, and the floor holds.
+        // Nothing was written in it: it did not keep up, and the train's rate holds.
         assert_eq!(p.handle_block(end + LAG, b, 0, 1_000, loss), Some(1_000));
     }
 }
