@@ -23,6 +23,7 @@
 
 use std::ops::Range;
 
+use super::train::RATE_SHARE;
 use super::Micros;
 
 /// Above this share of the rate the train was written at, the receivers' measurement is the
@@ -163,10 +164,13 @@ impl Probe {
         }
         if (wrote as f64) < KEPT_UP * rate as f64 {
             // The host or its own link held the source back: back to the last rate it kept
-            // up with, so the socket's queue drains (pacing at what it wrote would keep that
-            // queue full, and repairs would wait behind it), and no more raising.
+            // up with, or a little below what it wrote if that is less (a window whose socket
+            // queue was empty at its start wrote up to the queue's size more than the link
+            // took, and passed as kept up), so the queue drains and repairs do not wait
+            // behind it; no more raising.
             self.raising = false;
-            return self.kept;
+            let below = (wrote as f64 * RATE_SHARE) as u64;
+            return self.kept.min(below).max(self.floor_rate);
         }
         self.kept = rate;
         (rate as f64 * RAISE) as u64
@@ -240,6 +244,18 @@ mod tests {
             "settles below the link: {rates:?}"
         );
         assert!(rates.iter().all(|&r| r < 2_000_000), "{rates:?}");
+    }
+
+    #[test]
+    fn a_rate_that_passed_as_kept_up_while_a_queue_filled_is_brought_below_the_link() {
+        // The train read 0.9 of a 1 MB/s link; the next window, at 1.08, wrote 1.07 while the
+        // socket's queue filled and passed; at 1.3 it wrote the link's 1.0.
+        let mut p = Probe::new(900_000);
+        assert_eq!(p.judge(900_000, 900_000, 0.0), 1_080_000);
+        assert_eq!(p.judge(1_080_000, 1_070_000, 0.0), 1_296_000);
+        assert_eq!(p.judge(1_296_000, 1_000_000, 0.0), 980_000);
+        assert!(!p.raising());
+        assert_eq!(p.judge(980_000, 980_000, 0.0), 980_000);
     }
 
     #[test]
