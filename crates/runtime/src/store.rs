@@ -237,6 +237,7 @@ impl Store {
                         dest,
                         manifest: manifest.clone(),
                         open: None,
+                        writeback: Writeback::default(),
                         ledger: Some(ledger),
                     },
                     Resumed {
@@ -407,8 +408,8 @@ enum Sink {
         /// With [`CopyIo::Direct`] where the file system allows it: the page-aligned part of
         /// every write goes through here; `None` after it refused one.
         direct: Option<direct::Writer>,
-        /// Bytes written through the page cache since write-back was last started.
-        unflushed: u64,
+        /// Write-back of what went through the page cache, started as the copy is written.
+        writeback: Writeback,
         /// The file's mode and modification time, set once its content is in place (`None`
         /// for a stream, whose copy keeps the receiver's defaults).
         meta: Option<(u32, Option<Mtime>)>,
@@ -422,6 +423,9 @@ enum Sink {
         manifest: Manifest,
         /// The most recently written file, kept open (writes are mostly sequential).
         open: Option<(usize, File)>,
+        /// Write-back of the open file, started as it is written (a file is started once
+        /// more when the next one opens), so the syncs at the end wait for little.
+        writeback: Writeback,
         /// A resumable tree's map ([`tree`]), as for a file.
         ledger: Option<partial::Ledger>,
     },
@@ -480,6 +484,7 @@ impl Sink {
                     dest,
                     manifest: m.clone(),
                     open: None,
+                    writeback: Writeback::default(),
                     ledger: None,
                 })
             }
@@ -503,7 +508,7 @@ impl Sink {
             dest,
             file,
             direct,
-            unflushed: 0,
+            writeback: Writeback::default(),
             meta: (m.kind == ObjectKind::File).then_some((m.mode, m.mtime)),
             ledger,
         })
@@ -538,11 +543,11 @@ impl Sink {
                 tmp,
                 file,
                 direct,
-                unflushed,
+                writeback,
                 ledger,
                 ..
             } => {
-                let r = Self::write_file(tmp, file, direct, unflushed, offset, data);
+                let r = Self::write_file(tmp, file, direct, writeback, offset, data);
                 // Recorded only once written: the map never lists bytes not handed to the file
                 // (and a crash before they reach the disk is caught by the hash on resuming).
                 if let (Ok(()), Some(l)) = (&r, ledger) {
@@ -563,7 +568,7 @@ impl Sink {
         tmp: &Path,
         file: &File,
         direct: &mut Option<direct::Writer>,
-        unflushed: &mut u64,
+        writeback: &mut Writeback,
         offset: u64,
         data: &[u8],
     ) -> Result<(), StoreError> {
@@ -582,11 +587,7 @@ impl Sink {
         }
         file.write_all_at(&data[n..], offset + n as u64)
             .map_err(|e| describe(e, "writing", tmp))?;
-        *unflushed += (data.len() - n) as u64;
-        if *unflushed >= WRITEBACK_EVERY {
-            *unflushed = 0;
-            start_writeback(file);
-        }
+        writeback.wrote(file, (data.len() - n) as u64);
         Ok(())
     }
 
@@ -596,12 +597,16 @@ impl Sink {
                 tmp,
                 manifest,
                 open,
+                writeback,
                 ledger,
                 ..
             } => {
                 for (entry, at, from, len) in manifest.locate(offset, data.len() as u64) {
                     let path = tmp.join(&manifest.entries[entry].path);
                     if open.as_ref().map(|o| o.0) != Some(entry) {
+                        if let Some((_, done)) = open.take() {
+                            start_writeback(&done);
+                        }
                         let f = OpenOptions::new()
                             .write(true)
                             .custom_flags(libc::O_NOFOLLOW)
@@ -612,6 +617,7 @@ impl Sink {
                     let f = &open.as_ref().expect("just opened").1;
                     f.write_all_at(&data[from as usize..(from + len) as usize], at)
                         .map_err(|e| describe(e, "writing", &path))?;
+                    writeback.wrote(f, len);
                 }
                 if let Some(l) = ledger {
                     l.record(offset, data)
@@ -663,6 +669,7 @@ impl Sink {
                 manifest,
                 open,
                 ledger,
+                ..
             } => {
                 drop(open);
                 finish_tree(&tmp, &manifest)?;
@@ -745,8 +752,26 @@ pub(super) fn set_meta(f: &File, mode: u32, mtime: Option<Mtime>) {
 }
 
 /// Start write-back of dirty pages every this many bytes, so the `fsync` before the copy is
-/// moved into place waits for little more than the last stretch.
+/// moved into place waits for little more than the last stretch (eight receivers of a 128
+/// MiB multicast on one VM spent 0.67 s in that `fsync` when nothing had been written back).
 const WRITEBACK_EVERY: u64 = 8 << 20;
+
+/// Bytes written to a file through the page cache since its write-back was last started.
+#[derive(Debug, Default)]
+pub(crate) struct Writeback {
+    unflushed: u64,
+}
+
+impl Writeback {
+    /// `n` more bytes went to `file`: every [`WRITEBACK_EVERY`], start writing them out.
+    pub(crate) fn wrote(&mut self, file: &File, n: u64) {
+        self.unflushed += n;
+        if self.unflushed >= WRITEBACK_EVERY {
+            self.unflushed = 0;
+            start_writeback(file);
+        }
+    }
+}
 
 /// Asks the kernel to start writing the file's dirty pages out, without waiting for it.
 fn start_writeback(file: &File) {

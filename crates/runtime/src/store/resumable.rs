@@ -12,7 +12,7 @@ use bulkcast_proto::chunkmap::ChunkMap;
 use bulkcast_proto::manifest::{Manifest, ObjectKind};
 
 use super::partial::{self, Ledger, Partials};
-use super::{ctx, describe, set_meta, StoreError};
+use super::{ctx, describe, set_meta, StoreError, Writeback};
 
 /// What a receiver holds of a one-file object when it opens its copy.
 pub enum Holding {
@@ -32,6 +32,8 @@ pub struct ResumableFile {
     chunk_size: u64,
     dest: PathBuf,
     manifest: Manifest,
+    /// Started as the copy is written, so that `finish` syncs only the last stretch.
+    writeback: Writeback,
 }
 
 impl ResumableFile {
@@ -62,6 +64,7 @@ impl ResumableFile {
             chunk_size: u64::from(chunk_size),
             dest,
             manifest: m.clone(),
+            writeback: Writeback::default(),
         })))
     }
 
@@ -82,6 +85,7 @@ impl ResumableFile {
         self.file
             .write_all_at(data, offset)
             .map_err(|e| describe(e, "writing", part))?;
+        self.writeback.wrote(&self.file, data.len() as u64);
         self.ledger
             .record(offset, data)
             .map_err(|e| describe(e, "recording", &self.ledger.names.map))
