@@ -286,6 +286,7 @@ fn receive(
             next_timer = rx.poll_timeout().min(now + 2_000);
         }
         while let Some(m) = rx.poll_msg() {
+            trace_msg(session, now, &m);
             let _ = out.send(m);
         }
         match events(&mut rx, &mut copy) {
@@ -311,6 +312,25 @@ fn receive(
         }
     };
     (end, rx.stats)
+}
+
+/// The receiver's side of a session on the debug log, with the session's clock: when the
+/// train was timed and what it read, and each request for repairs.
+fn trace_msg(session: u64, now: u64, m: &McastMsg) {
+    match m {
+        McastMsg::Train(t) => tracing::debug!(
+            "multicast session {session:016x} at {} ms: train timed, {} datagrams over {} us",
+            now / 1000,
+            t.received,
+            t.span
+        ),
+        McastMsg::Nak(naks) => tracing::debug!(
+            "multicast session {session:016x} at {} ms: asked for repairs of {} blocks",
+            now / 1000,
+            naks.len()
+        ),
+        _ => {}
+    }
 }
 
 /// The group's socket, read with the kernel's arrival time of each datagram
