@@ -580,10 +580,11 @@ impl Driver {
                 index,
                 offset,
                 data,
+                hash,
             } => {
                 if let Some(s) = &self.store {
                     crate::metrics::global().chunk_verified(data.len());
-                    s.write(index, offset, data);
+                    s.write(index, offset, data, hash);
                 }
             }
             Event::Complete { .. } => {

@@ -457,7 +457,7 @@ impl Reread {
 }
 
 impl LocalCopy for Reread {
-    fn write(&self, _: u64, _: u64, _: bytes::Bytes) {}
+    fn write(&self, _: u64, _: u64, _: bytes::Bytes, _: [u8; 32]) {}
     fn finalize(&self) {}
     fn load(&self, index: u64, offset: u64, len: u64) -> bool {
         self.tx.send((index, offset, len)).is_ok()

@@ -110,6 +110,7 @@ enum Cmd {
         index: u64,
         offset: u64,
         data: Bytes,
+        hash: [u8; 32],
     },
     Finalize,
     Read {
@@ -122,8 +123,9 @@ enum Cmd {
 /// Where a driver puts a node's verified chunks: a [`Store`], or one stripe's view of a shared
 /// store (balanced multi-tree sends, see [`crate::stripes`]).
 pub trait LocalCopy: Send {
-    /// Queues a verified chunk for writing; a [`StoreEvent::Stored`] with the same index follows.
-    fn write(&self, index: u64, offset: u64, data: Bytes);
+    /// Queues a verified chunk (`hash`: its BLAKE3 hash, as verified) for writing; a
+    /// [`StoreEvent::Stored`] with the same index follows.
+    fn write(&self, index: u64, offset: u64, data: Bytes, hash: [u8; 32]);
     /// Queues the move into place; a [`StoreEvent::Finalized`] follows.
     fn finalize(&self);
     /// Queues reading a chunk back; a [`StoreEvent::Loaded`] follows. False: this copy cannot
@@ -134,8 +136,8 @@ pub trait LocalCopy: Send {
 }
 
 impl LocalCopy for Store {
-    fn write(&self, index: u64, offset: u64, data: Bytes) {
-        Store::write(self, index, offset, data)
+    fn write(&self, index: u64, offset: u64, data: Bytes, hash: [u8; 32]) {
+        Store::write(self, index, offset, data, hash)
     }
     fn finalize(&self) {
         Store::finalize(self)
@@ -321,7 +323,8 @@ impl Store {
                             index,
                             offset,
                             data,
-                        } if !failed => match sink.write(offset, &data) {
+                            hash,
+                        } if !failed => match sink.write(offset, &data, &hash) {
                             Ok(()) => {
                                 if let Some(c) = &stored {
                                     c.fetch_add(data.len() as u64, Ordering::Relaxed);
@@ -371,15 +374,24 @@ impl Store {
         self.reader.clone()
     }
 
-    /// Queues a verified chunk for writing.
-    pub fn write(&self, index: u64, offset: u64, data: Bytes) {
+    /// Queues a verified chunk for writing, with its BLAKE3 `hash` as verified (recorded in a
+    /// resumable copy's map).
+    pub fn write(&self, index: u64, offset: u64, data: Bytes, hash: [u8; 32]) {
         if let Some(tx) = &self.tx {
             let _ = tx.send(Cmd::Write {
                 index,
                 offset,
                 data,
+                hash,
             });
         }
+    }
+
+    /// [`Store::write`] with the hash computed here (tests).
+    #[cfg(test)]
+    pub(crate) fn write_hashed(&self, index: u64, offset: u64, data: Bytes) {
+        let hash = *blake3::hash(&data).as_bytes();
+        self.write(index, offset, data, hash)
     }
 
     /// Queues the move into place (after every write).
@@ -537,7 +549,12 @@ impl Sink {
         Ok(Bytes::from(buf))
     }
 
-    fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), StoreError> {
+    fn write(&mut self, offset: u64, data: &[u8], hash: &[u8; 32]) -> Result<(), StoreError> {
+        debug_assert_eq!(
+            blake3::hash(data).as_bytes(),
+            hash,
+            "a chunk's hash as verified"
+        );
         match self {
             Sink::File {
                 tmp,
@@ -551,7 +568,7 @@ impl Sink {
                 // Recorded only once written: the map never lists bytes not handed to the file
                 // (and a crash before they reach the disk is caught by the hash on resuming).
                 if let (Ok(()), Some(l)) = (&r, ledger) {
-                    l.record(offset, data)
+                    l.record(offset, hash)
                         .map_err(|e| describe(e, "recording the chunk in", tmp))?;
                 }
                 r
@@ -560,7 +577,7 @@ impl Sink {
             | Sink::Stdout(_)
             | Sink::Complete { .. }
             | Sink::CompleteTree { .. }
-            | Sink::Done => self.write_other(offset, data),
+            | Sink::Done => self.write_other(offset, data, hash),
         }
     }
 
@@ -591,7 +608,7 @@ impl Sink {
         Ok(())
     }
 
-    fn write_other(&mut self, offset: u64, data: &[u8]) -> Result<(), StoreError> {
+    fn write_other(&mut self, offset: u64, data: &[u8], hash: &[u8; 32]) -> Result<(), StoreError> {
         match self {
             Sink::Tree {
                 tmp,
@@ -620,7 +637,7 @@ impl Sink {
                     writeback.wrote(f, len);
                 }
                 if let Some(l) = ledger {
-                    l.record(offset, data)
+                    l.record(offset, hash)
                         .map_err(|e| describe(e, "recording the chunk in", tmp))?;
                 }
                 Ok(())

@@ -244,14 +244,14 @@ impl Drop for StripeCopy {
 }
 
 impl LocalCopy for StripeCopy {
-    fn write(&self, index: u64, _offset: u64, data: Bytes) {
+    fn write(&self, index: u64, _offset: u64, data: Bytes, hash: [u8; 32]) {
         let g = self.group.stripes.global(self.tree, index);
         let mut st = self.group.state.lock().expect("group lock");
         st.writing.insert(g, self.number);
         drop(st);
         self.group
             .store
-            .write(g, g * self.group.chunk_size as u64, data);
+            .write(g, g * self.group.chunk_size as u64, data, hash);
     }
 
     fn load(&self, index: u64, _offset: u64, len: u64) -> bool {
@@ -314,7 +314,8 @@ mod tests {
                 0 => (&c0, &mut rx0),
                 _ => (&c1, &mut rx1),
             };
-            copy.write(gi / 2, 0, data);
+            let hash = *blake3::hash(&data).as_bytes();
+            copy.write(gi / 2, 0, data, hash);
             assert!(matches!(rx.recv().await, Some(StoreEvent::Stored(j)) if j == gi / 2));
         }
         drop((c0, c1, g));

@@ -38,6 +38,8 @@ pub enum RxEvent {
         offset: u64,
         /// The block's bytes.
         data: Vec<u8>,
+        /// Their BLAKE3 hash, as verified (the copy's map records it).
+        hash: [u8; 32],
     },
     /// Every block is written: the copy is whole.
     Complete,
@@ -308,7 +310,11 @@ impl Receiver {
             self.low += 1;
         }
         let offset = self.layout.block_range(b).0;
-        self.events.push_back(RxEvent::Write { offset, data });
+        self.events.push_back(RxEvent::Write {
+            offset,
+            data,
+            hash: *hash,
+        });
         if self.complete() {
             self.events.push_back(RxEvent::Complete);
         }

@@ -264,7 +264,8 @@ impl Sim {
             }
             while let Some(ev) = self.rx[r].poll_event() {
                 match ev {
-                    RxEvent::Write { offset, data } => {
+                    RxEvent::Write { offset, data, hash } => {
+                        assert_eq!(blake3::hash(&data).as_bytes(), &hash, "a block's hash");
                         let o = offset as usize;
                         self.copies[r][o..o + data.len()].copy_from_slice(&data);
                     }

@@ -102,6 +102,9 @@ pub enum Event {
         offset: u64,
         /// The bytes.
         data: Bytes,
+        /// Their BLAKE3 hash, verified: the local copy's map records it without hashing the
+        /// bytes again.
+        hash: [u8; 32],
     },
     /// Every chunk is stored and the end is known: move the copy into place, then call
     /// [`Node::handle_finalized`].

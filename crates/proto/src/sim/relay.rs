@@ -669,7 +669,14 @@ impl Sim {
                 index,
                 offset,
                 data,
+                hash,
             } => {
+                // The hash handed with a delivery is what the local copy's map records.
+                assert_eq!(
+                    blake3::hash(&data).as_bytes(),
+                    &hash,
+                    "chunk {index}'s hash"
+                );
                 let sn = &mut self.nodes[i];
                 if index != sn.report.next_deliver {
                     sn.report.out_of_order += 1;

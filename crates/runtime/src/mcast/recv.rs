@@ -388,8 +388,8 @@ impl Arrivals {
 fn events(rx: &mut Receiver, copy: &mut ResumableFile) -> Option<Result<Outcome, String>> {
     while let Some(ev) = rx.poll_event() {
         match ev {
-            RxEvent::Write { offset, data } => {
-                if let Err(e) = copy.write(offset, &data) {
+            RxEvent::Write { offset, data, hash } => {
+                if let Err(e) = copy.write(offset, &data, &hash) {
                     return Some(Err(e.to_string()));
                 }
             }

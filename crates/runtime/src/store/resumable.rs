@@ -79,15 +79,16 @@ impl ResumableFile {
             .sum()
     }
 
-    /// Writes the verified chunk at `offset` (a multiple of the chunk size) and records it.
-    pub fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), StoreError> {
+    /// Writes the verified chunk at `offset` (a multiple of the chunk size) and records it
+    /// with its `hash` (BLAKE3, which the caller verified).
+    pub fn write(&mut self, offset: u64, data: &[u8], hash: &[u8; 32]) -> Result<(), StoreError> {
         let part = &self.ledger.names.part;
         self.file
             .write_all_at(data, offset)
             .map_err(|e| describe(e, "writing", part))?;
         self.writeback.wrote(&self.file, data.len() as u64);
         self.ledger
-            .record(offset, data)
+            .record(offset, hash)
             .map_err(|e| describe(e, "recording", &self.ledger.names.map))
     }
 
@@ -155,7 +156,8 @@ mod tests {
             Holding::Busy
         ));
         for at in [0, 5, 15] {
-            c.write(at, &body[at as usize..at as usize + 5]).unwrap();
+            let piece = &body[at as usize..at as usize + 5];
+            c.write(at, piece, blake3::hash(piece).as_bytes()).unwrap();
         }
         c.keep();
         // A tree session of the same object resumes it: bytes 0..10 and 15..20 hold chunks
@@ -167,7 +169,8 @@ mod tests {
         // Cut back to 5 bytes: of 0..9 and 15..18, chunk 0 is whole.
         assert_eq!(c.held_bytes(), 5);
         for at in (5..body.len()).step_by(5) {
-            c.write(at as u64, &body[at..(at + 5).min(body.len())])
+            let piece = &body[at..(at + 5).min(body.len())];
+            c.write(at as u64, piece, blake3::hash(piece).as_bytes())
                 .unwrap();
         }
         let dest = c.finish().unwrap();

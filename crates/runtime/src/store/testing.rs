@@ -34,6 +34,6 @@ pub fn open(d: &Path, m: &Manifest, cs: u32) -> (Store, Resumed, Events) {
 pub async fn write(s: &Store, rx: &mut Events, body: &[u8], cs: u32, i: u64) {
     let at = (i * cs as u64) as usize;
     let end = (at + cs as usize).min(body.len());
-    s.write(i, at as u64, Bytes::copy_from_slice(&body[at..end]));
+    s.write_hashed(i, at as u64, Bytes::copy_from_slice(&body[at..end]));
     assert!(matches!(rx.recv().await, Some(StoreEvent::Stored(j)) if j == i));
 }

@@ -56,7 +56,7 @@ async fn tree_is_written_across_files_and_moved_into_place() {
         None,
     )
     .unwrap();
-    s.write(0, 0, Bytes::from_static(b"abcdefg"));
+    s.write_hashed(0, 0, Bytes::from_static(b"abcdefg"));
     s.finalize();
     assert!(matches!(rx.recv().await, Some(StoreEvent::Stored(0))));
     let Some(StoreEvent::Finalized(Ok(p))) = rx.recv().await else {
@@ -91,7 +91,7 @@ async fn store_tree(d: &Path, m: &Manifest, data: &'static [u8]) -> PathBuf {
     let (tx, mut rx) = mpsc::unbounded_channel();
     let s = Store::open(Target::Dir(d.into()), m, 5, CopyIo::Buffered, tx, None).unwrap();
     if !data.is_empty() {
-        s.write(0, 0, Bytes::from_static(data));
+        s.write_hashed(0, 0, Bytes::from_static(data));
         assert!(matches!(rx.recv().await, Some(StoreEvent::Stored(0))));
     }
     s.finalize();
@@ -222,7 +222,7 @@ async fn a_direct_copy_reads_back_and_lands_whole() {
     for i in [4u64, 1, 0, 3, 2] {
         let at = i as usize * piece;
         let end = (at + piece).min(body.len());
-        s.write(i, at as u64, Bytes::copy_from_slice(&body[at..end]));
+        s.write_hashed(i, at as u64, Bytes::copy_from_slice(&body[at..end]));
         assert!(matches!(rx.recv().await, Some(StoreEvent::Stored(j)) if j == i));
     }
     let read = |at: usize, len: usize| match &disk {
@@ -258,7 +258,7 @@ async fn an_unfinished_copy_leaves_nothing_behind() {
         mtime: None,
     };
     let s = Store::open(Target::Dir(d.clone()), &m, 2, CopyIo::Direct, tx, None).unwrap();
-    s.write(0, 0, Bytes::from_static(b"ab"));
+    s.write_hashed(0, 0, Bytes::from_static(b"ab"));
     drop(s);
     assert_eq!(fs::read_dir(&d).unwrap().count(), 0);
     fs::remove_dir_all(d).unwrap();

@@ -424,7 +424,12 @@ impl Net {
         }
         if let Some(s) = &self.store {
             crate::metrics::global().chunk_verified(c.data.len());
-            s.write(c.index, c.index * self.chunk_size as u64, c.data.clone());
+            s.write(
+                c.index,
+                c.index * self.chunk_size as u64,
+                c.data.clone(),
+                c.hash,
+            );
             self.unstored += c.data.len() as u64;
         }
         self.held[i] = Some(Held::Mem(c));

@@ -54,6 +54,7 @@ impl Node {
                 index: c.index,
                 offset: c.index * self.params.chunk_size as u64,
                 data: c.data.clone(),
+                hash: c.hash,
             });
             self.deliver_next += 1;
         }
