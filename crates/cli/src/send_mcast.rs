@@ -181,6 +181,7 @@ fn rate_report(r: &mcast::McastResult, why: &str) -> McastRateReport {
             .as_ref()
             .and_then(|t| t.rate_bps)
             .map(|b| b as f64 / 1e6),
+        probe_stopped: r.stats.probe_end.map(|e| e.to_string()),
         train: r.train.as_ref().map_or(Vec::new(), |t| {
             t.receivers
                 .iter()

@@ -116,6 +116,10 @@ pub struct McastRateReport {
     /// arrived as fast as it was written and the rate was raised while the group kept up.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub train_rate_mbps: Option<f64>,
+    /// When the rate was raised from the train's: why raising stopped (a window that lost
+    /// more than the lowest, or the source that could not write faster).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub probe_stopped: Option<String>,
     /// Per receiver in order (measured only): how fast the train arrived, `None` without a
     /// report that could be timed.
     #[serde(skip_serializing_if = "Vec::is_empty")]

@@ -62,6 +62,49 @@ pub fn censored(measured: u64, sent: u64) -> bool {
     sent > 0 && measured as f64 >= CENSORED * sent as f64
 }
 
+/// Why a probe stopped raising the rate: the first window that ended it. Rates in bytes per
+/// second on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum ProbeEnd {
+    /// A window lost more than the lowest a window lost.
+    Lossy {
+        /// The window's rate.
+        rate: u64,
+        /// Its loss: repairs per first-pass symbol, the worst receiver's, per 10,000.
+        loss: u32,
+        /// The lowest window's loss, per 10,000.
+        floor: u32,
+    },
+    /// The source wrote less than the window asked: its host or its own link.
+    FellBehind {
+        /// The window's rate.
+        rate: u64,
+        /// What the source wrote.
+        wrote: u64,
+    },
+}
+
+impl std::fmt::Display for ProbeEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mbps = |b: u64| b as f64 * 8.0 / 1e6;
+        match *self {
+            ProbeEnd::Lossy { rate, loss, floor } => write!(
+                f,
+                "a window at {:.1} Mbit/s lost {:.2}% (the lowest {:.2}%)",
+                mbps(rate),
+                f64::from(loss) / 100.0,
+                f64::from(floor) / 100.0
+            ),
+            ProbeEnd::FellBehind { rate, wrote } => write!(
+                f,
+                "the source wrote {:.1} Mbit/s of {:.1} asked",
+                mbps(wrote),
+                mbps(rate)
+            ),
+        }
+    }
+}
+
 /// The probe's state at a source.
 #[derive(Debug, Clone)]
 pub struct Probe {
@@ -77,6 +120,8 @@ pub struct Probe {
     wrote: Option<u64>,
     /// The highest rate a window was judged clean and kept up at (at first the train's).
     kept: u64,
+    /// Set when raising stopped: why.
+    ended: Option<ProbeEnd>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -99,12 +144,18 @@ impl Probe {
             raising: true,
             wrote: None,
             kept: rate,
+            ended: None,
         }
     }
 
     /// True while the rate may still be raised.
     pub fn raising(&self) -> bool {
         self.raising
+    }
+
+    /// Why raising stopped, once it did.
+    pub fn ended(&self) -> Option<ProbeEnd> {
+        self.ended
     }
 
     /// The rate (bytes per second on the wire) the source wrote at in the last window judged:
@@ -156,7 +207,12 @@ impl Probe {
         let floor = self.floor_loss.map_or(loss, |f| f.min(loss));
         self.floor_loss = Some(floor);
         if loss > floor + EXTRA_LOSS && loss > 2.0 * floor {
-            self.raising = false;
+            let bp = |x: f64| (x * 10_000.0).round() as u32;
+            self.stop(ProbeEnd::Lossy {
+                rate,
+                loss: bp(loss),
+                floor: bp(floor),
+            });
             return ((rate as f64 * BACK_OFF) as u64).max(self.floor_rate);
         }
         if !self.raising {
@@ -168,12 +224,18 @@ impl Probe {
             // queue was empty at its start wrote up to the queue's size more than the link
             // took, and passed as kept up), so the queue drains and repairs do not wait
             // behind it; no more raising.
-            self.raising = false;
+            self.stop(ProbeEnd::FellBehind { rate, wrote });
             let below = (wrote as f64 * RATE_SHARE) as u64;
             return self.kept.min(below).max(self.floor_rate);
         }
         self.kept = rate;
         (rate as f64 * RAISE) as u64
+    }
+
+    /// No more raising; the first reason is kept.
+    fn stop(&mut self, why: ProbeEnd) {
+        self.raising = false;
+        self.ended.get_or_insert(why);
     }
 }
 
@@ -256,6 +318,31 @@ mod tests {
         assert_eq!(p.judge(1_296_000, 1_000_000, 0.0), 980_000);
         assert!(!p.raising());
         assert_eq!(p.judge(980_000, 980_000, 0.0), 980_000);
+        let end = ProbeEnd::FellBehind {
+            rate: 1_296_000,
+            wrote: 1_000_000,
+        };
+        assert_eq!(p.ended(), Some(end));
+        assert_eq!(end.to_string(), "the source wrote 8.0 Mbit/s of 10.4 asked");
+    }
+
+    #[test]
+    fn the_first_lossy_window_is_the_reason_raising_stopped() {
+        let mut p = Probe::new(1_000_000);
+        assert_eq!(p.judge(1_000_000, 1_000_000, 0.01), 1_200_000);
+        assert_eq!(p.ended(), None);
+        assert_eq!(p.judge(1_200_000, 1_200_000, 0.035), 1_080_000);
+        assert_eq!(p.judge(1_080_000, 1_080_000, 0.05), 1_000_000);
+        let end = ProbeEnd::Lossy {
+            rate: 1_200_000,
+            loss: 350,
+            floor: 100,
+        };
+        assert_eq!(p.ended(), Some(end));
+        assert_eq!(
+            end.to_string(),
+            "a window at 9.6 Mbit/s lost 3.50% (the lowest 1.00%)"
+        );
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::layout::{Layout, Slot};
 use super::msg::Nak;
-use super::probe::Probe;
+use super::probe::{Probe, ProbeEnd};
 use super::train::TRAIN_DATAGRAMS;
 use super::{fec, Micros};
 
@@ -150,6 +150,8 @@ pub struct SenderStats {
     pub naks: u64,
     /// Times a probe ([`Sender::set_rate_floor`]) changed the rate.
     pub rate_changes: u32,
+    /// Why the probe stopped raising the rate, once it did.
+    pub probe_end: Option<ProbeEnd>,
 }
 
 /// The source's state.
@@ -321,6 +323,7 @@ impl Sender {
                 self.stats.rate_changes += 1;
             }
             self.cfg.rate = r.max(1);
+            self.stats.probe_end = p.ended();
         }
     }
 

@@ -10,6 +10,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::msg::{DgramKind, McastMsg};
+use super::probe::ProbeEnd;
 use super::receiver::{Receiver, ReceiverConfig, RxEvent};
 use super::seal::{DgramWriter, GroupKey};
 use super::sender::{wire_overhead, CodedBlock, Sender, SenderConfig, Tx};
@@ -421,6 +422,12 @@ fn a_rate_measured_too_low_is_raised_to_the_slowest_downlink_and_kept_below_it()
         "ends at {rate:.3} of the slowest link"
     );
     assert!(sim.sender.stats.rate_changes >= 5);
+    // Past the 1 MB/s links the excess was lost: that, not the source, ended the raising.
+    assert!(
+        matches!(sim.sender.stats.probe_end, Some(ProbeEnd::Lossy { .. })),
+        "{:?}",
+        sim.sender.stats.probe_end
+    );
     // Held at the floor the send would take twice the first pass at the link's rate.
     let floor = SIZE as f64 * (64 + OVERHEAD) as f64 / 64.0 / RATE as f64 * 1e6;
     let eff = floor / out.finish as f64;

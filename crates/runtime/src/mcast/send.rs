@@ -482,6 +482,12 @@ async fn data(
     if stats.rate_changes > 0 {
         rate = last;
     }
+    if let Some(why) = stats.probe_end {
+        tracing::info!(
+            "multicast rate: raising stopped at {} Mbit/s: {why}",
+            rate / 1_000_000
+        );
+    }
     (stats, rate, train.map(|t| t.outcome(wire)))
 }
 
