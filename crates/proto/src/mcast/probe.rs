@@ -114,13 +114,12 @@ pub struct Probe {
     window: Option<Window>,
     /// The lowest loss a window showed: the random loss the group sees at any rate.
     floor_loss: Option<f64>,
-    /// False once a window lost more than the floor: the rate is no longer raised.
-    raising: bool,
     /// The rate the source wrote at in the last window judged.
     wrote: Option<u64>,
     /// The highest rate a window was judged clean and kept up at (at first the train's).
     kept: u64,
-    /// Set when raising stopped: why.
+    /// Why raising stopped (the first window that ended it); `None` while the rate is still
+    /// raised.
     ended: Option<ProbeEnd>,
 }
 
@@ -141,7 +140,6 @@ impl Probe {
             floor_rate: rate,
             window: None,
             floor_loss: None,
-            raising: true,
             wrote: None,
             kept: rate,
             ended: None,
@@ -150,7 +148,7 @@ impl Probe {
 
     /// True while the rate may still be raised.
     pub fn raising(&self) -> bool {
-        self.raising
+        self.ended.is_none()
     }
 
     /// Why raising stopped, once it did.
@@ -215,7 +213,7 @@ impl Probe {
             });
             return ((rate as f64 * BACK_OFF) as u64).max(self.floor_rate);
         }
-        if !self.raising {
+        if !self.raising() {
             return rate;
         }
         if (wrote as f64) < KEPT_UP * rate as f64 {
@@ -234,7 +232,6 @@ impl Probe {
 
     /// No more raising; the first reason is kept.
     fn stop(&mut self, why: ProbeEnd) {
-        self.raising = false;
         self.ended.get_or_insert(why);
     }
 }
