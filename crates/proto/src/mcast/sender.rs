@@ -9,11 +9,11 @@
 //! different symbols of a block thus share the same new parity symbols: a block costs the
 //! worst receiver's loss, not the sum.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::layout::{Layout, Slot};
 use super::msg::Nak;
-use super::probe::{Probe, ProbeEnd};
+use super::probe::{Judged, Probe, ProbeEnd, WindowLoss};
 use super::train::TRAIN_DATAGRAMS;
 use super::{fec, Micros};
 
@@ -27,6 +27,8 @@ pub struct SenderConfig {
     /// Symbols sent longer ago than this are taken as lost by a request that asks past
     /// them (shorter than the receivers' `renak`).
     pub stale: Micros,
+    /// Receivers in the group (a probe weighs each one's loss).
+    pub receivers: u32,
     /// Bytes a datagram costs on the wire beyond its symbol ([`wire_overhead`]).
     pub overhead: u64,
 }
@@ -61,6 +63,8 @@ pub const fn wire_overhead(sealed: bool) -> u64 {
 /// does not become a burst that overflows a switch or a receiver's socket buffer. 20 ms at
 /// 100 Mbit/s is 250 KB, about 170 datagrams.
 pub const BURST: Micros = 20_000;
+/// Judged windows kept for [`Sender::poll_judged`] when nobody takes them.
+pub const JUDGED_KEPT: usize = 64;
 /// Longest wait for the rate after a train ([`Sender::send_train`]): a receiver still taking
 /// the train by then is slower than 6 Mbit/s, or gone.
 pub const TRAIN_WAIT: Micros = 2_000_000;
@@ -174,6 +178,11 @@ pub struct Sender {
     probe: Option<Probe>,
     /// Bytes on the wire sent so far (the probe's measure of keeping up).
     sent_bytes: u64,
+    /// While a probe runs, per block not yet judged: each asking receiver's first-pass loss
+    /// (the most it asked for at once); dropped once the block's window is judged.
+    lost: BTreeMap<u32, Vec<(u32, u32)>>,
+    /// Windows judged and not yet taken by [`Sender::poll_judged`] (at most [`JUDGED_KEPT`]).
+    judged: VecDeque<Judged>,
     /// Counters.
     pub stats: SenderStats,
 }
@@ -195,6 +204,8 @@ impl Sender {
             hold_until: None,
             probe: None,
             sent_bytes: 0,
+            lost: BTreeMap::new(),
+            judged: VecDeque::new(),
             stats: SenderStats::default(),
         }
     }
@@ -307,24 +318,47 @@ impl Sender {
         let Some(p) = self.probe.as_mut() else {
             return;
         };
-        let (layout, repairs) = (&self.layout, &self.repairs);
-        // Repairs granted per first-pass symbol over the blocks: the worst receiver's loss.
+        let (layout, repairs, lost) = (&self.layout, &self.repairs, &self.lost);
+        let receivers = self.cfg.receivers as usize;
         let loss = |blocks: std::ops::Range<u32>| {
             let (mut granted, mut k) = (0u64, 0u64);
-            for b in blocks {
+            let mut each = vec![0u64; receivers];
+            for b in blocks.clone() {
                 let kb = layout.k_of(b);
                 granted += u64::from(repairs.get(&b).map_or(0, |r| r.granted(kb)));
                 k += u64::from(kb);
             }
-            granted as f64 / k.max(1) as f64
+            for (_, l) in lost.range(blocks) {
+                for &(r, need) in l {
+                    if let Some(e) = each.get_mut(r as usize) {
+                        *e += u64::from(need);
+                    }
+                }
+            }
+            let k = k.max(1) as f64;
+            WindowLoss {
+                granted: granted as f64 / k,
+                each: each.into_iter().map(|n| n as f64 / k).collect(),
+            }
         };
-        if let Some(r) = p.handle_block(now, block, self.sent_bytes, self.cfg.rate, loss) {
-            if r != self.cfg.rate {
+        if let Some(j) = p.handle_block(now, block, self.sent_bytes, self.cfg.rate, loss) {
+            if j.next != self.cfg.rate {
                 self.stats.rate_changes += 1;
             }
-            self.cfg.rate = r.max(1);
+            self.cfg.rate = j.next.max(1);
             self.stats.probe_end = p.ended();
+            // The blocks before `block` are judged or never will be.
+            self.lost = self.lost.split_off(&block);
+            if self.judged.len() >= JUDGED_KEPT {
+                self.judged.pop_front();
+            }
+            self.judged.push_back(j);
         }
+    }
+
+    /// The next window a probe judged, oldest first (for a log).
+    pub fn poll_judged(&mut self) -> Option<Judged> {
+        self.judged.pop_front()
     }
 
     fn next_tx(&mut self, now: Micros) -> Option<Tx> {
@@ -358,8 +392,8 @@ impl Sender {
         None
     }
 
-    /// A receiver's request for more symbols of a block.
-    pub fn handle_nak(&mut self, now: Micros, nak: Nak) {
+    /// Receiver `from`'s request for more symbols of a block.
+    pub fn handle_nak(&mut self, now: Micros, from: u32, nak: Nak) {
         let b = nak.block;
         // A block whose first pass is not over is not late yet.
         if b >= self.blocks || (b >= self.pass.0 && !self.pass_done()) {
@@ -368,6 +402,13 @@ impl Sender {
         self.stats.naks += 1;
         let k = self.layout.k_of(b);
         let need = nak.need.min(k);
+        if self.probe.is_some() {
+            let l = self.lost.entry(b).or_default();
+            match l.iter_mut().find(|(r, _)| *r == from) {
+                Some((_, n)) => *n = (*n).max(need),
+                None => l.push((from, need)),
+            }
+        }
         let r = self.repairs.entry(b).or_insert(BlockRepair::new(k));
         if r.grant(now, nak.seen, need, self.cfg.stale) {
             self.due.insert(b);
@@ -458,6 +499,7 @@ mod tests {
                 rate: 1_000_000,
                 end_interval: 1_000,
                 stale: 500,
+                receivers: 2,
                 overhead: 63,
             },
         )
@@ -477,6 +519,7 @@ mod tests {
         // Two receivers lost two and one symbols of block 0: two parity symbols serve both.
         s.handle_nak(
             now,
+            0,
             Nak {
                 block: 0,
                 seen: 4,
@@ -485,6 +528,7 @@ mod tests {
         );
         s.handle_nak(
             now,
+            1,
             Nak {
                 block: 0,
                 seen: 4,
@@ -502,6 +546,7 @@ mod tests {
         // A request that crossed them in flight gets nothing more...
         s.handle_nak(
             now + 100,
+            0,
             Nak {
                 block: 0,
                 seen: 4,
@@ -512,6 +557,7 @@ mod tests {
         // ...but once they are stale, they were lost: two new ones.
         s.handle_nak(
             now + 1_000,
+            0,
             Nak {
                 block: 0,
                 seen: 4,
@@ -534,6 +580,7 @@ mod tests {
         // Requests for blocks out of range are ignored.
         s.handle_nak(
             now + 2_000,
+            0,
             Nak {
                 block: 9,
                 seen: 0,

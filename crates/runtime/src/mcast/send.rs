@@ -106,7 +106,8 @@ pub struct TrainOutcome {
 }
 
 enum Ctl {
-    Nak(Nak),
+    /// A request from the receiver with this index.
+    Nak(u32, Nak),
     /// The rate measured from the train, bytes per second on the wire, and whether it is
     /// only a floor ([`bulkcast_proto::mcast::probe::censored`]).
     Rate(u64, bool),
@@ -383,6 +384,7 @@ async fn data(
         rate: cfg.rate_bps.unwrap_or(FALLBACK_BPS) / 8,
         end_interval: 20_000,
         stale: 20_000,
+        receivers: outcomes.len() as u32,
         overhead: wire_overhead(writer.sealed()),
     };
     let measure = cfg.rate_bps.is_none();
@@ -415,9 +417,8 @@ async fn data(
                 Some((i, Some(McastMsg::Nak(list)))) => {
                     last_heard = Instant::now();
                     for k in list {
-                        let _ = ctl_tx.send(Ctl::Nak(k));
+                        let _ = ctl_tx.send(Ctl::Nak(i as u32, k));
                     }
-                    let _ = i;
                 }
                 Some((i, Some(McastMsg::Done { ok, reason, datagrams, decoded }))) => {
                     last_heard = Instant::now();
@@ -602,6 +603,9 @@ fn pace(
     loop {
         let now = super::micros(epoch);
         let tx = s.poll_transmit(now);
+        while let Some(j) = s.poll_judged() {
+            tracing::debug!("multicast probe: {j}");
+        }
         if !matches!(tx, Some(Tx::Data { .. })) {
             sent(batch.flush());
             if !train_told {
@@ -653,7 +657,7 @@ fn pace(
                 // thread wakes a thousand times a second, not once a datagram.
                 let wait = s.poll_timeout().saturating_sub(now).clamp(BATCH, 5_000);
                 match ctl.recv_timeout(Duration::from_micros(wait)) {
-                    Ok(Ctl::Nak(n)) => s.handle_nak(super::micros(epoch), n),
+                    Ok(Ctl::Nak(i, n)) => s.handle_nak(super::micros(epoch), i, n),
                     Ok(Ctl::Rate(r, floor)) => set_rate(&mut s, r, floor),
                     Ok(Ctl::Stop) | Err(std_mpsc::RecvTimeoutError::Disconnected) => {
                         return finished(&s)
@@ -664,7 +668,7 @@ fn pace(
         }
         while let Ok(c) = ctl.try_recv() {
             match c {
-                Ctl::Nak(n) => s.handle_nak(super::micros(epoch), n),
+                Ctl::Nak(i, n) => s.handle_nak(super::micros(epoch), i, n),
                 Ctl::Rate(r, floor) => set_rate(&mut s, r, floor),
                 Ctl::Stop => return finished(&s),
             }
