@@ -6,16 +6,16 @@
 //! measures its own pace, and a measured rate used to hold for the session (0.58 of the
 //! link where 0.85 was there). So when the receivers took the train about as fast as it was
 //! written ([`censored`]), the figure is a floor: the source raises its rate a window of
-//! blocks at a time while two things hold. The receivers' loss stays at its floor (a rate
-//! above a receiver's link overflows the queue in front of it: the repairs it asks for grow),
-//! and the source kept up with its own pace (where the source's own link is the limit its
-//! socket blocks, and a rate the host cannot write is no rate). [`BEHIND`] windows in a row
-//! that did not keep up end the raising a little below what the last wrote (one alone may
-//! be a busy moment). The first window whose loss rose ends it too: the rate steps down until a window
-//! is clean again, and stays. It never goes below the train's figure, which the bottleneck was seen to pass: a window that looks
-//! lossy by chance (a random drop takes a whole GSO run of datagrams at once, so one block in
-//! a window can lose tens) costs at most the raising, never the floor. On a 1%-loss star the
-//! rate once fell a tenth a window to 26 Mbit/s before this bound.
+//! blocks at a time while two things hold. The receivers' loss stays usual (a rate above a
+//! receiver's link overflows the queue in front of it: the repairs it asks for grow), and the
+//! source kept up with its own pace (where the source's own link is the limit its socket
+//! blocks, and a rate the host cannot write is no rate). [`BEHIND`] windows in a row that did
+//! not keep up end the raising a little below what the last wrote (one alone may be a busy
+//! moment). The first window whose loss rose ends it too: the rate steps down until a window
+//! is clean again, and stays. It never goes below the train's figure, which the bottleneck
+//! was seen to pass: a window that looks lossy by chance costs at most the raising, never
+//! the floor. On a 1%-loss star the rate once fell a tenth a window to 26 Mbit/s before this
+//! bound.
 //!
 //! Loss is each receiver's over the whole window: the most it asked for of each block at
 //! once, summed. What the source granted block by block is no measure: it is the worst of
@@ -54,10 +54,6 @@ pub const LAG: Micros = 40_000;
 /// windows (about 1.5 s at 50 Mbit/s). Where the source's link is the limit its socket holds
 /// the excess back; past a receiver's link, one window's excess is lost and repaired.
 pub const RAISE: f64 = 1.2;
-
-/// A window that lost more than usual steps the rate down by at least this factor: to below
-/// where its loss puts the link, if that is lower.
-pub const BACK_OFF: f64 = 0.9;
 
 /// Windows in a row that fell behind that end the raising.
 pub const BEHIND: u32 = 3;
@@ -316,7 +312,7 @@ impl Probe {
             // tells how far past it the rate went.
             let excess = (now.0 - u.0).max(now.1 - u.1).clamp(0.0, 1.0);
             let below = rate as f64 * (1.0 - excess) * RATE_SHARE;
-            return (below.min(rate as f64 * BACK_OFF) as u64).max(self.floor_rate);
+            return (below as u64).max(self.floor_rate);
         }
         let behind = (wrote as f64) < KEPT_UP * rate as f64;
         if !self.raising() {
@@ -336,16 +332,19 @@ impl Probe {
         // up while the queue filled, wrote more than that), so the queue drains and repairs
         // do not wait behind it; no more raising.
         self.stop(ProbeEnd::FellBehind { rate, wrote });
-        ((wrote as f64 * RATE_SHARE) as u64).clamp(self.floor_rate, rate)
+        ((wrote as f64 * RATE_SHARE) as u64)
+            .min(rate)
+            .max(self.floor_rate)
     }
 
-    /// The median of the receivers' mean and of the worst receiver's loss over the windows
-    /// judged before (none before the first).
+    /// The median (the lower of the middle two) of the receivers' mean and of the worst
+    /// receiver's loss over the windows judged before (none before the first). Lossy windows
+    /// count too: a few do not move it, and loss that rose for good becomes the usual.
     fn usual(&self) -> Option<(f64, f64)> {
         let median = |f: fn(&(f64, f64)) -> f64| {
             let mut v: Vec<f64> = self.history.iter().map(f).collect();
             v.sort_by(f64::total_cmp);
-            v.get(v.len() / 2).copied()
+            v.get(v.len().saturating_sub(1) / 2).copied()
         };
         Some((median(|h| h.0)?, median(|h| h.1)?))
     }
@@ -476,9 +475,11 @@ mod tests {
         let mut p = Probe::new(1_000_000);
         assert_eq!(p.judge(1_000_000, 1_000_000, &lost(0.01)), 1_200_000);
         assert_eq!(p.ended(), None);
-        assert_eq!(p.judge(1_200_000, 1_200_000, &lost(0.035)), 1_080_000);
-        // Against the median of 1% and 3.5% before it.
-        assert_eq!(p.judge(1_080_000, 1_080_000, &lost(0.09)), 1_000_000);
+        // 2.5 points more than usual: 0.98 of 0.975 of the rate.
+        assert_eq!(p.judge(1_200_000, 1_200_000, &lost(0.035)), 1_146_600);
+        // Against the lower of 1% and 3.5% before it; never below the train's rate.
+        assert_eq!(p.judge(1_146_600, 1_146_600, &lost(0.05)), 1_078_721);
+        assert_eq!(p.judge(1_078_721, 1_078_721, &lost(0.2)), 1_000_000);
         let end = ProbeEnd::Lossy {
             rate: 1_200_000,
             loss: (350, 350),

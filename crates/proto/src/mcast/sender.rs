@@ -178,8 +178,9 @@ pub struct Sender {
     probe: Option<Probe>,
     /// Bytes on the wire sent so far (the probe's measure of keeping up).
     sent_bytes: u64,
-    /// While a probe runs, per block not yet judged: each asking receiver's first-pass loss
-    /// (the most it asked for at once); dropped once the block's window is judged.
+    /// While a probe runs and the first pass is not over, per block not yet judged: each
+    /// asking receiver's first-pass loss (the most it asked for at once); dropped once the
+    /// block's window is judged, and all of it when the first pass ends.
     lost: BTreeMap<u32, Vec<(u32, u32)>>,
     /// Windows judged and not yet taken by [`Sender::poll_judged`] (at most [`JUDGED_KEPT`]).
     judged: VecDeque<Judged>,
@@ -392,7 +393,9 @@ impl Sender {
         None
     }
 
-    /// Receiver `from`'s request for more symbols of a block.
+    /// Receiver `from`'s request for more symbols of a block (`from` counts the receivers
+    /// from 0 to [`SenderConfig::receivers`]; a request from past them is served, not
+    /// weighed by a probe).
     pub fn handle_nak(&mut self, now: Micros, from: u32, nak: Nak) {
         let b = nak.block;
         // A block whose first pass is not over is not late yet.
@@ -402,7 +405,9 @@ impl Sender {
         self.stats.naks += 1;
         let k = self.layout.k_of(b);
         let need = nak.need.min(k);
-        if self.probe.is_some() {
+        if self.pass_done() {
+            self.lost.clear();
+        } else if self.probe.is_some() && from < self.cfg.receivers {
             let l = self.lost.entry(b).or_default();
             match l.iter_mut().find(|(r, _)| *r == from) {
                 Some((_, n)) => *n = (*n).max(need),

@@ -106,7 +106,8 @@ pub struct TrainOutcome {
 }
 
 enum Ctl {
-    /// A request from the receiver with this index.
+    /// A request from the receiver with this index among those in the group (`u32::MAX`:
+    /// none).
     Nak(u32, Nak),
     /// The rate measured from the train, bytes per second on the wire, and whether it is
     /// only a floor ([`bulkcast_proto::mcast::probe::censored`]).
@@ -380,11 +381,23 @@ async fn data(
     let start = Instant::now();
     let (ctl_tx, ctl_rx) = std_mpsc::channel();
     let (hash_tx, mut hash_rx) = mpsc::unbounded_channel();
+    // The probe weighs the receivers in the group (those that did not join, or hold the
+    // object, ask for nothing and would dilute the mean), numbered from 0.
+    let mut in_group = 0u32;
+    let member: Vec<Option<u32>> = outcomes
+        .iter()
+        .map(|o| {
+            o.is_none().then(|| {
+                in_group += 1;
+                in_group - 1
+            })
+        })
+        .collect();
     let scfg = SenderConfig {
         rate: cfg.rate_bps.unwrap_or(FALLBACK_BPS) / 8,
         end_interval: 20_000,
         stale: 20_000,
-        receivers: outcomes.len() as u32,
+        receivers: in_group,
         overhead: wire_overhead(writer.sealed()),
     };
     let measure = cfg.rate_bps.is_none();
@@ -416,8 +429,9 @@ async fn data(
                 }
                 Some((i, Some(McastMsg::Nak(list)))) => {
                     last_heard = Instant::now();
+                    let from = member.get(i).copied().flatten().unwrap_or(u32::MAX);
                     for k in list {
-                        let _ = ctl_tx.send(Ctl::Nak(i as u32, k));
+                        let _ = ctl_tx.send(Ctl::Nak(from, k));
                     }
                 }
                 Some((i, Some(McastMsg::Done { ok, reason, datagrams, decoded }))) => {
