@@ -239,9 +239,10 @@ fn port_delay_applies_to_round_trips_and_multicast_in_a_site() {
         for (d, (ns, addr)) in delays.iter().zip(&receivers) {
             let rtt = round_trip_ms(&src_ns, ns, *addr);
             report.push_str(&format!("{shaping}: r{d}: round trip {rtt:.2} ms\n"));
-            // About 0.1 ms of the bridge and the stacks on top, and up to 1 ms of the timer's
-            // slack each way (a slower VM's median read 21.21 ms for 20).
-            if (rtt - 2.0 * d).abs() > 2.0 + 0.02 * d {
+            // About 0.1 ms of the bridge and the stacks on top, and up to 1.5 ms of the
+            // timer's slack each way on a busy host (a slower VM's median read 21.21 ms for
+            // 20; CI's, with its one-way multicast 0.8 ms late, 22.43).
+            if (rtt - 2.0 * d).abs() > 3.0 + 0.02 * d {
                 failures.push(format!("r{d}: round trip {rtt:.2} ms, want {}", 2.0 * d));
             }
         }
