@@ -227,3 +227,24 @@ fn hostile_datagrams_are_refused_without_harm() {
         r.error()
     );
 }
+
+#[test]
+fn a_sender_its_host_runs_only_every_few_milliseconds_keeps_the_link_rate() {
+    // A relay of a chain shares two cores with the rest of the chain: its pacer sends when
+    // the host runs it, every few milliseconds, not at each datagram's time. With at most
+    // eight datagrams of catch-up a wake-up this path carried 0.51 of the link at a 2 ms
+    // tick and 0.26 at 4 ms (0.916 run at once); in the lab a chain of four paced hops held
+    // 75-92 Mbit/s of 100 while each window had room.
+    for tick in [2, 4] {
+        let mut pair = Pair::new(WAN_100M_100MS, WAN_100M_100MS, Config::default(), 5);
+        pair.sender_tick = Some(Duration::from_millis(tick));
+        let o = pair.transfer(100_000_000, Duration::from_secs(60));
+        assert!(o.done, "tick {tick} ms: {o:?}");
+        assert_eq!(o.bytes, 100_000_000);
+        assert!(
+            o.fraction > 0.9,
+            "tick {tick} ms: {:.3} of the link",
+            o.fraction
+        );
+    }
+}

@@ -157,6 +157,11 @@ pub struct Pair {
     start: Instant,
     /// The receiver reads at most this many bytes per simulated ms (None: all at once).
     pub reader_limit: Option<usize>,
+    /// The sender's host runs it only this often (None: whenever a datagram or a timer is
+    /// due), as a busy host or a timer wheel does: datagrams for it wait meanwhile.
+    pub sender_tick: Option<Duration>,
+    /// When the sender runs next, with `sender_tick`.
+    sender_wakes: Instant,
 }
 
 impl Pair {
@@ -171,6 +176,8 @@ impl Pair {
             now,
             start: now,
             reader_limit: None,
+            sender_tick: None,
+            sender_wakes: now,
         }
     }
 
@@ -252,7 +259,8 @@ impl Pair {
                 break;
             }
             // Network.
-            while self.sender.poll_transmit(self.now, &mut dgram) {
+            let sender_runs = self.now >= self.sender_wakes;
+            while sender_runs && self.sender.poll_transmit(self.now, &mut dgram) {
                 self.fwd.send(self.now, dgram.clone());
             }
             while self.receiver.poll_transmit(self.now, &mut dgram) {
@@ -263,23 +271,30 @@ impl Pair {
                 let _ = self.receiver.handle_datagram(self.now, &d);
                 moved = true;
             }
-            while let Some(d) = self.back.pop_due(self.now) {
+            while let Some(d) = sender_runs.then(|| self.back.pop_due(self.now)).flatten() {
                 let _ = self.sender.handle_datagram(self.now, &d);
                 moved = true;
             }
             if moved {
                 continue;
             }
-            for c in [&mut self.sender, &mut self.receiver] {
-                if c.poll_timeout().is_some_and(|t| t <= self.now) {
+            for (c, runs) in [(&mut self.sender, sender_runs), (&mut self.receiver, true)] {
+                if runs && c.poll_timeout().is_some_and(|t| t <= self.now) {
                     c.handle_timeout(self.now);
                 }
             }
+            if let Some(tick) = self.sender_tick.filter(|_| sender_runs) {
+                self.sender_wakes = self.now + tick;
+            }
+            let sender_next = [self.sender.poll_timeout(), self.back.next_arrival()]
+                .into_iter()
+                .flatten()
+                .min()
+                .map(|t| t.max(self.sender_wakes));
             let mut next = [
-                self.sender.poll_timeout(),
+                sender_next,
                 self.receiver.poll_timeout(),
                 self.fwd.next_arrival(),
-                self.back.next_arrival(),
             ]
             .into_iter()
             .flatten()
