@@ -484,13 +484,16 @@ fn step_change_applies_on_time() {
             .collect()
     };
     // Before the change the path is not yet at 10 Mbit/s: some second of the first three well
-    // above it, none above the nominal 50 (how close to 50 is the fidelity test's job; a host
-    // that stalls the forwarder halves a second here and there, seen on 2026-11-23). Seconds
-    // 4-6: 10 Mbit/s (the sender-side figure lags by what the queue holds, so look well after
-    // the change).
+    // above it, the second and third not above the nominal 50 (how close to 50 is the fidelity
+    // test's job; a host that stalls the forwarder halves a second here and there, seen on
+    // 2026-11-23). The first second may read above 50: iperf3's sender counts what it wrote,
+    // its socket buffer and the path's queue filling too (55.4-56.1 in three runs on a fresh
+    // VM, 2026-11-29). Seconds 4-6: 10 Mbit/s (the sender-side figure lags by what the queue
+    // holds, so look well after the change).
     let on_time = |m: &[f64]| {
         let before = m[..3].iter().copied().fold(0.0, f64::max);
-        before > 25.0 && before < 55.0 && m[4] < 13.0 && m[5] < 13.0
+        let settled = m[1..3].iter().copied().fold(0.0, f64::max);
+        before > 25.0 && settled < 55.0 && m[4] < 13.0 && m[5] < 13.0
     };
     let mut mbps = measure(&lab);
     // Measured again (on a fresh clock) only when it missed while the forwarder was stalled
