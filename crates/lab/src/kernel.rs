@@ -6,8 +6,9 @@
 //! access link's queue; traffic inside the host's own site bypasses both (a LAN is not
 //! emulated). Random loss between two sites is an nft rule at the receiving host's prerouting
 //! hook, by source subnet. A host sends with its segmentation offloads (cheap on 2 cores), and
-//! the hub side of each veth segments what it delivers (`tso`/`gso`/`tx-udp-segmentation` off
-//! there, `gro` off in the host), so every loss decision is made per packet of at most 1500 bytes, as in the forwarder;
+//! the hub side of each veth segments what it delivers (`tso`/`gso` off there, and UDP's
+//! `tx-udp-segmentation` where the host has a loss rule; `gro` off in the host), so every loss
+//! decision is made per packet of at most 1500 bytes, as in the forwarder;
 //! the uplink's htb sees the sender's larger segments, which changes no rate.
 //!
 //! Why: the forwarder moves every packet of the lab through one thread, which caps a star of
@@ -77,11 +78,16 @@ pub fn shape_hub(hub_ns: &str, layout: &Layout) -> Result<(), LabError> {
         let _ = writeln!(sh, "ethtool -K {dev} tso off gso off gro off >/dev/null");
         // `gso off` leaves UDP segmentation on: a sender's UDP GSO run (8-32 datagrams) then
         // crossed as one packet and the receiver's loss rule dropped it whole, a burst no
-        // wire makes. A kernel without the feature has no UDP GSO to segment.
-        let _ = writeln!(
-            sh,
-            "ethtool -K {dev} tx-udp-segmentation off >/dev/null 2>&1 || true"
-        );
+        // wire makes. Only where a loss rule decides: cutting costs the two cores a packet per
+        // datagram per receiver. A kernel without the feature has no UDP GSO to cut.
+        let lossy =
+            (0..layout.sites.len()).any(|s| s != h.site && layout.site_loss(s, h.site) > 0.0);
+        if lossy {
+            let _ = writeln!(
+                sh,
+                "ethtool -K {dev} tx-udp-segmentation off >/dev/null 2>&1 || true"
+            );
+        }
         let down = &layout.links[h.downlink];
         if let Some(rate) = down.rate_bps {
             let own = site_subnet(layout, h.site).unwrap_or_default();
