@@ -132,6 +132,40 @@ impl Received {
     }
 }
 
+/// Joins the group in each receiver namespace, runs `send` in `src_ns` once every receiver
+/// is listening, and returns what `read` made of each receiver's socket (it reads until two
+/// seconds pass without a datagram).
+fn group_run<T: Send + 'static>(
+    src_ns: &str,
+    receivers: &[(String, Ipv4Addr)],
+    read: impl Fn(UdpSocket) -> T + Clone + Send + 'static,
+    send: impl FnOnce(UdpSocket) + Send + 'static,
+) -> Vec<T> {
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let joins: Vec<_> = receivers
+        .iter()
+        .map(|(ns, addr)| {
+            let (ready, addr, read) = (ready_tx.clone(), *addr, read.clone());
+            in_ns(ns, move || {
+                let s = UdpSocket::bind(("0.0.0.0", GROUP_PORT)).unwrap();
+                s.join_multicast_v4(&GROUP, &addr).unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+                ready.send(()).unwrap();
+                read(s)
+            })
+        })
+        .collect();
+    for _ in receivers {
+        ready_rx.recv().unwrap();
+    }
+    in_ns(src_ns, move || {
+        send(UdpSocket::bind(("0.0.0.0", 0)).unwrap())
+    })
+    .join()
+    .unwrap();
+    joins.into_iter().map(|j| j.join().unwrap()).collect()
+}
+
 /// Sends `count` timestamped datagrams of `size` bytes to the group from `src_ns`, `burst` at a
 /// time every `gap`; returns what each receiver namespace got.
 fn multicast_run(
@@ -141,38 +175,23 @@ fn multicast_run(
     size: usize,
     (burst, gap): (usize, Duration),
 ) -> Vec<Received> {
-    let (ready_tx, ready_rx) = mpsc::channel();
-    let joins: Vec<_> = receivers
-        .iter()
-        .map(|(ns, addr)| {
-            let (ready, addr) = (ready_tx.clone(), *addr);
-            in_ns(ns, move || {
-                let s = UdpSocket::bind(("0.0.0.0", GROUP_PORT)).unwrap();
-                s.join_multicast_v4(&GROUP, &addr).unwrap();
-                s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-                ready.send(()).unwrap();
-                let mut got = Received {
-                    arrivals: Vec::new(),
-                    bytes: 0,
-                };
-                let mut buf = [0u8; 2048];
-                while let Ok(n) = s.recv(&mut buf) {
-                    let now = mono_ns();
-                    if n >= 8 {
-                        let sent = u64::from_be_bytes(buf[..8].try_into().unwrap());
-                        got.arrivals.push((now, now - sent));
-                        got.bytes += n as u64;
-                    }
-                }
-                got
-            })
-        })
-        .collect();
-    for _ in receivers {
-        ready_rx.recv().unwrap();
-    }
-    in_ns(src_ns, move || {
-        let s = UdpSocket::bind(("0.0.0.0", 0)).unwrap();
+    let read = |s: UdpSocket| {
+        let mut got = Received {
+            arrivals: Vec::new(),
+            bytes: 0,
+        };
+        let mut buf = [0u8; 2048];
+        while let Ok(n) = s.recv(&mut buf) {
+            let now = mono_ns();
+            if n >= 8 {
+                let sent = u64::from_be_bytes(buf[..8].try_into().unwrap());
+                got.arrivals.push((now, now - sent));
+                got.bytes += n as u64;
+            }
+        }
+        got
+    };
+    group_run(src_ns, receivers, read, move |s| {
         let mut buf = vec![0u8; size.max(8)];
         for i in 0..count {
             buf[..8].copy_from_slice(&mono_ns().to_be_bytes());
@@ -184,9 +203,6 @@ fn multicast_run(
             }
         }
     })
-    .join()
-    .unwrap();
-    joins.into_iter().map(|j| j.join().unwrap()).collect()
 }
 
 /// One site, a source without delay and receivers at 0, 10 and 25 ms one way, with the kernel
@@ -424,34 +440,19 @@ fn gso_multicast_run(
     (per_run, size): (usize, usize),
     gap: Duration,
 ) -> Vec<Vec<usize>> {
-    let (ready_tx, ready_rx) = mpsc::channel();
-    let joins: Vec<_> = receivers
-        .iter()
-        .map(|(ns, addr)| {
-            let (ready, addr) = (ready_tx.clone(), *addr);
-            in_ns(ns, move || {
-                let s = UdpSocket::bind(("0.0.0.0", GROUP_PORT)).unwrap();
-                s.join_multicast_v4(&GROUP, &addr).unwrap();
-                s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-                ready.send(()).unwrap();
-                let mut got = vec![0usize; runs];
-                let mut buf = [0u8; 2048];
-                while let Ok(n) = s.recv(&mut buf) {
-                    let run = u32::from_be_bytes(buf[..4].try_into().unwrap()) as usize;
-                    if n == size && run < runs {
-                        got[run] += 1;
-                    }
-                }
-                got
-            })
-        })
-        .collect();
-    for _ in receivers {
-        ready_rx.recv().unwrap();
-    }
-    in_ns(src_ns, move || {
+    let read = move |s: UdpSocket| {
+        let mut got = vec![0usize; runs];
+        let mut buf = [0u8; 2048];
+        while let Ok(n) = s.recv(&mut buf) {
+            let run = u32::from_be_bytes(buf[..4].try_into().unwrap()) as usize;
+            if n == size && run < runs {
+                got[run] += 1;
+            }
+        }
+        got
+    };
+    group_run(src_ns, receivers, read, move |s| {
         use nix::sys::socket::{setsockopt, sockopt::UdpGsoSegment};
-        let s = UdpSocket::bind(("0.0.0.0", 0)).unwrap();
         setsockopt(&s, UdpGsoSegment, &(size as i32)).unwrap();
         let mut buf = vec![0u8; size * per_run];
         for run in 0..runs {
@@ -463,9 +464,6 @@ fn gso_multicast_run(
             std::thread::sleep(gap);
         }
     })
-    .join()
-    .unwrap();
-    joins.into_iter().map(|j| j.join().unwrap()).collect()
 }
 
 /// A kernel-shaped star's random loss drops datagrams one by one, as a wire does, even those a
