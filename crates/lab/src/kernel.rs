@@ -47,15 +47,13 @@ pub fn host_script(layout: &Layout, i: usize) -> String {
     if let Some(rate) = up.rate_bps {
         sh.push_str(&htb("lan0", rate, up.queue_bytes, "dst", &own));
     }
-    let rules: Vec<String> = (0..layout.sites.len())
-        .filter(|&s| s != h.site)
-        .filter_map(|s| {
-            let loss = layout.site_loss(s, h.site);
+    let rules: Vec<String> = lossy_sources(layout, h.site)
+        .filter_map(|(s, loss)| {
             let net = site_subnet(layout, s)?;
-            (loss > 0.0).then(|| {
-                let ppm = (loss * 1e6).round() as u64;
-                format!("ip saddr {net} numgen random mod 1000000 < {ppm} counter drop")
-            })
+            let ppm = (loss * 1e6).round() as u64;
+            Some(format!(
+                "ip saddr {net} numgen random mod 1000000 < {ppm} counter drop"
+            ))
         })
         .collect();
     if !rules.is_empty() {
@@ -69,6 +67,15 @@ pub fn host_script(layout: &Layout, i: usize) -> String {
     sh
 }
 
+/// The other sites whose packets into `site` meet random loss, with that loss: the host's loss
+/// rules.
+fn lossy_sources(layout: &Layout, site: usize) -> impl Iterator<Item = (usize, f64)> + '_ {
+    (0..layout.sites.len())
+        .filter(move |&s| s != site)
+        .map(move |s| (s, layout.site_loss(s, site)))
+        .filter(|&(_, loss)| loss > 0.0)
+}
+
 /// Shapes every host's downlink on the hub side of its veth, and turns the hub side's offloads
 /// off.
 pub fn shape_hub(hub_ns: &str, layout: &Layout) -> Result<(), LabError> {
@@ -80,9 +87,7 @@ pub fn shape_hub(hub_ns: &str, layout: &Layout) -> Result<(), LabError> {
         // crossed as one packet and the receiver's loss rule dropped it whole, a burst no
         // wire makes. Only where a loss rule decides: cutting costs the two cores a packet per
         // datagram per receiver. A kernel without the feature has no UDP GSO to cut.
-        let lossy =
-            (0..layout.sites.len()).any(|s| s != h.site && layout.site_loss(s, h.site) > 0.0);
-        if lossy {
+        if lossy_sources(layout, h.site).next().is_some() {
             let _ = writeln!(
                 sh,
                 "ethtool -K {dev} tx-udp-segmentation off >/dev/null 2>&1 || true"

@@ -7,7 +7,7 @@ use std::fs::File;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsFd;
 use std::process::Command;
-use std::sync::{mpsc, Mutex};
+use std::sync::{mpsc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bulkcast_lab::{Lab, LabOptions, Scenario};
@@ -25,6 +25,42 @@ const GROUP: Ipv4Addr = Ipv4Addr::new(239, 255, 77, 1);
 const ECHO_PORT: u16 = 7001;
 const GROUP_PORT: u16 = 7002;
 const PROBES: usize = 21;
+
+/// Takes this binary's lock and checks that a lab can run here: built to run and unable to,
+/// the test fails (`root_test_cannot_run`), never passes without running.
+fn serial(test: &str) -> MutexGuard<'static, ()> {
+    let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if let Err(e) = bulkcast_lab::preflight() {
+        root_test_cannot_run(test, &e.to_string());
+    }
+    guard
+}
+
+/// Brings scenario `text` up as lab `name`.
+fn lab_up(text: &str, name: &str) -> Lab {
+    let sc = Scenario::parse(text).unwrap();
+    Lab::up_with(
+        &sc,
+        &LabOptions {
+            name: Some(name.into()),
+        },
+    )
+    .unwrap()
+}
+
+/// Takes lab `name` down and checks it left no namespace behind.
+fn lab_down(lab: Lab, name: &str) {
+    lab.down().unwrap();
+    let left = String::from_utf8_lossy(
+        &Command::new("ip")
+            .args(["netns", "list"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .into_owned();
+    assert!(!left.contains(&format!("bclab-{name}.")), "{left}");
+}
 
 fn mono_ns() -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
@@ -216,13 +252,7 @@ fn multicast_run(
 )]
 #[test]
 fn port_delay_applies_to_round_trips_and_multicast_in_a_site() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if let Err(e) = bulkcast_lab::preflight() {
-        root_test_cannot_run(
-            "port_delay_applies_to_round_trips_and_multicast_in_a_site",
-            &e.to_string(),
-        );
-    }
+    let _serial = serial("port_delay_applies_to_round_trips_and_multicast_in_a_site");
     let delays = [0.0, 10.0, 25.0];
     for shaping in ["kernel", "forwarder"] {
         let mut text = format!(
@@ -233,15 +263,8 @@ fn port_delay_applies_to_round_trips_and_multicast_in_a_site() {
             text.push_str(&format!("[[site.host]]\nname = \"r{d}\"\ndelay_ms = {d}\n"));
         }
         text.push_str("[[site.host]]\nname = \"lossy\"\ndelay_ms = 5\nloss = 0.05\n");
-        let sc = Scenario::parse(&text).unwrap();
         let name = format!("t-lanlab-{shaping}");
-        let lab = Lab::up_with(
-            &sc,
-            &LabOptions {
-                name: Some(name.clone()),
-            },
-        )
-        .unwrap();
+        let lab = lab_up(&text, &name);
         let src_ns = lab.netns("src").unwrap();
         let receivers: Vec<(String, Ipv4Addr)> = delays
             .iter()
@@ -316,16 +339,7 @@ fn port_delay_applies_to_round_trips_and_multicast_in_a_site() {
                 stats.port_drops
             ));
         }
-        lab.down().unwrap();
-        let left = String::from_utf8_lossy(
-            &Command::new("ip")
-                .args(["netns", "list"])
-                .output()
-                .unwrap()
-                .stdout,
-        )
-        .into_owned();
-        assert!(!left.contains(&format!("bclab-{name}.")), "{left}");
+        lab_down(lab, &name);
         assert!(failures.is_empty(), "{}\n{report}", failures.join("\n"));
     }
 }
@@ -341,13 +355,7 @@ fn port_delay_applies_to_round_trips_and_multicast_in_a_site() {
 )]
 #[test]
 fn multicast_on_a_seed003_lan_meets_rate_loss_and_delay() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if let Err(e) = bulkcast_lab::preflight() {
-        root_test_cannot_run(
-            "multicast_on_a_seed003_lan_meets_rate_loss_and_delay",
-            &e.to_string(),
-        );
-    }
+    let _serial = serial("multicast_on_a_seed003_lan_meets_rate_loss_and_delay");
     let mut text = String::from("name = \"vlan\"\nsource = \"src\"\nshaping = \"kernel\"\n");
     for (site, delay) in [("src", 0), ("r0", 0), ("r10", 10)] {
         text.push_str(&format!(
@@ -356,15 +364,8 @@ fn multicast_on_a_seed003_lan_meets_rate_loss_and_delay() {
         ));
     }
     text.push_str("[default_path]\nloss = 0.05\n");
-    let sc = Scenario::parse(&text).unwrap();
     let name = "t-lanlab-vlan";
-    let lab = Lab::up_with(
-        &sc,
-        &LabOptions {
-            name: Some(name.into()),
-        },
-    )
-    .unwrap();
+    let lab = lab_up(&text, name);
     let src_ns = lab.netns("src").unwrap();
     let receivers: Vec<(String, Ipv4Addr)> = ["r0", "r10"]
         .iter()
@@ -417,16 +418,7 @@ fn multicast_on_a_seed003_lan_meets_rate_loss_and_delay() {
         }
     }
     eprint!("{report}");
-    lab.down().unwrap();
-    let left = String::from_utf8_lossy(
-        &Command::new("ip")
-            .args(["netns", "list"])
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .into_owned();
-    assert!(!left.contains(&format!("bclab-{name}.")), "{left}");
+    lab_down(lab, name);
     assert!(failures.is_empty(), "{}\n{report}", failures.join("\n"));
 }
 
@@ -476,13 +468,7 @@ fn gso_multicast_run(
 )]
 #[test]
 fn random_loss_takes_datagrams_of_a_gso_run_one_by_one() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if let Err(e) = bulkcast_lab::preflight() {
-        root_test_cannot_run(
-            "random_loss_takes_datagrams_of_a_gso_run_one_by_one",
-            &e.to_string(),
-        );
-    }
+    let _serial = serial("random_loss_takes_datagrams_of_a_gso_run_one_by_one");
     let mut text = String::from("name = \"gso\"\nsource = \"src\"\nshaping = \"kernel\"\n");
     for site in ["src", "r0", "r1"] {
         text.push_str(&format!(
@@ -491,15 +477,8 @@ fn random_loss_takes_datagrams_of_a_gso_run_one_by_one() {
         ));
     }
     text.push_str("[default_path]\nloss = 0.05\n");
-    let sc = Scenario::parse(&text).unwrap();
     let name = "t-lanlab-gso";
-    let lab = Lab::up_with(
-        &sc,
-        &LabOptions {
-            name: Some(name.into()),
-        },
-    )
-    .unwrap();
+    let lab = lab_up(&text, name);
     let src_ns = lab.netns("src").unwrap();
     let receivers: Vec<(String, Ipv4Addr)> = ["r0", "r1"]
         .iter()
@@ -514,16 +493,7 @@ fn random_loss_takes_datagrams_of_a_gso_run_one_by_one() {
         (per_run, 1000),
         Duration::from_millis(10),
     );
-    lab.down().unwrap();
-    let left = String::from_utf8_lossy(
-        &Command::new("ip")
-            .args(["netns", "list"])
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .into_owned();
-    assert!(!left.contains(&format!("bclab-{name}.")), "{left}");
+    lab_down(lab, name);
     let mut failures = Vec::new();
     let mut report = String::new();
     for ((h, _), counts) in receivers.iter().zip(&got) {
