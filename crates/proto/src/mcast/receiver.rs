@@ -65,12 +65,37 @@ pub struct RxStats {
     pub naks: u64,
 }
 
+/// A block being assembled.
 #[derive(Debug)]
 struct Partial {
-    syms: Vec<Option<Box<[u8]>>>,
+    /// The block's source symbols, each in its place (empty until the first one comes): once
+    /// rebuilt, the block as written, with no copy.
+    data: Vec<u8>,
+    /// Which source symbols `data` holds.
+    present: Vec<bool>,
+    /// Parity symbols, by parity index.
+    parity: Vec<Option<Box<[u8]>>>,
+    /// Symbols held, source and parity.
     have: u32,
+    /// One past the highest symbol index seen (the source's progress through the block).
     seen: u32,
     last_nak: Option<Micros>,
+    /// Bytes this block holds: `data`'s and the parity's (counted in [`Receiver::held`]).
+    bytes: u64,
+}
+
+impl Partial {
+    fn new(k: u32, m: u32, seen: u32) -> Self {
+        Self {
+            data: Vec::new(),
+            present: vec![false; k as usize],
+            parity: vec![None; m as usize],
+            have: 0,
+            seen,
+            last_nak: None,
+            bytes: 0,
+        }
+    }
 }
 
 /// One receiver's state.
@@ -86,7 +111,10 @@ pub struct Receiver {
     /// Lowest block not done.
     low: u32,
     partial: BTreeMap<u32, Partial>,
+    /// Bytes held in incomplete blocks (see [`ReceiverConfig::max_held`]).
     held: u64,
+    /// Rebuilds blocks with missing symbols; keeps its work space between blocks.
+    rebuilder: fec::Rebuilder,
     hashes: BTreeMap<u32, [u8; 32]>,
     waiting: BTreeMap<u32, Vec<u8>>,
     /// Blocks below this are due: the source has sent a later one (or its end marker).
@@ -122,6 +150,7 @@ impl Receiver {
             low: 0,
             partial: BTreeMap::new(),
             held: 0,
+            rebuilder: fec::Rebuilder::default(),
             hashes: BTreeMap::new(),
             waiting: BTreeMap::new(),
             reached: 0,
@@ -207,31 +236,46 @@ impl Receiver {
             return;
         }
         let (k, m) = (self.layout.k_of(b), self.layout.m);
-        let at = match self.layout.slot(b, index) {
-            Slot::Source(i) => i,
-            Slot::Parity(j) => k + j,
-        } as usize;
-        if self.held + u64::from(self.layout.symbol) > self.cfg.max_held {
+        let s = self.layout.symbol as usize;
+        let slot = self.layout.slot(b, index);
+        let grow = match (slot, self.partial.get(&b)) {
+            (Slot::Source(_), Some(p)) if !p.data.is_empty() => 0,
+            (Slot::Source(_), _) => k as u64 * s as u64,
+            (Slot::Parity(_), _) => s as u64,
+        };
+        if self.held + grow > self.cfg.max_held {
             self.fail(format!(
                 "more than {} MiB of incomplete blocks held: this receiver cannot keep up",
                 self.cfg.max_held >> 20
             ));
             return;
         }
-        let p = self.partial.entry(b).or_insert_with(|| Partial {
-            syms: vec![None; (k + m) as usize],
-            have: 0,
-            seen: 0,
-            last_nak: None,
-        });
+        let p = self
+            .partial
+            .entry(b)
+            .or_insert_with(|| Partial::new(k, m, 0));
         p.seen = p.seen.max(index.saturating_add(1));
-        if p.syms[at].is_some() {
+        let fresh = match slot {
+            Slot::Source(i) => !std::mem::replace(&mut p.present[i as usize], true),
+            Slot::Parity(j) => p.parity[j as usize].is_none(),
+        };
+        if !fresh {
             self.stats.duplicates += 1;
             return;
         }
-        p.syms[at] = Some(body.into());
+        match slot {
+            Slot::Source(i) => {
+                if p.data.is_empty() {
+                    p.data = vec![0; k as usize * s];
+                }
+                let at = i as usize * s;
+                p.data[at..at + s].copy_from_slice(body);
+            }
+            Slot::Parity(j) => p.parity[j as usize] = Some(body.into()),
+        }
+        p.bytes += grow;
+        self.held += grow;
         p.have += 1;
-        self.held += u64::from(self.layout.symbol);
         if p.have >= k {
             self.rebuild(b);
         }
@@ -246,48 +290,36 @@ impl Receiver {
 
     /// Block `b` has `k` symbols: rebuild it and check it (or hold it for its hash).
     fn rebuild(&mut self, b: u32) {
-        let Some(p) = self.partial.remove(&b) else {
+        let Some(mut p) = self.partial.remove(&b) else {
             return;
         };
-        self.held -= u64::from(p.have) * u64::from(self.layout.symbol);
+        self.held -= p.bytes;
         let (k, m, s) = (
             self.layout.k_of(b) as usize,
             self.layout.m as usize,
             self.layout.symbol as usize,
         );
-        let mut src: Vec<Option<Box<[u8]>>> = p.syms[..k].to_vec();
-        if src.iter().any(Option::is_none) {
-            let have: Vec<(usize, &[u8])> = src
-                .iter()
-                .enumerate()
-                .filter_map(|(i, x)| x.as_deref().map(|x| (i, x)))
-                .collect();
-            let par: Vec<(usize, &[u8])> = p.syms[k..]
+        if p.data.is_empty() {
+            p.data = vec![0; k * s];
+        }
+        if p.present.iter().any(|x| !x) {
+            let par: Vec<(usize, &[u8])> = p
+                .parity
                 .iter()
                 .enumerate()
                 .filter_map(|(j, x)| x.as_deref().map(|x| (j, x)))
                 .collect();
-            match fec::decode(k, m, s, &have, &par) {
-                Ok(restored) => {
-                    for (i, v) in restored {
-                        if i < k {
-                            src[i] = Some(v.into_boxed_slice());
-                        }
-                    }
-                    self.stats.decoded += 1;
-                }
-                Err(_) => return self.corrupt(b, p.seen),
+            if self
+                .rebuilder
+                .rebuild(&mut p.data, s, &p.present, m, &par)
+                .is_err()
+            {
+                return self.corrupt(b, p.seen);
             }
+            self.stats.decoded += 1;
         }
-        let len = self.layout.block_range(b).1 as usize;
-        let mut data = Vec::with_capacity(k * s);
-        for x in &src {
-            match x {
-                Some(x) => data.extend_from_slice(x),
-                None => return self.corrupt(b, p.seen),
-            }
-        }
-        data.truncate(len);
+        let mut data = p.data;
+        data.truncate(self.layout.block_range(b).1 as usize);
         match self.hashes.get(&b) {
             Some(h) => {
                 let h = *h;
@@ -325,15 +357,7 @@ impl Receiver {
     fn corrupt(&mut self, b: u32, seen: u32) {
         self.stats.corrupt += 1;
         let (k, m) = (self.layout.k_of(b), self.layout.m);
-        self.partial.insert(
-            b,
-            Partial {
-                syms: vec![None; (k + m) as usize],
-                have: 0,
-                seen,
-                last_nak: None,
-            },
-        );
+        self.partial.insert(b, Partial::new(k, m, seen));
     }
 
     /// A control message from the source.
@@ -380,12 +404,10 @@ impl Receiver {
             }
             let (k, m) = (self.layout.k_of(b), self.layout.m);
             // A block never seen at all gets its place now (it holds no symbol yet).
-            let p = self.partial.entry(b).or_insert_with(|| Partial {
-                syms: vec![None; (k + m) as usize],
-                have: 0,
-                seen: 0,
-                last_nak: None,
-            });
+            let p = self
+                .partial
+                .entry(b)
+                .or_insert_with(|| Partial::new(k, m, 0));
             if p.last_nak
                 .is_some_and(|t| now.saturating_sub(t) < self.cfg.renak)
             {
@@ -430,5 +452,84 @@ impl Receiver {
     /// The next thing for the shell to do.
     pub fn poll_event(&mut self) -> Option<RxEvent> {
         self.events.pop_front()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A plaintext datagram of `session` carrying symbol `index` of block `b`.
+    fn datagram(session: u64, b: u32, index: u32, body: &[u8]) -> Vec<u8> {
+        let mut d = vec![0u8; DGRAM_HEADER + body.len()];
+        DgramHeader {
+            session: session_tag(session),
+            kind: DgramKind::Data,
+            block: b,
+            index,
+            number: u64::from(b) << 16 | u64::from(index),
+        }
+        .write(&mut d);
+        d[DGRAM_HEADER..].copy_from_slice(body);
+        d
+    }
+
+    /// One symbol of each of many blocks holds each block's whole place: a receiver flooded so
+    /// (or left far behind) stops at its limit with a clear error, not at the machine's.
+    #[test]
+    fn a_symbol_of_every_block_counts_whole_blocks_against_the_hold_limit() {
+        let layout = Layout::new(64 * 1024 * 8, 16, 64, 8).unwrap(); // blocks of 1 KiB
+        let cfg = ReceiverConfig {
+            max_held: 10 * 1024,
+            ..ReceiverConfig::default()
+        };
+        let mut r = Receiver::new(layout, 5, None, cfg);
+        for b in 0..10 {
+            r.handle_datagram(0, &mut datagram(5, b, 3, &[7; 16]));
+        }
+        assert_eq!(r.poll_event(), None, "ten blocks fit");
+        r.handle_datagram(0, &mut datagram(5, 10, 3, &[7; 16]));
+        match r.poll_event() {
+            Some(RxEvent::Failed(why)) => assert!(why.contains("cannot keep up"), "{why}"),
+            e => panic!("{e:?}"),
+        }
+    }
+
+    /// A block whose source symbols came in any order, some twice, and one rebuilt from
+    /// parity, is written whole once its hash is known.
+    #[test]
+    fn a_block_assembles_in_place_and_is_written_once_its_hash_is_known() {
+        let (k, m, s) = (8u32, 2u32, 16usize);
+        let layout = Layout::new(u64::from(k) * s as u64 - 5, s as u32, k, m).unwrap();
+        let file: Vec<u8> = (0..layout.size).map(|i| (i * 13) as u8).collect();
+        let mut padded = file.clone();
+        padded.resize(k as usize * s, 0);
+        let syms: Vec<&[u8]> = padded.chunks(s).collect();
+        let parity = fec::encode(&syms, m as usize, s).unwrap();
+        let mut r = Receiver::new(layout, 9, None, ReceiverConfig::default());
+        for i in [7, 0, 3, 3, 1, 6, 2, 0, 5] {
+            r.handle_datagram(0, &mut datagram(9, 0, i, syms[i as usize]));
+        }
+        assert_eq!(r.stats.duplicates, 2);
+        r.handle_datagram(0, &mut datagram(9, 0, k + 1, &parity[1]));
+        assert_eq!(r.stats.decoded, 1);
+        assert_eq!(r.poll_event(), None, "no hash yet");
+        let hash = *blake3::hash(&file).as_bytes();
+        r.handle_msg(
+            0,
+            McastMsg::Hashes {
+                first: 0,
+                hashes: vec![hash],
+            },
+        );
+        assert_eq!(
+            r.poll_event(),
+            Some(RxEvent::Write {
+                offset: 0,
+                data: file,
+                hash
+            })
+        );
+        assert_eq!(r.poll_event(), Some(RxEvent::Complete));
     }
 }
