@@ -103,6 +103,8 @@ pub struct ProductFec {
     layout: Layout,
     blocks: BTreeMap<u32, Held>,
     held: u64,
+    /// Rebuilds blocks with missing symbols (its work space made on first use).
+    rebuilder: fec::Rebuilder,
     /// Blocks rebuilt with parity.
     pub decoded: u64,
 }
@@ -114,6 +116,7 @@ impl ProductFec {
             layout,
             blocks: BTreeMap::new(),
             held: 0,
+            rebuilder: fec::Rebuilder::default(),
             decoded: 0,
         }
     }
@@ -225,18 +228,16 @@ impl ProductFec {
         );
         let (off, len) = self.layout.block_range(b);
         // The product's last symbol is short on the wire: the code works on it zero-padded.
-        let pad = |d: &Bytes| {
-            let mut v = d.to_vec();
-            v.resize(s, 0);
-            v
-        };
-        let src: Vec<(usize, Vec<u8>)> = h
-            .syms
-            .range(..k as u32)
-            .map(|(i, d)| (*i as usize, pad(d)))
-            .collect();
-        if src.len() == k {
-            // Whole by its source symbols: nothing to decode.
+        let mut block = vec![0u8; k * s];
+        let mut present = vec![false; k];
+        for (i, d) in h.syms.range(..k as u32) {
+            let at = *i as usize * s;
+            let n = d.len().min(s);
+            block[at..at + n].copy_from_slice(&d[..n]);
+            present[*i as usize] = true;
+        }
+        if present.iter().all(|p| *p) {
+            // Whole by its source symbols: nothing to rebuild.
             self.drop_block(b);
             return Vec::new();
         }
@@ -245,22 +246,21 @@ impl ProductFec {
             .range(k as u32..)
             .map(|(j, d)| (*j as usize - k, d.as_ref()))
             .collect();
-        let srcr: Vec<(usize, &[u8])> = src.iter().map(|(i, d)| (*i, d.as_slice())).collect();
-        let restored = fec::decode(k, m, s, &srcr, &par);
+        let rebuilt = self.rebuilder.rebuild(&mut block, s, &present, m, &par);
         self.drop_block(b);
-        // A forged or corrupt symbol decodes to wrong bytes: the product's hash catches it
+        // A forged or corrupt symbol rebuilds wrong bytes: the product's hash catches it
         // and the product is asked for again whole.
-        let Ok(restored) = restored else {
+        if rebuilt.is_err() {
             return Vec::new();
-        };
+        }
         self.decoded += 1;
-        restored
-            .into_iter()
-            .filter(|(i, _)| *i < k)
-            .filter_map(|(i, v)| {
+        let block = Bytes::from(block);
+        (0..k)
+            .filter(|&i| !present[i])
+            .filter_map(|i| {
                 let at = i as u64 * s as u64;
                 let n = (len.saturating_sub(at)).min(s as u64) as usize;
-                (n > 0).then(|| (off + at, Bytes::from(v).slice(..n)))
+                (n > 0).then(|| (off + at, block.slice(i * s..i * s + n)))
             })
             .collect()
     }
